@@ -1,0 +1,65 @@
+# CS349E 命令索引。`make`（= make help）列出全部目标。
+# 每个目标都依赖 setup：全新克隆上第一条命令就可以是 `make check-all` 或 `make test`。
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp-setup
+# 先装的 torch 规格：默认由 tools/pick_torch.py 自动挑（无 GPU 的 Linux 上用本地 CPU wheel，避免几 GB 的 CUDA 构建）
+TORCH_SPEC ?= $(shell $(PYTHON) tools/pick_torch.py 2>/dev/null)
+PYTEST_ARGS ?= -n 2
+# pip 对本机配置里不存在的本地索引目录逐个发警告，过滤掉这类噪声（pipefail 保留 pip 的退出码）
+PIP_QUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+FOLDERS := $(sort $(wildcard prereq[0-9]* lecture[0-9]*))
+
+.PHONY: help setup check-all test lint figures checkpoints seed-compat clean distclean
+
+help:  ## 列出所有目标
+	@echo "CS349E —— 用法：make <目标>"
+	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-16s %s\n", $$1, $$2}'
+	@echo "  check-<讲次>      只检查一个讲次：$(addprefix check-,$(FOLDERS))"
+	@echo "变量：PYTHON=$(PYTHON)  VENV=$(VENV)  TORCH_SPEC='$(TORCH_SPEC)'  PYTEST_ARGS='$(PYTEST_ARGS)'"
+
+setup: $(STAMP)  ## 建 .venv 并安装 requirements.txt（幂等；PYTHON=... 换解释器）
+
+$(STAMP): requirements.txt tools/pick_torch.py
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), f"需要 Python ≥ 3.10，现在是 {sys.version.split()[0]}：用 make PYTHON=python3.11 ..."'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ -n "$(TORCH_SPEC)" ]; then echo "安装 $(TORCH_SPEC) ..."; $(PY) -m pip install -q $(TORCH_SPEC) 2>&1 | $(PIP_QUIET); fi
+	@echo "安装 requirements.txt ..."
+	@$(PY) -m pip install -q -r requirements.txt 2>&1 | $(PIP_QUIET)
+	@$(PY) -c 'import numpy, torch, matplotlib; print(f"环境就绪：numpy {numpy.__version__}, torch {torch.__version__}, CUDA {torch.cuda.is_available()}")'
+	@touch $(STAMP)
+
+check-all: setup  ## 全部自检 + 全部演示（--quick），打印 ✓/✗/skip 表
+	@$(PY) tools/check_all.py
+
+check-%: setup  ## （模式）只检查一个讲次，如 make check-lecture02
+	@$(PY) tools/check_all.py --folders $*
+
+test: setup  ## pytest：每个自检与演示（子进程）+ 各讲次的单元 / 性质测试
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup  ## ruff 检查
+	@$(PY) -m ruff check .
+
+figures: setup  ## 以完整规模运行所有演示，图存到 <讲次>/figures/
+	@$(PY) tools/check_all.py --full --jobs 1
+
+checkpoints: setup  ## 训练各讲次缓存的模型（运行每个 <讲次>/train_checkpoints.py）
+	@found=0; for f in $(addsuffix /train_checkpoints.py,$(FOLDERS)); do \
+	  if [ -f $$f ]; then found=1; echo "== $$f"; $(PY) $$f || exit 1; fi; done; \
+	  if [ $$found = 0 ]; then echo "目前还没有讲次需要训练检查点（lecture04/18/19 加入后会有）。"; fi
+
+seed-compat: setup  ## 原课程模块放进来替换我们的，跑它们自己的自检（需要 ../shared）
+	@$(PY) ../shared/tools/seed_compat.py --python $(PY)
+
+clean:  ## 删除生成的图、缓存（保留 .venv 和检查点）
+	rm -rf $(addsuffix /figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean  ## 连 .venv 和检查点一起删除
+	rm -rf $(VENV) $(addsuffix /checkpoints,$(FOLDERS))

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""课前总检查：跑每个实验模块的自检和每个演示脚本，打印一张 ✓ / ✗ / skip 表。
+
+用法（通常通过 Makefile）：
+    python3 tools/check_all.py                    # 全部讲次；演示用 --quick
+    python3 tools/check_all.py --folders lecture02 lecture11
+    python3 tools/check_all.py --full             # 演示用完整规模（make figures）
+    python3 tools/check_all.py --list             # 只列出会跑什么
+
+发现规则（新讲次按 CONTRIBUTING.md 放文件即可，不用改这里）：
+    讲次文件夹   ：根目录下名为 prereqN / lectureNN 的文件夹，按编号排序（prereq 在前）
+    实验模块     ：文件夹里不以数字开头、含 `def _selftest(` 的 .py 文件；运行 `python <file>`
+    演示脚本     ：文件夹里名为 `NN_*.py` 的文件；运行 `python <file> --quick`
+每一项在自己的子进程里运行（lecture11 与 lecture18 各有一个 flash_lab，不能同处一个进程）。
+退出码 0 = ✓，77 = skip（原因取输出里最后一行 `SKIP: ...`），其他 = ✗（打印输出的最后几行）。
+整体有任何 ✗ 时退出码为 1。
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+SKIP_CODE = 77
+FOLDER_RE = re.compile(r"^(prereq|lecture)(\d+)$")
+DEMO_RE = re.compile(r"^\d\d_\w+\.py$")
+
+
+@dataclass
+class Item:
+    folder: str
+    filename: str
+    kind: str          # "selftest" 或 "demo"
+
+    @property
+    def label(self):
+        return f"{self.folder}/{self.filename}"
+
+    def argv(self, python, full=False):
+        args = [python, os.path.join(ROOT, self.folder, self.filename)]
+        if self.kind == "demo" and not full:
+            args.append("--quick")
+        return args
+
+
+def course_folders(root=ROOT):
+    """根目录下的讲次文件夹，prereq 在前，再按讲次编号。"""
+    found = []
+    for name in os.listdir(root):
+        m = FOLDER_RE.match(name)
+        if m and os.path.isdir(os.path.join(root, name)):
+            found.append((m.group(1) != "prereq", int(m.group(2)), name))
+    return [name for *_, name in sorted(found)]
+
+
+def is_lab_module(path):
+    with open(path, encoding="utf-8") as f:
+        return "def _selftest(" in f.read()
+
+
+def discover(root=ROOT, folders=None):
+    """返回要跑的 Item 列表：每个讲次先自检、后演示（演示按编号）。"""
+    all_folders = course_folders(root)
+    if folders:
+        unknown = sorted(set(folders) - set(all_folders))
+        if unknown:
+            raise ValueError(f"folders 里有不存在的讲次文件夹 {unknown}；现有：{all_folders}")
+        all_folders = [f for f in all_folders if f in folders]
+    items = []
+    for folder in all_folders:
+        names = sorted(os.listdir(os.path.join(root, folder)))
+        for name in names:
+            path = os.path.join(root, folder, name)
+            if name.endswith(".py") and not name[0].isdigit() and is_lab_module(path):
+                items.append(Item(folder, name, "selftest"))
+        items += [Item(folder, n, "demo") for n in names if DEMO_RE.match(n)]
+    return items
+
+
+def child_env():
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def run_item(item, python=sys.executable, full=False, timeout=300):
+    """运行一项，返回 (status, seconds, 输出尾部或 skip 原因)。status ∈ {"ok", "fail", "skip"}。"""
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(item.argv(python, full), cwd=ROOT, env=child_env(), capture_output=True,
+                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        return "fail", time.perf_counter() - t0, out[-2000:] + f"\n[超时：超过 {timeout} s]"
+    dt = time.perf_counter() - t0
+    out = r.stdout + r.stderr
+    if r.returncode == 0:
+        return "ok", dt, out
+    if r.returncode == SKIP_CODE:
+        reasons = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("SKIP:")]
+        return "skip", dt, reasons[-1][5:].strip() if reasons else "(没有给出原因)"
+    return "fail", dt, out[-3000:] + f"\n[退出码 {r.returncode}]"
+
+
+SYMBOL = {"ok": "✓", "fail": "✗", "skip": "skip"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--folders", nargs="*", help="只检查这些讲次文件夹")
+    ap.add_argument("--full", action="store_true", help="演示脚本不加 --quick（生成完整规模的图）")
+    ap.add_argument("--list", action="store_true", help="只列出会运行的项目")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("CHECK_JOBS", "2")),
+                    help="同时运行几项（默认 2，即 2 核机器的核数；计时类演示在 --jobs 1 时最准）")
+    ap.add_argument("--timeout", type=int, default=int(os.environ.get("CHECK_TIMEOUT", "600")),
+                    help="每项的超时（秒）")
+    a = ap.parse_args(argv)
+    if a.jobs < 1:
+        ap.error(f"--jobs 必须 ≥ 1，收到 {a.jobs}")
+    items = discover(folders=a.folders)
+    if a.list:
+        for it in items:
+            print(f"{it.kind:9s} {' '.join(os.path.relpath(x, ROOT) for x in it.argv('python', a.full)[1:])}")
+        return 0
+    if not items:
+        print("没有找到任何实验模块或演示脚本。")
+        return 1
+    width = max(len(it.label) for it in items)
+    mode = "完整规模" if a.full else "--quick"
+    print(f"检查 {len(items)} 项（演示：{mode}；并行 {a.jobs}；Python {sys.version.split()[0]}）")
+    t_all = time.perf_counter()
+    results = {}
+
+    def work(it):
+        results[it.label] = run_item(it, full=a.full, timeout=a.timeout)
+        status, dt, info = results[it.label]
+        extra = f"  {info}" if status == "skip" else ""
+        print(f"  {SYMBOL[status]:4s} {it.label:{width}s} {dt:7.1f} s{extra}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        list(pool.map(work, items))
+    wall = time.perf_counter() - t_all
+
+    # 最后按发现顺序再打印一遍完整的表（并行时上面的逐行输出是完成顺序）
+    print()
+    print(f"  {'':4s} {'项目':{width - 2}s} {'秒':>8s}")
+    counts = {"ok": 0, "fail": 0, "skip": 0}
+    for it in items:
+        status, dt, info = results[it.label]
+        counts[status] += 1
+        extra = f"  ({info})" if status == "skip" else ""
+        print(f"  {SYMBOL[status]:4s} {it.label:{width}s} {dt:7.1f} s{extra}")
+    for it in items:
+        status, _, info = results[it.label]
+        if status == "fail":
+            print(f"\n----- ✗ {it.label} 的输出（末尾）-----\n{info.rstrip()}")
+    print(f"\n{counts['ok']} passed, {counts['fail']} failed, {counts['skip']} skipped  "
+          f"（墙钟 {wall:.0f} s）")
+    return 1 if counts["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
