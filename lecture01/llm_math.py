@@ -1,0 +1,652 @@
+"""
+=============================================================================
+CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花多少？
+=============================================================================
+
+【这个模块回答什么问题】
+    给定一个 decoder-only Transformer 的结构（层数、宽度、头数……），不运行它，只用公式算出：
+        - 参数量：按组拆开（词嵌入 / 注意力 / MLP / 归一化 / lm_head），和官方公布的总数对得上；
+        - 每个 token 的运算量（FLOPs）：矩阵乘法部分 2·N，加上随上下文长度线性增长的注意力部分；
+        - 每个 token 的 KV cache 字节数：只和 KV 头数 G 有关，和 query 头数 H 无关（GQA / MQA 省的就是这个）；
+        - 训练：总运算量（6·N·D + 注意力项）、显存（权重 / 梯度 / Adam 状态 / 激活的估算）、在 N 张卡上要训多久；
+        - 推理：一次前向的运算量和读取字节数、算术强度（arithmetic intensity，FLOP/byte），
+          以及在某个芯片上的 roofline 时间 —— prefill（一次处理整段提示）和 decode（一次一个 token）为什么差这么多。
+    后面的讲次都以这里为"账本"：第 2 讲的 transformer_lab 真的运行模型、逐次数 FLOPs，再和这里的公式对账；
+    第 5、6 讲的服务模拟用这里的公式估计每一步的时间。
+
+【主要内容】
+    ModelConfig                结构参数 + 全部公式（参数量、FLOPs、KV 字节、训练显存、前向一步的代价）
+    step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
+                               把"账本"和芯片（hw_specs.Chip）结合起来
+    预设：LLAMA32_1B … GPT3_175B、PRESETS（名字 → 配置）、PUBLISHED_PARAMS（官方公布的参数量和出处）
+    格式化小工具：fmt_count / fmt_bytes / fmt_si / fmt_time / format_table（演示脚本共用）
+
+【约定】
+    - 一次乘加 = 2 FLOPs；x[M, K]·W[K, N] 的 FLOPs = 2·M·K·N。
+    - 字节用十进制：1 GB = 10⁹ 字节（和芯片手册一致）。bytes_per_elem 默认 2（BF16）。
+    - 模型结构按 Llama 风格：RMSNorm（每层两个，只有缩放权重）、RoPE（没有参数）、GQA、SwiGLU MLP（3 个矩阵，
+      参数 3·d·d_ff）。记号：L 层、宽度 d、H 个 query 头、G 个 KV 头、每头 dh 维、MLP 中间维 d_ff（记作 f）、词表 V。
+    - GPT-2 / GPT-3 的 MLP 是两个矩阵 d×4d、4d×d（GELU），参数 8d²；这里把它写成"等效 SwiGLU"：
+      d_ff = 8d/3，使 3·d·d_ff = 8d²，参数量和 FLOPs 都相同（第 6 讲的种子对 GPT-3 13B 也这么做）。
+      它们的偏置、LayerNorm 的偏置和可学习位置编码用可选字段 qkv_bias / n_pos / extra_per_layer / extra_final 记上。
+    - "矩阵乘法参数"（matmul_params）= 每个 token 真正要乘一遍的权重：注意力 4 个投影 + MLP 3 个矩阵 + lm_head。
+      词嵌入是查表（不乘），但 lm_head 即使和词嵌入共享（tied），乘法也照做，所以照样算。
+    - 逐元素运算（归一化、RoPE、softmax、激活函数）的 FLOPs 不计：它们比矩阵乘法小两三个数量级（第 2 讲会数出来）。
+
+【运行】python3 llm_math.py     # 自检：参数量 = 官方数字（1% 以内）、各个恒等式、坏输入报错
+【依赖】只用 Python 标准库（第 1 讲的演示另外用 numpy / matplotlib）。
+"""
+
+import math
+import unicodedata
+from dataclasses import dataclass, fields
+
+# =============================================================================
+# 第 1 部分：模型结构与公式
+# =============================================================================
+_POSITIVE_INT_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab")
+_NONNEG_INT_FIELDS = ("n_pos", "extra_per_layer", "extra_final")
+
+
+def _check_positive(name, value):
+    """数值参数必须是正数（bool 不算数字）；否则抛出 ValueError，消息里写出参数名和收到的值。"""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} 必须是正数，收到 {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """
+    一个 decoder-only Transformer 的结构，以及"一个 token 花多少"的全部公式。
+
+    【字段】
+        name       ：名字（打印用）
+        n_layers   ：层数 L
+        d_model    ：残差流宽度 d
+        n_heads    ：query 头数 H
+        n_kv_heads ：K/V 头数 G（G = H 是多头注意力 MHA；1 < G < H 是分组查询注意力 GQA；G = 1 是多查询注意力 MQA）
+        d_head     ：每个头的维度 dh（通常 d / H，但不必如此，例如 Llama-3.2-3B：d = 3072、H = 24、dh = 128）
+        d_ff       ：SwiGLU MLP 的中间维 f
+        vocab      ：词表大小 V
+        tied       ：lm_head 是否和词嵌入共享同一个矩阵（共享时参数只算一次）
+      可选（默认值不改变上面的语义）：
+        qkv_bias        ：q/k/v 投影是否带偏置（Qwen2 / GPT-2 有）：每层多 (H + 2G)·dh 个参数
+        n_pos           ：可学习的绝对位置编码有几行（GPT-2 是 1024、GPT-3 是 2048；RoPE 模型为 0）
+        extra_per_layer ：每层还有多少"其它"参数
+                          （例如 GPT-2 的输出投影偏置 d、MLP 偏置 4d + d、两个 LayerNorm 偏置 2d，共 8d）
+        extra_final     ：层外还有多少"其它"参数（例如 GPT-2 最后一个 LayerNorm 的偏置 d）
+    【边界】整数字段必须为正；n_heads 必须能被 n_kv_heads 整除（每组 K/V 服务 H/G 个 query 头）。
+        不满足时创建即报 ValueError。
+    【Python 小知识】frozen=True 让对象不可修改（可以放进 set、当 dict 的键）；
+        __post_init__ 在自动生成的 __init__ 之后运行。
+    """
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_ff: int
+    vocab: int
+    tied: bool = False
+    qkv_bias: bool = False
+    n_pos: int = 0
+    extra_per_layer: int = 0
+    extra_final: int = 0
+
+    def __post_init__(self):
+        for f in _POSITIVE_INT_FIELDS:
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{self.name}: {f} 必须是正整数，收到 {v!r}")
+        for f in _NONNEG_INT_FIELDS:
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{self.name}: {f} 必须是非负整数，收到 {v!r}")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"{self.name}: n_heads={self.n_heads} 不能被 n_kv_heads={self.n_kv_heads} 整除"
+                             f"（每组 K/V 头要服务整数个 query 头）")
+
+    # ---- 几个派生量 ----------------------------------------------------------
+    @property
+    def group(self):
+        """每组 K/V 头被几个 query 头共享：H / G（MHA = 1，MQA = H）。"""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def q_dim(self):
+        """所有 query 头拼起来的宽度 H·dh（= Wq 的输出维 = Wo 的输入维）。"""
+        return self.n_heads * self.d_head
+
+    @property
+    def kv_dim(self):
+        """所有 K（或 V）头拼起来的宽度 G·dh（= Wk、Wv 的输出维）。"""
+        return self.n_kv_heads * self.d_head
+
+    # ---- 参数量 -----------------------------------------------------------------
+    def layer_params(self):
+        """
+        一层的参数，按组拆开：{"attention", "mlp", "norms", "other"}。
+
+        【公式】注意力：Wq d×H·dh + Wk、Wv 各 d×G·dh + Wo H·dh×d（有 qkv 偏置再加 (H+2G)·dh）；
+            MLP：W_gate、W_up d×f，W_down f×d，共 3·d·f；归一化：两个 RMSNorm 的缩放向量 2·d。
+        """
+        d = self.d_model
+        attn = d * (self.q_dim + 2 * self.kv_dim) + self.q_dim * d
+        if self.qkv_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        return {"attention": attn, "mlp": 3 * d * self.d_ff, "norms": 2 * d, "other": self.extra_per_layer}
+
+    def param_groups(self):
+        """
+        整个模型的参数，按组拆开：{"embeddings", "attention", "mlp", "norms", "lm_head", "other"}。
+
+        【边界】tied 时 lm_head 这一组是 0（矩阵算在 embeddings 里，不重复计数）；
+            embeddings 包括可学习位置编码（n_pos·d）；norms 包括最后一个归一化层。
+        """
+        L, d, V = self.n_layers, self.d_model, self.vocab
+        lp = self.layer_params()
+        return {
+            "embeddings": V * d + self.n_pos * d,
+            "attention": L * lp["attention"],
+            "mlp": L * lp["mlp"],
+            "norms": L * lp["norms"] + d,
+            "lm_head": 0 if self.tied else V * d,
+            "other": L * lp["other"] + self.extra_final,
+        }
+
+    def n_params(self):
+        """参数总数（所有组之和）。和第 2 讲 transformer_lab.count_params(init_params(...)) 逐个元素数出来的相等。"""
+        return sum(self.param_groups().values())
+
+    def matmul_params(self):
+        """
+        每个 token 要"乘一遍"的权重个数：L·(注意力 4 个投影 + MLP 3 个矩阵) + lm_head 的 d·V。
+
+        【和 n_params 的区别】不含词嵌入查表、位置编码、归一化和偏置（它们不是矩阵乘法）；
+            含 lm_head —— 即使它和词嵌入共享，乘法照样要做。
+        """
+        d = self.d_model
+        per_layer = d * (self.q_dim + 2 * self.kv_dim) + self.q_dim * d + 3 * d * self.d_ff
+        return self.n_layers * per_layer + d * self.vocab
+
+    def weight_bytes(self, bytes_per_elem=2.0):
+        """权重占多少字节（显存占用）= n_params · bytes_per_elem。BF16 用 2，FP8 / INT8 用 1，INT4 用 0.5。"""
+        _check_positive("bytes_per_elem", bytes_per_elem)
+        return self.n_params() * bytes_per_elem
+
+    # ---- 每个 token 的 FLOPs -----------------------------------------------------
+    def linear_flops_per_token(self):
+        """矩阵乘法部分：每个权重一次乘加 = 2 FLOPs，所以是 2 · matmul_params（和上下文长度无关）。"""
+        return 2 * self.matmul_params()
+
+    def attn_flops_per_token(self, ctx):
+        """
+        一个 query 对 ctx 个 key 做注意力：QKᵀ（每头 2·dh·ctx）+ PV（每头 2·dh·ctx），所有层、所有 query 头：
+        4 · L · H · dh · ctx。
+
+        【边界】ctx ≥ 0（ctx = 0 时为 0）。注意是 H 而不是 G：GQA 省的是 K/V 的存储和读取，不省注意力的运算。
+        """
+        if ctx < 0:
+            raise ValueError(f"ctx 必须 ≥ 0，收到 {ctx!r}")
+        return 4 * self.n_layers * self.n_heads * self.d_head * ctx
+
+    def flops_per_token(self, ctx):
+        """在上下文长度 ctx 处生成一个 token 的前向 FLOPs = 矩阵乘法部分 + 注意力部分。"""
+        return self.linear_flops_per_token() + self.attn_flops_per_token(ctx)
+
+    def attn_crossover_ctx(self):
+        """
+        上下文多长时，注意力的 FLOPs 追上矩阵乘法的 FLOPs：4·L·H·dh·ctx = 2·matmul_params。
+
+        【数字】Llama-3.1-8B 约 2.9 万个 token，70B 约 5.3 万，405B 约 9.8 万：模型越宽，注意力越"晚"成为大头。
+        """
+        return self.linear_flops_per_token() / (4 * self.n_layers * self.n_heads * self.d_head)
+
+    # ---- KV cache -------------------------------------------------------------
+    def kv_bytes_per_token(self, bytes_per_elem=2.0):
+        """每个 token 在 KV cache 里占的字节：K 和 V 两份 × L 层 × G 个头 × dh 维 × 每个数的字节 = 2·L·G·dh·bytes。"""
+        _check_positive("bytes_per_elem", bytes_per_elem)
+        return 2 * self.n_layers * self.n_kv_heads * self.d_head * bytes_per_elem
+
+    def kv_cache_bytes(self, batch, ctx, bytes_per_elem=2.0):
+        """batch 个序列、每个 ctx 个 token 的 KV cache 总字节（随 batch、ctx 线性增长）。"""
+        if batch < 0 or ctx < 0:
+            raise ValueError(f"batch、ctx 必须 ≥ 0，收到 batch={batch!r}、ctx={ctx!r}")
+        return batch * ctx * self.kv_bytes_per_token(bytes_per_elem)
+
+    # ---- 一次前向（prefill / decode 通用）---------------------------------------
+    def step_flops(self, batch, n_new, ctx=0):
+        """
+        一次前向的 FLOPs：batch 个序列，每个已有 ctx 个 token 在 KV cache 里，这次送进 n_new 个新 token。
+
+        【公式】batch · n_new · 矩阵乘法/token + batch · Σ_{j=1..n_new} 注意力(ctx + j)
+            （因果掩码：第 j 个新 token 看 ctx + j 个 key，只算"有用的"那一半。）
+            prefill：batch = 1、n_new = 提示长度、ctx = 0；decode：n_new = 1。
+        """
+        if batch < 1 or n_new < 1 or ctx < 0:
+            raise ValueError(f"需要 batch ≥ 1、n_new ≥ 1、ctx ≥ 0，收到 batch={batch!r}、n_new={n_new!r}、ctx={ctx!r}")
+        keys = n_new * ctx + n_new * (n_new + 1) / 2          # Σ_{j=1..n_new} (ctx + j)
+        return batch * n_new * self.linear_flops_per_token() + batch * self.attn_flops_per_token(1) * keys
+
+    def step_bytes(self, batch, n_new, ctx=0, w_bytes=2.0, kv_bytes=2.0):
+        """
+        一次前向至少要搬多少字节（从显存到芯片）：权重读一遍 + 每个序列的 KV（读已有的 ctx 个、写新的 n_new 个）。
+
+        【假设】权重只读一遍（批里所有 token 共享这一次读取）；注意力是融合内核（分数矩阵不落显存）；
+            激活的读写不计（它们和 d_model 成正比，比权重和长上下文的 KV 小得多）。
+            词嵌入查表只读用到的几行，这里不计；lm_head 计在 matmul_params 里。
+        """
+        return self.matmul_params() * w_bytes + self.kv_cache_bytes(batch, ctx + n_new, kv_bytes)
+
+    def arithmetic_intensity(self, batch, n_new, ctx=0, w_bytes=2.0, kv_bytes=2.0):
+        """
+        算术强度 = FLOPs / 字节（FLOP/byte）：每从显存搬一个字节，能做多少次运算。
+
+        【要点】decode（n_new = 1、ctx 小）：FLOPs ≈ 2·N·batch，字节 ≈ 2·N（BF16 权重），强度 ≈ batch；
+            prefill（batch = 1、n_new = T）：强度 ≈ T —— 提示越长越"吃算力"，芯片的 ridge point 大约几百，
+            所以 decode 几乎总是受带宽限制，长 prefill 受算力限制。
+        """
+        return self.step_flops(batch, n_new, ctx) / self.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
+
+    # ---- 训练 -----------------------------------------------------------------
+    def train_flops(self, n_tokens, seq_len, causal=True):
+        """
+        训练 n_tokens 个 token（序列长度 seq_len）的总 FLOPs：前向 1 份 + 反向 2 份（对激活、对权重各一次）= 3 × 前向。
+
+        【公式】3 · D · (2·matmul_params + 注意力(平均上下文))，因果时平均上下文 = (seq_len + 1)/2。
+            第一项就是常说的 6·N·D（N 取 matmul_params；用 n_params 差别是词嵌入那一块）。
+        """
+        if n_tokens < 0 or seq_len < 1:
+            raise ValueError(f"需要 n_tokens ≥ 0、seq_len ≥ 1，收到 n_tokens={n_tokens!r}、seq_len={seq_len!r}")
+        avg_ctx = (seq_len + 1) / 2 if causal else seq_len
+        return 3 * n_tokens * (self.linear_flops_per_token() + self.attn_flops_per_token(avg_ctx))
+
+    def activation_elems_per_token_layer(self):
+        """
+        每层、每个 token 为反向传播保存的激活个数（粗略估算，不做重计算、FlashAttention、无 dropout）：
+            两个归一化的输入和输出 4d + q、k、v（RoPE 之后）(H + 2G)·dh + 注意力输出 H·dh
+            + MLP 的 gate、up、两者乘积 3f。
+        【对照】GPT-3 式模型（MHA、f = 4d）时约 34·d 字节（BF16，Korthikanti et al. 2022 表 2 的 sbh·34，不含 s² 项），
+            这个估算给 2·(4d + 4d + 12d) = 40d 字节，同一量级。
+        """
+        return 4 * self.d_model + 2 * self.q_dim + 2 * self.kv_dim + 3 * self.d_ff
+
+    def activation_bytes(self, batch, seq_len, bytes_per_elem=2.0, recompute=False):
+        """
+        一个 micro-batch（batch × seq_len 个 token）训练时保存的激活字节（不含 logits，见 train_memory）。
+
+        【recompute=True】全部重计算（activation checkpointing）：每层只存输入 d 个数，反向时再算一遍；
+            同一时刻只需要一层的完整激活。
+        """
+        tokens = batch * seq_len
+        per_layer = self.activation_elems_per_token_layer()
+        elems = (self.n_layers * self.d_model + per_layer) if recompute else self.n_layers * per_layer
+        return tokens * elems * bytes_per_elem
+
+    def train_memory(self, batch, seq_len, recompute=False, w_bytes=2.0, grad_bytes=2.0, master_bytes=4.0,
+                     adam_bytes=8.0, act_bytes=2.0, logits_bytes=4.0):
+        """
+        混合精度 Adam 训练一份完整模型（不切分）要多少显存，按项拆开。
+
+        【默认】BF16 权重 2 + BF16 梯度 2 + FP32 主权重 4 + Adam 的 m、v 各 FP32 共 8 = 每个参数 16 字节
+            （ZeRO 论文的 16Ψ）；激活见 activation_bytes；logits 用 FP32 存（batch·seq·V·4，词表 12.8 万时很可观）。
+        【返回】{"weights", "grads", "master", "adam", "activations", "logits", "total"}（字节）
+        """
+        n = self.n_params()
+        out = {
+            "weights": n * w_bytes,
+            "grads": n * grad_bytes,
+            "master": n * master_bytes,
+            "adam": n * adam_bytes,
+            "activations": self.activation_bytes(batch, seq_len, act_bytes, recompute),
+            "logits": batch * seq_len * self.vocab * logits_bytes,
+        }
+        out["total"] = sum(out.values())
+        return out
+
+
+def scaled(cfg, name=None, **changes):
+    """
+    复制一个配置并改几个字段，例如 scaled(LLAMA31_8B, n_kv_heads=32) 得到 MHA 版本。
+
+    【Python 小知识】frozen dataclass 不能原地改；dataclasses.replace 生成改了字段的新对象（会重新做参数检查）。
+    """
+    from dataclasses import replace
+    return replace(cfg, name=name or cfg.name, **changes)
+
+
+# =============================================================================
+# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；这里只用 chip.peak_flops(prec) 和 chip.mem_bw）
+# =============================================================================
+def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_bytes=2.0, mfu=1.0, mbu=1.0):
+    """
+    roofline 估计：一次前向的时间 = max(运算时间, 搬数据时间)。
+
+    【参数】model：ModelConfig；chip：有 peak_flops(prec) 和 mem_bw 的对象；batch、n_new、ctx：见 step_flops；
+        mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）
+    【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound"}，bound 为 "compute" 或 "memory"
+    【边界】mfu、mbu 必须在 (0, 1]。
+    """
+    for nm, v in (("mfu", mfu), ("mbu", mbu)):
+        if not 0 < v <= 1:
+            raise ValueError(f"{nm} 必须在 (0, 1] 之间，收到 {v!r}")
+    flops = model.step_flops(batch, n_new, ctx)
+    nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
+    t_c = flops / (chip.peak_flops(prec) * mfu)
+    t_m = nbytes / (chip.mem_bw * mbu)
+    return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,
+            "time": max(t_c, t_m), "bound": "compute" if t_c >= t_m else "memory"}
+
+
+def decode_time_per_token(model, chip, batch=1, ctx=0, **kw):
+    """decode 一步（批里每个序列各出 1 个 token）的 roofline 时间（秒）。kw 传给 step_time。"""
+    return step_time(model, chip, batch, 1, ctx, **kw)["time"]
+
+
+def decode_tokens_per_s(model, chip, batch=1, ctx=0, **kw):
+    """decode 的总吞吐（token/s，批里所有序列加起来）= batch / 每步时间。单个序列的速度是它除以 batch。"""
+    return batch / decode_time_per_token(model, chip, batch, ctx, **kw)
+
+
+def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
+    """
+    一块芯片装下权重之后，剩下的显存能同时放几个"上下文 ctx 长"的序列的 KV cache。
+
+    【mem_util】只用这么多比例的显存（像 vLLM 的 gpu_memory_utilization，默认 0.9：留 10% 给激活、
+        CUDA 上下文和碎片，facts.md 第 3 节 [S61]）。
+    【返回】整数；权重都放不下时返回 0。
+    """
+    if not 0 < mem_util <= 1:
+        raise ValueError(f"mem_util 必须在 (0, 1] 之间，收到 {mem_util!r}")
+    free = mem_util * chip.mem_cap - model.weight_bytes(w_bytes)
+    if free <= 0:
+        return 0
+    return int(free // model.kv_cache_bytes(1, max(ctx, 1), kv_bytes))
+
+
+def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16"):
+    """
+    训练要多久：总 FLOPs / (芯片数 × 峰值 × MFU)。
+
+    【返回】{"flops", "seconds", "days", "chip_hours"}
+    【边界】只算"有效运算"的时间：不含故障重启、检查点、评测等停顿（真实的 GPU·小时会更多）。
+    """
+    _check_positive("n_chips", n_chips)
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu 必须在 (0, 1] 之间，收到 {mfu!r}")
+    flops = model.train_flops(n_tokens, seq_len)
+    sec = flops / (n_chips * chip.peak_flops(prec) * mfu)
+    return {"flops": flops, "seconds": sec, "days": sec / 86400, "chip_hours": sec * n_chips / 3600}
+
+
+# =============================================================================
+# 第 3 部分：真实模型的预设（数字见 ../shared/facts.md 第 2 节；出处标签 [Sxx] 同那里的来源表）
+# =============================================================================
+# Llama 3.x：Meta llama-models sku_list.py [S41] + Hugging Face config [S42–S45]。RMSNorm、RoPE、SwiGLU、无偏置。
+LLAMA32_1B = ModelConfig("Llama-3.2-1B", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, d_head=64,
+                         d_ff=8192, vocab=128256, tied=True)
+LLAMA32_3B = ModelConfig("Llama-3.2-3B", n_layers=28, d_model=3072, n_heads=24, n_kv_heads=8, d_head=128,
+                         d_ff=8192, vocab=128256, tied=True)
+LLAMA31_8B = ModelConfig("Llama-3.1-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_head=128,
+                         d_ff=14336, vocab=128256)
+LLAMA31_70B = ModelConfig("Llama-3.1-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_head=128,
+                          d_ff=28672, vocab=128256)
+# 405B 的 MP16 检查点变体用 16 个 KV 头；这里取标准的 8。
+LLAMA31_405B = ModelConfig("Llama-3.1-405B", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8, d_head=128,
+                           d_ff=53248, vocab=128256)
+# Mistral 7B v0.1：论文表 1 [S47] + HF config [S48]（滑动窗口 4096 不影响参数量；影响长上下文的 KV，这里不建模）。
+MISTRAL_7B = ModelConfig("Mistral-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_head=128,
+                         d_ff=14336, vocab=32000)
+# Qwen2.5-7B：HF config [S49]。q/k/v 投影带偏置（Qwen2 架构的特点），o 投影和 MLP 不带。
+QWEN25_7B = ModelConfig("Qwen2.5-7B", n_layers=28, d_model=3584, n_heads=28, n_kv_heads=4, d_head=128,
+                        d_ff=18944, vocab=152064, qkv_bias=True)
+# GPT-2 small：nanoGPT from_pretrained [S55]。LayerNorm（权重 + 偏置）、GELU MLP 768→3072→768（8d² 参数）、
+# 所有线性层带偏置、1024 个可学习位置、lm_head 和词嵌入共享。
+#   等效 SwiGLU：d_ff = 8·768/3 = 2048；qkv_bias 记 3d；
+#   extra_per_layer = o 偏置 d + MLP 偏置 4d + d + 两个 LN 偏置 2d = 8d；
+#   extra_final = 最后一个 LN 的偏置 d。这样参数总数和 Hugging Face 的 124,439,808 逐个相等。
+GPT2_SMALL = ModelConfig("GPT-2-small", n_layers=12, d_model=768, n_heads=12, n_kv_heads=12, d_head=64,
+                         d_ff=2048, vocab=50257, tied=True, qkv_bias=True, n_pos=1024, extra_per_layer=8 * 768,
+                         extra_final=768)
+# GPT-3：Brown et al. 2020 表 2.1 [S46]，架构"同 GPT-2"（偏置、LayerNorm、可学习位置 2048；词表 50257 是推断的；
+# 论文没说 lm_head 是否共享，这里按 GPT-2 取共享，和第 6 讲种子一致）。等效 SwiGLU：d_ff = 8d/3。
+#   13B：论文表里 d_model 印的是 5140，但 40 个头 × 128 = 5120（Orca 表 1 也写 5120），这里用 5120；
+#   8·5120/3 不是整数，取 13653（第 6 讲种子同样取法，MLP 参数少 5120 个/层，可忽略）。
+#   注意：GPT-3 交替使用稠密和局部带状稀疏注意力，注意力 FLOPs 的公式对它是上界。
+GPT3_13B = ModelConfig("GPT-3-13B", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_head=128,
+                       d_ff=13653, vocab=50257, tied=True, qkv_bias=True, n_pos=2048, extra_per_layer=8 * 5120,
+                       extra_final=5120)
+GPT3_175B = ModelConfig("GPT-3-175B", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, d_head=128,
+                        d_ff=32768, vocab=50257, tied=True, qkv_bias=True, n_pos=2048, extra_per_layer=8 * 12288,
+                        extra_final=12288)
+
+PRESETS = {m.name: m for m in (LLAMA32_1B, LLAMA32_3B, LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, MISTRAL_7B,
+                               QWEN25_7B, GPT2_SMALL, GPT3_13B, GPT3_175B)}
+
+# 官方公布的参数总数（自检要求我们的公式在 1% 以内）：名字 → (总数, 出处)
+PUBLISHED_PARAMS = {
+    "Llama-3.2-1B": (1.23e9, "Llama 3.2 模型卡（meta-llama/llama-models）：\"1B (1.23B)\"；"
+                             "HF safetensors 精确计数 1,235,814,400"),
+    "Llama-3.2-3B": (3.21e9, "Llama 3.2 模型卡：\"3B (3.21B)\""),
+    "Llama-3.1-8B": (8.03e9, "HF meta-llama/Llama-3.1-8B：8.03B（safetensors 精确计数 8,030,261,248）"),
+    "Llama-3.1-70B": (70.6e9, "HF meta-llama/Llama-3.1-70B：70.6B（safetensors 精确计数 70,553,706,496）"),
+    "Llama-3.1-405B": (405.9e9, "HF meta-llama/Llama-3.1-405B：406B（safetensors 精确计数 405,853,388,800）"),
+    "Mistral-7B": (7.24e9, "HF mistralai/Mistral-7B-v0.1：7.24B（精确计数 7,241,732,096）"),
+    "Qwen2.5-7B": (7.61e9, "Qwen2.5-7B 模型卡：\"Number of Parameters: 7.61B\""
+                           "（HF safetensors 7,615,616,512）"),
+    "GPT-2-small": (124.4e6, "HF gpt2：124,439,808（常说 124M；GPT-2 论文表 2 印的 117M 是早期的误算）"),
+    "GPT-3-13B": (12.9e9, "Brown et al. 2020 表 2.1 印 13.0B，但同一行的 d_model 印成 5140；"
+                          "按 5120 计算为 12.85B ≈ 12.9B"),
+    "GPT-3-175B": (175.0e9, "Brown et al. 2020 表 2.1：175.0B"),
+}
+
+# 训练规模的公开数字（04 演示用来对照）
+LLAMA31_405B_TRAIN = {
+    "tokens": 15.6e12,       # Llama 3 论文（Dubey et al. 2024, arXiv 2407.21783）：405B 预训练 15.6T token
+    "gpus": 16384,           # 同上：最多 16K 张 H100
+    "mfu": 0.40,             # 同上表 4：BF16 MFU 38–43%，取 40%
+    "seq_len": 8192,         # 同上：预训练主体阶段序列长度 8K（之后的长上下文阶段不计）
+    "gpu_hours": 30.84e6,    # meta-llama/llama-models models/llama3_1/MODEL_CARD.md："Llama 3.1 405B 30.84M" GPU hours
+}
+
+
+# =============================================================================
+# 第 4 部分：格式化小工具（演示脚本共用）
+# =============================================================================
+def fmt_si(x, unit="", digits=3):
+    """按 10 的 3 次方缩写：fmt_si(1.6e10, "FLOP") → "16 GFLOP"。"""
+    if x == 0:
+        return f"0 {unit}".strip()
+    prefixes = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+    for scale, p in prefixes:
+        if abs(x) >= scale:
+            return f"{x / scale:.{digits}g} {p}{unit}"
+    return f"{x:.{digits}g} {unit}".strip()
+
+
+def fmt_count(n):
+    """参数个数：8.03e9 → "8.03B"，124e6 → "124M"。"""
+    for scale, p in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{p}"
+    return f"{n:.3g}"
+
+
+def fmt_bytes(n):
+    """字节（十进制）：16.06e9 → "16.1 GB"。"""
+    return fmt_si(n, "B")
+
+
+def fmt_time(s):
+    """秒 → 合适的单位：2.5e-3 → "2.50 ms"，3 天 → "3.00 d"。"""
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} µs"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.3g} h"
+    return f"{s / 86400:.3g} d"
+
+
+def _width(text):
+    """终端里的显示宽度：中文等全角字符占 2 格。"""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def format_table(headers, rows, align=None):
+    """
+    把表格排成对齐的文本（中文按 2 格宽计算）。
+
+    【参数】headers：列名；rows：每行一个序列（元素会 str()）；align：每列 "<" 或 ">"，默认第一列左对齐、其余右对齐
+    【返回】多行字符串（表头、分隔线、数据行）
+    """
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    ncol = len(headers)
+    if any(len(r) != ncol for r in cells):
+        raise ValueError(f"每一行都要有 {ncol} 列")
+    align = align or ["<"] + [">"] * (ncol - 1)
+    widths = [max(_width(r[j]) for r in cells) for j in range(ncol)]
+
+    def line(r):
+        out = []
+        for j, c in enumerate(r):
+            pad = " " * (widths[j] - _width(c))
+            out.append(c + pad if align[j] == "<" else pad + c)
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+# =============================================================================
+# 自检
+# =============================================================================
+def _brute_force_params(cfg):
+    """独立的参考实现：把每个张量的形状列出来、逐个相乘求和（不经过 param_groups 的公式）。"""
+    d, V, f = cfg.d_model, cfg.vocab, cfg.d_ff
+    shapes = [(V, d), (cfg.n_pos, d), (d,)]                                   # 词嵌入、位置编码、最后的归一化
+    if not cfg.tied:
+        shapes.append((d, V))
+    for _ in range(cfg.n_layers):
+        shapes += [(d,), (d, cfg.q_dim), (d, cfg.kv_dim), (d, cfg.kv_dim), (cfg.q_dim, d),   # 归一化、Wq Wk Wv Wo
+                   (d,), (d, f), (d, f), (f, d), (cfg.extra_per_layer,)]                     # 归一化、MLP、其它
+        if cfg.qkv_bias:
+            shapes += [(cfg.q_dim,), (cfg.kv_dim,), (cfg.kv_dim,)]
+    shapes.append((cfg.extra_final,))
+    return sum(math.prod(s) for s in shapes)
+
+
+def _selftest():
+    # 1) 每个预设：参数量 = 逐个张量相加的参考实现；和官方数字差 1% 以内
+    worst = 0.0
+    for name, cfg in PRESETS.items():
+        n = cfg.n_params()
+        assert n == _brute_force_params(cfg), name
+        assert n == sum(cfg.param_groups().values())
+        pub, _src = PUBLISHED_PARAMS[name]
+        err = abs(n - pub) / pub
+        worst = max(worst, err)
+        assert err < 0.01, (name, n, pub, err)
+    assert set(PUBLISHED_PARAMS) == set(PRESETS)
+    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）
+    assert LLAMA32_1B.n_params() == 1_235_814_400
+    assert GPT2_SMALL.n_params() == 124_439_808
+    assert MISTRAL_7B.n_params() == 7_241_732_096
+    assert LLAMA31_8B.n_params() == 8_030_261_248 and LLAMA31_70B.n_params() == 70_553_706_496
+    assert LLAMA31_405B.n_params() == 405_853_388_800 and QWEN25_7B.n_params() == 7_615_616_512
+    # GPT-3 13B：表 2.1 的 13.0B 来自印错的 d_model = 5140（12·L·d² + 词嵌入 + 位置编码，四舍五入正好 13.0B）
+    d_printed = 5140
+    n_printed = 12 * 40 * d_printed ** 2 + (50257 + 2048) * d_printed
+    assert round(n_printed / 1e9, 1) == 13.0 and round(GPT3_13B.n_params() / 1e9, 1) == 12.9
+
+    # 2) 恒等式
+    for cfg in PRESETS.values():
+        assert cfg.linear_flops_per_token() == 2 * cfg.matmul_params()
+        assert cfg.flops_per_token(1000) == cfg.linear_flops_per_token() + cfg.attn_flops_per_token(1000)
+        assert cfg.attn_flops_per_token(7) == 4 * cfg.n_layers * cfg.n_heads * cfg.d_head * 7
+        assert cfg.kv_bytes_per_token() == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * 2
+        assert cfg.kv_cache_bytes(3, 100, 1.0) == 300 * cfg.kv_bytes_per_token(1.0)
+        assert cfg.weight_bytes(2.0) == 2 * cfg.n_params()
+        # 没有共享、没有偏置/位置编码的 Llama：matmul_params = n_params − 词嵌入 − 归一化
+        if not cfg.tied and cfg.n_pos == 0 and not cfg.qkv_bias:
+            g = cfg.param_groups()
+            assert cfg.matmul_params() == cfg.n_params() - g["embeddings"] - g["norms"]
+        # 训练 = 3 × 前向；seq_len = 1 时注意力只看自己
+        assert math.isclose(cfg.train_flops(10, 1), 3 * 10 * cfg.flops_per_token(1))
+        # 一次 prefill 的 FLOPs = 逐个 token decode 的 FLOPs 之和（因果注意力的账一样）
+        T = 37
+        assert math.isclose(cfg.step_flops(1, T, 0), sum(cfg.flops_per_token(j) for j in range(1, T + 1)))
+
+    # 3) GQA / MQA：KV 字节按 G 变、注意力 FLOPs 不变
+    mha = scaled(LLAMA31_8B, "8B-MHA", n_kv_heads=32)
+    mqa = scaled(LLAMA31_8B, "8B-MQA", n_kv_heads=1)
+    assert mha.kv_bytes_per_token() == 4 * LLAMA31_8B.kv_bytes_per_token() == 32 * mqa.kv_bytes_per_token()
+    assert mha.attn_flops_per_token(512) == mqa.attn_flops_per_token(512)
+    assert LLAMA31_8B.kv_bytes_per_token() == 131072          # 经典数字：8B 每个 token 128 KiB（BF16）
+
+    # 4) 算术强度：decode ≈ batch（BF16、短上下文），prefill 随提示变长而变大
+    for B in (1, 4, 32):
+        ai = LLAMA31_8B.arithmetic_intensity(B, 1, ctx=0)
+        assert abs(ai - B) / B < 0.01, (B, ai)
+    ais = [LLAMA31_8B.arithmetic_intensity(1, T) for T in (16, 128, 1024, 8192)]
+    assert all(a < b for a, b in zip(ais, ais[1:]))
+
+    # 5) 和芯片结合（一个最小的假芯片，避免依赖 hw_specs）
+    class _Chip:
+        mem_bw, mem_cap = 1e12, 80e9
+
+        @staticmethod
+        def peak_flops(prec):
+            return 1e15
+
+    r = step_time(LLAMA31_8B, _Chip, 1, 1)
+    assert r["bound"] == "memory" and math.isclose(r["time"], r["bytes"] / 1e12)
+    r = step_time(LLAMA31_8B, _Chip, 1, 8192)
+    assert r["bound"] == "compute" and math.isclose(r["time"], r["flops"] / 1e15)
+    free = 0.9 * 80e9 - LLAMA31_8B.weight_bytes()
+    assert max_batch(LLAMA31_8B, _Chip, 8192) == int(free // (8192 * LLAMA31_8B.kv_bytes_per_token()))
+    assert max_batch(LLAMA31_405B, _Chip, 8192) == 0
+    tt = train_time(LLAMA31_8B, 1e12, _Chip, n_chips=100, mfu=0.5, seq_len=4096)
+    assert math.isclose(tt["chip_hours"], tt["flops"] / (1e15 * 0.5) / 3600)
+
+    # 6) 训练显存：16 字节/参数
+    m = LLAMA31_8B.train_memory(1, 4096)
+    assert m["weights"] + m["grads"] + m["master"] + m["adam"] == 16 * LLAMA31_8B.n_params()
+    assert m["total"] == sum(v for k, v in m.items() if k != "total")
+    assert LLAMA31_8B.activation_bytes(2, 1024, recompute=True) < LLAMA31_8B.activation_bytes(2, 1024)
+
+    # 7) 坏输入
+    bad = [dict(n_heads=32, n_kv_heads=5), dict(n_layers=0), dict(d_model=-1), dict(vocab=2.5), dict(n_pos=-1)]
+    for kw in bad:
+        args = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
+        args.update(kw)
+        try:
+            ModelConfig("bad", **args)
+        except ValueError as e:
+            if "n_kv_heads" in kw:
+                assert "32" in str(e) and "5" in str(e)
+        else:
+            raise AssertionError(f"应当报错：{kw}")
+    for fn in (lambda: LLAMA31_8B.attn_flops_per_token(-1), lambda: LLAMA31_8B.kv_bytes_per_token(0),
+               lambda: LLAMA31_8B.step_flops(0, 1), lambda: step_time(LLAMA31_8B, _Chip, 1, 1, mfu=1.5)):
+        try:
+            fn()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("应当报错")
+    assert [f.name for f in fields(ModelConfig)][:9] == ["name", "n_layers", "d_model", "n_heads", "n_kv_heads",
+                                                          "d_head", "d_ff", "vocab", "tied"]
+    assert fmt_count(8.03e9) == "8.03B" and fmt_bytes(16.06e9) == "16.1 GB" and fmt_time(2.5e-3) == "2.5 ms"
+
+    print(f"llm_math 自检通过：{len(PRESETS)} 个预设的参数量和官方数字最大相差 {worst:.2%}；"
+          f"Llama-3.1-8B 每 token {fmt_si(LLAMA31_8B.linear_flops_per_token(), 'FLOP')}、"
+          f"KV {fmt_bytes(LLAMA31_8B.kv_bytes_per_token())}；decode 强度 ≈ batch，prefill 强度随提示长度增长")
+
+
+if __name__ == "__main__":
+    _selftest()

@@ -1,0 +1,272 @@
+"""第 1 讲（llm_math、hw_specs）的单元测试和性质测试。
+
+自检（_selftest）和演示（--quick）由 test_harness.py 在子进程里跑，这里不重复。
+这里用 hypothesis 随机生成模型结构和芯片参数，检查公式的恒等式，以及和一个独立的"逐个张量数参数"的参考实现一致。
+"""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from labload import load_lab
+
+LM = load_lab("lecture01", "llm_math")
+HW = load_lab("lecture01", "hw_specs")
+
+SETTINGS = settings(deadline=None, max_examples=60)
+
+
+@st.composite
+def configs(draw, tied=None):
+    """随机的合法 ModelConfig：n_heads = n_kv_heads × 组大小，保证能整除。"""
+    G = draw(st.integers(1, 8))
+    R = draw(st.integers(1, 8))
+    return LM.ModelConfig(
+        "rand",
+        n_layers=draw(st.integers(1, 12)),
+        d_model=draw(st.integers(8, 512)),
+        n_heads=G * R,
+        n_kv_heads=G,
+        d_head=draw(st.integers(1, 64)),
+        d_ff=draw(st.integers(1, 1024)),
+        vocab=draw(st.integers(2, 5000)),
+        tied=draw(st.booleans()) if tied is None else tied,
+        qkv_bias=draw(st.booleans()),
+        n_pos=draw(st.integers(0, 64)),
+        extra_per_layer=draw(st.integers(0, 100)),
+        extra_final=draw(st.integers(0, 100)),
+    )
+
+
+def count_by_tensors(cfg):
+    """参考实现：像 lecture02 的 count_params 那样，把每个张量的元素个数加起来（不用 ModelConfig 的公式）。"""
+    d, H, G, dh, f, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_ff, cfg.vocab
+    layer = {
+        "attn_norm": d, "wq": d * H * dh, "wk": d * G * dh, "wv": d * G * dh, "wo": H * dh * d,
+        "mlp_norm": d, "w_gate": d * f, "w_up": d * f, "w_down": f * d, "extra": cfg.extra_per_layer,
+    }
+    if cfg.qkv_bias:
+        layer.update(bq=H * dh, bk=G * dh, bv=G * dh)
+    n = V * d + cfg.n_pos * d + d + cfg.extra_final + cfg.n_layers * sum(layer.values())
+    return n if cfg.tied else n + d * V
+
+
+# ---------------------------------------------------------------------------
+# ModelConfig：参数量与 FLOPs 的恒等式
+# ---------------------------------------------------------------------------
+@SETTINGS
+@given(configs())
+def test_n_params_matches_tensor_count(cfg):
+    assert cfg.n_params() == count_by_tensors(cfg)
+    assert cfg.n_params() == sum(cfg.param_groups().values())
+
+
+@SETTINGS
+@given(configs(tied=False))
+def test_tying_removes_exactly_one_vocab_matrix(cfg):
+    tied = LM.scaled(cfg, tied=True)
+    assert cfg.n_params() - tied.n_params() == cfg.vocab * cfg.d_model
+    # 共享之后 lm_head 的乘法照样要做：每 token 的 FLOPs 不变
+    assert tied.matmul_params() == cfg.matmul_params()
+    assert tied.linear_flops_per_token() == cfg.linear_flops_per_token()
+
+
+@SETTINGS
+@given(configs(), st.integers(0, 100_000))
+def test_flops_identities(cfg, ctx):
+    assert cfg.linear_flops_per_token() == 2 * cfg.matmul_params()
+    assert cfg.attn_flops_per_token(ctx) == 4 * cfg.n_layers * cfg.n_heads * cfg.d_head * ctx
+    assert cfg.flops_per_token(ctx) == cfg.linear_flops_per_token() + cfg.attn_flops_per_token(ctx)
+    assert cfg.attn_flops_per_token(2 * ctx) == 2 * cfg.attn_flops_per_token(ctx)
+
+
+@SETTINGS
+@given(configs(), st.integers(1, 64), st.integers(0, 500))
+def test_prefill_equals_sum_of_decodes(cfg, T, ctx0):
+    # 一次送进 T 个 token 的 FLOPs = 一个一个送进去的 FLOPs 之和（因果注意力的账相同）
+    one_shot = cfg.step_flops(1, T, ctx0)
+    stepwise = sum(cfg.flops_per_token(ctx0 + j) for j in range(1, T + 1))
+    assert math.isclose(one_shot, stepwise, rel_tol=1e-12)
+    assert math.isclose(cfg.step_flops(3, T, ctx0), 3 * one_shot, rel_tol=1e-12)
+
+
+@SETTINGS
+@given(configs(), st.integers(1, 1000), st.integers(1, 8192))
+def test_train_flops_is_three_forwards(cfg, D, S):
+    fwd = D * (cfg.linear_flops_per_token() + cfg.attn_flops_per_token((S + 1) / 2))
+    assert math.isclose(cfg.train_flops(D, S), 3 * fwd, rel_tol=1e-12)
+    assert cfg.train_flops(D, S) >= 6 * cfg.matmul_params() * D
+
+
+# ---------------------------------------------------------------------------
+# KV cache：按 G 变，不按 H 变
+# ---------------------------------------------------------------------------
+@SETTINGS
+@given(configs(), st.integers(1, 4), st.sampled_from([0.5, 1.0, 2.0, 4.0]))
+def test_kv_bytes_scale_with_kv_heads_not_query_heads(cfg, k, bpe):
+    more_q = LM.scaled(cfg, n_heads=cfg.n_heads * k)                       # 只加 query 头
+    more_kv = LM.scaled(cfg, n_heads=cfg.n_heads * k, n_kv_heads=cfg.n_kv_heads * k)
+    assert more_q.kv_bytes_per_token(bpe) == cfg.kv_bytes_per_token(bpe)
+    assert more_kv.kv_bytes_per_token(bpe) == k * cfg.kv_bytes_per_token(bpe)
+    # 注意力 FLOPs 反过来：按 H 变，和 G 无关
+    assert more_q.attn_flops_per_token(100) == more_kv.attn_flops_per_token(100) == k * cfg.attn_flops_per_token(100)
+    assert cfg.kv_bytes_per_token(bpe) == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * bpe
+
+
+@SETTINGS
+@given(configs(), st.integers(0, 64), st.integers(0, 10_000))
+def test_kv_cache_linear_in_batch_and_ctx(cfg, batch, ctx):
+    per = cfg.kv_bytes_per_token()
+    assert cfg.kv_cache_bytes(batch, ctx) == batch * ctx * per
+    assert cfg.weight_bytes(1.0) == cfg.n_params()
+
+
+# ---------------------------------------------------------------------------
+# 算术强度：decode 随批大小增长，prefill 随提示长度增长
+# ---------------------------------------------------------------------------
+@SETTINGS
+@given(configs(), st.integers(1, 256), st.integers(0, 4096))
+def test_intensity_grows_with_batch_and_prompt(cfg, b, ctx):
+    assert cfg.arithmetic_intensity(b + 1, 1, ctx) > cfg.arithmetic_intensity(b, 1, ctx)
+    assert cfg.arithmetic_intensity(1, b + 1, 0) > cfg.arithmetic_intensity(1, b, 0)
+    r = cfg.arithmetic_intensity(b, 1, ctx)
+    assert math.isclose(r, cfg.step_flops(b, 1, ctx) / cfg.step_bytes(b, 1, ctx), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 8, 32, 128])
+def test_decode_intensity_is_about_batch_for_real_models(batch):
+    for m in (LM.LLAMA31_8B, LM.LLAMA31_70B, LM.MISTRAL_7B):
+        ai = m.arithmetic_intensity(batch, 1, 0)
+        assert abs(ai - batch) / batch < 0.01
+
+
+# ---------------------------------------------------------------------------
+# 预设
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(LM.PRESETS))
+def test_presets_match_published_totals(name):
+    cfg = LM.PRESETS[name]
+    pub, src = LM.PUBLISHED_PARAMS[name]
+    assert abs(cfg.n_params() - pub) / pub < 0.01
+    assert src
+    assert cfg.n_params() == count_by_tensors(cfg)
+
+
+def test_exact_public_counts():
+    assert LM.LLAMA31_8B.n_params() == 8_030_261_248
+    assert LM.LLAMA31_70B.n_params() == 70_553_706_496
+    assert LM.LLAMA31_405B.n_params() == 405_853_388_800
+    assert LM.LLAMA32_1B.n_params() == 1_235_814_400
+    assert LM.GPT2_SMALL.n_params() == 124_439_808
+
+
+def test_lecture02_style_construction():
+    # lecture02 的 Config.to_model_config 就是这样调用的（全部关键字参数）
+    m = LM.ModelConfig("tiny", n_layers=4, d_model=128, n_heads=8, n_kv_heads=2, d_head=16, d_ff=344, vocab=512,
+                       tied=False)
+    per_layer = 2 * 128 + 128 * 8 * 16 + 2 * 128 * 2 * 16 + 8 * 16 * 128 + 3 * 128 * 344
+    assert m.n_params() == 512 * 128 * 2 + 128 + 4 * per_layer
+
+
+# ---------------------------------------------------------------------------
+# 坏输入
+# ---------------------------------------------------------------------------
+def _args(**kw):
+    a = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
+    a.update(kw)
+    return a
+
+
+def test_heads_not_divisible_names_both_numbers():
+    with pytest.raises(ValueError) as e:
+        LM.ModelConfig("bad", **_args(n_heads=12, n_kv_heads=5))
+    assert "12" in str(e.value) and "5" in str(e.value)
+
+
+@pytest.mark.parametrize("field", ["n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab"])
+@pytest.mark.parametrize("value", [0, -3, 2.5, True])
+def test_non_positive_sizes_rejected(field, value):
+    with pytest.raises(ValueError, match=field):
+        LM.ModelConfig("bad", **_args(**{field: value}))
+
+
+def test_bad_call_arguments():
+    m = LM.LLAMA31_8B
+    for fn in (lambda: m.attn_flops_per_token(-1), lambda: m.kv_bytes_per_token(0),
+               lambda: m.kv_cache_bytes(-1, 10), lambda: m.step_flops(1, 0),
+               lambda: LM.step_time(m, HW.H100_SXM, 1, 1, mfu=0), lambda: LM.max_batch(m, HW.H100_SXM, 10, mem_util=2),
+               lambda: LM.train_time(m, 1e9, HW.H100_SXM, 0)):
+        with pytest.raises(ValueError):
+            fn()
+
+
+# ---------------------------------------------------------------------------
+# hw_specs.Chip
+# ---------------------------------------------------------------------------
+chip_numbers = st.floats(1e6, 1e16, allow_nan=False, allow_infinity=False)
+
+
+@SETTINGS
+@given(chip_numbers, chip_numbers, st.floats(0, 1e18), st.floats(0, 1e15), st.floats(1, 100))
+def test_roofline_time_is_max_and_monotone(peak, bw, flops, nbytes, k):
+    c = HW.Chip("c", "GPU", peak={"bf16": peak}, mem_bw=bw, mem_cap=1e9, mem_kind="HBM", link_bw=1e9)
+    t = c.roofline_time(flops, nbytes)
+    assert t == max(flops / peak, nbytes / bw)
+    assert c.roofline_time(flops * k, nbytes) >= t and c.roofline_time(flops, nbytes * k) >= t
+    assert math.isclose(c.ridge_point(), peak / bw)
+    # 强度高于屋脊点 ⇔ 受算力限制
+    if nbytes > 0 and flops > 0 and not math.isclose(flops / nbytes, c.ridge_point(), rel_tol=1e-9):
+        assert (c.bound(flops, nbytes) == "compute") == (flops / nbytes > c.ridge_point())
+    assert c.attainable_flops(c.ridge_point()) == pytest.approx(peak)
+
+
+def test_chip_table_contents():
+    need = {"H100_SXM", "H100_PCIE", "H200", "B200", "MI300X", "TPU_V5E", "TPU_V5P", "TPU_V6E", "RTX_4090"}
+    for const in need:
+        chip = getattr(HW, const)
+        assert HW.CHIPS[chip.name] is chip
+        assert all(k == k.lower() for k in chip.peak)
+        assert chip.notes and "[S" in chip.notes
+    assert not any("A100" in n for n in HW.CHIPS)
+    assert HW.H100_SXM.link_bw == 450e9 and HW.H200.link_bw == 450e9 and HW.B200.link_bw == 900e9
+    assert HW.H100_SXM.peak_flops("bf16") == 989e12 and HW.H100_SXM.mem_bw == 3.35e12
+
+
+def test_unknown_precision_lists_available():
+    with pytest.raises(ValueError) as e:
+        HW.TPU_V6E.peak_flops("fp4")
+    msg = str(e.value)
+    assert "bf16" in msg and "int8" in msg
+
+
+@pytest.mark.parametrize("bad", [dict(peak={}), dict(peak={"BF16": 1e12}), dict(peak={"bf16": 0}),
+                                 dict(mem_bw=0), dict(mem_cap=-1), dict(link_bw=-1), dict(power_w=-5),
+                                 dict(name="")])
+def test_chip_validation(bad):
+    good = dict(name="x", kind="GPU", peak={"bf16": 1e12}, mem_bw=1e9, mem_cap=1e9, mem_kind="HBM", link_bw=1e9)
+    with pytest.raises(ValueError):
+        HW.Chip(**{**good, **bad})
+
+
+def test_lecture06_style_chip():
+    # 第 6 讲种子的 A100_40G 就是这样构造的
+    a100 = HW.Chip("A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
+                   mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020,
+                   notes="A100 datasheet")
+    assert a100.peak_flops("bf16") == 312e12 and a100.mem_cap == 40e9 and a100.link_bw == 300e9
+    t = LM.step_time(LM.LLAMA32_1B, a100, 1, 1)
+    assert t["bound"] == "memory"
+
+
+def test_decode_speed_bound_is_bandwidth_over_weights():
+    for chip in HW.CHIPS.values():
+        m = LM.LLAMA31_8B
+        tps = LM.decode_tokens_per_s(m, chip)
+        assert tps == pytest.approx(chip.mem_bw / (2 * m.matmul_params()), rel=1e-3)
+        assert LM.decode_tokens_per_s(m, chip, batch=8) > 7 * tps
+
+
+def test_format_table_aligns_cjk():
+    out = LM.format_table(["模型", "x"], [["中文", 1], ["ab", 22]]).splitlines()
+    widths = {LM._width(line) for line in out}
+    assert len(widths) == 1
