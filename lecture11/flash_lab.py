@@ -1,0 +1,1043 @@
+"""
+CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-decoding 和 megakernel 算一遍
+
+【这一讲回答的问题】
+    注意力的数学只有一行 O = softmax(QKᵀ/√d)·V。为什么 FlashAttention 能快好几倍，而 FLOPs 一点没少？
+    答案是"换算法顺序，少搬数据"。本模块把三件事都做成可以运行、可以核对的代码：
+      1. FlashAttention：分块 + 在线 softmax，N×Nk 的分数矩阵从不落到显存；反向只存每行一个 log-sum-exp，
+         需要 P 的时候在片上重算。
+      2. flash-decoding：decode 时只有 1 个 query，沿 query 切不出并行度；改为沿 KV 长度切段，
+         各段给出 (局部输出, lse)，最后按权重合并。
+      3. megakernel：batch 1 的一次 decode 要启动上百个小内核，内核之间的空档占了可观的时间；
+         把整次前向放进一个常驻内核，权重可以跨算子提前读。
+    前两件是精确计算（和标准注意力对到 1e-12 以内），并且数出每种写法读写显存的元素个数；
+    后面的速度问题用时间模型估计——模型里每个假设都是一个有名字的参数，可以改了再算。
+
+【你会学到】
+    - 在线 softmax 的"换算因子" exp(m_旧 − m_新)，以及局部状态 (m, l, o) 的合并为什么满足结合律；
+    - FlashAttention-1 与 -2 的两种循环顺序各自反复读写的是哪块数据（IO 计数 = 公式）；
+    - 反向传播用重算代替存储：多一次矩阵乘法（反向 ≈ 前向的 2.5 倍 FLOPs），却省掉 N×Nk 的读写；
+    - decode 注意力什么时候受算力限制、什么时候受带宽限制，切多少段最好；
+    - 一次 decode 的时间花在哪：读权重、启动间隙、等第一批数据、最后一波没占满的 SM……
+
+【主要内容】
+    §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
+    §2 标准注意力与计数：IO、standard_attention、standard_attention_bwd、reference_lse
+    §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、fa_io_formula
+    §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits
+    §5 megakernel：Op、LLAMA_1B（配置）、llama_1b_ops、TimelineParams、timeline、PART_LABELS
+    §6 演示共用：format_table、figure_path
+    §7 _selftest()
+
+【约定】
+    - 单个注意力头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d。内部一律换成 float64 计算。
+    - causal=True 按右下角对齐：第 i 个 query 处在位置 Nk − N + i，只能看位置 ≤ 它的 key。
+      N = Nk 时就是普通的下三角；N < Nk 时等于"前面已经缓存了 Nk − N 个 token"（flash-attn ≥ 2.1 的约定，
+      和 PyTorch SDPA 的 is_causal 左上角对齐不同）。
+    - 没有任何可见 key 的行（只会在 causal 且 N > Nk 时出现，前 N − Nk 行）：本模块**约定**输出 0、
+      lse = −∞、梯度 0。标准写法和分块写法、前向和反向都守这个约定（原课程模块在这里会得到 NaN）。
+    - 显存读写按**元素个数**计，乘以每个元素的字节数才是字节；FLOPs 只算矩阵乘法（1 次乘加 = 2 FLOPs）。
+    - 时间模型的单位：秒、字节、字节/秒、FLOP/秒。
+
+【和原课程模块的不同（有意为之）】公开的名字、参数、返回值和原模块一致（原模块的自检放在本模块的位置上照样通过）。
+    - 没有可见 key 的行、整行 −∞ 的 softmax、空段的 partial_state：原模块给 NaN，这里按上面的约定给 0 / −∞，
+      这样 causal 且 N > Nk 时前向、反向、标准、分块全部一致，没有 NaN 悄悄流下去。
+    - standard_attention_bwd 的读写计数：原模块少数了一次 N·dv（dO 在 D、dV、dP 三个内核里各读一次，O 读一次）；
+      这里按内核逐个记账（io.notes）。fa1 的顺序里，一块 K、V 谁都看不见时不再计它的读取
+      （只在 causal 且 N > Nk 时有区别）。
+    - llama_1b_ops("fused") 把 RMSNorm 读的字节并进融合指令，三种切法读的总字节完全相同（原模块少了约 0.3 MB）。
+    - timeline 的 parts 用英文键（"weights"、"launch"……），中文说明和图例放在 PART_LABELS；原模块直接用中文做键。
+    - 新增：reference_lse、H200_DEC、LLAMA_1B、IO.add / notes、fa_io_formula 的 Nk / dv / Br / Bc 关键字参数、
+      decode_attention_time 结果里的 "bytes"、timeline 结果里的 "n_ops"，以及坏输入的检查。
+
+【运行】python3 lecture11/flash_lab.py      # 自检，2 核 CPU 上约 1 秒
+【依赖】numpy（不用 torch）。演示脚本 lecture11/01_*.py … 05_*.py 建立在本模块之上。
+"""
+
+import math
+import os
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ORDERS = ("fa1", "fa2")                 # flash_fwd 的两种循环顺序
+DECODE_METHODS = ("fa2", "fd")          # decode_attention_time 的两种并行方式
+KERNEL_LAYOUTS = ("12", "7", "fused")   # llama_1b_ops 的三种内核划分
+TIMELINE_MODES = ("kernels", "megakernel")
+
+
+# =============================================================================
+# 0. 输入检查（坏输入要报出参数名和允许的取值，而不是悄悄算出 NaN）
+# =============================================================================
+def _positive_int(x, name):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} 必须是正整数，收到 {type(x).__name__}：{x!r}")
+    if x < 1:
+        raise ValueError(f"{name} 必须是正整数（≥ 1），收到 {x}")
+    return int(x)
+
+
+def _choice(x, name, allowed):
+    if not isinstance(x, str) or x not in allowed:
+        raise ValueError(f"{name} 只能是 {' / '.join(repr(a) for a in allowed)}，收到 {x!r}")
+    return x
+
+
+def _flag(x, name):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} 必须是 True / False，收到 {x!r}")
+    return bool(x)
+
+
+def _real_array(x, name, ndim=None, allow_neginf=False):
+    """转成 float64 数组；拒绝复数、NaN、+∞（allow_neginf=False 时也拒绝 −∞）。"""
+    a = np.asarray(x)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"{name} 必须是实数数组，收到 dtype={a.dtype}")
+    a = a.astype(np.float64, copy=False)
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} 必须是 {ndim} 维数组，收到形状 {a.shape}")
+    bad = np.isnan(a) | (a == np.inf) if allow_neginf else ~np.isfinite(a)
+    if bad.any():
+        allowed = "有限值或 −∞" if allow_neginf else "有限值"
+        raise ValueError(f"{name} 只能含{allowed}，发现了 NaN 或 ∞")
+    return a
+
+
+def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):
+    """检查一个头的 Q [N, d]、K [Nk, d]、V [Nk, dv]，返回 float64 的 (Q, K, V, scale)。"""
+    nq, nk, nv = names
+    Q, K, V = (_real_array(a, n, ndim=2) for a, n in zip((Q, K, V), names))
+    if min(Q.shape + K.shape + V.shape) < 1:
+        raise ValueError(f"{nq}、{nk}、{nv} 的每一维都至少为 1，收到 {Q.shape}、{K.shape}、{V.shape}")
+    if Q.shape[1] != K.shape[1]:
+        raise ValueError(f"{nq} [N, d] 和 {nk} [Nk, d] 的 d 必须相同，收到 {Q.shape} 和 {K.shape}")
+    if K.shape[0] != V.shape[0]:
+        raise ValueError(f"{nk} [Nk, d] 和 {nv} [Nk, dv] 的行数必须相同，收到 {K.shape} 和 {V.shape}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(Q.shape[1])
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale 必须是有限实数或 None（None = 1/√d），收到 {scale!r}")
+    return Q, K, V, float(scale)
+
+
+def _safe(m):
+    """把 −∞ 换成 0，用来做减数：exp(−∞ − _safe(−∞)) = 0，而 exp(−∞ − (−∞)) 是 NaN。"""
+    return np.where(np.isneginf(m), 0.0, m)
+
+
+# =============================================================================
+# 1. 在线 softmax 与局部状态的合并
+# =============================================================================
+def softmax_3pass(x):
+    """
+    数值稳定的 softmax，标准的三遍写法：①扫一遍找每行最大值 m；②再扫一遍累加 Σ exp(x − m)；③第三遍做除法。
+
+    减去 m 是为了防溢出：FP32 里 exp(89) 已经是 inf，减完之后每个指数都 ≤ 0。
+    【参数】x [..., n]（可以含 −∞，表示被掩码的位置）
+    【返回】(y, 3)：y 与 x 同形；3 = 读数据的遍数。整行都是 −∞ 的行按本模块约定输出全 0。
+    """
+    x = _real_array(x, "x", allow_neginf=True)
+    m = _safe(np.max(x, axis=-1, keepdims=True)) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))  # 第 1 遍
+    e = np.exp(x - m)
+    total = np.sum(e, axis=-1, keepdims=True)                                                         # 第 2 遍
+    y = np.divide(e, total, out=np.zeros_like(e), where=total > 0)                                    # 第 3 遍
+    return y, 3
+
+
+def softmax_online(x, block=128):
+    """
+    在线 softmax（Milakov & Gimelshein, 2018）：第一遍边读边维护 (m, l)，第二遍直接归一化——共 2 遍。
+
+    状态 m = 至今见过的最大值，l = Σ exp(x_j − m)。读进一块（块内最大 m_b）后：
+        m' = max(m, m_b)，l' = l · exp(m − m') + Σ_块 exp(x_j − m')。
+    旧的 l 是"以 m 为基准"算的；乘上换算因子 exp(m − m') 就变成"以 m' 为基准"。FlashAttention 的全部
+    技巧都是这个因子：旧结果不必重算，乘一下就能和新数据对齐。
+    【参数】x [..., n]；block：每次读进的元素个数（不必整除 n）
+    【返回】(y, 2)。整行 −∞ 的行输出全 0（约定同 softmax_3pass）。
+    """
+    x = _real_array(x, "x", allow_neginf=True)
+    block = _positive_int(block, "block")
+    m = np.full(x.shape[:-1], -np.inf)
+    l = np.zeros(x.shape[:-1])
+    for s in range(0, x.shape[-1], block):                    # 第 1 遍：一块一块地更新 (m, l)
+        xb = x[..., s:s + block]
+        m_new = np.maximum(m, xb.max(axis=-1))
+        l = l * np.exp(m - _safe(m_new)) + np.exp(xb - _safe(m_new)[..., None]).sum(axis=-1)
+        m = m_new
+    p = np.exp(x - _safe(m)[..., None])                      # 第 2 遍：用最终的 (m, l) 归一化
+    y = np.divide(p, l[..., None], out=np.zeros_like(p), where=l[..., None] > 0)
+    return y, 2
+
+
+def partial_state(x, v=None):
+    """
+    一段分数 x 的局部状态 (m, l, o)：m = max x，l = Σ exp(x − m)，o = Σ_j exp(x_j − m)·v_j（v 为 None 时 o 为 None）。
+
+    把一行任意切成几段、各算局部状态、再用 merge_states 合起来，等于整行一次算——flash-decoding、
+    split-K、ring attention 用的都是这件事。
+    【参数】x [..., n]（可含 −∞）；v [n, dv] 或 None
+    【返回】m、l 形状 [...]；o 形状 [..., dv]。空段（n = 0）或整段 −∞：m = −∞、l = 0、o = 0（"什么也没看到"）。
+    """
+    x = _real_array(x, "x", allow_neginf=True)
+    n = x.shape[-1]
+    if v is not None:
+        v = _real_array(v, "v", ndim=2)
+        if v.shape[0] != n:
+            raise ValueError(f"v 的行数必须等于 x 的最后一维 {n}，收到 v 形状 {v.shape}")
+    m = x.max(axis=-1) if n else np.full(x.shape[:-1], -np.inf)
+    p = np.exp(x - _safe(m)[..., None])                      # [..., n]
+    l = p.sum(axis=-1)
+    o = None if v is None else p @ v                          # [..., dv]
+    return m, l, o
+
+
+def merge_states(a, b):
+    """
+    合并两个局部状态 a = (m_a, l_a, o_a)、b = (m_b, l_b, o_b)，结果等于"两段拼起来"的局部状态。
+
+        m = max(m_a, m_b)，α = exp(m_a − m)，β = exp(m_b − m)
+        l = α·l_a + β·l_b，  o = α·o_a + β·o_b
+    【性质】交换律逐位精确成立（max 和两项相加都可交换）；结合律在舍入误差内成立，所以可以按任意顺序、
+        任意树形合并（01 演示）。(−∞, 0, 0) 是单位元：一段被完全掩码，合并时等于没有它。
+    【参数】o_a、o_b 同为 None（只合并 softmax 的分母）或同为数组 [..., dv]
+    """
+    if len(a) != 3 or len(b) != 3:
+        raise ValueError("a、b 都必须是 (m, l, o) 三元组")
+    (ma, la, oa), (mb, lb, ob) = a, b
+    if (oa is None) != (ob is None):
+        raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
+    m = np.maximum(ma, mb)
+    alpha = np.exp(ma - _safe(m))                             # 把 a 换算到新基准 m；m_a = −∞ 时为 0
+    beta = np.exp(mb - _safe(m))
+    l = alpha * la + beta * lb
+    o = None if oa is None else alpha[..., None] * oa + beta[..., None] * ob
+    return m, l, o
+
+
+# =============================================================================
+# 2. 标准注意力：参考实现 + 显存读写计数
+# =============================================================================
+@dataclass
+class IO:
+    """
+    一次计算的显存读写与运算量。
+
+    【字段】read / write：读、写的元素个数；flops：矩阵乘法的 FLOPs（2 × 乘加次数）；
+        notes：按"数据"细分的账本 {名字: {"read": ., "write": ., "flops": .}}，演示里用来看"谁被读了很多遍"。
+    """
+    read: int = 0
+    write: int = 0
+    flops: int = 0
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def total(self):
+        """读 + 写的元素总数。"""
+        return self.read + self.write
+
+    def add(self, what, read=0, write=0, flops=0):
+        """记一笔账：what 是数据或步骤的名字（如 "K,V" 或 "S=QKᵀ"）。"""
+        self.read += read
+        self.write += write
+        self.flops += flops
+        book = self.notes.setdefault(what, {"read": 0, "write": 0, "flops": 0})
+        book["read"] += read
+        book["write"] += write
+        book["flops"] += flops
+
+
+def _visible(qpos, kpos):
+    """[len(qpos), len(kpos)] 的布尔表：True = 这个 query 能看见这个 key（causal：key 的位置 ≤ query 的位置）。"""
+    return kpos[None, :] <= qpos[:, None]
+
+
+def _masked_scores(Q, K, scale, causal, q0=0, k0=0, offset=0):
+    """Q 的一块（从第 q0 行起）对 K 的一块（从第 k0 行起）的分数；causal 时看不见的位置填 −∞。"""
+    S = (Q @ K.T) * scale                                     # [br, bc]
+    if causal:
+        qpos = offset + q0 + np.arange(Q.shape[0])
+        kpos = k0 + np.arange(K.shape[0])
+        S = np.where(_visible(qpos, kpos), S, -np.inf)
+    return S
+
+
+def standard_attention(Q, K, V, causal=False, scale=None):
+    """
+    标准（"算法 0"）注意力：三个内核，每个都把结果写回显存。
+
+        内核 1：读 Q、K，写 S = QKᵀ·scale            [N, Nk]
+        内核 2：读 S，写 P = softmax(S)              [N, Nk]
+        内核 3：读 P、V，写 O = PV                   [N, dv]
+    显存读写 = 读 (N + Nk)·d + 2·N·Nk + Nk·dv，写 2·N·Nk + N·dv，即 Θ(Nd + N²)：N 一长，N×Nk 的两项占绝大部分。
+    【返回】(O, P, io)。P 留给 standard_attention_bwd。没有可见 key 的行：P 的那一行和 O 的那一行都是 0。
+    """
+    Q, K, V, scale = _attention_inputs(Q, K, V, scale)
+    causal = _flag(causal, "causal")
+    N, d = Q.shape
+    Nk, dv = V.shape
+    io = IO()
+    S = _masked_scores(Q, K, scale, causal, offset=Nk - N)
+    io.add("S=QKᵀ", read=N * d + Nk * d, write=N * Nk, flops=2 * N * Nk * d)
+    P, _ = softmax_3pass(S)
+    io.add("P=softmax(S)", read=N * Nk, write=N * Nk)
+    O = P @ V                                                 # [N, dv]
+    io.add("O=PV", read=N * Nk + Nk * dv, write=N * dv, flops=2 * N * Nk * dv)
+    return O, P, io
+
+
+def reference_lse(Q, K, causal=False, scale=None):
+    """
+    每行的 log-sum-exp L_i = log Σ_{j 可见} exp(S_ij)，直接按定义算（float64）；没有可见 key 的行为 −∞。
+
+    flash_fwd 返回的 L 应该等于它；反向传播只需要存这 N 个数。
+    """
+    Q, K, _, scale = _attention_inputs(Q, K, K, scale)
+    causal = _flag(causal, "causal")
+    S = _masked_scores(Q, K, scale, causal, offset=K.shape[0] - Q.shape[0])
+    m = S.max(axis=1)
+    with np.errstate(divide="ignore"):                        # 空行：log(0) = −∞，正是约定的值
+        return _safe(m) + np.log(np.exp(S - _safe(m)[:, None]).sum(axis=1))
+
+
+def standard_attention_bwd(Q, K, V, P, dO, scale=None):
+    """
+    标准注意力的反向：用前向存在显存里的 P（掩码已经体现在 P 的 0 里，所以不需要 causal 参数）。
+
+    【公式】softmax 的向量-雅可比积：dS_ij = P_ij (dP_ij − D_i)，其中 D_i = Σ_j P_ij dP_ij = dO_i · O_i。
+        dV = Pᵀ dO，dP = dO Vᵀ，dQ = dS K·scale，dK = dSᵀ Q·scale。
+    【显存读写】每一步一个内核（O 由 P·V 现算，只为得到 D；计数时把它当作前向存下、读一次）：
+        D = rowsum(dO∘O)：读 dO、O，写 D        dV = PᵀdO：读 P、dO，写 dV
+        dP = dO Vᵀ：读 dO、V，写 dP              dS = P∘(dP − D)：读 P、dP、D，写 dS
+        dQ = dS K：读 dS、K，写 dQ               dK = dSᵀ Q：读 dS、Q，写 dK
+        N×Nk 的矩阵共读 5 次、写 2 次。
+    【返回】(dQ, dK, dV, io)
+    """
+    Q, K, V, scale = _attention_inputs(Q, K, V, scale)
+    N, d = Q.shape
+    Nk, dv = V.shape
+    P = _real_array(P, "P", ndim=2)
+    dO = _real_array(dO, "dO", ndim=2)
+    if P.shape != (N, Nk):
+        raise ValueError(f"P 的形状必须是 [N, Nk] = {(N, Nk)}，收到 {P.shape}")
+    if dO.shape != (N, dv):
+        raise ValueError(f"dO 的形状必须是 [N, dv] = {(N, dv)}，收到 {dO.shape}")
+    io = IO()
+    O = P @ V                                                 # [N, dv]
+    D = np.sum(dO * O, axis=1)                                # [N]
+    io.add("D=rowsum(dO∘O)", read=2 * N * dv, write=N)
+    dV = P.T @ dO                                             # [Nk, dv]
+    io.add("dV=PᵀdO", read=N * Nk + N * dv, write=Nk * dv, flops=2 * N * Nk * dv)
+    dP = dO @ V.T                                             # [N, Nk]
+    io.add("dP=dOVᵀ", read=N * dv + Nk * dv, write=N * Nk, flops=2 * N * Nk * dv)
+    dS = P * (dP - D[:, None])                                # [N, Nk]
+    io.add("dS=P∘(dP−D)", read=2 * N * Nk + N, write=N * Nk)
+    dQ = (dS @ K) * scale                                     # [N, d]
+    io.add("dQ=dSK", read=N * Nk + Nk * d, write=N * d, flops=2 * N * Nk * d)
+    dK = (dS.T @ Q) * scale                                   # [Nk, d]
+    io.add("dK=dSᵀQ", read=N * Nk + N * d, write=Nk * d, flops=2 * N * Nk * d)
+    return dQ, dK, dV, io
+
+
+# =============================================================================
+# 3. FlashAttention
+# =============================================================================
+def block_sizes(M, d):
+    """
+    FlashAttention 论文算法 1 的块大小：Bc = ⌈M / 4d⌉，Br = min(Bc, d)。返回 (Br, Bc)。
+
+    M = 片上存储（SRAM）能放的元素个数。为什么除以 4d：片上同时要放 Q_i、O_i（Br×d）和 K_j、V_j（Bc×d）
+    四块，每块最多 M/4 个元素。Br 再封顶到 d，是论文为了让 Br×Bc 的分数块也放得下（Br·Bc ≤ M/4）。
+    """
+    M = _positive_int(M, "M")
+    d = _positive_int(d, "d")
+    Bc = math.ceil(M / (4 * d))
+    return min(Bc, d), Bc
+
+
+def _tiles(n, b):
+    """[0, n) 按 b 切块：[(起点, 终点), ...]；最后一块可能不满。"""
+    return [(s, min(s + b, n)) for s in range(0, n, b)]
+
+
+def _live(causal, offset, i1, j0):
+    """causal 时，Q 块 [·, i1) 与从 j0 开始的 K 块有没有可见的 (query, key) 对。
+    块里位置最靠后的 query 在 offset + i1 − 1；若它都早于 j0，整块被掩码，直接跳过（不读、不算）。"""
+    return not causal or offset + i1 - 1 >= j0
+
+
+def _normalize(acc, m, l):
+    """把未归一化的累加器变成 (O, L)。l = 0 的行（没有可见 key）按约定给 O = 0、L = −∞。"""
+    O = np.divide(acc, l[:, None], out=np.zeros_like(acc), where=l[:, None] > 0)
+    with np.errstate(divide="ignore"):
+        L = np.where(l > 0, _safe(m) + np.log(l), -np.inf)
+    return O, L
+
+
+def flash_fwd(Q, K, V, Br, Bc, causal=False, scale=None, order="fa2"):
+    """
+    FlashAttention 前向：S 和 P 只以 Br×Bc 的小块出现在"片上"（这里就是局部变量），从不写回显存。
+
+    【两种循环顺序】
+        order="fa1"（FlashAttention 论文算法 1）：外层循环 K、V 的块 j，内层循环 Q 的块 i。
+            K_j、V_j 只读一遍；但每个 (i, j) 都要把 O_i、l_i、m_i 从显存读进来、更新、写回去，
+            所以 Q、O 被读写 Tc = ⌈Nk/Bc⌉ 遍。O_i 在显存里始终是"到目前为止归一化好的"输出。
+        order="fa2"（FlashAttention-2）：外层循环 Q 的块 i，内层循环 K、V 的块 j。
+            O_i 的累加器一直留在片上且不归一化，最后除一次 l、写一次；Q、O 只读写一遍，K、V 被读 Tr = ⌈N/Br⌉ 遍。
+            不同的 Q 块互不依赖，可以分给不同的 SM——GPU 上真正的并行方式就是这个。
+    【causal】整块看不见的 (i, j) 跳过：既不读 K_j、V_j，也不做乘法；对角线上的块在块内用 −∞ 掩码。
+    【IO】io 按数据分账："Q"、"K,V"、"O"、"l,m"（fa1）、"L"。flops 按整块计（对角块里被掩码的位置也算进去，
+        因为硬件照样要乘）。
+    【返回】(O [N, dv], L [N], io)。L = log-sum-exp，反向只需存它。没有可见 key 的行：O = 0、L = −∞。
+    【边界】N、Nk 不必是 Br、Bc 的倍数；N > Nk 也可以。
+    """
+    Q, K, V, scale = _attention_inputs(Q, K, V, scale)
+    Br = _positive_int(Br, "Br")
+    Bc = _positive_int(Bc, "Bc")
+    causal = _flag(causal, "causal")
+    order = _choice(order, "order", ORDERS)
+    loop = _fwd_fa2 if order == "fa2" else _fwd_fa1
+    return loop(Q, K, V, Br, Bc, causal, scale)
+
+
+def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
+    """FlashAttention-2 的顺序：外层 Q 块（一个 CTA），内层 K、V 块；累加器留在片上。"""
+    N, d = Q.shape
+    Nk, dv = V.shape
+    off = Nk - N                                              # 第 i 个 query 的位置是 off + i
+    io = IO()
+    O = np.zeros((N, dv))
+    L = np.zeros(N)
+    for i0, i1 in _tiles(N, Br):
+        br = i1 - i0
+        Qi = Q[i0:i1]
+        io.add("Q", read=br * d)
+        m = np.full(br, -np.inf)                              # 片上状态：行最大值
+        l = np.zeros(br)                                      #           Σ exp(S − m)
+        acc = np.zeros((br, dv))                              #           Σ exp(S − m)·V，未归一化
+        for j0, j1 in _tiles(Nk, Bc):
+            if not _live(causal, off, i1, j0):
+                break                                         # 右边的块更靠后，也全都看不见
+            bc = j1 - j0
+            io.add("K,V", read=bc * (d + dv))
+            S = _masked_scores(Qi, K[j0:j1], scale, causal, i0, j0, off)   # [br, bc]
+            m_new = np.maximum(m, S.max(axis=1))
+            alpha = np.exp(m - _safe(m_new))                  # 换算因子：旧的 l、acc 对齐到新最大值
+            P = np.exp(S - _safe(m_new)[:, None])             # [br, bc]
+            l = alpha * l + P.sum(axis=1)
+            acc = alpha[:, None] * acc + P @ V[j0:j1]         # [br, dv]
+            m = m_new
+            io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
+        O[i0:i1], L[i0:i1] = _normalize(acc, m, l)            # 最后才除 l：每行一次除法
+        io.add("O", write=br * dv)
+        io.add("L", write=br)
+    return O, L, io
+
+
+def _fwd_fa1(Q, K, V, Br, Bc, causal, scale):
+    """论文算法 1 的顺序：外层 K、V 块，内层 Q 块；O、l、m 存在"显存"里，每步读进、更新、写回。"""
+    N, d = Q.shape
+    Nk, dv = V.shape
+    off = Nk - N
+    io = IO()
+    O = np.zeros((N, dv))                                     # 显存里的 O（始终是归一化好的）
+    l_hbm = np.zeros(N)
+    m_hbm = np.full(N, -np.inf)
+    io.add("O", write=N * dv)                                 # 算法 1 第 2 行：在显存里初始化 O、l、m
+    io.add("l,m", write=2 * N)
+    for j0, j1 in _tiles(Nk, Bc):
+        rows = [(i0, i1) for i0, i1 in _tiles(N, Br) if _live(causal, off, i1, j0)]
+        if not rows:
+            continue                                          # 这一块 K、V 谁都看不见：不读
+        bc = j1 - j0
+        Kj, Vj = K[j0:j1], V[j0:j1]
+        io.add("K,V", read=bc * (d + dv))
+        for i0, i1 in rows:
+            br = i1 - i0
+            io.add("Q", read=br * d)
+            io.add("O", read=br * dv)
+            io.add("l,m", read=2 * br)
+            S = _masked_scores(Q[i0:i1], Kj, scale, causal, i0, j0, off)  # [br, bc]
+            m_blk = S.max(axis=1)                             # 这一块自己的局部状态 (m̃, l̃, P̃)
+            P = np.exp(S - _safe(m_blk)[:, None])
+            l_blk = P.sum(axis=1)
+            m_old, l_old = m_hbm[i0:i1], l_hbm[i0:i1]
+            m_new = np.maximum(m_old, m_blk)
+            a = np.exp(m_old - _safe(m_new))                  # 旧状态的换算因子
+            b = np.exp(m_blk - _safe(m_new))                  # 新块的换算因子
+            l_new = a * l_old + b * l_blk
+            num = (a * l_old)[:, None] * O[i0:i1] + b[:, None] * (P @ Vj)      # [br, dv]
+            O[i0:i1] = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
+            m_hbm[i0:i1], l_hbm[i0:i1] = m_new, l_new
+            io.add("O", write=br * dv)
+            io.add("l,m", write=2 * br)
+            io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
+    with np.errstate(divide="ignore"):
+        L = np.where(l_hbm > 0, _safe(m_hbm) + np.log(l_hbm), -np.inf)
+    return O, L, io
+
+
+def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
+    """
+    FlashAttention 反向（FlashAttention-2 的循环顺序）：不读 P，用 Q、K 和前向存下的 L 在片上重算。
+
+    【步骤】预处理：D_i = dO_i · O_i（每行一个数）。外层循环 K、V 的块 j（dK_j、dV_j 的累加器留在片上），
+        内层循环 Q 的块 i（跳过整块看不见的）：
+            S = Q_i K_jᵀ·scale（+ 掩码）；P = exp(S − L_i)        ← 重算；因为 L 已经是 m + log l，一步就归一化好
+            dV_j += Pᵀ dO_i；dP = dO_i V_jᵀ；dS = P ∘ (dP − D_i)
+            dQ_i += dS K_j·scale（读出、加上、写回显存）；dK_j += dSᵀ Q_i·scale
+    【运算量】每个 (i, j) 5 次矩阵乘法：QKᵀ、PᵀdO、dOVᵀ、dSK、dSᵀQ；前向只有 2 次 → 反向 ≈ 2.5 × 前向，
+        比标准反向（4 次）多的那一次就是重算 S 的代价，换来不读写 N×Nk 的 P、dP、dS。
+    【约定】L_i = −∞（没有可见 key 的行）：这一行的 P 全为 0，dQ_i = 0，对 dK、dV 没有贡献。
+    【返回】(dQ, dK, dV, io)
+    """
+    Q, K, V, scale = _attention_inputs(Q, K, V, scale)
+    N, d = Q.shape
+    Nk, dv = V.shape
+    O = _real_array(O, "O", ndim=2)
+    dO = _real_array(dO, "dO", ndim=2)
+    L = _real_array(L, "L", ndim=1, allow_neginf=True)
+    for name, arr, want in (("O", O, (N, dv)), ("dO", dO, (N, dv)), ("L", L, (N,))):
+        if arr.shape != want:
+            raise ValueError(f"{name} 的形状必须是 {want}，收到 {arr.shape}")
+    Br = _positive_int(Br, "Br")
+    Bc = _positive_int(Bc, "Bc")
+    causal = _flag(causal, "causal")
+    off = Nk - N
+    io = IO()
+    D = np.sum(dO * O, axis=1)                                # [N]：预处理内核
+    io.add("D=rowsum(dO∘O)", read=2 * N * dv, write=N)
+    L_sub = np.where(np.isneginf(L), np.inf, L)               # 空行：exp(S − (+∞)) = 0，避免 −∞ − (−∞)
+    dQ = np.zeros((N, d))
+    io.add("dQ", write=N * d)                                 # dQ 在显存里清零，之后反复累加
+    dK = np.zeros((Nk, d))
+    dV = np.zeros((Nk, dv))
+    for j0, j1 in _tiles(Nk, Bc):
+        bc = j1 - j0
+        Kj, Vj = K[j0:j1], V[j0:j1]
+        io.add("K,V", read=bc * (d + dv))
+        dKj = np.zeros((bc, d))
+        dVj = np.zeros((bc, dv))
+        for i0, i1 in _tiles(N, Br):
+            if not _live(causal, off, i1, j0):
+                continue
+            br = i1 - i0
+            Qi, dOi = Q[i0:i1], dO[i0:i1]
+            io.add("Q,dO,L,D", read=br * (d + dv + 2))
+            S = _masked_scores(Qi, Kj, scale, causal, i0, j0, off)          # [br, bc]
+            P = np.exp(S - L_sub[i0:i1, None])                               # [br, bc]
+            dVj += P.T @ dOi                                                 # [bc, dv]
+            dP = dOi @ Vj.T                                                  # [br, bc]
+            dS = P * (dP - D[i0:i1, None])
+            dQ[i0:i1] += (dS @ Kj) * scale                                   # [br, d]
+            dKj += (dS.T @ Qi) * scale                                       # [bc, d]
+            io.add("dQ", read=br * d, write=br * d)
+            io.add("5 matmuls", flops=2 * br * bc * (2 * d + 2 * dv + d))
+        dK[j0:j1], dV[j0:j1] = dKj, dVj
+        io.add("dK,dV", write=bc * (d + dv))
+    return dQ, dK, dV, io
+
+
+def fa_io_formula(N, d, M, order="fa2", *, Nk=None, dv=None, Br=None, Bc=None):
+    """
+    flash_fwd（causal=False）读写元素数的闭式公式，用来和逐块计数对账。
+
+    块大小默认取 block_sizes(M, d)；也可以用 Br、Bc 直接指定（此时 M 不参与）。Nk、dv 默认等于 N、d。
+    记 Tr = ⌈N/Br⌉、Tc = ⌈Nk/Bc⌉：
+        fa1：读 K、V 一遍 Nk(d + dv) + Tc 遍的 Q、O、l、m：Tc·N(d + dv + 2)；
+             写 初始化 N(dv + 2) + Tc 遍的 O、l、m：Tc·N(dv + 2)
+        fa2：读 Q 一遍 N·d + Tr 遍的 K、V：Tr·Nk(d + dv)；写 O、L 各一遍 N(dv + 1)
+    量级（dv = d、N = Nk、忽略 l、m）：fa1 ≈ Tc·3Nd，Tc ≈ 4Nd/M → ≈ 12·N²d²/M，即论文的 Θ(N²d²/M)；
+    fa2 ≈ Tr·2Nd：Br = Bc = M/4d 时 ≈ 8·N²d²/M，但用论文的块（Br 封顶到 d）时 Tr = N/d，≈ 2N²，和 M 无关。
+    """
+    N = _positive_int(N, "N")
+    d = _positive_int(d, "d")
+    order = _choice(order, "order", ORDERS)
+    Nk = N if Nk is None else _positive_int(Nk, "Nk")
+    dv = d if dv is None else _positive_int(dv, "dv")
+    if (Br is None) != (Bc is None):
+        raise ValueError("Br 和 Bc 要么都给、要么都不给（都不给时用 block_sizes(M, d)）")
+    if Br is None:
+        Br, Bc = block_sizes(M, d)
+    Br, Bc = _positive_int(Br, "Br"), _positive_int(Bc, "Bc")
+    Tr, Tc = math.ceil(N / Br), math.ceil(Nk / Bc)
+    if order == "fa1":
+        return Nk * (d + dv) + Tc * N * (d + dv + 2) + N * (dv + 2) + Tc * N * (dv + 2)
+    return N * d + Tr * Nk * (d + dv) + N * (dv + 1)
+
+
+# =============================================================================
+# 4. flash-decoding
+# =============================================================================
+def _even_bounds(n, parts):
+    """把 [0, n) 尽量均匀地分成 parts 段（前 n % parts 段多 1 个）；parts > n 时后面的段为空。"""
+    sizes = n // parts + (np.arange(parts) < n % parts)
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+
+
+def split_kv_decode(q, K, V, n_splits, scale=None):
+    """
+    flash-decoding 的数学：少数几个 query 对很长的 K、V 做（非 causal 的）注意力，沿 KV 长度切成 n_splits 段。
+
+    【每段】独立算出（GPU 上是不同的 CTA）：o_s = 本段内部归一化的输出，lse_s = log Σ_{本段} exp(q·k·scale)。
+    【合并】lse = log Σ_s exp(lse_s)，o = Σ_s exp(lse_s − lse)·o_s。这就是 merge_states，只是把 (m, l) 压成
+        一个数 lse = m + log l——每段只需多写回 1 个数。
+    【参数】q [R, d]：共用这组 K、V 的 R 个 query 头（GQA 时同组的头打包在一起）；K [S, d]；V [S, dv]；
+        n_splits ≥ 1，可以不整除 S，也可以大于 S（多出来的段是空的，直接跳过）。
+    【返回】(o [R, dv], lse [R], parts)，parts 是非空段的 [(o_s, lse_s), ...]。
+    """
+    q, K, V, scale = _attention_inputs(q, K, V, scale, names=("q", "K", "V"))
+    n_splits = _positive_int(n_splits, "n_splits")
+    bounds = _even_bounds(K.shape[0], n_splits)
+    parts = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if a == b:
+            continue
+        s = (q @ K[a:b].T) * scale                            # [R, b − a]
+        m = s.max(axis=1)
+        p = np.exp(s - m[:, None])
+        l = p.sum(axis=1)
+        parts.append(((p @ V[a:b]) / l[:, None], m + np.log(l)))   # ([R, dv], [R])
+    lse_s = np.stack([ls for _, ls in parts])                # [段数, R]
+    top = lse_s.max(axis=0)
+    lse = top + np.log(np.exp(lse_s - top).sum(axis=0))       # [R]
+    weight = np.exp(lse_s - lse)                              # [段数, R]：每段占的 softmax 质量
+    o = np.einsum("sr,srv->rv", weight, np.stack([o_s for o_s, _ in parts]))   # [R, dv]
+    return o, lse, parts
+
+
+@dataclass(frozen=True)
+class DecodeGPU:
+    """
+    decode 注意力时间模型里的一块 GPU。前四项是规格（facts.md §1，稠密 FP16/BF16），后三项是**假设**：
+
+        name、n_sm（SM 个数）、tc_flops（Tensor Core 峰值 FLOP/s）、hbm（显存带宽，字节/秒）
+        tc_eff：注意力内核能拿到的 Tensor Core 峰值比例。假设 0.7（FlashAttention-2 论文：A100 前向达到峰值的
+            50%–73%）。
+        sm_bw_cap：一个 SM 单独能拉到的带宽上限。假设 80 GB/s（Little 定律：在途字节约 64 KB ÷ 延迟约 0.8 µs）。
+            所以 SM 用得少时，再大的显存带宽也用不满——这是 flash-decoding 要解决的问题。
+        launch：每个内核的固定开销，假设 5 µs（启动 + 尾巴）。
+    """
+    name: str
+    n_sm: int
+    tc_flops: float
+    hbm: float
+    tc_eff: float = 0.7
+    sm_bw_cap: float = 80e9
+    launch: float = 5e-6
+
+
+A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB
+H100_DEC = DecodeGPU("H100", 132, 989e12, 3.35e12)      # H100 SXM5
+H200_DEC = DecodeGPU("H200", 132, 989e12, 4.8e12)       # H200 SXM：和 H100 同一颗 GH100，只是 HBM3e 更快
+
+
+def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, block_m=None, elem=2):
+    """
+    decode 注意力（每个序列 1 个新 query，KV cache 长 S）的时间模型：数 CTA、排成波次，每个 CTA 取
+    算力时间和带宽时间中较大的那个。
+
+    【method】
+        "fa2"：FlashAttention-2 的并行方式——每个 (序列, query 头) 一个 CTA。只有 1 行 query，Tensor Core
+            却按 block_m 行（默认 128）做乘法，其余是补的 0；每个 query 头各读一遍自己那组 K、V（GQA 也不共享）。
+        "fd"：flash-decoding——每个 (序列, KV 头, 段) 一个 CTA，同组 R = Hq/Hkv 个 query 头打包成 R 行
+            （补到 block_m，默认 64）；每组 K、V 只读一遍；splits > 1 时再加一个合并内核。
+    【一个 CTA】t_comp = 4·行数·本 CTA 的 key 数·d / (每 SM 峰值 × tc_eff)（QKᵀ 和 PV 各 2 FLOPs/乘加）
+               t_mem  = 本 CTA 读的 K、V 字节 / min(sm_bw_cap, hbm / 同时在跑的 CTA 数)
+    【总时间】⌈CTA 数 / SM 数⌉ 波 × max(t_comp, t_mem) + 内核数 × launch
+    【返回】dict：t、ctas、waves、bound（"compute" / "memory"）、util（在跑的 SM 比例）、t_comp、t_mem、
+        bytes（所有 CTA 读的总字节）
+    【没有模拟】L2 复用、各 CTA 负载不均、合并内核自己的读写（每段每头 dv + 1 个数，很小）。只看趋势。
+    """
+    B, Hq, Hkv, S, d = (_positive_int(v, n) for v, n in ((B, "B"), (Hq, "Hq"), (Hkv, "Hkv"), (S, "S"), (d, "d")))
+    if Hq % Hkv:
+        raise ValueError(f"Hq 必须是 Hkv 的整数倍（GQA 每组同样多的 query 头），收到 Hq={Hq}、Hkv={Hkv}")
+    method = _choice(method, "method", DECODE_METHODS)
+    if not isinstance(gpu, DecodeGPU):
+        raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
+    splits = _positive_int(splits, "splits")
+    elem = _positive_int(elem, "elem")
+    if block_m is not None:
+        block_m = _positive_int(block_m, "block_m")
+    if method == "fa2":
+        ctas, rows, keys = B * Hq, block_m or 128, S
+        n_kernels = 1
+    else:
+        ctas, rows, keys = B * Hkv * splits, max(Hq // Hkv, block_m or 64), math.ceil(S / splits)
+        n_kernels = 1 if splits == 1 else 2
+    cta_bytes = 2 * keys * d * elem                           # 这个 CTA 读的 K 和 V
+    running = min(ctas, gpu.n_sm)
+    bw = min(gpu.sm_bw_cap, gpu.hbm / running)                # 在跑的 CTA 平分显存带宽，但每个有上限
+    t_comp = 4 * rows * keys * d / (gpu.tc_flops * gpu.tc_eff / gpu.n_sm)
+    t_mem = cta_bytes / bw
+    waves = math.ceil(ctas / gpu.n_sm)
+    return {"t": waves * max(t_comp, t_mem) + n_kernels * gpu.launch, "ctas": ctas, "waves": waves,
+            "bound": "compute" if t_comp > t_mem else "memory", "util": running / gpu.n_sm,
+            "t_comp": t_comp, "t_mem": t_mem, "bytes": ctas * cta_bytes}
+
+
+def best_splits(B, Hq, Hkv, S, d, gpu=A100_DEC, candidates=(1, 2, 4, 8, 16, 32, 64, 128, 256)):
+    """
+    在候选段数里挑 flash-decoding 模型时间最短的一个。
+
+    【规则】（真实实现的启发式也差不多：让 CTA 大约铺满所有 SM）段数不超过 S；CTA 数超过 4 波的段数不考虑
+        （1 段永远是候选）；模型时间相差不到 1% 时取段数少的（合并更省事）。
+    【返回】(段数, 对应的 decode_attention_time 结果)
+    """
+    B, Hkv, S = _positive_int(B, "B"), _positive_int(Hkv, "Hkv"), _positive_int(S, "S")
+    if not isinstance(gpu, DecodeGPU):
+        raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
+    cands = sorted({_positive_int(c, "candidates 的元素") for c in candidates} | {1})
+    keep = [c for c in cands if c <= S and (c == 1 or B * Hkv * c <= 4 * gpu.n_sm)]
+    res = [(c, decode_attention_time(B, Hq, Hkv, S, d, "fd", gpu, splits=c)) for c in keep]
+    fastest = min(r["t"] for _, r in res)
+    return next((c, r) for c, r in res if r["t"] <= 1.01 * fastest)
+
+
+# =============================================================================
+# 5. megakernel：batch 1 一次 decode 的时间线
+# =============================================================================
+@dataclass(frozen=True)
+class Op:
+    """
+    一次 decode 里的一个算子（或几个融合在一起的算子）。
+
+    【字段】name；bytes：要从显存读的字节（权重，注意力是 KV cache，RMSNorm 是权重 + 输入向量）；
+        ctas：按"一个算子一个内核"写时这个内核的线程块数；0 表示"很小的内核"（RoPE、残差、SiLU 这类，
+        读写几 KB 激活，时间按 TimelineParams.small 算）。
+    """
+    name: str
+    bytes: float
+    ctas: int
+
+
+# Llama-3.2-1B（facts.md §2）：d_model、层数、query 头、KV 头、头维度、FFN 宽度、词表；BF16 每元素 2 字节
+LLAMA_1B = {"d": 2048, "layers": 16, "hq": 32, "hkv": 8, "dh": 64, "ffn": 8192, "vocab": 128256, "elem": 2}
+
+
+def llama_1b_ops(context=160, rows_per_cta=16, kernels="7"):
+    """
+    Llama-3.2-1B batch 1 一次 decode 的算子表（词嵌入与 lm_head 共享，所以权重只读一次）。
+
+    【kernels】内核划分（读的总字节三种一样，只是切法不同）：
+        "12"：朴素写法，每层 12 个：RMSNorm、QKV、RoPE、写 KV、注意力、O 投影、残差、RMSNorm、gate/up、SiLU×、down、残差
+        "7"：Hazy Research 博客估计的每层 7 个：RMSNorm、QKV+RoPE、注意力、O 投影+残差、RMSNorm、gate/up+SiLU、down+残差
+        "fused"：megakernel 的指令粒度，每层 5 条：RMSNorm+QKV+RoPE、注意力、O 投影+残差、
+            RMSNorm+gate/up+SiLU、down+残差
+        最后都接 final norm 与 lm_head（"fused" 合成一条）。
+    【ctas】矩阵-向量乘：每个 CTA 负责 rows_per_cta 个输出行；注意力：每个 query 头一个 CTA。
+    【context】注意力读的 KV cache 长度。默认 160 = Hazy 的测试（32 个提示 token + 128 个生成 token）。
+    """
+    context = _positive_int(context, "context")
+    rows_per_cta = _positive_int(rows_per_cta, "rows_per_cta")
+    kernels = _choice(kernels, "kernels", KERNEL_LAYOUTS)
+    c = LLAMA_1B
+    d, dh, eb = c["d"], c["dh"], c["elem"]
+    qkv_rows = (c["hq"] + 2 * c["hkv"]) * dh                  # Q、K、V 三个投影的输出行数
+    w_qkv, w_o = qkv_rows * d * eb, c["hq"] * dh * d * eb
+    w_gu, w_down = 2 * c["ffn"] * d * eb, c["ffn"] * d * eb
+    norm = 2 * d * eb                                         # RMSNorm：权重 + 输入向量
+    kv = 2 * context * c["hkv"] * dh * eb                     # 这一层的 K、V cache
+
+    def mv(rows):                                             # 矩阵-向量乘的 CTA 数
+        return max(1, rows // rows_per_cta)
+
+    attn = Op("attention", kv, c["hq"])
+    if kernels == "12":
+        layer = [Op("rmsnorm", norm, 0), Op("qkv", w_qkv, mv(qkv_rows)), Op("rope", 0, 0), Op("kv_write", 0, 0),
+                 attn, Op("o_proj", w_o, mv(d)), Op("residual", 0, 0), Op("rmsnorm", norm, 0),
+                 Op("gate_up", w_gu, mv(2 * c["ffn"])), Op("silu_mul", 0, 0), Op("down", w_down, mv(d)),
+                 Op("residual", 0, 0)]
+    elif kernels == "7":
+        layer = [Op("rmsnorm", norm, 0), Op("qkv+rope", w_qkv, mv(qkv_rows)), attn,
+                 Op("o_proj+resid", w_o, mv(d)), Op("rmsnorm", norm, 0),
+                 Op("gate_up+silu", w_gu, mv(2 * c["ffn"])), Op("down+resid", w_down, mv(d))]
+    else:
+        layer = [Op("norm+qkv+rope", norm + w_qkv, mv(qkv_rows)), attn, Op("o_proj+resid", w_o, mv(d)),
+                 Op("norm+gate_up+silu", norm + w_gu, mv(2 * c["ffn"])), Op("down+resid", w_down, mv(d))]
+    w_lm = c["vocab"] * d * eb
+    if kernels == "fused":
+        head = [Op("norm+lm_head", norm + w_lm, mv(c["vocab"]))]
+    else:
+        head = [Op("final_norm", norm, 0), Op("lm_head", w_lm, mv(c["vocab"]))]
+    return layer * c["layers"] + head
+
+
+@dataclass(frozen=True)
+class TimelineParams:
+    """
+    时间线模型的参数（默认 H100 SXM）。规格来自 facts.md；标了"假设"的是本模型的选择，改了重算就能看敏感性。
+
+        n_sm、hbm：SM 个数、显存带宽（字节/秒）
+        eff：长时间连续读能达到的带宽比例。假设 0.9。
+        launch：相邻两个内核之间的启动间隙。Hazy 在 H100 上测到：普通 stream 约 2.1 µs，CUDA Graphs 约 1.3 µs（默认）。
+        ramp："序幕"——内核开始到第一批权重到达的等待（显存延迟、地址计算）。假设 1 µs，每个内核付一次。
+        small：一个很小的内核（ctas = 0）的执行时间。假设 2 µs。
+        sync：megakernel 里等一个激活依赖的代价（上一条指令写激活、更新计数器、本条看到计数器、读激活）。
+            Hazy：每次读或写激活约 0.5 µs，所以假设 1 µs。
+        instr_overhead：megakernel 每条指令的固定开销（取指令、设置、warp 间同步）。假设 0.5 µs。
+        smem_buf：megakernel 每个 SM 能为"下一条指令"预取的权重缓冲。Hazy：13 页 × 16 KiB = 208 KiB。
+    """
+    n_sm: int = 132
+    hbm: float = 3.35e12
+    eff: float = 0.9
+    launch: float = 1.3e-6
+    ramp: float = 1.0e-6
+    small: float = 2.0e-6
+    sync: float = 1.0e-6
+    instr_overhead: float = 0.5e-6
+    smem_buf: float = 13 * 16 * 1024
+
+
+# timeline() 返回的时间分解：键 → (中文说明, 英文图例)
+PART_LABELS = {
+    "weights": ("按满带宽读权重", "weights @ peak BW"),
+    "bw_loss": ("带宽效率损失 (eff < 1)", "BW efficiency loss"),
+    "launch": ("内核启动间隙", "launch gaps"),
+    "ramp": ("序幕：等第一批数据", "ramp (first bytes)"),
+    "tail": ("尾部：最后一波没占满", "tail (partial wave)"),
+    "small": ("小内核", "tiny kernels"),
+    "sync": ("同步与指令开销（没被预取藏住的）", "sync + instr (not hidden)"),
+}
+
+
+def _kernels_timeline(ops, p, bw_sm):
+    """一个算子一个内核：依次执行，内核之间不重叠。很小的内核（ctas = 0）读的几 KB 算在 small 里，不进 weights。"""
+    parts = dict.fromkeys(PART_LABELS, 0.0)
+    for o in ops:
+        parts["launch"] += p.launch
+        if o.ctas == 0:
+            parts["small"] += p.small
+            continue
+        waves = math.ceil(o.ctas / p.n_sm)
+        busy = waves * (o.bytes / o.ctas) / bw_sm             # 每个 CTA 以每 SM 一份带宽读完自己那份，共 waves 波
+        at_eff = o.bytes / (p.n_sm * bw_sm)                   # 所有 SM 一直满载时需要的时间
+        parts["ramp"] += p.ramp                               # 只付一次：后面的波次和前一波重叠
+        parts["weights"] += o.bytes / p.hbm
+        parts["bw_loss"] += at_eff - o.bytes / p.hbm
+        parts["tail"] += busy - at_eff
+    return parts
+
+
+def _megakernel_timeline(ops, p, bw_sm):
+    """一个常驻内核：每个 SM 依次执行每个算子的一条指令（各 SM 对称，只跟踪一个）。
+
+    每个 SM 有一个"读权重的流水线"（loader）：权重不依赖上一条指令的结果，所以在激活依赖满足之前，
+    可以先把下一条指令的权重读进缓冲区——最多 smem_buf 字节。激活依赖 = 上一条指令在所有 SM 上结束 + sync。"""
+    loader_free = 0.0                                         # loader 读完上一条指令的权重的时刻
+    prev_done = 0.0                                           # 上一条指令在所有 SM 上结束的时刻
+    for o in ops:
+        share = o.bytes / p.n_sm                              # 这条指令在每个 SM 上要读的字节
+        ready = prev_done + p.sync                            # 激活依赖满足的时刻
+        early = min(share, p.smem_buf, max(0.0, ready - loader_free) * bw_sm)   # 依赖满足前预取到的字节
+        start = max(ready, loader_free)
+        loader_free = start + (share - early) / bw_sm         # 剩下的字节在开始之后接着读
+        prev_done = loader_free + p.instr_overhead            # 算得快（batch 1 是读带宽受限）：读完即算完
+    floor = sum(o.bytes for o in ops) / (p.n_sm * bw_sm)      # 读权重一刻不停的下限
+    parts = dict.fromkeys(PART_LABELS, 0.0)
+    parts["weights"] = sum(o.bytes for o in ops) / p.hbm
+    parts["bw_loss"] = floor - parts["weights"]
+    parts["sync"] = prev_done - floor
+    return prev_done, parts
+
+
+def timeline(ops, mode, p=TimelineParams()):
+    """
+    一次 decode 的时间线模型。
+
+    【mode="kernels"】一个算子一个内核，按顺序：启动间隙 launch → 序幕 ramp → 各 CTA 以"每 SM 一份带宽"
+        （hbm·eff / n_sm）读完各自的字节。CTA 比 SM 多时分波，最后一波没占满的 SM 空等（尾部）；
+        CTA 比 SM 少时，空着的 SM 不帮忙（**假设**：单个 SM 拉不动更多带宽）。很小的内核按 small 计。
+    【mode="megakernel"】一个常驻内核：权重可以在缓冲区允许的范围内提前读，只有激活的依赖要等
+        （上一条指令全部结束 + sync）；每条指令另加 instr_overhead。没有启动间隙、序幕和尾部。
+    【返回】dict：t（秒）、ideal（按满带宽只读一次所有字节的时间）、bw_util = ideal / t、
+        parts（时间分解，键见 PART_LABELS，各项之和 = t）、n_ops
+    【没有模拟】L2、计算时间（batch 1 的矩阵-向量乘远低于算力上限）、内核之间的重叠（PDL 等）。
+    """
+    mode = _choice(mode, "mode", TIMELINE_MODES)
+    if not isinstance(p, TimelineParams):
+        raise TypeError(f"p 必须是 TimelineParams，收到 {type(p).__name__}")
+    ops = list(ops)
+    if not ops or not all(isinstance(o, Op) for o in ops):
+        raise ValueError("ops 必须是非空的 Op 列表（如 llama_1b_ops() 的结果）")
+    bw_sm = p.hbm * p.eff / p.n_sm
+    if mode == "kernels":
+        parts = _kernels_timeline(ops, p, bw_sm)
+        t = sum(parts.values())
+    else:
+        t, parts = _megakernel_timeline(ops, p, bw_sm)
+    ideal = sum(o.bytes for o in ops) / p.hbm
+    return {"t": t, "ideal": ideal, "bw_util": ideal / t, "parts": parts, "n_ops": len(ops)}
+
+
+# =============================================================================
+# 6. 演示脚本共用的小工具：对齐的表格、图的路径
+# =============================================================================
+def _cell_width(text):
+    """终端显示宽度：中文等全角字符占 2 格。"""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def format_table(headers, rows):
+    """把表格排成对齐的文本：第一列左对齐，其余右对齐（数字右对齐才好比较大小）。"""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    if any(len(r) != len(headers) for r in cells):
+        raise ValueError(f"rows 的每一行都必须有 {len(headers)} 列")
+    widths = [max(_cell_width(r[k]) for r in cells) for k in range(len(headers))]
+
+    def line(r):
+        padded = [c + " " * (w - _cell_width(c)) if k == 0 else " " * (w - _cell_width(c)) + c
+                  for k, (c, w) in enumerate(zip(r, widths))]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def figure_path(script, what):
+    """演示 script（传 __file__）的第 what 张图的路径：lecture11/figures/<脚本名>_<what>.png（目录不存在就建）。"""
+    folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures")
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(script))[0]
+    return os.path.join(folder, f"{stem}_{what}.png")
+
+
+# =============================================================================
+# 7. 自检
+# =============================================================================
+def _naive_attention(Q, K, V, causal, scale):
+    """逐行、只用 Python 循环按定义算：给自检当独立参考（不走 softmax_3pass 和整块掩码）。"""
+    N, Nk = Q.shape[0], K.shape[0]
+    O = np.zeros((N, V.shape[1]))
+    for i in range(N):
+        last = Nk - N + i if causal else Nk - 1              # 右下角对齐：能看到的最后一个 key
+        if last < 0:
+            continue                                          # 约定：没有可见 key → 0
+        s = [float(Q[i] @ K[j]) * scale for j in range(last + 1)]
+        w = np.exp(np.array(s) - max(s))
+        O[i] = (w / w.sum()) @ V[:last + 1]
+    return O
+
+
+def _check_forward(rng):
+    for N, Nk, d, dv in ((64, 64, 16, 16), (50, 50, 8, 5), (7, 33, 8, 8), (37, 23, 6, 9)):
+        Q, K, V = rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv))
+        for causal in (False, True):
+            O_ref, P, _ = standard_attention(Q, K, V, causal)
+            assert np.abs(O_ref - _naive_attention(Q, K, V, causal, 1 / math.sqrt(d))).max() < 1e-12
+            L_ref = reference_lse(Q, K, causal)
+            empty = causal and N > Nk                         # 前 N − Nk 行没有可见 key
+            assert np.isneginf(L_ref).sum() == (N - Nk if empty else 0)
+            for order in ORDERS:
+                O, L, _ = flash_fwd(Q, K, V, 16, 12, causal, order=order)
+                assert np.abs(O - O_ref).max() < 1e-12, (N, Nk, causal, order)
+                fin = np.isfinite(L_ref)
+                assert np.array_equal(np.isfinite(L), fin) and np.abs(L[fin] - L_ref[fin]).max() < 1e-12
+
+
+def _check_io_counts(rng):
+    for N, Nk, d, dv, M in ((256, 256, 16, 16, 2048), (70, 45, 8, 3, 500)):
+        Q, K, V = rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv))
+        Br, Bc = block_sizes(M, d)
+        for order in ORDERS:
+            io = flash_fwd(Q, K, V, Br, Bc, order=order)[2]
+            want = fa_io_formula(N, d, M, order, Nk=Nk, dv=dv)
+            assert io.total == want, (order, io.total, want)
+            assert io.flops == 2 * N * Nk * (d + dv)          # 不带 causal：FLOPs 和标准注意力一样多
+        _, _, io_c = flash_fwd(Q, K, V, Br, Bc, True)
+        assert io_c.total < io.total and io_c.flops < io.flops  # causal 跳过整块，省读写也省乘法
+    assert standard_attention(Q, K, V)[2].total == (N + Nk) * d + 4 * N * Nk + Nk * dv + N * dv
+
+
+def _loss(Q, K, V, dO, causal):
+    return float(np.sum(standard_attention(Q, K, V, causal)[0] * dO))
+
+
+def _check_backward(rng):
+    for N, Nk, d, dv in ((12, 12, 4, 4), (9, 14, 5, 3), (11, 6, 3, 4)):
+        Q, K, V = rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv))
+        dO = rng.standard_normal((N, dv))
+        for causal in (False, True):
+            O_s, P, _ = standard_attention(Q, K, V, causal)
+            ref = standard_attention_bwd(Q, K, V, P, dO)[:3]
+            O, L, _ = flash_fwd(Q, K, V, 4, 5, causal)
+            got = flash_bwd(Q, K, V, O, dO, L, 4, 5, causal)[:3]
+            assert max(np.abs(g - r).max() for g, r in zip(got, ref)) < 1e-12, (N, Nk, causal)
+            eps = 1e-6                                        # 中心差分：误差 O(eps²)，舍入 O(1e-16 / eps)
+            for which, X in enumerate((Q, K, V)):
+                r, c = rng.integers(X.shape[0]), rng.integers(X.shape[1])
+                args = [Q, K, V]
+                Xp, Xm = X.copy(), X.copy()
+                Xp[r, c] += eps
+                Xm[r, c] -= eps
+                num = (_loss(*[Xp if k == which else a for k, a in enumerate(args)], dO, causal)
+                       - _loss(*[Xm if k == which else a for k, a in enumerate(args)], dO, causal)) / (2 * eps)
+                assert abs(num - got[which][r, c]) < 1e-7, ("QKV"[which], causal, num, got[which][r, c])
+
+
+def _check_errors():
+    Q = np.ones((4, 3))
+    cases = [lambda: flash_fwd(Q, Q, Q, 2, 2, order="fa3"), lambda: flash_fwd(Q, Q, Q, 0, 2),
+             lambda: flash_fwd(Q, np.ones((4, 2)), Q, 2, 2), lambda: timeline(llama_1b_ops(), "graph"),
+             lambda: decode_attention_time(1, 32, 8, 100, 64, "xformers"), lambda: llama_1b_ops(kernels="9"),
+             lambda: standard_attention(np.full((2, 2), np.nan), Q[:2, :2], Q[:2, :2])]
+    for bad in cases:
+        try:
+            bad()
+        except (ValueError, TypeError):
+            continue
+        raise AssertionError("坏输入没有报错")
+
+
+def _selftest():
+    rng = np.random.default_rng(11)
+    # §1 在线 softmax = 三遍 softmax = 不减最大值的直接定义（|x| 小，不会溢出）；合并 = 整体
+    x = rng.standard_normal((5, 301)) * 4
+    y3, _ = softmax_3pass(x)
+    assert np.abs(softmax_online(x, block=37)[0] - y3).max() < 1e-15
+    assert np.abs(y3 - np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)).max() < 1e-15
+    v = rng.standard_normal((301, 6))
+    cuts = np.sort(rng.choice(np.arange(1, 301), size=4, replace=False))
+    pieces = [partial_state(xs, vs) for xs, vs in zip(np.split(x, cuts, axis=1), np.split(v, cuts))]
+    whole = partial_state(x, v)
+    acc = partial_state(x[:, :0], v[:0])                      # 空段 = 单位元
+    for k in rng.permutation(len(pieces)):                    # 任意顺序合并
+        acc = merge_states(acc, pieces[k])
+    assert np.array_equal(acc[0], whole[0])
+    assert np.allclose(acc[1], whole[1], rtol=1e-13) and np.allclose(acc[2], whole[2], rtol=1e-13, atol=1e-13)
+    # §2–3 前向、IO 计数、反向
+    _check_forward(rng)
+    _check_io_counts(rng)
+    _check_backward(rng)
+    # §4 flash-decoding：切多少段都等于标准注意力，包括段数多于 key 数
+    q, K, V = rng.standard_normal((4, 32)), rng.standard_normal((1000, 32)), rng.standard_normal((1000, 24))
+    o_ref = standard_attention(q, K, V)[0]
+    for ns in (1, 3, 16, 999, 1500):
+        o, lse, parts = split_kv_decode(q, K, V, ns)
+        assert np.abs(o - o_ref).max() < 1e-13 and len(parts) == min(ns, 1000)
+    assert np.abs(lse - reference_lse(q, K)).max() < 1e-12
+    # decode 时间模型：batch 1、长上下文时 fa2 只用了 Hq 个 SM，flash-decoding 切段后更快
+    for gpu in (A100_DEC, H100_DEC, H200_DEC):
+        fa2 = decode_attention_time(1, 32, 8, 32768, 128, "fa2", gpu)
+        s, fd = best_splits(1, 32, 8, 32768, 128, gpu)
+        assert s > 1 and fd["t"] < fa2["t"] and fa2["util"] < 1
+    # §5 Llama-3.2-1B 一次 decode 读约 2.47 GB；三种切法字节相同；时间分解之和 = 总时间；利用率 < 1
+    totals = {k: sum(o.bytes for o in llama_1b_ops(kernels=k)) for k in KERNEL_LAYOUTS}
+    assert abs(totals["7"] - 2.47e9) < 0.02e9 and len(set(totals.values())) == 1, totals
+    res = {}
+    for k, mode in (("12", "kernels"), ("7", "kernels"), ("fused", "megakernel")):
+        r = res[k] = timeline(llama_1b_ops(kernels=k), mode)
+        assert 0 < r["bw_util"] < 1 and abs(sum(r["parts"].values()) - r["t"]) < 1e-12
+        assert min(r["parts"].values()) >= -1e-15
+    assert res["fused"]["t"] < res["7"]["t"] < res["12"]["t"]
+    _check_errors()
+    print(f"flash_lab 自检通过：fa1/fa2 前向与反向 = 标准注意力（≤ 1e-12），IO 计数 = 公式，"
+          f"split-KV = 标准（≤ 1e-13），Llama-1B 一次 decode 读 {totals['7'] / 1e9:.3f} GB，"
+          f"带宽利用率 12 内核 {res['12']['bw_util']:.0%} / 7 内核 {res['7']['bw_util']:.0%} / "
+          f"megakernel {res['fused']['bw_util']:.0%}。")
+
+
+if __name__ == "__main__":
+    print("== lecture11/flash_lab.py 自检 ==")
+    _selftest()

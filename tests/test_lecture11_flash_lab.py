@@ -1,0 +1,295 @@
+"""lecture11/flash_lab.py 的单元测试与性质测试（numpy）。
+
+_selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里不重复；这里测的是随机形状上的性质：
+分块前向 / 反向 = 标准注意力、没有可见 key 的行的约定、合并的交换律与结合律、切段数多于 key 数、
+IO 计数 = 公式、时间模型的单调性，以及坏输入的报错。
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from labload import load_lab
+
+fl = load_lab("lecture11", "flash_lab")
+
+
+def _naive(Q, K, V, causal):
+    """逐行按定义算的注意力（右下角对齐；没有可见 key 的行为 0），独立于模块里的实现。"""
+    N, Nk = len(Q), len(K)
+    O, L = np.zeros((N, V.shape[1])), np.full(N, -np.inf)
+    for i in range(N):
+        n_vis = (Nk - N + i + 1) if causal else Nk
+        if n_vis <= 0:
+            continue
+        s = Q[i] @ K[:n_vis].T / math.sqrt(Q.shape[1])
+        w = np.exp(s - s.max())
+        O[i] = w @ V[:n_vis] / w.sum()
+        L[i] = s.max() + math.log(w.sum())
+    return O, L
+
+
+def _qkv(seed, N, Nk, d, dv):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv)), \
+        rng.standard_normal((N, dv))
+
+
+@st.composite
+def shapes(draw, allow_more_queries=False):
+    Nk = draw(st.integers(1, 70))
+    N = draw(st.integers(1, 70 if allow_more_queries else Nk))
+    return dict(N=N, Nk=Nk, d=draw(st.integers(1, 16)), dv=draw(st.integers(1, 16)),
+                Br=draw(st.integers(1, 20)), Bc=draw(st.integers(1, 20)), causal=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**31)))
+
+
+# ---------------------------------------------------------------------------------------------- 前向与反向
+@settings(deadline=None, max_examples=60)
+@given(shapes())
+def test_flash_fwd_bwd_match_standard(s):
+    Q, K, V, dO = _qkv(s["seed"], s["N"], s["Nk"], s["d"], s["dv"])
+    O_ref, P, io_std = fl.standard_attention(Q, K, V, s["causal"])
+    O_naive, L_naive = _naive(Q, K, V, s["causal"])
+    assert np.abs(O_ref - O_naive).max() < 1e-12
+    assert np.allclose(fl.reference_lse(Q, K, s["causal"]), L_naive, rtol=0, atol=1e-12)
+    dref = fl.standard_attention_bwd(Q, K, V, P, dO)[:3]
+    for order in fl.ORDERS:
+        O, L, io = fl.flash_fwd(Q, K, V, s["Br"], s["Bc"], s["causal"], order=order)
+        assert np.abs(O - O_ref).max() < 1e-12
+        assert np.abs(L - L_naive).max() < 1e-12
+        if not s["causal"]:
+            assert io.flops == io_std.flops                   # 同样的数学、同样多的乘法
+    O, L, _ = fl.flash_fwd(Q, K, V, s["Br"], s["Bc"], s["causal"])
+    got = fl.flash_bwd(Q, K, V, O, dO, L, s["Br"], s["Bc"], s["causal"])[:3]
+    for g, r in zip(got, dref):
+        assert np.abs(g - r).max() < 1e-12
+
+
+@settings(deadline=None, max_examples=40)
+@given(shapes(allow_more_queries=True))
+def test_rows_without_keys_convention(s):
+    """causal 且 N > Nk：前 N − Nk 行没有可见 key → O = 0、L = −∞、dQ = 0，各种写法一致，没有 NaN。"""
+    Q, K, V, dO = _qkv(s["seed"], s["N"], s["Nk"], s["d"], s["dv"])
+    empty = max(0, s["N"] - s["Nk"]) if s["causal"] else 0
+    O_ref, P, _ = fl.standard_attention(Q, K, V, s["causal"])
+    dQs, dKs, dVs, _ = fl.standard_attention_bwd(Q, K, V, P, dO)
+    for order in fl.ORDERS:
+        O, L, _ = fl.flash_fwd(Q, K, V, s["Br"], s["Bc"], s["causal"], order=order)
+        assert np.all(np.isneginf(L[:empty])) and np.all(np.isfinite(L[empty:]))
+        assert np.all(O[:empty] == 0) and np.abs(O - O_ref).max() < 1e-12
+        dQ, dK, dV, _ = fl.flash_bwd(Q, K, V, O, dO, L, s["Br"], s["Bc"], s["causal"])
+        assert np.all(dQ[:empty] == 0)
+        assert max(np.abs(dQ - dQs).max(), np.abs(dK - dKs).max(), np.abs(dV - dVs).max()) < 1e-12
+    assert np.all(np.isfinite(dQs)) and np.all(P[:empty] == 0)
+
+
+def test_bottom_right_alignment():
+    """N < Nk：最后一个 query 看见所有 key，第一个 query 看见 Nk − N + 1 个。"""
+    Q, K, V, _ = _qkv(0, 3, 7, 4, 2)
+    _, P, _ = fl.standard_attention(Q, K, V, causal=True)
+    assert [int((row > 0).sum()) for row in P] == [5, 6, 7]
+
+
+def test_backward_finite_differences_non_square():
+    Q, K, V, dO = _qkv(5, 6, 9, 3, 4)
+    O, L, _ = fl.flash_fwd(Q, K, V, 4, 3, True, order="fa1")
+    grads = fl.flash_bwd(Q, K, V, O, dO, L, 4, 3, True)[:3]
+    eps = 1e-6
+    for which in range(3):
+        X = (Q, K, V)[which]
+        num = np.zeros_like(X)
+        for idx in np.ndindex(*X.shape):
+            bumped = []
+            for sign in (1, -1):
+                args = [Q.copy(), K.copy(), V.copy()]
+                args[which][idx] += sign * eps
+                bumped.append(np.sum(fl.standard_attention(*args, causal=True)[0] * dO))
+            num[idx] = (bumped[0] - bumped[1]) / (2 * eps)
+        assert np.abs(num - grads[which]).max() < 1e-7
+
+
+# ---------------------------------------------------------------------------------------------- IO 计数
+@settings(deadline=None, max_examples=60)
+@given(shapes())
+def test_io_counts_equal_formula(s):
+    Q, K, V, _ = _qkv(s["seed"], s["N"], s["Nk"], s["d"], s["dv"])
+    for order in fl.ORDERS:
+        io = fl.flash_fwd(Q, K, V, s["Br"], s["Bc"], order=order)[2]
+        want = fl.fa_io_formula(s["N"], s["d"], 1, order, Nk=s["Nk"], dv=s["dv"], Br=s["Br"], Bc=s["Bc"])
+        assert io.total == want
+        io_c = fl.flash_fwd(Q, K, V, s["Br"], s["Bc"], True, order=order)[2]
+        assert io_c.total <= io.total and io_c.flops <= io.flops
+
+
+def test_io_formula_uses_paper_block_sizes():
+    assert fl.block_sizes(2048, 16) == (16, 32)               # Bc = ⌈2048/64⌉ = 32，Br = min(32, 16)
+    assert fl.block_sizes(100, 64) == (1, 1)                  # 片上放不下：块退化成 1
+    N, d, M = 96, 8, 700
+    Q, K, V, _ = _qkv(1, N, N, d, d)
+    Br, Bc = fl.block_sizes(M, d)
+    for order in fl.ORDERS:
+        assert fl.flash_fwd(Q, K, V, Br, Bc, order=order)[2].total == fl.fa_io_formula(N, d, M, order)
+
+
+def test_flash_io_far_below_standard_for_long_sequences():
+    N, d, M = 512, 16, 4096
+    Q, K, V, _ = _qkv(2, N, N, d, d)
+    std = fl.standard_attention(Q, K, V)[2]
+    Br, Bc = fl.block_sizes(M, d)
+    fa1 = fl.flash_fwd(Q, K, V, Br, Bc, order="fa1")[2]
+    assert fa1.total < std.total / 2
+    # 反向：FLOPs 比为 5/4（多一次重算），flash 反向 / flash 前向 = 2.5（d = dv）
+    dO = np.ones((N, d))
+    O, L, io_f = fl.flash_fwd(Q, K, V, 64, 64)
+    io_b = fl.flash_bwd(Q, K, V, O, dO, L, 64, 64)[3]
+    io_sb = fl.standard_attention_bwd(Q, K, V, fl.standard_attention(Q, K, V)[1], dO)[3]
+    assert io_b.flops * 2 == io_f.flops * 5 and io_b.flops * 4 == io_sb.flops * 5
+    assert io_b.total < io_sb.total
+
+
+# ---------------------------------------------------------------------------------------------- softmax 与合并
+def _masked_rows(seed, rows, n, p_mask):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n)) * 5
+    x[rng.random((rows, n)) < p_mask] = -np.inf
+    x[0] = -np.inf                                            # 至少一行整行被掩码
+    return x
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.integers(1, 60), st.integers(1, 70), st.floats(0, 0.9), st.integers(0, 2**31))
+def test_softmax_online_matches_3pass_with_masks(n, block, p_mask, seed):
+    x = _masked_rows(seed, 4, n, p_mask)
+    y3, passes3 = fl.softmax_3pass(x)
+    yo, passes_on = fl.softmax_online(x, block=block)
+    assert (passes3, passes_on) == (3, 2)
+    assert np.abs(y3 - yo).max() < 1e-15 and np.all(y3[0] == 0)
+    live = ~np.all(np.isneginf(x), axis=1)
+    assert np.allclose(y3[live].sum(axis=1), 1.0)
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.integers(2, 40), st.integers(0, 2**31))
+def test_merge_commutative_associative_with_masked_segments(n, seed):
+    rng = np.random.default_rng(seed)
+    x = _masked_rows(seed, 3, n, 0.3)
+    x[:, : n // 2] = np.where(rng.random() < 0.5, -np.inf, x[:, : n // 2])   # 有时整段 −∞
+    v = rng.standard_normal((n, 3))
+    cuts = np.sort(rng.choice(np.arange(0, n + 1), size=3))                   # 允许空段
+    segs = [fl.partial_state(xs, vs) for xs, vs in zip(np.split(x, cuts, axis=1), np.split(v, cuts))]
+    a, b, c, d = segs
+    ab, ba = fl.merge_states(a, b), fl.merge_states(b, a)
+    for u, w in zip(ab, ba):
+        assert np.array_equal(u, w)                           # 交换律：逐位相等
+    left = fl.merge_states(fl.merge_states(ab, c), d)
+    right = fl.merge_states(a, fl.merge_states(b, fl.merge_states(c, d)))
+    whole = fl.partial_state(x, v)
+    for u, w, ref in zip(left, right, whole):
+        assert not np.isnan(u).any()
+        assert np.allclose(u, w, rtol=1e-12, atol=1e-14) and np.allclose(u, ref, rtol=1e-12, atol=1e-14)
+    assert np.isneginf(whole[0][0]) and whole[1][0] == 0 and np.all(whole[2][0] == 0)
+
+
+# ---------------------------------------------------------------------------------------------- flash-decoding
+@settings(deadline=None, max_examples=30)
+@given(st.integers(1, 30), st.integers(1, 60), st.integers(1, 5), st.integers(1, 12), st.integers(0, 2**31))
+def test_split_kv_decode_any_number_of_splits(S, n_splits, R, d, seed):
+    rng = np.random.default_rng(seed)
+    q, K, V = rng.standard_normal((R, d)), rng.standard_normal((S, d)), rng.standard_normal((S, 7))
+    o, lse, parts = fl.split_kv_decode(q, K, V, n_splits)
+    assert len(parts) == min(n_splits, S)
+    assert np.abs(o - fl.standard_attention(q, K, V)[0]).max() < 1e-13
+    assert np.abs(lse - fl.reference_lse(q, K)).max() < 1e-12
+    # lse 形式的合并 = merge_states 形式的合并
+    states = [(ls, np.ones(R), o_s) for o_s, ls in parts]     # (m = lse, l = 1, o = 已归一化的 o_s)
+    m, l, acc = states[0]
+    for st_ in states[1:]:
+        m, l, acc = fl.merge_states((m, l, acc), st_)
+    assert np.abs(acc / l[:, None] - o).max() < 1e-13
+
+
+# ---------------------------------------------------------------------------------------------- 时间模型
+def test_decode_time_model_properties():
+    kw = dict(B=2, Hq=32, Hkv=8, S=8192, d=128)
+    fa2 = fl.decode_attention_time(**kw, method="fa2", gpu=fl.H100_DEC)
+    fd1 = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=1)
+    assert fa2["bytes"] == 4 * fd1["bytes"]                   # GQA 组大小 4：fa2 每个 query 头各读一遍
+    assert fa2["ctas"] == 64 and fd1["ctas"] == 16
+    for r in (fa2, fd1):
+        assert r["bound"] == ("compute" if r["t_comp"] > r["t_mem"] else "memory")
+    h100 = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=8)
+    h200 = fl.decode_attention_time(**kw, method="fd", gpu=fl.H200_DEC, splits=8)
+    assert h200["t"] <= h100["t"]
+    assert (fl.H200_DEC.tc_flops, fl.H200_DEC.n_sm, fl.H200_DEC.hbm) == (fl.H100_DEC.tc_flops, 132, 4.8e12)
+    s, best = fl.best_splits(**kw, gpu=fl.H100_DEC)
+    for c in (1, 2, 4, 8, 16, 32):
+        other = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=c)
+        assert best["t"] <= 1.01 * other["t"]
+    assert fl.best_splits(1, 8, 8, 3, 64)[0] <= 3            # 段数不超过 key 数
+
+
+def test_timeline_properties():
+    ops = fl.llama_1b_ops(kernels="fused")
+    n_ops = {k: len(fl.llama_1b_ops(kernels=k)) for k in fl.KERNEL_LAYOUTS}
+    assert n_ops == {"12": 12 * 16 + 2, "7": 7 * 16 + 2, "fused": 5 * 16 + 1}
+    base = fl.TimelineParams()
+    prev = None
+    for buf in (0, 16e3, 64e3, 208e3, 1e6):                   # 预取缓冲越大，不会越慢
+        t = fl.timeline(ops, "megakernel", fl.TimelineParams(smem_buf=buf))["t"]
+        assert prev is None or t <= prev + 1e-15
+        prev = t
+    ops7 = fl.llama_1b_ops(kernels="7")
+    slow = fl.timeline(ops7, "kernels", fl.TimelineParams(launch=2.1e-6))
+    fast = fl.timeline(ops7, "kernels", base)
+    assert math.isclose(slow["t"] - fast["t"], 0.8e-6 * len(ops7), rel_tol=1e-9)
+    for mode, layout in (("kernels", "12"), ("kernels", "7"), ("megakernel", "fused")):
+        r = fl.timeline(fl.llama_1b_ops(kernels=layout), mode)
+        assert r["bw_util"] <= base.eff + 1e-12               # 连续读的带宽效率就是上限
+        assert math.isclose(sum(r["parts"].values()), r["t"], rel_tol=1e-12)
+    kv_long = sum(o.bytes for o in fl.llama_1b_ops(context=4096)) - sum(o.bytes for o in fl.llama_1b_ops())
+    assert kv_long == 16 * 2 * (4096 - 160) * 8 * 64 * 2       # 多出来的只是 KV cache
+
+
+# ---------------------------------------------------------------------------------------------- 坏输入
+Q4 = np.ones((4, 3))
+
+
+@pytest.mark.parametrize("call, exc, word", [
+    (lambda: fl.flash_fwd(Q4, Q4, Q4, 2, 2, order="fa3"), ValueError, "order"),
+    (lambda: fl.flash_fwd(Q4, Q4, Q4, 0, 2), ValueError, "Br"),
+    (lambda: fl.flash_fwd(Q4, Q4, Q4, 2, -1), ValueError, "Bc"),
+    (lambda: fl.flash_fwd(Q4, Q4, Q4, 2.5, 2), TypeError, "Br"),
+    (lambda: fl.flash_fwd(Q4, np.ones((4, 2)), Q4, 2, 2), ValueError, "d"),
+    (lambda: fl.flash_fwd(Q4, Q4, np.ones((5, 3)), 2, 2), ValueError, "V"),
+    (lambda: fl.flash_fwd(Q4, Q4, Q4, 2, 2, causal="yes"), TypeError, "causal"),
+    (lambda: fl.flash_fwd(np.ones(3), Q4, Q4, 2, 2), ValueError, "Q"),
+    (lambda: fl.flash_fwd(Q4 * 1j, Q4, Q4, 2, 2), TypeError, "Q"),
+    (lambda: fl.flash_bwd(Q4, Q4, Q4, Q4, Q4, np.zeros(3), 2, 2), ValueError, "L"),
+    (lambda: fl.flash_bwd(Q4, Q4, Q4, Q4, np.ones((4, 2)), np.zeros(4), 2, 2), ValueError, "dO"),
+    (lambda: fl.standard_attention_bwd(Q4, Q4, Q4, np.ones((4, 5)), Q4), ValueError, "P"),
+    (lambda: fl.standard_attention(Q4, Q4, Q4, scale=float("nan")), ValueError, "scale"),
+    (lambda: fl.standard_attention(Q4 * np.inf, Q4, Q4), ValueError, "Q"),
+    (lambda: fl.softmax_online(Q4, block=0), ValueError, "block"),
+    (lambda: fl.softmax_3pass(np.array([1.0, np.nan])), ValueError, "x"),
+    (lambda: fl.split_kv_decode(Q4, Q4, Q4, 0), ValueError, "n_splits"),
+    (lambda: fl.block_sizes(0, 64), ValueError, "M"),
+    (lambda: fl.fa_io_formula(10, 4, 100, "fa9"), ValueError, "order"),
+    (lambda: fl.fa_io_formula(10, 4, 100, Br=2), ValueError, "Bc"),
+    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "paged"), ValueError, "method"),
+    (lambda: fl.decode_attention_time(1, 30, 8, 100, 64, "fd"), ValueError, "Hq"),
+    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "fd", splits=0), ValueError, "splits"),
+    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "fd", gpu="H100"), TypeError, "gpu"),
+    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "fa2", block_m=0), ValueError, "block_m"),
+    (lambda: fl.best_splits(1, 32, 8, 100, 64, gpu=fl.TimelineParams()), TypeError, "gpu"),
+    (lambda: fl.best_splits(0, 32, 8, 100, 64), ValueError, "B"),
+    (lambda: fl.llama_1b_ops(kernels="5"), ValueError, "kernels"),
+    (lambda: fl.timeline(fl.llama_1b_ops(), "graphs"), ValueError, "mode"),
+    (lambda: fl.timeline([], "kernels"), ValueError, "ops"),
+    (lambda: fl.merge_states((0.0, 1.0), (0.0, 1.0, None)), ValueError, "(m, l, o)"),
+])
+def test_bad_input_is_rejected_with_a_named_argument(call, exc, word):
+    with pytest.raises(exc, match=None) as info:
+        call()
+    assert word in str(info.value)
