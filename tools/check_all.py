@@ -83,6 +83,10 @@ def discover(root=ROOT, folders=None):
 
 def child_env():
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    # 几项同时跑（--jobs 2、pytest -n 2）时，每个子进程的 BLAS / torch 再各开多个线程只会互相抢核；
+    # 课程里的矩阵都很小，单线程更快也更稳。用户自己设置了就尊重用户的。
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, "1")
     return env
 
 

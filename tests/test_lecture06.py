@@ -1,0 +1,483 @@
+"""第 6 讲 decode_lab 的单元测试与性质测试（自检和演示由 test_harness.py 在子进程里跑，这里不重复）。
+
+每个结论都和一个**独立**的参考比较：闭式公式、暴力枚举、逐个请求单独计算、显式建树的贪心验证、
+独立的蒙特卡洛模拟；调度模拟检查不变式（每个请求恰好完成一次、先到先服务、预留 ≥ 实际写入、时间不倒流）。
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from labload import load_lab
+
+dl = load_lab("lecture06", "decode_lab")
+tl = load_lab("lecture02", "transformer_lab")
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TARGET, DRAFT = dl.tiny_pair(seed=2)
+
+
+# ---------------------------------------------------------------------------
+# 投机采样的零件：精确分布、残差、三种规则
+# ---------------------------------------------------------------------------
+@st.composite
+def prob_pairs(draw):
+    """随机 (p, q)：词表 1–40，允许大量的 0（q 的支撑可以不含 p 的支撑，反之亦然）。"""
+    V = draw(st.integers(1, 40))
+    weights = st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 10.0)), min_size=V, max_size=V)
+    p, q = np.array(draw(weights)), np.array(draw(weights))
+    p[draw(st.integers(0, V - 1))] += 1.0            # 保证和 > 0
+    q[draw(st.integers(0, V - 1))] += 1.0
+    return p / p.sum(), q / q.sum()
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(prob_pairs())
+def test_spec_output_dist_is_p(pq):
+    p, q = pq
+    out, beta = dl.spec_output_dist(p, q)
+    assert np.max(np.abs(out - p)) < 1e-12
+    assert abs(beta - (1 - 0.5 * np.abs(p - q).sum())) < 1e-12          # β = 1 − TV
+    assert np.allclose(dl.variant_output_dist(p, q, "correct"), p, atol=1e-12)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(prob_pairs())
+def test_residual_properties(pq):
+    p, q = pq
+    r = dl.residual(p, q)
+    assert (r >= 0).all() and abs(r.sum() - 1) < 1e-12
+    if (p > q).any():
+        assert (r[p <= q] == 0).all()                                     # 只在 q 给少了的地方补
+        over = np.maximum(p - q, 0)
+        assert np.allclose(r, over / over.sum())
+    else:
+        assert np.array_equal(r, p)                                       # p == q：退化为 p
+    assert np.max(np.abs(dl.residual(p, np.zeros_like(p)) - p)) < 1e-15   # "没有草稿" = 直接从 p 抽
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(prob_pairs())
+def test_wrong_variants_are_distributions_and_biased(pq):
+    p, q = pq
+    for v in ("resample_p", "accept_if_p_ge_q"):
+        d = dl.variant_output_dist(p, q, v)
+        assert (d >= -1e-15).all() and abs(d.sum() - 1) < 1e-12
+    # "被拒后从 p 抽"的偏差恰好是 (1 − β)·(p − residual)：只有 p 恰好等于残差（例如 p 是 one-hot）时才无偏
+    beta = np.minimum(p, q).sum()
+    bias = dl.variant_output_dist(p, q, "resample_p") - p
+    assert np.allclose(bias, (1 - beta) * (p - dl.residual(p, q)), atol=1e-12)
+
+
+def test_verify_monte_carlo_matches_variant_dist():
+    """_verify（γ = 1）的第一个输出 token 的频率 = variant_output_dist（独立的闭式）。"""
+    rng = np.random.default_rng(5)
+    V, n = 6, 60000
+    p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+    P = np.broadcast_to(np.stack([p, rng.dirichlet(np.ones(V))]), (n, 2, V))
+    Q = np.broadcast_to(q, (n, 1, V))
+    D = dl.sample_rows(np.broadcast_to(q, (n, V)), rng)[:, None]
+    for v in dl.SPEC_VARIANTS:
+        n_acc, nxt = dl._verify(P, Q, D, rng, v)
+        first = np.where(n_acc > 0, D[:, 0], nxt)
+        freq = np.bincount(first, minlength=V) / n
+        assert np.abs(freq - dl.variant_output_dist(p, q, v)).max() < 0.012, v
+
+
+# ---------------------------------------------------------------------------
+# 采样、调整
+# ---------------------------------------------------------------------------
+@settings(max_examples=100, **SETTINGS)
+@given(prob_pairs(), st.integers(0, 2**32 - 1))
+def test_sample_rows_never_picks_zero_probability(pq, seed):
+    p, _ = pq
+    rows = np.tile(p, (500, 1))
+    idx = dl.sample_rows(rows, np.random.default_rng(seed))
+    assert (p[idx] > 0).all()
+
+
+def test_sample_rows_frequencies():
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(7))
+    s = dl.sample_rows(np.tile(p, (40000, 1)), rng)
+    _, _, pval = dl.chi_square_gof(s[:, None], p)
+    assert pval > 1e-4
+
+
+def test_adjust():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(5, 11))
+    g = dl.adjust(z, 0)
+    assert np.array_equal(g.argmax(-1), z.argmax(-1)) and np.array_equal(g.sum(-1), np.ones(5))
+    assert np.allclose(dl.adjust(z, 1.0), np.exp(z) / np.exp(z).sum(-1, keepdims=True))
+    k3 = dl.adjust(z, 0.5, top_k=3)
+    assert ((k3 > 0).sum(-1) == 3).all()
+    assert np.isfinite(dl.adjust(z, 1e-300)).all()                       # 极小温度也不出 nan
+    with pytest.raises(ValueError, match="temperature"):
+        dl.adjust(z, -0.1)
+    with pytest.raises(ValueError, match="top_k"):
+        dl.adjust(z, 1.0, top_k=12)
+    with pytest.raises(ValueError, match="nan"):
+        dl.adjust(np.array([0.0, np.nan]), 1.0)
+
+
+# ---------------------------------------------------------------------------
+# Leviathan 的公式与卡方工具
+# ---------------------------------------------------------------------------
+@settings(max_examples=200, **SETTINGS)
+@given(st.floats(0.0, 0.999), st.integers(0, 30), st.floats(0.0, 2.0))
+def test_formulas_closed_forms(a, g, c):
+    e = dl.expected_tokens(a, g)
+    assert math.isclose(e, (1 - a ** (g + 1)) / (1 - a), rel_tol=1e-9)
+    assert math.isclose(dl.walltime_speedup(a, g, c), e / (g * c + 1), rel_tol=1e-12)
+    assert dl.ops_factor(a, g, c) >= 1 - 1e-12                           # 投机解码从不减少总运算量
+    assert dl.expected_tokens(1.0, g) == g + 1
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.floats(0.0, 0.99), st.floats(0.0, 1.0))
+def test_best_gamma_brute_force(a, c):
+    g, s = dl.best_gamma(a, c, gamma_max=40)
+    best = max(((dl.walltime_speedup(a, k, c), -k) for k in range(1, 41)))
+    if best[0] > 1:
+        assert (g, s) == (-best[1], best[0])
+    else:
+        assert (g, s) == (0, 1.0)
+
+
+def test_expected_tokens_monte_carlo():
+    """式 (1) 对照独立模拟：每个草稿以 α 独立被接受，一轮产出 = 连续接受数 + 1。"""
+    rng = np.random.default_rng(3)
+    for a, g in ((0.6, 3), (0.85, 7)):
+        ok = rng.random((200000, g)) < a
+        produced = np.cumprod(ok, axis=1).sum(axis=1) + 1
+        assert abs(produced.mean() - dl.expected_tokens(a, g)) < 0.02
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(st.floats(0.01, 200.0), st.integers(1, 40))
+def test_chi2_sf_closed_forms(x, half_dof):
+    k = 2 * half_dof                                                      # 偶数自由度：闭式
+    closed = math.exp(-x / 2) * sum((x / 2) ** j / math.factorial(j) for j in range(half_dof))
+    assert math.isclose(dl.chi2_sf(x, k), closed, rel_tol=1e-9, abs_tol=1e-300)
+    assert math.isclose(dl.chi2_sf(x, 1), math.erfc(math.sqrt(x / 2)), rel_tol=1e-9, abs_tol=1e-300)
+
+
+# ---------------------------------------------------------------------------
+# 选择性批处理
+# ---------------------------------------------------------------------------
+@settings(max_examples=25, **SETTINGS)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(1, 7)), min_size=1, max_size=5), st.integers(0, 1000))
+def test_ragged_equals_per_request(plan, seed):
+    cfg, params = TARGET.cfg, TARGET.params
+    rng = np.random.default_rng(seed)
+    caches, refs, chunks = [], [], []
+    for ctx, new in plan:
+        c, rc = tl.KVCache(cfg, 1), tl.KVCache(cfg, 1)
+        if ctx:
+            h = rng.integers(0, cfg.vocab, (1, ctx))
+            tl.forward(params, cfg, h, cache=c)
+            tl.forward(params, cfg, h, cache=rc)
+        caches.append(c)
+        refs.append(rc)
+        chunks.append(rng.integers(0, cfg.vocab, new))
+    together, apart = tl.Counter(), tl.Counter()
+    outs = dl.ragged_forward(params, cfg, chunks, caches, counter=together)
+    for o, ch, rc, c in zip(outs, chunks, refs, caches):
+        ref = tl.forward(params, cfg, ch[None], cache=rc, counter=apart)[0]
+        assert o.shape == ref.shape and np.max(np.abs(o - ref)) < 1e-12
+        assert c.length == rc.length
+    for op in set(together.rows) | set(apart.rows):                       # 账：除了读权重，逐项相同
+        for key in ("flops", "useful", "kv", "act"):
+            assert np.isclose(together.rows[op][key], apart.rows[op][key]), (op, key)
+    assert np.isclose(apart.total("w", tl.MATMUL_OPS), len(plan) * together.total("w", tl.MATMUL_OPS))
+
+
+def test_ragged_bad_input():
+    cfg, params = TARGET.cfg, TARGET.params
+    with pytest.raises(ValueError, match="一一对应"):
+        dl.ragged_forward(params, cfg, [np.array([1])], [])
+    with pytest.raises(ValueError, match="chunks\\[0\\]"):
+        dl.ragged_forward(params, cfg, [np.array([], dtype=int)], [tl.KVCache(cfg, 1)])
+    with pytest.raises(ValueError, match="剩余容量"):
+        dl.ragged_forward(params, cfg, [np.zeros(cfg.max_seq + 1, dtype=int)], [tl.KVCache(cfg, 1)])
+
+
+# ---------------------------------------------------------------------------
+# 投机解码：贪心等价、分布、回滚、坏输入
+# ---------------------------------------------------------------------------
+@settings(max_examples=20, **SETTINGS)
+@given(st.lists(st.integers(0, 23), min_size=1, max_size=8), st.integers(1, 6), st.integers(0, 25),
+       st.booleans())
+def test_greedy_speculative_equals_greedy(prompt, gamma, n_new, use_bigram):
+    rng = np.random.default_rng(0)
+    draft = dl.NGramLM.fit([np.arange(24), np.arange(24)[::-1]], 24) if use_bigram else DRAFT
+    ref, _ = dl.autoregressive_generate(TARGET, np.array(prompt), n_new, 0.0, rng)
+    out, st_ = dl.speculative_generate(TARGET, draft, np.array(prompt), n_new, gamma, 0.0, rng)
+    assert out == ref
+    assert st_["target_calls"] == st_["rounds"] == len(st_["accepted"])
+    assert st_["draft_calls"] == gamma * st_["rounds"]
+    assert all(0 <= a <= gamma for a in st_["accepted"])
+    # 回滚的不变式：每轮之后目标 cache = 已确定序列 − 1
+    done = np.cumsum([a + 1 for a in st_["accepted"]])
+    assert st_["t_cache"] == [len(prompt) + int(d) - 1 for d in done]
+
+
+def test_speculative_generate_distribution():
+    """speculative_generate（带 cache 和回滚的那条实现）的输出分布 = 目标模型自己的分布（bigram 模型，便宜）。"""
+    rng = np.random.default_rng(11)
+    V = 5
+    target = dl.NGramLM(np.log(rng.dirichlet(np.ones(V), size=V)), "target")
+    draft = dl.NGramLM(np.log(rng.dirichlet(np.ones(V), size=V)), "draft")
+    prompt = np.array([2])
+    exact = dl.exact_continuation_dist(target, prompt, 2, 1.0)
+    samples = np.array([dl.speculative_generate(target, draft, prompt, 2, 2, 1.0, rng)[0] for _ in range(5000)])
+    assert dl.chi_square_gof(samples, exact)[2] > 1e-4
+
+
+def test_spec_sample_batch_variants():
+    rng = np.random.default_rng(4)
+    V = 6
+    target = dl.NGramLM(np.log(rng.dirichlet(np.ones(V), size=V)), "target")
+    draft = dl.NGramLM(np.log(rng.dirichlet(np.ones(V), size=V)), "draft")
+    prompt = np.array([0, 3])
+    exact = dl.exact_continuation_dist(target, prompt, 2, 0.8)
+    pvals = {v: dl.chi_square_gof(dl.spec_sample_batch(target, draft, prompt, 2, 3, 0.8, 30000, rng, v), exact)[2]
+             for v in dl.SPEC_VARIANTS}
+    assert pvals["correct"] > 1e-4
+    assert pvals["resample_p"] < 1e-8 and pvals["accept_if_p_ge_q"] < 1e-8
+
+
+def test_rollback_and_caches():
+    c = TARGET.new_cache()
+    TARGET.logits([1, 2, 3, 4], c)
+    TARGET.rollback(c, 2)
+    assert c.length == 2
+    with pytest.raises(ValueError, match="回滚只能变短"):
+        TARGET.rollback(c, 3)
+    b = dl.NGramLM.fit([np.arange(24)], 24)
+    tc = b.new_cache()
+    b.logits([5, 6, 7], tc)
+    b.rollback(tc, 1)
+    assert tc.toks == [5]
+
+
+def test_speculative_bad_input():
+    rng = np.random.default_rng(0)
+    p = np.array([1, 2])
+    with pytest.raises(ValueError, match="gamma"):
+        dl.speculative_generate(TARGET, DRAFT, p, 5, 0, 1.0, rng)
+    with pytest.raises(TypeError, match="gamma"):
+        dl.speculative_generate(TARGET, DRAFT, p, 5, 2.5, 1.0, rng)
+    with pytest.raises(ValueError, match="temperature"):
+        dl.speculative_generate(TARGET, DRAFT, p, 5, 2, -1.0, rng)
+    with pytest.raises(ValueError, match="prompt"):
+        dl.speculative_generate(TARGET, DRAFT, np.array([], dtype=int), 5, 2, 1.0, rng)
+    with pytest.raises(ValueError, match="prompt"):
+        dl.speculative_generate(TARGET, DRAFT, np.array([99]), 5, 2, 1.0, rng)
+    with pytest.raises(ValueError, match="词表"):
+        dl.speculative_generate(TARGET, dl.NGramLM(np.zeros((5, 5))), p, 5, 2, 1.0, rng)
+    with pytest.raises(ValueError, match="容量"):
+        dl.speculative_generate(TARGET, DRAFT, p, TARGET.capacity, 2, 1.0, rng)
+    with pytest.raises(ValueError, match="variant"):
+        dl.spec_sample_batch(TARGET, DRAFT, p, 1, 1, 1.0, 10, rng, variant="oops")
+    with pytest.raises(ValueError, match="gamma"):
+        dl.spec_sample_batch(TARGET, DRAFT, p, 1, 0, 1.0, 10, rng)
+    with pytest.raises(ValueError, match="alpha"):
+        dl.expected_tokens(1.5, 3)
+
+
+# ---------------------------------------------------------------------------
+# 树形验证：和显式建树的贪心验证对照
+# ---------------------------------------------------------------------------
+def _tree_reference(target, draft, seq, start, branching):
+    """显式地一层层建树：第 d 层取草稿在（已接受）前缀上的前 k_d 名；目标的贪心下一个 token 在里面就接受。"""
+    prefix = list(seq[:start + 1])
+    for k in branching:
+        dlg = draft.full_logits(np.array([prefix]))[0, -1]
+        cands = [x for x in range(len(dlg)) if (dlg > dlg[x]).sum() < k]
+        nxt = int(np.argmax(target.full_logits(np.array([prefix]))[0, -1]))
+        if nxt not in cands:
+            break
+        prefix.append(nxt)
+    return len(prefix) - start - 1
+
+
+def test_tree_accept_lengths_brute_force():
+    rng = np.random.default_rng(8)
+    bigram = dl.NGramLM.fit(TARGET.sample(np.array([1, 2]), 64, 16, 1.0, rng), 24)
+    seq = np.concatenate([[7, 3], dl.autoregressive_generate(TARGET, np.array([7, 3]), 26, 0.0, rng)[0]])
+    for draft in (bigram, DRAFT):
+        # 从位置 1 起：seq[2:] 才是目标的贪心续写（seq[1] 是 prompt 的一部分）
+        ranks = dl.draft_ranks(draft.full_logits(seq[None])[0][1:], seq[1:])
+        for br in ((1,), (1, 1, 1), (2, 1), (3, 2, 2), (5, 1, 3, 1)):
+            acc, nodes = dl.tree_accept_lengths(ranks, br)
+            assert nodes == sum(int(np.prod(br[:d + 1])) for d in range(len(br)))
+            ref = [_tree_reference(TARGET, draft, seq, t + 1, br) for t in range(len(acc))]
+            assert acc.tolist() == ref, (draft.name, br)
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(st.lists(st.integers(0, 6), min_size=6, max_size=40), st.lists(st.integers(1, 4), min_size=1, max_size=5),
+       st.data())
+def test_tree_monotone_in_branching(ranks, br, data):
+    bigger = [k + data.draw(st.integers(0, 2)) for k in br]
+    a, _ = dl.tree_accept_lengths(np.array(ranks), br)
+    b, _ = dl.tree_accept_lengths(np.array(ranks), bigger)
+    assert (b >= a).all() and (a <= len(br)).all()
+
+
+# ---------------------------------------------------------------------------
+# 调度模拟的不变式
+# ---------------------------------------------------------------------------
+class ToyStep:
+    """接口和 StepModel 相同的玩具时间模型：容量随意设，时间 = 固定开销 + 每 token 的线性代价。"""
+
+    def __init__(self, capacity, model=dl.GPT3_13B):
+        self.cap, self.model = capacity, model
+
+    def kv_capacity_tokens(self):
+        return self.cap
+
+    def prefill_time(self, prompt_lens):
+        return 1e-3 + 1e-5 * sum(prompt_lens)
+
+    def decode_time(self, batch, ctx_tokens):
+        return 1e-3 + 1e-5 * batch + 1e-8 * ctx_tokens
+
+    def mixed_time(self, n_decode, ctx_tokens, prefill_tokens, prefill_attn_flops):
+        return 1e-3 + 1e-5 * (n_decode + prefill_tokens) + 1e-8 * ctx_tokens
+
+
+def _check_iteration_run(reqs, res, hist, max_bs, cap):
+    n = len(reqs)
+    if not res["deadlock"]:
+        assert res["done"] == n and all(r.gen == r.output and math.isfinite(r.finish) for r in reqs)
+    assert res["admit_order"] == sorted(res["admit_order"])                           # FCFS：按到达接纳
+    admitted = [r for r in reqs if r.admitted]
+    assert [r.rid for r in admitted] == res["admit_order"]
+    assert [r.rid for r in reqs[:len(admitted)]] == res["admit_order"]                # 是到达序列的一个前缀
+    counts = {}
+    prev_end = 0.0
+    for h in hist:
+        assert prev_end <= h["t0"] < h["t1"]                                           # 时间不倒流、迭代不重叠
+        prev_end = h["t1"]
+        assert h["used"] <= h["reserved"] <= cap                                       # 预留盖得住实际写入
+        assert 0 < len(h["prefill"]) + len(h["decode"]) <= max_bs
+        for rid in h["prefill"] + h["decode"]:
+            counts[rid] = counts.get(rid, 0) + 1
+        for rid in h["prefill"]:
+            assert reqs[rid].arrival <= h["t0"]
+    for r in reqs:
+        if math.isfinite(r.finish):                                                    # 恰好完成一次
+            assert counts[r.rid] == r.output
+            assert r.arrival <= r.admit_t < r.first_tok <= r.finish
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.integers(1, 40), st.floats(1.0, 500.0), st.integers(1, 12), st.sampled_from(dl.RESERVE_MODES),
+       st.integers(600, 4000), st.integers(0, 99), st.one_of(st.none(), st.integers(100, 200)))
+def test_iteration_level_invariants(n, rate, max_bs, reserve, cap, seed, max_gen):
+    reqs = dl.orca_workload(n, rate, seed=seed, prompt_range=(5, 300), gen_range=(1, 60), max_gen=max_gen)
+    hist = []
+    res = dl.run_iteration_level(reqs, ToyStep(cap), max_bs, reserve=reserve, max_seq=512, history=hist)
+    assert reserve == "none" or not res["deadlock"]
+    _check_iteration_run(reqs, res, hist, max_bs, cap)
+    # 同一组请求再模拟一次：结果完全相同（开始时清零）
+    res2 = dl.run_iteration_level(reqs, ToyStep(cap), max_bs, reserve=reserve, max_seq=512)
+    assert {k: res[k] for k in ("done", "iters", "deadlock")} == {k: res2[k] for k in ("done", "iters", "deadlock")}
+
+
+def test_iteration_level_real_step_model():
+    sm = dl.StepModel(dl.GPT3_13B, dl.A100_40G)
+    for reserve in dl.RESERVE_MODES:
+        reqs = dl.orca_workload(80, 8.0, seed=1)
+        hist = []
+        res = dl.run_iteration_level(reqs, sm, 32, reserve=reserve, history=hist)
+        assert not res["deadlock"]
+        _check_iteration_run(reqs, res, hist, 32, sm.kv_capacity_tokens())
+
+
+def test_none_mode_deadlocks_and_reservation_does_not():
+    # 容量 10：两个请求各占 5 个输入就满了，下一步谁都写不进 1 个 KV → 死锁；按 max_gen 预留则一个个跑完
+    reqs = [dl.Req(0, 0.0, 5, 4, 4), dl.Req(1, 0.0, 5, 4, 4)]
+    res = dl.run_iteration_level(reqs, ToyStep(10), 8, reserve="none")
+    assert res["deadlock"] and res["done"] == 0 and res["deadlock_t"] is not None
+    with pytest.raises(ValueError, match="没有完成"):
+        dl.latency_throughput(reqs)
+    res = dl.run_iteration_level(reqs, ToyStep(10), 8, reserve="max_gen")
+    assert not res["deadlock"] and res["done"] == 2
+    assert reqs[1].admit_t >= reqs[0].finish                               # 第二个要等第一个释放预留
+
+
+def test_request_that_never_fits_is_an_error():
+    for reserve in dl.RESERVE_MODES:
+        with pytest.raises(ValueError, match="永远不可能"):
+            dl.run_iteration_level([dl.Req(0, 0.0, 50, 60, 60)], ToyStep(100), 4, reserve=reserve, max_seq=200)
+    with pytest.raises(ValueError, match="max_seq"):
+        dl.run_request_level([dl.Req(0, 0.0, 50, 10, 10)], ToyStep(1000), 4, max_seq=40)
+    with pytest.raises(ValueError, match="放不下一个"):
+        dl.run_request_level([dl.Req(0, 0.0, 5, 10, 10)], ToyStep(100), 4, max_seq=200)
+    with pytest.raises(ValueError, match="reserve"):
+        dl.run_iteration_level([dl.Req(0, 0.0, 5, 1, 1)], ToyStep(100), 4, reserve="lazy")
+    with pytest.raises(ValueError, match="排序"):
+        dl.run_iteration_level([dl.Req(0, 1.0, 5, 1, 1), dl.Req(1, 0.0, 5, 1, 1)], ToyStep(100), 4)
+    with pytest.raises(ValueError, match="max_gen"):
+        dl.Req(0, 0.0, 5, 10, 3)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.integers(1, 40), st.floats(0.5, 300.0), st.integers(1, 10), st.integers(0, 99))
+def test_request_level_invariants(n, rate, max_bs, seed):
+    reqs = dl.orca_workload(n, rate, seed=seed)
+    hist = []
+    step = ToyStep(5 * 2048 + 7)                                           # 显存只够 5 个 2048 的预留
+    res = dl.run_request_level(reqs, step, max_bs, history=hist)
+    assert res["max_bs_used"] == min(max_bs, 5) and res["batches"] == len(hist)
+    assert [rid for h in hist for rid in h["rids"]] == list(range(n))     # FCFS，每个请求恰好一次
+    prev = 0.0
+    for h in hist:
+        assert prev <= h["t0"] < h["t1"] and len(h["rids"]) <= res["max_bs_used"]
+        prev = h["t1"]
+        for rid in h["rids"]:
+            r = reqs[rid]
+            assert r.arrival <= h["t0"] and r.finish == h["t1"] and r.admit_t == h["t0"] < r.first_tok
+    assert res["slot_tokens"] >= res["useful_tokens"] == sum(r.prompt + r.output - 1 for r in reqs)
+
+
+def test_orca_workload():
+    a = dl.orca_workload(500, 2.0, seed=4)
+    b = dl.orca_workload(500, 8.0, seed=4)
+    assert [r.prompt for r in a] == [r.prompt for r in b]                 # 换速率只伸缩时间轴
+    assert np.allclose([r.arrival for r in a], [4 * r.arrival for r in b])
+    assert all(32 <= r.prompt <= 512 and 1 <= r.output == r.max_gen <= 128 for r in a)
+    assert abs(len(a) / a[-1].arrival - 2.0) < 0.3                        # 泊松强度
+    c = dl.orca_workload(200, 1.0, max_gen=100)
+    assert all(r.max_gen == max(100, r.output) for r in c)
+    with pytest.raises(ValueError, match="rate"):
+        dl.orca_workload(5, 0.0)
+    with pytest.raises(ValueError, match="prompt_range"):
+        dl.orca_workload(5, 1.0, prompt_range=(10, 5))
+
+
+# ---------------------------------------------------------------------------
+# 硬件视角
+# ---------------------------------------------------------------------------
+def test_verify_time_and_rounds():
+    hw = load_lab("lecture01", "hw_specs")
+    T, D, chip = dl.LLAMA31_8B, dl.LLAMA32_1B, hw.H100_SXM
+    # batch 1、短上下文：受带宽限制，时间 = 读的字节 / (带宽 × 0.8)（独立按字节算一遍）
+    by = T.matmul_params() * 2 + 1 * (100 + 1) * T.kv_bytes_per_token(2.0)
+    assert math.isclose(dl.verify_time(T, chip, 1, 100, 1), by / (chip.mem_bw * 0.8), rel_tol=1e-12)
+    ts = [dl.verify_time(T, chip, 64, 512, n) for n in range(1, 10)]
+    assert all(a <= b for a, b in zip(ts, ts[1:]))
+    r0 = dl.spec_round(T, D, chip, 8, 512, 0.8, 0)
+    assert math.isclose(r0["speedup"], 1.0) and math.isclose(r0["verify_ratio"], 1.0)
+    assert dl.best_round(T, D, chip, 8, 512, 0.0) == (0, None)           # 草稿从不被接受：不投机
+    g, r = dl.best_round(T, D, chip, 1, 512, 0.9)
+    assert g >= 1 and r["speedup"] == max(dl.spec_round(T, D, chip, 1, 512, 0.9, k)["speedup"] for k in range(1, 17))
+    with pytest.raises(ValueError, match="batch"):
+        dl.verify_time(T, chip, 0, 100, 1)
+    with pytest.raises(ValueError, match="gamma"):
+        dl.spec_round(T, D, chip, 1, 100, 0.8, -1)
