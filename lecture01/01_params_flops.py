@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import llm_math as M  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 
 GROUPS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
 GROUP_ZH = {"embeddings": "词嵌入", "attention": "注意力", "mlp": "MLP", "norms": "归一化", "lm_head": "lm_head",
@@ -67,7 +68,7 @@ def flops_table(models, ctxs):
     return M.format_table(heads, rows)
 
 
-def plot_groups(models, path):
+def plot_groups(models):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -96,10 +97,7 @@ def plot_groups(models, path):
     ax2.set_title("FLOPs/token = 2·N_matmul + 4·L·H·dh·ctx")
     ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "groups")
 
 
 def main():
@@ -143,8 +141,7 @@ def main():
           f"词嵌入 + lm_head 占比从 1B 的 {emb[0]:.0%} 降到 405B 的 {emb[-1]:.1%}；"
           f"注意力在 8B 模型约 {M.LLAMA31_8B.attn_crossover_ctx():,.0f} 个 token 时追上矩阵乘法。")
     if not args.no_fig:
-        path = os.path.join(HERE, "figures", "01_params_flops_groups.png")
-        plot_groups(models, path)
+        path = plot_groups(models)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

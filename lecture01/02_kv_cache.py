@@ -20,6 +20,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 
 BASE = M.LLAMA31_8B
 VARIANTS = {
@@ -63,7 +64,7 @@ def presets_table():
     return M.format_table(["模型", "注意力", "KV/token", "KV@32K×1", "权重(BF16)", "KV = 权重时的 token 数"], rows)
 
 
-def plot(path, batches=(1, 32)):
+def plot(batches=(1, 32)):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -85,10 +86,7 @@ def plot(path, batches=(1, 32)):
     ax.set_title("Llama-3.1-8B KV cache: bytes = 2·L·G·dh·2 per token")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "vs_context")
 
 
 def main():
@@ -128,8 +126,7 @@ def main():
           f"GPT-3 175B 每 token {M.fmt_bytes(M.GPT3_175B.kv_bytes_per_token())}，"
           f"Llama-3.1-405B 只要 {M.fmt_bytes(M.LLAMA31_405B.kv_bytes_per_token())}。")
     if not args.no_fig:
-        path = os.path.join(HERE, "figures", "02_kv_cache_vs_context.png")
-        plot(path)
+        path = plot()
         print(f"图已保存：{os.path.relpath(path)}")
 
 

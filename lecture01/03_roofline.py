@@ -20,6 +20,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 
 MODEL = M.LLAMA31_8B
 CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
@@ -56,7 +57,7 @@ def chips_table(pts, chips):
     return M.format_table(["芯片", "屋脊点", "操作点", "受限于", "roofline 时间", "算力利用上限", "每 token"], rows)
 
 
-def plot(pts, chips, path):
+def plot(pts, chips):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -79,10 +80,7 @@ def plot(pts, chips, path):
     ax.set_ylim(0.1, 4000)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "roofline")
 
 
 def main():
@@ -120,8 +118,7 @@ def main():
           f"所以受带宽限制：H100 上 batch 1 每步 {M.fmt_time(t1)}；"
           f"prefill 8K 强度 {pre[-1]:,.0f}，在所有芯片上都受算力限制。")
     if not args.no_fig:
-        path = os.path.join(HERE, "figures", "03_roofline_roofline.png")
-        plot(pts, CHIPS, path)
+        path = plot(pts, CHIPS)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 
 MODELS = (M.LLAMA32_1B, M.LLAMA31_8B, M.QWEN25_7B, M.LLAMA31_70B, M.LLAMA31_405B)
 CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
@@ -65,7 +66,7 @@ def batch_sweep(m, chip, batches, ctx):
     return M.format_table(heads, rows), curve, cap
 
 
-def plot(curves, path):
+def plot(curves):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -87,10 +88,7 @@ def plot(curves, path):
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "batch")
 
 
 def main():
@@ -150,8 +148,7 @@ def main():
           f"（H100、上下文 {CTX}：最多 {curves[(h100.name, CTX)][1]} 个序列）；上下文长了，"
           f"KV 读取才是 decode 吞吐的天花板。")
     if not args.no_fig:
-        path = os.path.join(HERE, "figures", "05_decode_speed_batch.png")
-        plot(curves, path)
+        path = plot(curves)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -19,7 +19,7 @@ CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花�
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
                                把"账本"和芯片（hw_specs.Chip）结合起来
     预设：LLAMA32_1B … GPT3_175B、PRESETS（名字 → 配置）、PUBLISHED_PARAMS（官方公布的参数量和出处）
-    格式化小工具：fmt_count / fmt_bytes / fmt_si / fmt_time / format_table（演示脚本共用）
+    格式化小工具：fmt_count / fmt_bytes / fmt_si / fmt_time / format_table（演示脚本共用；实现在 course_utils.py）
 
 【约定】
     - 一次乘加 = 2 FLOPs；x[M, K]·W[K, N] 的 FLOPs = 2·M·K·N。
@@ -38,8 +38,10 @@ CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花�
 """
 
 import math
-import unicodedata
 from dataclasses import dataclass, fields
+
+# 格式化小工具的实现在同一文件夹的 course_utils.py；这里照旧导出，llm_math.format_table / fmt_si 等继续可用
+from course_utils import display_width, fmt_bytes, fmt_count, fmt_si, fmt_time, format_table  # noqa: F401
 
 # =============================================================================
 # 第 1 部分：模型结构与公式
@@ -449,77 +451,6 @@ LLAMA31_405B_TRAIN = {
     "seq_len": 8192,         # 同上：预训练主体阶段序列长度 8K（之后的长上下文阶段不计）
     "gpu_hours": 30.84e6,    # meta-llama/llama-models models/llama3_1/MODEL_CARD.md："Llama 3.1 405B 30.84M" GPU hours
 }
-
-
-# =============================================================================
-# 第 4 部分：格式化小工具（演示脚本共用）
-# =============================================================================
-def fmt_si(x, unit="", digits=3):
-    """按 10 的 3 次方缩写：fmt_si(1.6e10, "FLOP") → "16 GFLOP"。"""
-    if x == 0:
-        return f"0 {unit}".strip()
-    prefixes = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-    for scale, p in prefixes:
-        if abs(x) >= scale:
-            return f"{x / scale:.{digits}g} {p}{unit}"
-    return f"{x:.{digits}g} {unit}".strip()
-
-
-def fmt_count(n):
-    """参数个数：8.03e9 → "8.03B"，124e6 → "124M"。"""
-    for scale, p in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{p}"
-    return f"{n:.3g}"
-
-
-def fmt_bytes(n):
-    """字节（十进制）：16.06e9 → "16.1 GB"。"""
-    return fmt_si(n, "B")
-
-
-def fmt_time(s):
-    """秒 → 合适的单位：2.5e-3 → "2.50 ms"，3 天 → "3.00 d"。"""
-    if s < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    if s < 120:
-        return f"{s:.3g} s"
-    if s < 7200:
-        return f"{s / 60:.3g} min"
-    if s < 2 * 86400:
-        return f"{s / 3600:.3g} h"
-    return f"{s / 86400:.3g} d"
-
-
-def _width(text):
-    """终端里的显示宽度：中文等全角字符占 2 格。"""
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def format_table(headers, rows, align=None):
-    """
-    把表格排成对齐的文本（中文按 2 格宽计算）。
-
-    【参数】headers：列名；rows：每行一个序列（元素会 str()）；align：每列 "<" 或 ">"，默认第一列左对齐、其余右对齐
-    【返回】多行字符串（表头、分隔线、数据行）
-    """
-    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
-    ncol = len(headers)
-    if any(len(r) != ncol for r in cells):
-        raise ValueError(f"每一行都要有 {ncol} 列")
-    align = align or ["<"] + [">"] * (ncol - 1)
-    widths = [max(_width(r[j]) for r in cells) for j in range(ncol)]
-
-    def line(r):
-        out = []
-        for j, c in enumerate(r):
-            pad = " " * (widths[j] - _width(c))
-            out.append(c + pad if align[j] == "<" else pad + c)
-        return "  ".join(out).rstrip()
-
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
 
 
 # =============================================================================

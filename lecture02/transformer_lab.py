@@ -41,7 +41,7 @@ CS349E 第 2 讲 · transformer_lab.py：会给自己记账的 numpy Transformer
 【运行】python3 lecture02/transformer_lab.py
         自检：参数量 = llm_math 公式；带 / 不带 KV cache 的贪心生成一致；Counter = analytic_ops（逐项逐列）；
         矩阵乘 FLOPs = T × linear_flops_per_token()；einsum 规则；attention_core / apply_rope 对照独立参考实现。
-【依赖】numpy；../lecture01/llm_math.py（ModelConfig，以及打印表格用的 format_table、fmt_si）。
+【依赖】numpy；../lecture01/llm_math.py（ModelConfig）、../lecture01/course_utils.py（format_table、fmt_si、save_figure）。
 
 【和原版相比有意的改动】
     · 坏输入（token 越界——numpy 会把负数下标悄悄绕回去、形状与配置不符、cache 溢出、读还没写的位置）
@@ -69,7 +69,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from llm_math import ModelConfig, fmt_si, format_table  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
+from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
 NORM_FLOPS = 4      # RMSNorm：平方、求和、乘 1/rms、乘增益
@@ -842,25 +843,6 @@ def einsum_flops(spec, *shapes):
     n_index = math.prod(sizes.values())
     contracted = set(sizes) - set(out)
     return 2 * n_index if contracted and len(operands) >= 2 else n_index
-
-
-# =============================================================================
-# 演示共用的小工具
-# =============================================================================
-def save_figure(fig, script, what):
-    """
-    把 matplotlib 图存成 <讲次>/figures/<脚本名>_<what>.png（目录不存在就建），关闭它，返回路径。
-    script 传演示脚本的 __file__。演示脚本用 matplotlib.use("Agg")，从不 show()。
-    """
-    folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures")
-    os.makedirs(folder, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(script))[0]
-    path = os.path.join(folder, f"{stem}_{what}.png")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    fig.clear()
-    import matplotlib.pyplot as plt   # 只在真的画图时才需要 matplotlib
-    plt.close(fig)
-    return path
 
 
 # =============================================================================

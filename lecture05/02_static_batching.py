@@ -117,10 +117,7 @@ def plot(orca, llama, wall):
     ax[1].legend(fontsize=8)
     for a in ax:
         a.grid(alpha=0.3)
-    fig.tight_layout()
-    path = ss.figure_path(__file__, "tradeoff")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = ss.save_figure(fig, __file__, "tradeoff")
     print(f"\n图：{path}")
 
 

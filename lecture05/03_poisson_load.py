@@ -128,10 +128,7 @@ def plot(res, cap):
         a.legend(fontsize=7)
     ax[0].set_title("GPT-3 13B / A100-40GB, Poisson arrivals")
     ax[1].set_title("throughput vs goodput (SLO-meeting requests/s)")
-    fig.tight_layout()
-    p1 = ss.figure_path(__file__, "latency")
-    fig.savefig(p1, dpi=120)
-    plt.close(fig)
+    p1 = ss.save_figure(fig, __file__, "latency")
 
     x = STABLE
     rs = res[x]["static"]["trace"]
@@ -146,10 +143,7 @@ def plot(res, cap):
     a.set_title(f"Little's law on the simulated trace (static batching, load {x})")
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
-    fig.tight_layout()
-    p2 = ss.figure_path(__file__, "little")
-    fig.savefig(p2, dpi=120)
-    plt.close(fig)
+    p2 = ss.save_figure(fig, __file__, "little")
     print(f"\n图：{p1}\n    {p2}")
 
 

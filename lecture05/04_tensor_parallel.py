@@ -115,10 +115,7 @@ def plot(results, model, chip):
         a.set_title(f"{model.name} on {chip.name}, batch {b}, ctx {CTX}")
         a.grid(alpha=0.3, axis="y")
         a.legend(fontsize=7)
-    fig.tight_layout()
-    path = ss.figure_path(__file__, "breakdown")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = ss.save_figure(fig, __file__, "breakdown")
     print(f"\n图：{path}")
 
 

@@ -144,10 +144,7 @@ def plot(lines, base, res):
     a.set_title(f"{N_DEC} decoding sequences + one {PROMPT}-token prompt (Llama-3.1-8B / H100)")
     a.legend(fontsize=7)
     a.grid(alpha=0.3)
-    fig.tight_layout()
-    p1 = ss.figure_path(__file__, "itl")
-    fig.savefig(p1, dpi=120)
-    plt.close(fig)
+    p1 = ss.save_figure(fig, __file__, "itl")
 
     names = ["whole" if k is None else f"C={k}" for k in res]
     keys = [("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99")]
@@ -162,10 +159,7 @@ def plot(lines, base, res):
     a.set_title("Poisson load, iteration-level scheduling: chunked prefill")
     a.legend(fontsize=8)
     a.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    p2 = ss.figure_path(__file__, "load")
-    fig.savefig(p2, dpi=120)
-    plt.close(fig)
+    p2 = ss.save_figure(fig, __file__, "load")
     print(f"\n图：{p1}\n    {p2}")
 
 

@@ -19,7 +19,8 @@ CS349E · 第 5 讲实验模块：serving_sim.py —— 推理服务：一步要
               occupancy / time_average / littles_law（Little 定律）。
     第 3 部分 调度模拟：simulate_static（静态批处理：一批跑完才换下一批，FasterTransformer 式）、
               simulate_continuous（一个简单的迭代级调度，可选分块 prefill；第 6 讲细讲 Orca）。
-    第 4 部分 给演示用的小工具：crossover_batch、min_tp、offline_sweep、format_table、figure_path。
+    第 4 部分 给演示用的小工具：crossover_batch、min_tp、offline_sweep；
+              format_table、figure_path、save_figure（从 lecture01/course_utils 导入）。
 
 【时间模型的假设（全部在这里，改参数就能改假设）】
     A1 一步的时间 = max(FLOPs ÷ (峰值 × mfu), 字节 ÷ (带宽 × mbu)) + 通信 + 固定开销 overhead。
@@ -41,7 +42,7 @@ CS349E · 第 5 讲实验模块：serving_sim.py —— 推理服务：一步要
 【单位】时间：秒；数据量：字节；算力：FLOP/s；带宽：字节/秒；长度：token 个数。
 
 【运行】python3 lecture05/serving_sim.py      # 自检（约 1 秒）
-【依赖】numpy；../lecture01（llm_math、hw_specs）、../prereq5（comm_sim）。都只读。
+【依赖】numpy；../lecture01（llm_math、hw_specs、course_utils）、../prereq5（comm_sim）。都只读。
 """
 
 import dataclasses
@@ -61,6 +62,7 @@ import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
+from course_utils import figure_path, format_table, save_figure  # noqa: E402,F401  演示共用（实现在 lecture01/course_utils.py）
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
 MFU = 0.6              # 能用到的峰值算力比例（假设）
@@ -744,30 +746,6 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
         rows.append({"max_batch": int(B), "eff_batch": info["mean_batch"], "tok_per_s": s["tok_per_s"],
                      "tpot_p50": s["tpot_p50"], "e2e_mean": s["e2e_mean"], "ttft_mean": s["ttft_mean"]})
     return rows
-
-
-def format_table(headers, rows):
-    """对齐的文本表格（中文字符按 2 个宽度算；数字右对齐、文字左对齐）。rows 里的数字请先格式化成字符串。"""
-    def width(x):
-        return sum(2 if ord(ch) > 0x2E80 else 1 for ch in x)
-
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    ws = [max(width(r[j]) for r in cells) for j in range(len(headers))]
-    def pad(c, w):                 # 数字右对齐，文字左对齐
-        fill = " " * (w - width(c))
-        return fill + c if c[:1].isdigit() or c[:1] in "-+." else c + fill
-
-    lines = ["  ".join(pad(c, w) for c, w in zip(r, ws)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in ws))
-    return "\n".join(lines)
-
-
-def figure_path(script_file, what):
-    """演示脚本的图存到 <讲次>/figures/<脚本名>_<what>.png；返回路径（文件夹不存在就建）。"""
-    folder = os.path.join(os.path.dirname(os.path.abspath(script_file)), "figures")
-    os.makedirs(folder, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(script_file))[0]
-    return os.path.join(folder, f"{stem}_{what}.png")
 
 
 # =============================================================================

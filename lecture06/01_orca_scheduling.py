@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 from llm_math import fmt_bytes, format_table  # noqa: E402
 
 # 比较的系统：(图例, 调度方式, max_bs)。Orca 图 10 用的 max_bs 没有查到（facts §3 "unknown"），这里取 8/16/32。
@@ -120,7 +121,7 @@ def part3_reserve(step, n, seed, rates, max_bs, history_rate):
     return histories, cap
 
 
-def plot_curves(curves, path):
+def plot_curves(curves):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -136,13 +137,10 @@ def plot_curves(curves, path):
     ax.set_title("GPT-3 13B on A100-40GB, Orca synthetic workload (simulated)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "latency_throughput")
 
 
-def plot_memory(histories, cap, path):
+def plot_memory(histories, cap):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -161,9 +159,7 @@ def plot_memory(histories, cap, path):
         ax.set_xlabel("time (s)")
     axes[0].set_ylabel("KV tokens")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "kv_memory")
 
 
 def main():
@@ -183,10 +179,8 @@ def main():
     print(f"结论：一批跑完才换下一批，既浪费显存（按最大长度预留）又浪费算力（补齐、陪跑）；每次迭代重新选请求，"
           f"同样的硬件吞吐高数倍。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        p1 = os.path.join(HERE, "figures", "01_orca_scheduling_latency_throughput.png")
-        plot_curves(curves, p1)
-        p2 = os.path.join(HERE, "figures", "01_orca_scheduling_kv_memory.png")
-        plot_memory(histories, cap, p2)
+        p1 = plot_curves(curves)
+        p2 = plot_memory(histories, cap)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

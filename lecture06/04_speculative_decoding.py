@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 from llm_math import fmt_bytes, fmt_si, format_table  # noqa: E402
 from transformer_lab import MATMUL_OPS, Config, Counter, config_like, init_params  # noqa: E402
 
@@ -136,7 +137,7 @@ def part3_formulas():
           f"（定理 3.11，取 ĉ ≈ c）。\n")
 
 
-def plot(path):
+def plot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -161,10 +162,7 @@ def plot(path):
     ax2.legend(fontsize=8)
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "gamma")
 
 
 def main():
@@ -187,8 +185,7 @@ def main():
     print(f"结论：草稿越像目标（α 越大）、越便宜（c 越小），最优 γ 越大、加速越多；输出分布不变（演示 3）。"
           f"（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        path = os.path.join(HERE, "figures", "04_speculative_decoding_gamma.png")
-        plot(path)
+        path = plot()
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
 import hw_specs as HW  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 from llm_math import format_table  # noqa: E402
 from transformer_lab import Config, config_like, init_params  # noqa: E402
 
@@ -127,7 +128,7 @@ def part3_tree(ranks, chip, batches):
     return table
 
 
-def plot_speedup(all_curves, path):
+def plot_speedup(all_curves):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -146,13 +147,10 @@ def plot_speedup(all_curves, path):
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("speedup over plain decode (dotted = does not fit)")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "speedup")
 
 
-def plot_tree(table, batches, path):
+def plot_tree(table, batches):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -177,9 +175,7 @@ def plot_tree(table, batches, path):
     ax2.legend(fontsize=8)
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, __file__, "tree")
 
 
 def main():
@@ -198,10 +194,8 @@ def main():
     print("结论：投机解码拿闲着的算力换更少的权重读取。批小（或上下文长、受 KV 带宽限制）时算力是闲的，加速接近公式；"
           f"批大、上下文短时算力不闲，验证要按 γ+1 倍付钱，加速消失。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        p1 = os.path.join(HERE, "figures", "05_spec_hardware_speedup.png")
-        plot_speedup(all_curves, p1)
-        p2 = os.path.join(HERE, "figures", "05_spec_hardware_tree.png")
-        plot_tree(table, batches, p2)
+        p1 = plot_speedup(all_curves)
+        p2 = plot_tree(table, batches)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

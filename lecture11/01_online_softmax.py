@@ -107,7 +107,7 @@ def merge_trials(rng, n, trials):
     return worst
 
 
-def plot(trace, x, block, path):
+def plot(trace, x, block):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -126,9 +126,7 @@ def plot(trace, x, block, path):
     ax2.set_xlabel("block (block 0 has no previous state)")
     ax2.set_ylabel("exp(m_old - m_new)")
     ax2.set_title("Rescaling factor (< 1 when the max grows)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fl.save_figure(fig, __file__, "rescale")
 
 
 def main():
@@ -158,8 +156,7 @@ def main():
     print(f"\n结论：在线 softmax 少读一遍数据、结果不变；换算因子 exp(m_旧 − m_新) 让旧结果不必重算；"
           f"任意切分、任意合并顺序的最大差 {worst:.1e}——这就是 FlashAttention 分块、flash-decoding 切段的数学基础。")
     if not args.no_fig:
-        path = fl.figure_path(__file__, "rescale")
-        plot(trace, x, block, path)
+        path = plot(trace, x, block)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -146,7 +146,7 @@ def causal_skipping(rng, N, blocks):
           "——被掩码的只有右上角的小三角。")
 
 
-def plot(Ns, curves, N_m, Ms, std_m, fa1_m, path):
+def plot(Ns, curves, N_m, Ms, std_m, fa1_m):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -167,9 +167,7 @@ def plot(Ns, curves, N_m, Ms, std_m, fa1_m, path):
     ax2.set_title(f"IO vs on-chip memory (N={N_m}, d={D})")
     ax2.legend(fontsize=8)
     ax2.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fl.save_figure(fig, __file__, "io")
 
 
 def main():
@@ -198,8 +196,7 @@ def main():
     print("\n结论：FlashAttention 不减少 FLOPs，减少的是显存读写——N×N 的 S、P 不落地，读写从 Θ(Nd + N²) 降到 "
           "Θ(N²d²/M)；fa2 把 Q 块放在外层，既能并行又只写一次 O；causal 再省下约一半的块。")
     if not args.no_fig:
-        path = fl.figure_path(__file__, "io")
-        plot(list(Ns), curves, N_m, Ms, std_m, fa1_m, path)
+        path = plot(list(Ns), curves, N_m, Ms, std_m, fa1_m)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -115,7 +115,7 @@ def roofline(res, gpus):
           "真实内核达不到峰值，但结论一样：标准写法被 N×N 的读写拖住。）")
 
 
-def plot(res, path):
+def plot(res):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,9 +139,7 @@ def plot(res, path):
     ax2.set_title(f"Backward HBM reads + writes (d={D})")
     ax2.legend(fontsize=8)
     ax2.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fl.save_figure(fig, __file__, "cost")
 
 
 def main():
@@ -165,8 +163,7 @@ def main():
     print("\n结论：反向用 L 重算 P，多 25% 的反向 FLOPs（2.5× 而不是 2×），换来前后向之间只存 N 个数、"
           "反向读写少几倍；在带宽受限的区间，这笔交换让时间更短。")
     if not args.no_fig:
-        path = fl.figure_path(__file__, "cost")
-        plot(res, path)
+        path = plot(res)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -98,7 +98,7 @@ def splits_table(gpu, S, batches):
           "B·Hkv 已经够多时就不再切（1 段），再切只多一个合并内核。")
 
 
-def plot(contexts, path):
+def plot(contexts):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -120,9 +120,7 @@ def plot(contexts, path):
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Decode attention per layer (time model): Hq=32, Hkv=8, d={DH}, dashed = FA2-style, "
                  "solid = flash-decoding with best_splits")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fl.save_figure(fig, __file__, "time")
 
 
 def main():
@@ -163,8 +161,7 @@ def main():
     print("\n结论：decode 时 query 只有 1 行，并行度必须从 KV 长度里找；每段多存一个 lse 就能精确合并。"
           "batch 小、上下文长、GQA 时收益最大；batch 大的 MHA 几乎没有收益。")
     if not args.no_fig:
-        path = fl.figure_path(__file__, "time")
-        plot([2 ** k for k in range(10, 18)], path)
+        path = plot([2 ** k for k in range(10, 18)])
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -128,7 +128,7 @@ def h200_compare():
     print("带宽越高，读权重越快，固定开销（启动、序幕、尾部、同步）的占比越大——越新的 GPU 越需要 megakernel。")
 
 
-def plot_breakdown(res, path):
+def plot_breakdown(res):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -148,12 +148,10 @@ def plot_breakdown(res, path):
     ax.set_title("Llama-3.2-1B, batch 1, H100: where the time goes (model)")
     ax.legend(fontsize=7, loc="upper right")
     ax.set_ylim(0, max(bottom) * 1.15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fl.save_figure(fig, __file__, "breakdown")
 
 
-def plot_sensitivity(gaps, curves, bufs, ts, path):
+def plot_sensitivity(gaps, curves, bufs, ts):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -172,9 +170,7 @@ def plot_sensitivity(gaps, curves, bufs, ts, path):
     ax2.set_xlabel("megakernel prefetch buffer per SM (KiB)")
     ax2.set_title("Sensitivity to the prefetch buffer (H100)")
     ax2.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fl.save_figure(fig, __file__, "sensitivity")
 
 
 def main():
@@ -211,9 +207,8 @@ def main():
     print(f"\n结论：同样读 2.47 GB，每层 12 个内核 {us(r[0]['t'])} µs、7 个 {us(r[1]['t'])} µs、"
           f"megakernel {us(r[2]['t'])} µs；megakernel 的好处来自没有内核边界，让权重跨算子提前读、把同步藏起来。")
     if not args.no_fig:
-        p1, p2 = fl.figure_path(__file__, "breakdown"), fl.figure_path(__file__, "sensitivity")
-        plot_breakdown(res, p1)
-        plot_sensitivity(gaps, curves, bufs, ts, p2)
+        p1 = plot_breakdown(res)
+        p2 = plot_sensitivity(gaps, curves, bufs, ts)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

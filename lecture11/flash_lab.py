@@ -26,8 +26,8 @@ CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-d
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、fa_io_formula
     §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits
     §5 megakernel：Op、LLAMA_1B（配置）、llama_1b_ops、TimelineParams、timeline、PART_LABELS
-    §6 演示共用：format_table、figure_path
-    §7 _selftest()
+    演示共用：format_table、figure_path、save_figure（从 ../lecture01/course_utils.py 导入）
+    §6 _selftest()
 
 【约定】
     - 单个注意力头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d。内部一律换成 float64 计算。
@@ -51,15 +51,22 @@ CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-d
       decode_attention_time 结果里的 "bytes"、timeline 结果里的 "n_ops"，以及坏输入的检查。
 
 【运行】python3 lecture11/flash_lab.py      # 自检，2 核 CPU 上约 1 秒
-【依赖】numpy（不用 torch）。演示脚本 lecture11/01_*.py … 05_*.py 建立在本模块之上。
+【依赖】numpy（不用 torch）；../lecture01/course_utils.py（只用标准库）。
+        演示脚本 lecture11/01_*.py … 05_*.py 建立在本模块之上。
 """
 
 import math
 import os
-import unicodedata
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+# 演示共用的表格和存图（实现在 lecture01/course_utils.py，模块级只用标准库；本模块仍然只依赖 numpy）
+from course_utils import figure_path, format_table, save_figure  # noqa: E402,F401
 
 ORDERS = ("fa1", "fa2")                 # flash_fwd 的两种循环顺序
 DECODE_METHODS = ("fa2", "fd")          # decode_attention_time 的两种并行方式
@@ -873,38 +880,7 @@ def timeline(ops, mode, p=TimelineParams()):
 
 
 # =============================================================================
-# 6. 演示脚本共用的小工具：对齐的表格、图的路径
-# =============================================================================
-def _cell_width(text):
-    """终端显示宽度：中文等全角字符占 2 格。"""
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def format_table(headers, rows):
-    """把表格排成对齐的文本：第一列左对齐，其余右对齐（数字右对齐才好比较大小）。"""
-    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
-    if any(len(r) != len(headers) for r in cells):
-        raise ValueError(f"rows 的每一行都必须有 {len(headers)} 列")
-    widths = [max(_cell_width(r[k]) for r in cells) for k in range(len(headers))]
-
-    def line(r):
-        padded = [c + " " * (w - _cell_width(c)) if k == 0 else " " * (w - _cell_width(c)) + c
-                  for k, (c, w) in enumerate(zip(r, widths))]
-        return "  ".join(padded).rstrip()
-
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
-
-
-def figure_path(script, what):
-    """演示 script（传 __file__）的第 what 张图的路径：lecture11/figures/<脚本名>_<what>.png（目录不存在就建）。"""
-    folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures")
-    os.makedirs(folder, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(script))[0]
-    return os.path.join(folder, f"{stem}_{what}.png")
-
-
-# =============================================================================
-# 7. 自检
+# 6. 自检
 # =============================================================================
 def _naive_attention(Q, K, V, causal, scale):
     """逐行、只用 Python 循环按定义算：给自检当独立参考（不走 softmax_3pass 和整块掩码）。"""

@@ -20,9 +20,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 
-FIG_DIR = os.path.join(HERE, "figures")
 
 
 def letters(mask, p):
@@ -103,7 +104,7 @@ def scaling_table(ps, rng):
     print("每个设备发的字节随 P 增加而增加，但永远 < 2n：环形 all-reduce 的带宽项与 P 几乎无关（步数却是 2(P−1)）。")
 
 
-def plot_grid(trace, p, path):
+def plot_grid(trace, p):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -125,11 +126,7 @@ def plot_grid(trace, p, path):
         ax.set_yticks(range(p), [f"dev{r}" for r in range(p)], fontsize=7)
         ax.axis("on")
     fig.suptitle(f"Ring all-reduce, P={p}: number of devices summed into each chunk")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"\n图已保存：{path}")
+    print(f"\n图已保存：{save_figure(fig, __file__, 'grid', dpi=110)}")
 
 
 def main():
@@ -158,7 +155,7 @@ def main():
     print("\n== 3. P 变大时每个设备发多少 ==")
     scaling_table((2, 4, 8, 16) if args.quick else (2, 4, 8, 16, 32, 64), rng)
 
-    plot_grid(trace, args.p, os.path.join(FIG_DIR, "01_ring_allreduce_steps_grid.png"))
+    plot_grid(trace, args.p)
 
 
 if __name__ == "__main__":

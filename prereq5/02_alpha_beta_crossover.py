@@ -23,9 +23,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from llm_math import fmt_bytes, fmt_time  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
 
-FIG_DIR = os.path.join(HERE, "figures")
 MEASURED_RING_BUSBW = 370e9     # NCCL 维护者：8×H100 ring 实测 busbw ≈ 370 GB/s（线速 450 的约 80%）[S40]
 
 
@@ -95,7 +94,7 @@ def nccl_latency_table(ps, alpha):
     assert abs(cs.nccl_ring_latency(8, "LL") / 14 / cs.DEFAULT_ALPHA - 1) < 0.2
 
 
-def plot_time(sizes, p, alpha, bw, ns, path, plt):
+def plot_time(sizes, p, alpha, bw, ns, plt):
     terms = cs.allreduce_terms(sizes, p)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.loglog(sizes, np.full_like(sizes, terms.steps * alpha), "--", label=r"$\alpha$ term: 2(P-1)$\alpha$")
@@ -108,10 +107,10 @@ def plot_time(sizes, p, alpha, bw, ns, path, plt):
     ax.set_title(f"Ring all-reduce, P={p}, alpha={alpha * 1e6:g} us, B={bw / 1e9:g} GB/s")
     ax.legend()
     ax.grid(True, which="major", alpha=0.3)
-    _save(fig, path, plt)
+    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110)}")
 
 
-def plot_busbw(sizes, alpha, bw, path, plt):
+def plot_busbw(sizes, alpha, bw, plt):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for p in (2, 8, 64):
         t = cs.allreduce_time(sizes, p, alpha, 1 / bw)
@@ -124,15 +123,7 @@ def plot_busbw(sizes, alpha, bw, path, plt):
     ax.set_ylim(0, 1.05)
     ax.legend(loc="lower right")
     ax.grid(True, alpha=0.3)
-    _save(fig, path, plt)
-
-
-def _save(fig, path, plt):
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"图已保存：{path}")
+    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110)}")
 
 
 def main():
@@ -167,8 +158,8 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fine = np.logspace(2, 10, 60 if args.quick else 200)
-    plot_time(fine, p, alpha, bw, ns, os.path.join(FIG_DIR, "02_alpha_beta_crossover_time.png"), plt)
-    plot_busbw(fine, alpha, bw, os.path.join(FIG_DIR, "02_alpha_beta_crossover_busbw.png"), plt)
+    plot_time(fine, p, alpha, bw, ns, plt)
+    plot_busbw(fine, alpha, bw, plt)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from llm_math import fmt_bytes, fmt_time  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
 
-FIG_DIR = os.path.join(HERE, "figures")
 AR_ALGOS = cs.ALGORITHMS["allreduce"]
 # 节点间网络：每块 GPU 一张 NDR 400 Gb/s 网卡 = 50 GB/s 单向线速（实测 busbw 46–48 GB/s，[S69]）。
 NIC_BW = 400e9 / 8
@@ -127,7 +126,7 @@ def simulate_hierarchical(n_nodes, g, rng):
     print(cs.format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
 
 
-def plot(sizes, times, cluster, n_nodes, g, path_node, path_cluster):
+def plot(sizes, times, cluster, n_nodes, g):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,7 +138,7 @@ def plot(sizes, times, cluster, n_nodes, g, path_node, path_cluster):
     ax.set_title("All-reduce on 8 GPUs (NVLink 450 GB/s, alpha 1 us)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    _save(fig, path_node, plt)
+    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110)}")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, t in zip(("flat ring (1 ring)", f"flat ring ({g} rings, n/{g} each)", "hierarchical"), cluster):
         ax.loglog(sizes, t, label=label)
@@ -148,15 +147,7 @@ def plot(sizes, times, cluster, n_nodes, g, path_node, path_cluster):
     ax.set_title(f"All-reduce on {n_nodes} nodes x {g} GPUs (NIC 50 GB/s per GPU)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    _save(fig, path_cluster, plt)
-
-
-def _save(fig, path, plt):
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"图已保存：{path}")
+    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110)}")
 
 
 def main():
@@ -189,8 +180,7 @@ def main():
     p = args.nodes * g
     cl = (cs.allreduce_time(fine, p, ALPHA_NET, 1 / NIC_BW), cs.allreduce_time(fine / g, p, ALPHA_NET, 1 / NIC_BW),
           cs.hierarchical_allreduce_time(fine, args.nodes, g, alpha, 1 / bw, ALPHA_NET, 1 / NIC_BW))
-    plot(fine, node_t, cl, args.nodes, g, os.path.join(FIG_DIR, "03_ring_tree_hierarchical_node.png"),
-         os.path.join(FIG_DIR, "03_ring_tree_hierarchical_cluster.png"))
+    plot(fine, node_t, cl, args.nodes, g)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
-from llm_math import PRESETS, fmt_time  # noqa: E402
+from course_utils import fmt_time, save_figure  # noqa: E402
+from llm_math import PRESETS  # noqa: E402
 
-FIG_DIR = os.path.join(HERE, "figures")
 ACT_BYTES = 2          # bf16 激活
 W_BYTES = 2            # bf16 权重
 ALLREDUCES_PER_LAYER = 2
@@ -147,12 +147,7 @@ def main():
     ax.set_title(f"{cfg.name} on {chip.name}: TP all-reduce vs compute")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(FIG_DIR, "04_tp_allreduce_llama_ratio.png")
-    os.makedirs(FIG_DIR, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"图已保存：{path}")
+    print(f"图已保存：{save_figure(fig, __file__, 'ratio', dpi=110)}")
 
 
 if __name__ == "__main__":

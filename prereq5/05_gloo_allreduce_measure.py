@@ -23,9 +23,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
+from course_utils import save_figure  # noqa: E402
 
-FIG_DIR = os.path.join(HERE, "figures")
 SKIP = 77
 
 
@@ -127,7 +128,7 @@ def report(world, err, rows):
     return nbytes, secs, fit
 
 
-def plot(results, path):
+def plot(results):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -142,11 +143,7 @@ def plot(results, path):
     ax.set_title("torch.distributed gloo all-reduce on this CPU")
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"\n图已保存：{path}")
+    print(f"\n图已保存：{save_figure(fig, __file__, 'fit', dpi=110)}")
 
 
 def main():
@@ -170,7 +167,7 @@ def main():
         err, rows = measure(world, n_elems, reps, args.seed, timeout_s=60 if args.quick else 240)
         print(f"（{world} 个进程用时 {time.perf_counter() - t0:.1f} s）")
         results[world] = report(world, err, rows)
-    plot(results, os.path.join(FIG_DIR, "05_gloo_allreduce_measure_fit.png"))
+    plot(results)
 
 
 if __name__ == "__main__":

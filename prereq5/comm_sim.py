@@ -35,7 +35,7 @@ comm_sim.py —— 预备课 5 的实验模块：集合通信（collective commu
     给第 5 讲 serving_sim 用的：tp_allreduce_time(n_bytes, tp, link_bw, alpha=DEFAULT_ALPHA, algo="ring")
     nccl-tests 的定义：bus_factor、algbw、busbw；NCCL 自己的延迟常数：nccl_ring_latency
     测量拟合：fit_alpha_beta（加权最小二乘，从"消息大小—时间"数据拟合 α、β；演示 05 用 gloo 实测）
-    演示共用：format_table（中英文混排也对齐的表格）
+    演示共用：format_table（中英文混排也对齐的表格；从 lecture01/course_utils.py 导入）
 
 【约定】
     单位一律是字节（bytes）、秒（s）、字节/秒（bytes/s）。P（代码里 p）= 参与的设备数。
@@ -49,16 +49,23 @@ comm_sim.py —— 预备课 5 的实验模块：集合通信（collective commu
     忽略：归约的计算时间（γ 项）、拥塞、协议开销（NCCL 实测约为线速的 80%，见 DEFAULT_ALPHA 的注释）。
 
 【运行】python3 prereq5/comm_sim.py    # 自检（2 核 CPU 上不到 1 秒）
-【依赖】只用 numpy（演示 05 另外用 torch.distributed 的 gloo 后端，在演示里导入）。
+【依赖】只用 numpy，以及 ../lecture01/course_utils.py（format_table；只用标准库）。
+        演示 05 另外用 torch.distributed 的 gloo 后端，在演示里导入。
 """
 
 import math
 import numbers
-import unicodedata
+import os
+import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
 
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
@@ -884,35 +891,7 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
 
 
 # =====================================================================
-# 10. 演示共用：按显示宽度对齐的表格（中文字符占两格）
-# =====================================================================
-def _width(s):
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in s)
-
-
-def format_table(headers, rows, align=None):
-    """
-    headers：列名；rows：每行一个序列（元素先 str()）；align：每列 "<" 或 ">"，默认第一列左对齐、其余右对齐。
-    返回多行字符串。按终端显示宽度补空格，中文列名也能对齐。
-    """
-    cells = [[str(h) for h in headers]] + [[str(v) for v in row] for row in rows]
-    k = len(headers)
-    if any(len(r) != k for r in cells):
-        raise ValueError(f"rows 的每一行都要有 {k} 个元素（和 headers 一样多）")
-    align = align or ["<"] + [">"] * (k - 1)
-    widths = [max(_width(r[j]) for r in cells) for j in range(k)]
-    lines = []
-    for r in cells:
-        parts = []
-        for j, v in enumerate(r):
-            pad = " " * (widths[j] - _width(v))
-            parts.append(v + pad if align[j] == "<" else pad + v)
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
-
-
-# =====================================================================
-# 11. 自检
+# 10. 自检
 # =====================================================================
 def _reference(collective, xs, p, op="sum"):
     """numpy 的直接答案（不经过任何"发送"）：每个设备应该拿到什么。"""

@@ -4,6 +4,7 @@
 这里用 hypothesis 随机生成模型结构和芯片参数，检查公式的恒等式，以及和一个独立的"逐个张量数参数"的参考实现一致。
 """
 import math
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from labload import load_lab
 
 LM = load_lab("lecture01", "llm_math")
+CU = load_lab("lecture01", "course_utils")
 HW = load_lab("lecture01", "hw_specs")
 
 SETTINGS = settings(deadline=None, max_examples=60)
@@ -268,5 +270,55 @@ def test_decode_speed_bound_is_bandwidth_over_weights():
 
 def test_format_table_aligns_cjk():
     out = LM.format_table(["模型", "x"], [["中文", 1], ["ab", 22]]).splitlines()
-    widths = {LM._width(line) for line in out}
+    widths = {CU.display_width(line) for line in out}
     assert len(widths) == 1
+
+
+def test_lab_modules_share_course_utils_helpers():
+    """各实验模块导出的表格 / 数字 / 存图小工具就是 course_utils 里的那一份（老名字继续可用）。
+
+    labload 把 course_utils 另以 "lecture01.course_utils" 登记，和模块里裸名导入的不是同一个对象，
+    所以比较函数定义所在的文件，而不是 `is`。"""
+    def from_course_utils(fn):
+        return os.path.samefile(fn.__code__.co_filename, CU.__file__)
+
+    for a in ("format_table", "fmt_si", "fmt_count", "fmt_bytes", "fmt_time"):
+        assert from_course_utils(getattr(LM, a)), a
+    for folder, name, attrs in (("prereq5", "comm_sim", ("format_table",)),
+                                ("lecture05", "serving_sim", ("format_table", "figure_path", "save_figure")),
+                                ("lecture11", "flash_lab", ("format_table", "figure_path", "save_figure")),
+                                ("lecture02", "transformer_lab", ("format_table", "fmt_si", "save_figure"))):
+        mod = load_lab(folder, name)
+        for a in attrs:
+            assert from_course_utils(getattr(mod, a)), (name, a)
+
+
+@settings(deadline=None, max_examples=60)
+@given(rows=st.lists(st.lists(st.text(alphabet="ab中文字１2.", min_size=1, max_size=6), min_size=3, max_size=3),
+                     max_size=6))
+def test_format_table_every_line_same_width(rows):
+    """任意中英文混排的非空单元格（含全角字符）：表头、分隔线、每一行的显示宽度都相同。"""
+    lines = CU.format_table(["名字", "n", "备注"], rows).split("\n")
+    assert len(lines) == 2 + len(rows)
+    assert len({CU.display_width(ln) for ln in lines}) == 1, lines
+
+
+def test_format_table_bad_input():
+    with pytest.raises(ValueError, match="rows"):
+        CU.format_table(["a", "b"], [[1, 2], [3]])
+    with pytest.raises(ValueError, match="align"):
+        CU.format_table(["a", "b"], [[1, 2]], align=["<", "^"])
+
+
+def test_figure_path_and_save_figure(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    script = str(tmp_path / "09_demo.py")
+    assert CU.figure_path(script, "x") == str(tmp_path / "figures" / "09_demo_x.png")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = CU.save_figure(fig, script, "line", dpi=50)
+    assert path == str(tmp_path / "figures" / "09_demo_line.png")
+    assert (tmp_path / "figures" / "09_demo_line.png").stat().st_size > 0
+    assert not plt.fignum_exists(fig.number)

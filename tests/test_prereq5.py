@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from labload import load_lab
 
 cs = load_lab("prereq5", "comm_sim")
+CU = load_lab("lecture01", "course_utils")
 
 SETTINGS = settings(deadline=None, max_examples=40)
 AR_ALGOS = cs.ALGORITHMS["allreduce"]
@@ -280,7 +281,7 @@ def test_fit_alpha_beta_recovers_parameters(alpha, bw, p, seed):
 def test_format_table_aligns_by_display_width():
     text = cs.format_table(["设备", "bytes"], [["d0", 12], ["长名字", 3456]])
     lines = text.splitlines()
-    widths = {cs._width(line) for line in lines}
-    assert len(lines) == 3 and len(widths) == 1, "每行的显示宽度相同（中文占两格）"
-    with pytest.raises(ValueError, match="headers"):
+    widths = {CU.display_width(line) for line in lines}
+    assert len(lines) == 4 and len(widths) == 1, "表头、分隔线、两行数据的显示宽度相同（中文占两格）"
+    with pytest.raises(ValueError, match="rows"):
         cs.format_table(["a", "b"], [[1]])

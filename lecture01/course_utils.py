@@ -1,0 +1,194 @@
+"""
+=============================================================================
+CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印表格、写数字、存图的那几行
+=============================================================================
+
+【这是什么】
+    各讲的演示脚本都要做同样几件小事：把结果排成中英文混排也对齐的表格、把大数字写成 "16 GFLOP"
+    "8.03B" "2.5 ms" 这样好读的样子、把 matplotlib 图存到 <讲次>/figures/ 下。这些小工具以前在
+    llm_math、comm_sim、serving_sim、flash_lab、transformer_lab 里各写了一份，细节还略有不同
+    （有的按 unicodedata 算中文宽度，有的按码位粗估；有的有分隔线，有的没有）。现在只在这里写一份。
+
+【为什么放在 lecture01】
+    后面的讲次本来就通过 sys.path 垫片导入 lecture01（`sys.path.insert(0, <讲次>/../lecture01)`，
+    再 `import llm_math`），所以放在这里不用新增任何导入路径。各实验模块照旧把这些名字导出
+    （如 llm_math.format_table、flash_lab.figure_path、transformer_lab.save_figure），老的调用处不用改。
+
+【主要内容】
+    display_width(text)                       终端显示宽度：东亚全角 / 宽字符（W、F）占 2 格
+    format_table(headers, rows, align=None)   对齐的文本表格：表头、虚线分隔行、数据行
+    fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
+    figure_path(script, what)                 <script 所在文件夹>/figures/<script 文件名>_<what>.png（文件夹不存在就建）
+    save_figure(fig, script, what, dpi=120)   紧凑排版、存到 figure_path、关闭图，返回路径
+
+【运行】python3 lecture01/course_utils.py     # 自检（不到 1 秒）
+【依赖】模块级只用 Python 标准库；matplotlib 只在 save_figure 里、真的存图时才导入（flash_lab 等保持只依赖 numpy）。
+"""
+
+import os
+import unicodedata
+
+ALIGNS = ("<", ">")
+
+
+# =============================================================================
+# 表格
+# =============================================================================
+def display_width(text):
+    """终端里的显示宽度：中文等东亚全角 / 宽字符（east_asian_width 为 W 或 F）占 2 格，其余占 1 格。"""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in str(text))
+
+
+def format_table(headers, rows, align=None):
+    """
+    把表格排成对齐的文本（按显示宽度补空格，中文列名、中文单元格也能对齐）。
+
+    【参数】headers：列名；rows：每行一个序列（元素先 str()），每行的元素个数必须和 headers 一样多；
+            align：每列 "<"（左对齐）或 ">"（右对齐）；默认第一列左对齐、其余右对齐（数字右对齐才好比大小）
+    【返回】多行字符串：表头、虚线分隔行、数据行（行尾空格去掉）
+    【报错】某一行的元素个数不对、align 的长度或取值不对 → ValueError
+    """
+    cells = [[str(h) for h in headers]] + [[str(v) for v in row] for row in rows]
+    k = len(cells[0])
+    if k == 0:
+        raise ValueError("headers 不能为空")
+    bad = [i for i, r in enumerate(cells[1:]) if len(r) != k]
+    if bad:
+        i = bad[0]
+        raise ValueError(f"rows 的每一行都要有 {k} 个元素（和 headers 一样多）；第 {i} 行有 {len(cells[1 + i])} 个")
+    if align is None:
+        align = ["<"] + [">"] * (k - 1)
+    align = list(align)
+    if len(align) != k or any(a not in ALIGNS for a in align):
+        raise ValueError(f"align 要有 {k} 个元素、每个是 '<' 或 '>'，收到 {align!r}")
+    widths = [max(display_width(r[j]) for r in cells) for j in range(k)]
+
+    def line(r):
+        parts = []
+        for j, v in enumerate(r):
+            pad = " " * (widths[j] - display_width(v))
+            parts.append(v + pad if align[j] == "<" else pad + v)
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+# =============================================================================
+# 数字
+# =============================================================================
+def fmt_si(x, unit="", digits=3):
+    """按 10 的 3 次方缩写：fmt_si(1.6e10, "FLOP") → "16 GFLOP"。"""
+    if x == 0:
+        return f"0 {unit}".strip()
+    prefixes = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+    for scale, p in prefixes:
+        if abs(x) >= scale:
+            return f"{x / scale:.{digits}g} {p}{unit}"
+    return f"{x:.{digits}g} {unit}".strip()
+
+
+def fmt_count(n):
+    """参数个数：8.03e9 → "8.03B"，124e6 → "124M"。"""
+    for scale, p in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{p}"
+    return f"{n:.3g}"
+
+
+def fmt_bytes(n):
+    """字节（十进制）：16.06e9 → "16.1 GB"。"""
+    return fmt_si(n, "B")
+
+
+def fmt_time(s):
+    """秒 → 合适的单位：2.5e-3 → "2.5 ms"，3 天 → "3 d"。"""
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} µs"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.3g} h"
+    return f"{s / 86400:.3g} d"
+
+
+# =============================================================================
+# 图
+# =============================================================================
+def figure_path(script, what):
+    """演示 script（传 __file__）的图 what 的路径：<script 所在文件夹>/figures/<脚本名>_<what>.png。
+
+    figures/ 文件夹不存在就建。"""
+    if not str(what):
+        raise ValueError("what 不能为空（它是图文件名的后半段）")
+    folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures")
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(script))[0]
+    return os.path.join(folder, f"{stem}_{what}.png")
+
+
+def save_figure(fig, script, what, dpi=120):
+    """
+    把 matplotlib 图存到 figure_path(script, what)：先 tight_layout，再按 bbox_inches="tight" 存，
+    然后关闭这张图，返回路径。演示脚本用 matplotlib.use("Agg")，从不 show()。
+    """
+    path = figure_path(script, what)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    import matplotlib.pyplot as plt   # 只在真的存图时才需要 matplotlib
+    plt.close(fig)
+    return path
+
+
+# =============================================================================
+# 自检
+# =============================================================================
+def _selftest():
+    import tempfile
+
+    # 1) 中文对齐：每一行的显示宽度相同；分隔线在第 2 行；默认第一列左对齐、其余右对齐
+    text = format_table(["模型", "参数", "备注"], [["中文名字", 1, "短"], ["ab", 12345, "长一点的说明"]])
+    lines = text.splitlines()
+    assert len(lines) == 4 and set(lines[1]) <= {"-", " "}, text
+    small = format_table(["模型", "x"], [["中文", "宽"], ["ab", "cd"]]).splitlines()
+    assert len({display_width(ln) for ln in small}) == 1, small
+    assert lines[2].startswith("中文名字") and lines[3].startswith("ab      ")
+    assert display_width("中文ab") == 6 and display_width("ＡＢ") == 4 and display_width("µs") == 2
+    left = format_table(["a", "b"], [["x", "1"], ["yy", "22"]], align="<<").splitlines()
+    assert left[2] == "x   1" and left[3] == "yy  22", left
+
+    # 2) 数字：对照手算的期望值
+    assert fmt_si(1.6e10, "FLOP") == "16 GFLOP" and fmt_si(0, "B") == "0 B" and fmt_si(512) == "512"
+    assert fmt_si(-2.5e6, "B") == "-2.5 MB" and fmt_si(1.23456e15, "FLOP/s", digits=2) == "1.2 PFLOP/s"
+    assert fmt_count(8.03e9) == "8.03B" and fmt_count(124e6) == "124M" and fmt_count(999) == "999"
+    assert fmt_bytes(16.06e9) == "16.1 GB"
+    assert fmt_time(2.5e-3) == "2.5 ms" and fmt_time(5e-6) == "5 µs" and fmt_time(30) == "30 s"
+    assert fmt_time(600) == "10 min" and fmt_time(3 * 3600) == "3 h" and fmt_time(3 * 86400) == "3 d"
+
+    # 3) figure_path：在临时文件夹里建 figures/，文件名 = 脚本名_what.png
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "sub", "07_demo.py")
+        p = figure_path(script, "curve")
+        assert p == os.path.join(tmp, "sub", "figures", "07_demo_curve.png"), p
+        assert os.path.isdir(os.path.dirname(p)) and not os.path.exists(p)
+
+    # 4) 坏输入报错，消息里写出参数名
+    for call, name in ((lambda: format_table(["a", "b"], [[1]]), "rows"),
+                       (lambda: format_table(["a", "b"], [[1, 2]], align="<"), "align"),
+                       (lambda: format_table(["a", "b"], [[1, 2]], align="<^"), "align"),
+                       (lambda: format_table([], []), "headers"),
+                       (lambda: figure_path("x.py", ""), "what")):
+        try:
+            call()
+        except ValueError as e:
+            assert name in str(e), (name, e)
+        else:
+            raise AssertionError(f"应当报错：{name}")
+    print("course_utils 自检通过：中文表格对齐、fmt_* 与手算一致、figure_path 建文件夹、坏输入报错")
+
+
+if __name__ == "__main__":
+    _selftest()
