@@ -37,7 +37,8 @@ def part_metrics(step, seed):
         rows.append([r.rid, f"{r.arrival * 1e3:.0f}", r.prompt, r.output, f"{r.queue_delay * 1e3:.0f}",
                      f"{r.ttft * 1e3:.0f}", f"{r.tpot * 1e3:.1f}" if r.output > 1 else "-", f"{r.e2e * 1e3:.0f}",
                      f"{(r.t_finish - r.t_last) * 1e3:.0f}"])
-    heads = ["请求", "到达 ms", "输入", "输出", "排队 ms", "TTFT ms", "TPOT ms", "端到端 ms", "等整批 ms"]
+    heads = ["请求 id", "到达 ms", "输入 token", "输出 token", "排队 ms", "TTFT ms", "TPOT ms", "端到端 ms",
+             "等整批 ms"]
     print(ss.format_table(heads, rows))
     print("  TTFT = 排队 + 这一批的 prefill（补齐到批里最长的输入）；")
     print("  TPOT = (最后一个 − 第一个 token) ÷ (输出 − 1)，也就是相邻 token 间隔（ITL）的平均；")
@@ -97,7 +98,8 @@ def part_decode(step, quick):
         for b, t, a, m in zip(batches, tot, tc, tm):
             rows.append([ctx, int(b), f"{t * 1e3:.2f}", f"{a * 1e3:.2f}", f"{m * 1e3:.2f}", f"{b / t:,.0f}",
                          "compute" if a >= m else "memory"])
-    print(ss.format_table(["每序列上下文", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"], rows))
+    print(ss.format_table(["每序列上下文 token", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"],
+                          rows))
     # 批 1：带宽受限；上下文很短时，批 1 → 64 一步的时间几乎不变（读权重的时间被 64 个序列分摊）
     assert sweeps[1][1][0] < sweeps[1][2][0]
     t1, t64 = step.decode_time(1, 1), step.decode_time(64, 64)
@@ -122,8 +124,9 @@ def part_crossover(model, chips):
         lim = (m.linear_flops_per_token() + m.attn_flops_per_token(2048)) / (2049 * st.kv_bytes_per_token)
         assert (b2k is None) == (lim < st.effective_ridge()), (lim, b2k)
         rows[-1].insert(5, f"{lim:.0f}")
-    print(ss.format_table(["芯片", "ridge FLOP/B", "有效 ridge（×mfu/mbu）", "拐点 B（上下文 1）",
-                           "拐点 B（上下文 2048）", "强度上限（上下文 2048）", "KV 放得下几个 2048 序列"], rows))
+    print(ss.format_table(["芯片", "ridge FLOP/B", "有效 ridge FLOP/B（×mfu/mbu）", "拐点批大小（上下文 1）",
+                           "拐点批大小（上下文 2048）", "强度上限 FLOP/B（上下文 2048）", "KV 放得下几个 2048 序列"],
+                          rows))
     print("  上下文 2048 时每个序列要读 2048 个 token 的 KV：批再大，强度也封顶在 每序列 FLOPs ÷ 每序列 KV 字节，")
     print("  低于有效 ridge 就永远是带宽受限；而且显存（最后一列）早就满了——长上下文的 decode 基本都受带宽限制。")
 

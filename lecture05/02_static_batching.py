@@ -51,8 +51,8 @@ def part_orca(seed, quick):
     ft = run_sweep(step, reqs, Bs, kv_reserve=2048)
     table = [[a["B"], a["max_b"], f"{a['tok_s']:.0f}", f"{a['tpot'] * 1e3:.1f}", f"{a['e2e']:.2f}", f"{a['eff']:.0%}",
               f.get("max_b"), f"{f['tok_s']:.0f}"] for a, f in zip(need, ft)]
-    print(ss.format_table(["max_batch", "实际批（按需）", "token/s", "TPOT ms", "端到端 s", "有效计算",
-                           "实际批（FT 预留 2048）", "token/s（FT）"], table))
+    print(ss.format_table(["max_batch", "实际批（按需）", "输出 token/s", "TPOT ms", "端到端 s", "有效计算占比",
+                           "实际批（FT 预留 2048）", "输出 token/s（FT）"], table))
     ft_limit = cap // 2048
     assert ft_limit == 6
     assert all(f["max_b"] == min(f["B"], ft_limit) for f in ft), "FT 式预留：批大小 = min(max_batch, 容量 // 2048)"
@@ -64,7 +64,7 @@ def part_orca(seed, quick):
     assert all(a["eff"] < 1 for a in need[1:]), "长度参差不齐：补齐 + 陪跑一定有浪费"
     print(f"  FT 式预留：每个请求 2048 个 token → 最多 {ft_limit} 个"
           "（Orca 论文：FT 的 13B 批 ≥ 8 就显存不够，facts.md §3 [S56]）；")
-    print("  按需分配能放更多，但静态批处理仍要补齐输入、陪最长的输出跑完，'有效计算'一列就是浪费的反面。")
+    print("  按需分配能放更多，但静态批处理仍要补齐输入、陪最长的输出跑完，'有效计算占比'一列就是浪费的反面。")
     return need
 
 
@@ -76,7 +76,7 @@ def part_llama(seed, quick):
     Bs = [1, 8, 64, 256, 1024] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     reqs = ss.make_requests(1024 if quick else 2048, math.inf, ("fixed", P), ("fixed", O), seed=seed)
     rows = run_sweep(step, reqs, Bs)
-    print(ss.format_table(["max_batch", "实际批", "token/s", "TPOT ms", "端到端 s", "有效计算"],
+    print(ss.format_table(["max_batch", "实际批", "输出 token/s", "TPOT ms", "端到端 s", "有效计算占比"],
                           [[r["B"], r["max_b"], f"{r['tok_s']:,.0f}", f"{r['tpot'] * 1e3:.1f}", f"{r['e2e']:.1f}",
                             f"{r['eff']:.0%}"] for r in rows]))
     assert all(r["eff"] == 1.0 for r in rows), "长度全相同时没有补齐和陪跑的浪费"

@@ -72,11 +72,12 @@ def main():
     rows = []
     for x, r in res.items():
         st, co = r["static"], r["continuous"]
-        rows.append([f"{x:.2f}", f"{x * cap:.2f}", f"{st['req_per_s']:.2f}", f"{st['ttft_p50']:.2f}",
-                     f"{st['ttft_p99']:.2f}", f"{st['goodput']:.2f}", f"{co['req_per_s']:.2f}", f"{co['ttft_p99']:.2f}",
-                     f"{co['goodput']:.2f}"])
-    print(ss.format_table(["负载 ρ", "到达 req/s", "静态 吞吐", "静态 TTFT p50", "静态 TTFT p99", "静态 goodput",
-                           "迭代级 吞吐", "迭代级 TTFT p99", "迭代级 goodput"], rows))
+        rows.append([f"{x:.2f}", f"{x * cap:.2f}", f"{st['req_per_s']:.2f}", f"{st['ttft_p50'] * 1e3:,.0f}",
+                     f"{st['ttft_p99'] * 1e3:,.0f}", f"{st['goodput']:.2f}", f"{co['req_per_s']:.2f}",
+                     f"{co['ttft_p99'] * 1e3:,.0f}", f"{co['goodput']:.2f}"])
+    print(ss.format_table(["负载 ρ", "到达 req/s", "静态 吞吐 req/s", "静态 TTFT p50 ms", "静态 TTFT p99 ms",
+                           "静态 goodput req/s", "迭代级 吞吐 req/s", "迭代级 TTFT p99 ms", "迭代级 goodput req/s"],
+                          rows))
 
     print("\nLittle 定律 L = λW（静态批处理；整个轨迹 / 中间 60% 的窗口）：")
     rows = []
@@ -84,7 +85,8 @@ def main():
         a, m = r["static"]["little_all"], r["static"]["little_mid"]
         rows.append([f"{x:.2f}", f"{a['L']:.2f}", f"{a['lam_W']:.2f}", f"{a['rel_err']:.1e}", f"{m['L']:.2f}",
                      f"{m['lam_W']:.2f}", f"{m['rel_err']:.1%}", "稳态" if x <= STABLE else "过载/临界"])
-    heads = ["负载 ρ", "L（全程）", "λW（全程）", "相对误差", "L（中段）", "λW（中段）", "相对误差", ""]
+    heads = ["负载 ρ", "L 个请求（全程）", "λW 个请求（全程）", "相对误差（全程）", "L 个请求（中段）",
+             "λW 个请求（中段）", "相对误差（中段）", "状态"]
     print(ss.format_table(heads, rows))
 
     # ---- 关键结论 ----

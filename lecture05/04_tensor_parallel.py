@@ -41,13 +41,24 @@ def part_fit():
         for chip in (H100_SXM, H200, B200):
             row.append(ss.min_tp(m, chip))
         rows.append(row)
-    print(ss.format_table(["模型", "BF16 权重 GB", "H100 80GB", "H200 141GB", "B200 180GB"], rows))
+    print(ss.format_table(["模型", "BF16 权重 GB", "最少卡数 H100 80GB", "最少卡数 H200 141GB", "最少卡数 B200 180GB"],
+                          rows))
     try:
         ss.StepModel(ss.LLAMA31_70B, H100_SXM)
         raise AssertionError("70B 不该放得进一块 H100")
     except ValueError as e:
         print(f"  StepModel(70B, H100, tp=1) → ValueError：{e}")
     assert ss.min_tp(ss.LLAMA31_70B, H100_SXM) == 2 and ss.min_tp(ss.LLAMA31_70B, B200) == 1
+    # 405B 在 H100 上要的 tp 超过了它的 KV 头数：KV 头不够分，每块卡复制一个
+    tp405 = rows[2][2]
+    s405 = ss.StepModel(LLAMA31_405B, H100_SXM, tp=tp405)
+    G = LLAMA31_405B.n_kv_heads
+    print(f"  405B @ H100 × {tp405}：KV 头只有 {G} 个 < {tp405} 块卡，每 {tp405 // G} 块卡复制同一个头，"
+          f"每卡 {s405.kv_heads_per_chip} 个；每 token 每卡 KV {s405.kv_bytes_per_token / 1e3:.1f} KB"
+          f"（不是平分时的 {LLAMA31_405B.kv_bytes_per_token() / tp405 / 1e3:.1f} KB），"
+          f"整组 KV 容量 {s405.kv_capacity_tokens():,} token")
+    assert tp405 > G and s405.kv_heads_per_chip == 1
+    assert s405.kv_bytes_per_token == LLAMA31_405B.kv_bytes_per_token() / G      # 1/G 而不是 1/tp
     for m, r in zip(models, rows):              # 最小 tp 一定满足 权重 / tp ≤ 可用显存
         for chip, tp in zip((H100_SXM, H200, B200), r[2:]):
             assert m.weight_bytes() / tp <= ss.GPU_MEM_UTIL * chip.mem_cap
@@ -78,13 +89,13 @@ def part_breakdown(model, chip, batches):
         rows = []
         for tp, r in zip(TPS, rs):
             if r is None:
-                rows.append([b, tp, "放不下", "", "", "", "", "", "", ""])
+                rows.append([b, tp, "放不下", "-", "-", "-", "-", "-", "-", "-"])
                 continue
             st = r["st"]
-            rows.append([b, tp, f"{st.weight_bytes_per_chip / 1e9:.1f}", f"{st.kv_capacity_tokens() / 1e3:,.0f}k",
+            rows.append([b, tp, f"{st.weight_bytes_per_chip / 1e9:.1f}", f"{st.kv_capacity_tokens() / 1e3:,.0f}",
                          f"{r['t'] * 1e3:.2f}", f"{r['roof'] * 1e3:.2f}", f"{r['comm'] * 1e3:.2f}",
                          f"{r['comm'] / r['t']:.0%}", f"{1 / r['t']:.0f}", f"{r['per_gpu']:,.0f}"])
-        print(ss.format_table(["批", "TP", "每卡权重 GB", "KV 容量", "一步 ms", "roofline ms", "all-reduce ms",
+        print(ss.format_table(["批", "TP", "每卡权重 GB", "KV 容量 k token", "一步 ms", "roofline ms", "all-reduce ms",
                                "通信占比", "每用户 token/s", "每卡 token/s"], rows))
         ok = [r for r in rs if r is not None]
         # 关键结论（由模型结构推出，不是抄数字）：

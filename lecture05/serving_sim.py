@@ -125,6 +125,33 @@ def _count_array(name, v, lo=0):
 # =============================================================================
 # 第 1 部分：一步前向的时间模型
 # =============================================================================
+class CapacityError(ValueError):
+    """显存放不下（权重放不下，或放下权重后连 1 个 token 的 KV 都放不下）。是 ValueError 的子类。"""
+
+
+def _check_model_chip(model, chip):
+    """model 要像 llm_math.ModelConfig，chip 要像 hw_specs.Chip；不像就 TypeError。"""
+    for attr in ("matmul_params", "weight_bytes", "attn_flops_per_token", "n_layers", "n_heads", "n_kv_heads"):
+        if not hasattr(model, attr):
+            raise TypeError(f"model 必须是 llm_math.ModelConfig（缺少 {attr}），收到 {type(model).__name__}")
+    for attr in ("peak_flops", "mem_bw", "mem_cap", "link_bw"):
+        if not hasattr(chip, attr):
+            raise TypeError(f"chip 必须是 hw_specs.Chip（缺少 {attr}），收到 {type(chip).__name__}")
+
+
+def _tp_layout_problem(model, chip, tp):
+    """tp 块卡能不能切这个模型：能切返回 None，不能切返回原因（一句话）。StepModel 和 min_tp 共用。"""
+    if model.n_heads % tp:
+        return f"tp={tp} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
+    G = model.n_kv_heads
+    if G % tp and tp % G:
+        return (f"tp={tp} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分到各卡、要么每 tp/G 块卡复制同一个头；"
+                f"允许的 tp 是 {G} 的约数或倍数）")
+    if tp > 1 and not chip.link_bw > 0:
+        return f"tp={tp} > 1 需要芯片间互联，但 {chip.name} 的 link_bw = {chip.link_bw}"
+    return None
+
+
 @dataclass(frozen=True)
 class StepCost:
     """
@@ -167,19 +194,15 @@ class StepModel:
                                                   ：一次迭代里既有 decode 又有 prefill（迭代级调度、分块 prefill）
         *_cost(...)                               ：同上，返回 StepCost 账单（看是哪一边受限、通信占多少）
         comm_time(n_tokens)                       ：一步里所有 all-reduce 的时间
-    【边界】权重放不下（每块卡的权重 > mem_util × 显存）或放下后连 1 个 token 的 KV 都放不下：ValueError，
-        消息里写需要多少、可用多少。ctx_tokens 可以是数组（一次算很多步，模拟器用它向量化）。
+    【边界】权重放不下（每块卡的权重 > mem_util × 显存）或放下后连 1 个 token 的 KV 都放不下：CapacityError
+        （ValueError 的子类），消息里写需要多少、可用多少。tp 不整除 n_heads、或 tp 与 n_kv_heads 互不整除：
+        ValueError。ctx_tokens 可以是数组（一次算很多步，模拟器用它向量化）。
     """
 
     def __init__(self, model, chip, tp=1, mfu=MFU, mbu=MBU, overhead=STEP_OVERHEAD_S, w_bytes=2.0,
                  kv_bytes=2.0, mem_util=GPU_MEM_UTIL, prec=None, act_bytes=ACT_BYTES, comm_alpha=None,
                  comm_algo="ring"):
-        for attr in ("matmul_params", "weight_bytes", "attn_flops_per_token", "n_layers", "n_kv_heads"):
-            if not hasattr(model, attr):
-                raise TypeError(f"model 必须是 llm_math.ModelConfig（缺少 {attr}），收到 {type(model).__name__}")
-        for attr in ("peak_flops", "mem_bw", "mem_cap", "link_bw"):
-            if not hasattr(chip, attr):
-                raise TypeError(f"chip 必须是 hw_specs.Chip（缺少 {attr}），收到 {type(chip).__name__}")
+        _check_model_chip(model, chip)
         self.model, self.chip = model, chip
         self.tp = _int_arg("tp", tp, lo=1)
         self.mfu = _real_arg("mfu", mfu, 0.0, 1.0, lo_open=True)
@@ -206,34 +229,31 @@ class StepModel:
 
     # ---- 构造时的检查与显存账 ----
     def _check_tp(self):
-        m, tp = self.model, self.tp
-        if m.n_heads % tp:
-            raise ValueError(f"tp={tp} 必须整除注意力头数 n_heads={m.n_heads}（每块卡分到整数个头）")
-        G = m.n_kv_heads
-        if G % tp and tp % G:
-            raise ValueError(f"tp={tp} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分、要么复制）")
-        if tp > 1 and not self.chip.link_bw > 0:
-            raise ValueError(f"tp={tp} > 1 需要芯片间互联，但 {self.chip.name} 的 link_bw = {self.chip.link_bw}")
+        why = _tp_layout_problem(self.model, self.chip, self.tp)
+        if why is not None:
+            raise ValueError(why)
 
     def _setup_memory(self):
         m, tp = self.model, self.tp
-        # 每块卡存的权重（A6：全部平分，忽略复制的 norm 向量）与每步要读的矩阵乘法权重（A2）
+        # 每块卡存的权重（A6：全部平分；忽略复制的 norm 向量，也忽略 G < tp 时复制的 K/V 投影权重——
+        # 405B 在 TP16 上后者每卡约多 0.5 GB）与每步要读的矩阵乘法权重（A2）
         self.weight_bytes_per_chip = m.weight_bytes(self.w_bytes) / tp
         self.weight_read_bytes = m.matmul_params() * self.w_bytes / tp
-        # KV 头：G ≥ tp 时平分；G < tp 时每块卡复制一个（所以 tp 超过 G 之后每卡 KV 不再变小）
+        # KV 头：G ≥ tp 时平分（每卡 G/tp 个）；G < tp 时每 tp/G 块卡复制同一个头、每卡 1 个
+        # （所以 tp 超过 G 之后每卡每 token 的 KV 不再变小）。_check_tp 保证两者之一整除另一个。
         self.kv_heads_per_chip = max(m.n_kv_heads // tp, 1)
         self.kv_bytes_per_token = 2 * m.n_layers * self.kv_heads_per_chip * m.d_head * self.kv_bytes
         self.usable_bytes = self.mem_util * self.chip.mem_cap
         free = self.usable_bytes - self.weight_bytes_per_chip
         where = f"{self.chip.name}" + (f" × TP{tp}" if tp > 1 else "")
         if free < 0:
-            raise ValueError(
+            raise CapacityError(
                 f"{m.name} 在 {where} 上放不下：每块卡的权重要 {self.weight_bytes_per_chip / 1e9:.1f} GB，"
                 f"可用显存只有 {self.usable_bytes / 1e9:.1f} GB（mem_util={self.mem_util} × "
                 f"{self.chip.mem_cap / 1e9:.0f} GB）；请加大 tp 或降低 w_bytes")
         self._kv_cap = int(free // self.kv_bytes_per_token)
         if self._kv_cap < 1:
-            raise ValueError(f"{m.name} 在 {where} 上放下权重后只剩 {free / 1e6:.1f} MB，"
+            raise CapacityError(f"{m.name} 在 {where} 上放下权重后只剩 {free / 1e6:.1f} MB，"
                              f"连 1 个 token 的 KV（{self.kv_bytes_per_token / 1e6:.2f} MB/卡）都放不下")
 
     def kv_capacity_tokens(self):
@@ -317,13 +337,22 @@ class StepModel:
         ctx = _int_arg("ctx_tokens", ctx_tokens, lo=0)
         pt = _int_arg("prefill_tokens", prefill_tokens, lo=0)
         pctx = _int_arg("prefill_ctx_tokens", prefill_ctx_tokens, lo=0)
-        pattn = _real_arg("prefill_attn_flops", prefill_attn_flops, 0.0)
+        pattn = _real_arg("prefill_attn_flops", prefill_attn_flops, 0.0, 1e30)
         if n_decode + pt == 0:
             raise ValueError("n_decode 和 prefill_tokens 不能都是 0（这一步什么都不算）")
         if ctx < n_decode:
             raise ValueError(f"ctx_tokens（{ctx}）不能小于 n_decode（{n_decode}）")
         if pt == 0 and (pattn > 0 or pctx > 0):
             raise ValueError("prefill_tokens = 0 时 prefill_attn_flops 与 prefill_ctx_tokens 必须是 0")
+        if pt > 0:
+            # 每个 prefill token 至少看见自己（≥ pt 对），至多看见前面所有块的 KV 加上本块里它之前的 token
+            # （≤ pt·pctx + pt(pt+1)/2 对）。超出这个范围多半是把 (q, k) 对数当成了 FLOPs，或者反过来。
+            a1 = self._attn1()
+            lo, hi = a1 * pt, a1 * (pt * pctx + pt * (pt + 1) / 2)
+            if not lo * (1 - 1e-9) <= pattn <= hi * (1 + 1e-9):
+                raise ValueError(f"prefill_attn_flops={pattn:.4g} 超出 prefill_tokens={pt}、prefill_ctx_tokens={pctx} "
+                                 f"允许的范围 [{lo:.4g}, {hi:.4g}]（= attn_flops_per_token(1) × (q, k) 对数；"
+                                 f"要传 FLOPs，不是对数）")
         return self._cost(n_decode + pt, self._attn1() * ctx + pattn, ctx + pctx, n_decode + pt)
 
     def mixed_time(self, n_decode, ctx_tokens, prefill_tokens, prefill_attn_flops, prefill_ctx_tokens=0):
@@ -400,8 +429,8 @@ def sample_lengths(spec, n, rng):
         if hi < lo:
             raise ValueError(f"uniform 的 hi（{hi}）不能小于 lo（{lo}）")
         return rng.integers(lo, hi + 1, size=n).astype(np.int64)
-    med = _real_arg("median", args[0], 0.0, lo_open=True)
-    sigma = _real_arg("sigma", args[1], 0.0)
+    med = _real_arg("median", args[0], 0.0, 1e12, lo_open=True)   # 有限：inf × exp(−∞) 会得到 nan
+    sigma = _real_arg("sigma", args[1], 0.0, 20.0)
     top = _int_arg("max_len", args[2], lo=1)
     x = np.rint(med * np.exp(sigma * rng.standard_normal(n)))
     return np.clip(x, 1, top).astype(np.int64)
@@ -511,6 +540,8 @@ def littles_law(reqs, t0=None, t1=None):
     （这正是它的证明：N(t) 曲线下的面积按请求切开）。取中间一段稳态窗口时，只**近似**成立（边界上跨窗口的请求）。
     【返回】字典 L、lam、W、lam_W、rel_err = |L − λW| / λW。
     """
+    if len(reqs) == 0:
+        raise ValueError("reqs 不能为空（先跑模拟器，得到完成的请求列表）")
     arr = np.array([r.arrival for r in reqs])
     t0 = float(arr.min()) if t0 is None else float(t0)
     t1 = float(max(r.t_finish for r in reqs)) if t1 is None else float(t1)
@@ -722,12 +753,20 @@ def crossover_batch(step, ctx_per_seq=0, b_max=1 << 14):
 
 
 def min_tp(model, chip, candidates=(1, 2, 4, 8, 16), **kw):
-    """权重放得下（且还有 KV 空间）的最小 tp；都不行返回 None。kw 传给 StepModel。"""
-    for tp in candidates:
+    """
+    权重放得下（且还有 KV 空间）的最小 tp；都不行返回 None。kw 传给 StepModel。
+    切不了这个模型的 tp（不整除头数等）跳过；只有"显存放不下"（CapacityError）算作"这个 tp 不行"——
+    其他错误（比如 mfu=2 这样的坏参数）照常抛出，不会被当成"放不下"。
+    """
+    _check_model_chip(model, chip)
+    tps = sorted(_int_arg("candidates 的元素", tp, lo=1) for tp in candidates)
+    for tp in tps:
+        if _tp_layout_problem(model, chip, tp) is not None:
+            continue
         try:
             StepModel(model, chip, tp=tp, **kw)
             return tp
-        except ValueError:
+        except CapacityError:
             continue
     return None
 
@@ -741,7 +780,8 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
     for B in batch_sizes:
-        rs, info = simulate_static(base, step, int(B), kv_reserve=kv_reserve)
+        B = _int_arg("batch_sizes 的元素", B, lo=1)          # 不静默截断 2.7 → 2
+        rs, info = simulate_static(base, step, B, kv_reserve=kv_reserve)
         s = summarize(rs)
         rows.append({"max_batch": int(B), "eff_batch": info["mean_batch"], "tok_per_s": s["tok_per_s"],
                      "tpot_p50": s["tpot_p50"], "e2e_mean": s["e2e_mean"], "ttft_mean": s["ttft_mean"]})
@@ -827,6 +867,12 @@ def _selftest():
     except ValueError as e:
         assert "GB" in str(e)
     assert min_tp(big, h100) == 2
+    # KV 头少于 tp：405B 只有 8 个 KV 头，切 16 块卡时每块卡复制 1 个（不是半个）——逐字段手算参考
+    m405 = llm_math.LLAMA31_405B
+    s16 = StepModel(m405, h100, tp=16)
+    kv_chip = 2 * m405.n_layers * 1 * m405.d_head * 2                     # K、V × 层 × 1 个头 × dh × 2 字节
+    want = math.floor((0.9 * h100.mem_cap - m405.n_params() * 2 / 16) / kv_chip)
+    assert s16.kv_bytes_per_token == kv_chip and s16.kv_capacity_tokens() == want, (s16.kv_capacity_tokens(), want)
 
     # 5. 静态批处理：不变式、两个模拟器在 max_batch = 1 时完全一致、Little 定律
     reqs = make_requests(300, 4.0, ("uniform", 16, 400), ("uniform", 1, 64), seed=7)

@@ -103,6 +103,11 @@ def test_tensor_parallel_consistency(mc, tp, b, ctx_per):
     assert _rel(sp.weight_read_bytes * tp, s1.weight_read_bytes) < 1e-12
     assert cp.bytes <= c1.bytes                                       # 每卡读的不会更多
     assert sp.kv_capacity_tokens() >= s1.kv_capacity_tokens()         # 每卡权重少了，KV 位置只多不少
+    # 每卡每 token 的 KV：全量 KV 分成 min(tp, G) 份不同的头——G ≥ tp 时 tp 份；G < tp 时只有 G 个头可分，
+    # 多出来的卡复制已有的头（不会出现半个头）
+    per_chip = m.kv_bytes_per_token(2) / min(tp, m.n_kv_heads)
+    assert sp.kv_bytes_per_token == per_chip
+    assert sp.kv_capacity_tokens() == int((0.9 * chip.mem_cap - m.weight_bytes() / tp) // per_chip)
     assert _rel(sp.decode_time(b, b * ctx_per), max(cp.t_compute, cp.t_memory) + cp.t_comm + sp.overhead) < 1e-12
 
 
@@ -156,6 +161,67 @@ def test_bad_inputs_raise_with_names():
     # 70B 在 4 卡上放得下，而且 KV 头（8 个）超过 tp 时仍然平分
     s4 = ss.StepModel(ss.LLAMA31_70B, hw.H100_SXM, tp=4)
     assert s4.kv_heads_per_chip == 2 and ss.min_tp(ss.LLAMA31_70B, hw.H100_SXM) == 2
+
+
+def test_kv_heads_replicated_when_tp_exceeds_kv_heads():
+    """405B（8 个 KV 头）切 16 块 H100：每块卡复制 1 个 KV 头，不是 0.5 个。参考值全部从公开的结构参数手算。"""
+    L, d, H, G, dh, f, V = 126, 16384, 128, 8, 128, 53248, 128256    # Llama-3.1-405B（facts.md §2）
+    # 每层 q、o + k、v + MLP 三个矩阵 + 2 个 norm；再加词嵌入 + lm_head（不共享）+ 末层 norm
+    n_params = L * (2 * d * H * dh + 2 * d * G * dh + 3 * d * f + 2 * d) + 2 * V * d + d
+    usable = 0.9 * 80e9                                               # H100 80 GB 的 90%
+    weights_per_chip = 2 * n_params / 16                              # BF16，平分到 16 块卡
+    kv_per_token_per_chip = 2 * L * 1 * dh * 2                        # K 和 V × 层 × 1 个头 × dh × 2 字节 = 64,512 B
+    s16 = ss.StepModel(lm.LLAMA31_405B, hw.H100_SXM, tp=16)
+    assert s16.kv_heads_per_chip == 1
+    assert s16.kv_bytes_per_token == kv_per_token_per_chip == 64512
+    assert s16.weight_bytes_per_chip == weights_per_chip
+    assert s16.kv_capacity_tokens() == math.floor((usable - weights_per_chip) / kv_per_token_per_chip)
+    # tp 翻倍到超过 G 之后，每卡每 token 的 KV 不再减半（H200 上 TP8 每卡也是 1 个头）
+    s8 = ss.StepModel(lm.LLAMA31_405B, hw.H200, tp=8)
+    assert s8.kv_bytes_per_token == s16.kv_bytes_per_token
+    # 40 个 KV 头的 GPT-3 13B 切 8 块：每卡 5 个头（平分，不复制）
+    s13 = ss.StepModel(ss.GPT3_13B, hw.H100_SXM, tp=8)
+    assert s13.kv_bytes_per_token == 2 * 40 * 5 * 128 * 2
+
+
+def test_tp_and_kv_heads_must_divide_one_another():
+    """tp 整除 n_heads，但和 n_kv_heads 互不整除：KV 头没法平分也没法整份复制，报错而不是静默算错。"""
+    m = lm.ModelConfig("h12g4", n_layers=2, d_model=256, n_heads=12, n_kv_heads=4, d_head=32, d_ff=512, vocab=1000)
+    with pytest.raises(ValueError, match="n_kv_heads=4"):
+        ss.StepModel(m, hw.H100_SXM, tp=3)                            # 12 % 3 == 0，但 4 和 3 互不整除
+    m6 = lm.ModelConfig("h12g6", n_layers=2, d_model=256, n_heads=12, n_kv_heads=6, d_head=32, d_ff=512, vocab=1000)
+    with pytest.raises(ValueError, match="n_kv_heads=6"):
+        ss.StepModel(m6, hw.H100_SXM, tp=4)
+    assert ss.StepModel(m6, hw.H100_SXM, tp=2).kv_heads_per_chip == 3
+    assert ss.StepModel(m6, hw.H100_SXM, tp=12).kv_heads_per_chip == 1   # 12 = 2 × 6：每 2 块卡共用一个头
+    assert ss.min_tp(m, hw.H100_SXM, candidates=(3, 4)) == 4             # 切不了的 tp 跳过
+
+
+def test_helpers_reject_bad_inputs_instead_of_answering_wrong():
+    sm = ss.StepModel(ss.LLAMA31_8B, hw.H100_SXM)
+    # 坏参数不能被 min_tp 当成"放不下"而返回 None
+    with pytest.raises(ValueError, match="mfu"):
+        ss.min_tp(ss.LLAMA31_70B, hw.H100_SXM, mfu=2.0)
+    with pytest.raises(TypeError, match="candidates"):
+        ss.min_tp(ss.LLAMA31_70B, hw.H100_SXM, candidates=(2.5,))
+    assert ss.min_tp(ss.LLAMA31_70B, hw.H100_SXM, candidates=(8, 2, 4)) == 2   # 最小的那个，与顺序无关
+    assert ss.min_tp(lm.LLAMA31_405B, hw.H100_SXM, candidates=(1, 2, 4, 8)) is None   # 812 GB / 8 > 72 GB
+    # 批大小 2.7 不能被静默截成 2
+    with pytest.raises(TypeError, match="batch_sizes"):
+        ss.offline_sweep(sm, [2.7], 4)
+    # 无穷大的 σ 会让对数正态抽出 nan → 垃圾整数
+    with pytest.raises(ValueError, match="sigma"):
+        ss.make_requests(5, 1.0, prompt=("lognormal", 100, math.inf, 50))
+    with pytest.raises(ValueError, match="reqs"):
+        ss.littles_law([])
+    # 注意力要传 FLOPs：传 (q, k) 对数（小了 attn_flops_per_token(1) 倍）或 inf 都报错
+    pairs = 100 * 101 / 2
+    with pytest.raises(ValueError, match="prefill_attn_flops"):
+        sm.mixed_time(0, 0, 100, pairs)
+    with pytest.raises(ValueError, match="prefill_attn_flops"):
+        sm.mixed_time(0, 0, 100, math.inf)
+    a1 = ss.LLAMA31_8B.attn_flops_per_token(1)
+    assert sm.mixed_time(0, 0, 100, a1 * pairs) == sm.prefill_time([100])
 
 
 # ---------------------------------------------------------------------------
