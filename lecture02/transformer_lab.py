@@ -83,6 +83,24 @@ RESID_FLOPS = 1     # 残差加法
 # =============================================================================
 # 配置
 # =============================================================================
+def _check_real(where, name, value, above, allowed):
+    """value 必须是实数（不是 bool）、有限、且 > above；否则按参数名报错。返回 float(value)。"""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where}：{name} 必须是实数（{allowed}），收到 {value!r}（类型 {type(value).__name__}）")
+    if not (math.isfinite(value) and value > above):
+        raise ValueError(f"{where}：{name} 必须是{allowed}，收到 {value!r}")
+    return float(value)
+
+
+def _check_int(where, name, value, minimum=1):
+    """value 必须是整数（不是 bool）且 ≥ minimum；否则按参数名报错。返回 int(value)。"""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}：{name} 必须是 ≥ {minimum} 的整数，收到 {value!r}（类型 {type(value).__name__}）")
+    if value < minimum:
+        raise ValueError(f"{where}：{name} 必须是 ≥ {minimum} 的整数，收到 {value!r}")
+    return int(value)
+
+
 _INT_FIELDS = ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_ff", "max_seq")
 
 
@@ -125,11 +143,8 @@ class Config:
                              f"（可选的 n_kv_heads：{_divisors(self.n_heads)}）")
         if self.d_head % 2:
             raise ValueError(f"Config.d_head={self.d_head} 必须是偶数：RoPE 按相邻两个数成对旋转")
-        if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta)
-                and self.rope_theta > 1):
-            raise ValueError(f"Config.rope_theta 必须是大于 1 的有限数，收到 {self.rope_theta!r}")
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise ValueError(f"Config.norm_eps 必须 > 0，收到 {self.norm_eps!r}")
+        _check_real("Config", "rope_theta", self.rope_theta, 1.0, "大于 1 的有限数")
+        _check_real("Config", "norm_eps", self.norm_eps, 0.0, "大于 0 的有限数")
         if not isinstance(self.tied, (bool, np.bool_)):
             raise TypeError(f"Config.tied 必须是 True/False，收到 {self.tied!r}")
 
@@ -182,6 +197,10 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
     missing = [f for f in _INT_FIELDS + ("tied",) if not hasattr(cfg, f)]
     if missing:
         raise TypeError(f"init_params 的 cfg 需要 transformer_lab.Config 的字段，{type(cfg).__name__} 缺少 {missing}")
+    logit_std = _check_real("init_params", "logit_std", logit_std, 0.0, "大于 0 的有限数")
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        raise TypeError(f"init_params：dtype 必须是浮点类型（如 np.float64、np.float32），收到 {dtype!r}"
+                        "——整数类型会把 N(0, 1/n) 的权重截断成 0")
     gen = np.random.default_rng(seed)
     d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
     branch_out = 1.0 / math.sqrt(2 * cfg.n_layers)
@@ -277,9 +296,8 @@ class Counter:
     FIELDS = tuple("flops useful w kv act calls".split())
 
     def __init__(self, bytes_per_elem=2.0):
-        if not (isinstance(bytes_per_elem, (int, float)) and bytes_per_elem > 0):
-            raise ValueError(f"bytes_per_elem 必须是正数，收到 {bytes_per_elem!r}")
-        self.bpe = 1.0 * bytes_per_elem     # 每个元素几个字节
+        # 每个元素几个字节
+        self.bpe = _check_real("Counter", "bytes_per_elem", bytes_per_elem, 0.0, "大于 0 的有限数")
         self.rows = {}
 
     def add(self, op, flops=0, useful=None, w_elems=0, kv_elems=0, act_elems=0):
@@ -377,7 +395,9 @@ def rms_norm(x, w, eps, counter=None):
     """
     RMSNorm：沿最后一维 x / √(mean(x²) + eps) · w。
     比 LayerNorm 少了减均值（少一次规约），Llama 全系列使用。w 的形状必须是 [x.shape[-1]]。
+    eps 必须是 > 0 的有限数：eps ≤ 0 时全零（或很小）的行会除以 0 或给负数开方，得到 inf / NaN。
     """
+    eps = _check_real("rms_norm", "eps", eps, 0.0, "大于 0 的有限数（Llama 用 1e-5）")
     if w.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm：增益 w 的形状 {w.shape} 必须等于 x 的最后一维 {x.shape[-1:]}")
     if counter is not None:
@@ -392,13 +412,17 @@ def rope_angles(positions, d_head, theta=10000.0):
     返回 (cos, sin)，形状都是 [len(positions), d_head/2]。
     直觉：每一对分量是一根转速不同的指针——靠前的对转得快（分辨近邻），靠后的转得慢（分辨远处）；
     频率序列与原始 Transformer 的正弦位置编码一样。
+    theta 必须是 > 1 的有限数：θ = 1 时每一对转速相同（不再有快慢指针），θ ≤ 0 时 θ^(−x) 是 inf / NaN。
     """
     if isinstance(d_head, bool) or not isinstance(d_head, (int, np.integer)) or d_head < 2 or d_head % 2:
         raise ValueError(f"rope_angles：d_head 必须是 ≥ 2 的偶数，收到 {d_head!r}")
+    theta = _check_real("rope_angles", "theta", theta, 1.0, "大于 1 的有限数（RoFormer 用 1e4，Llama 3 用 5e5）")
     pos = np.asarray(positions, dtype=np.float64)
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {pos.shape}")
-    freqs = np.power(float(theta), -np.arange(d_head // 2) * 2.0 / d_head)   # [dh/2]
+    if not np.all(np.isfinite(pos)):
+        raise ValueError("rope_angles：positions 必须全是有限数（不能含 NaN / ±∞）")
+    freqs = np.power(theta, -np.arange(d_head // 2) * 2.0 / d_head)   # [dh/2]
     angles = np.outer(pos, freqs)                                            # [T, dh/2]
     return np.cos(angles), np.sin(angles)
 
@@ -566,6 +590,7 @@ class KVCache:
 
     def nbytes(self, bytes_per_elem=2.0):
         """已提交部分按 bytes_per_elem 计的大小 = 2 · L · B · length · G · dh · 字节数。"""
+        bytes_per_elem = _check_real("KVCache.nbytes", "bytes_per_elem", bytes_per_elem, 0.0, "大于 0 的有限数")
         n_layers, batch, _, groups, dh = self.k.shape
         return 2 * n_layers * batch * self._length * groups * dh * bytes_per_elem
 
@@ -747,6 +772,7 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < (0 if name == "pos0" else 1):
             raise ValueError(f"analytic_ops：{name} 必须是{'非负' if name == 'pos0' else '正'}整数，收到 {val!r}")
+    bytes_per_elem = _check_real("analytic_ops", "bytes_per_elem", bytes_per_elem, 0.0, "大于 0 的有限数")
     L, d, f, V = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.vocab
     H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     B, T = batch, n_new
@@ -833,6 +859,8 @@ def einsum_flops(spec, *shapes):
     sizes = {}
     for letters, shape in zip(operands, shapes):
         shape = tuple(getattr(shape, "shape", shape))
+        for n in shape:
+            _check_int("einsum_flops", f"操作数 '{letters}' 的维度长度", n, minimum=1)
         if not letters.isalpha() or len(letters) != len(shape):
             raise ValueError(f"einsum_flops：操作数 '{letters}' 与形状 {shape} 的维数不一致（或含非字母）")
         for letter, n in zip(letters, shape):

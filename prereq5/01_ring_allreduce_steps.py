@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, save_figure  # noqa: E402
 
 
 
@@ -65,7 +65,7 @@ def print_trace(trace, ledger, p):
             rows.append(row)
         print(indent(cs.format_table(["设备"] + [f"块{c}" for c in range(p)], rows, ["<"] * (p + 1))))
         if step >= 0:
-            sends = ", ".join(f"d{m.src}→d{m.dst} {m.nbytes}B" for m in ledger.step_messages(step))
+            sends = ", ".join(f"d{m.src}→d{m.dst} {fmt_bytes(m.nbytes)}" for m in ledger.step_messages(step))
             print(f"  本步消息：{sends}")
         prev = masks
 

@@ -2,7 +2,8 @@
 预备课 5 · 演示 02：α-β 模型、algbw / busbw，以及"延迟不再主导"的消息大小 n*
 
 你会看到……
-  1. 8 块 H100 上 ring all-reduce 的时间 = α 项 2(P−1)·α + β 项 2(P−1)/P·n/B，消息从 1 KB 到 1 GB：
+  1. 8 块 H100 上 ring all-reduce 的时间 = α 项 2(P−1)·α + β 项 2(P−1)/P·n/B，消息从 1 kB 到 1 GB
+     （十进制单位：1 kB = 10³ B，1 GB = 10⁹ B，与 fmt_bytes 一致）：
      小消息几乎全是延迟，大消息几乎全是带宽；algbw 和 busbw（nccl-tests 的定义）随大小怎样变化。
   2. 交叉点 n*（α 项 = β 项）：ring all-reduce 的 n* = P·α·B，随 P 线性增长；在 n* 处 busbw 恰好是链路带宽的一半。
   3. 各种集合通信 / 算法的 n*：步数少的算法（树、递归倍增）交叉点小得多。
@@ -101,7 +102,7 @@ def plot_time(sizes, p, alpha, bw, ns, plt):
     ax.loglog(sizes, terms.bytes / bw, "--", label=r"$\beta$ term: 2(P-1)/P $\cdot$ n / B")
     ax.loglog(sizes, cs.allreduce_time(sizes, p, alpha, 1 / bw), "k-", lw=2, label="total")
     ax.axvline(ns, color="gray", lw=1)
-    ax.text(ns * 1.1, terms.steps * alpha * 0.3, f"n* = {ns / 1e6:.1f} MB", color="gray")
+    ax.text(ns * 1.1, terms.steps * alpha * 0.3, f"n* = {fmt_bytes(ns)}", color="gray")
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
     ax.set_title(f"Ring all-reduce, P={p}, alpha={alpha * 1e6:g} us, B={bw / 1e9:g} GB/s")
@@ -138,7 +139,7 @@ def main():
           f"（hw_specs.H100_SXM.link_bw）")
 
     print("\n== 1. ring all-reduce 的时间分解 ==")
-    sizes = np.logspace(3, 9, 7 if args.quick else 13)      # 1 KB … 1 GB
+    sizes = np.logspace(3, 9, 7 if args.quick else 13)      # 1 kB … 1 GB（十进制）
     total = size_table(sizes, p, alpha, bw)
     assert np.all(np.diff(total) > 0)
 

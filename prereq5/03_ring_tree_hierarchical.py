@@ -4,7 +4,7 @@
 你会看到……
   1. 先在模拟器上把每种 all-reduce 真跑一遍（P = 8 和非 2 的幂的 P = 6）：结果 = numpy；
      账本数出来的步数、关键路径字节数 = α-β 公式里的两个系数。
-  2. 一台 8×H100（NVLink）上，消息从 1 KB 到 1 GB，每种算法的时间和胜者：
+  2. 一台 8×H100（NVLink）上，消息从 1 kB 到 1 GB（十进制单位，与 fmt_bytes 一致），每种算法的时间和胜者：
      小消息时步数少的算法赢（递归倍增 lg P 步），大消息时字节少的算法赢（ring、Rabenseifner 约 2n），
      不分段的树每步都发整条消息，大消息时慢 lg P / ((P−1)/P) 倍。
   3. 多台机器（N 个节点 × 8 块 GPU，节点间每块 GPU 一张 400 Gb/s 网卡）：
@@ -72,7 +72,8 @@ def node_comparison(sizes, p, alpha, bw):
     lgp = int(np.log2(p))
     ratio = times["tree"][-1] / times["ring"][-1]
     expect = lgp / ((p - 1) / p)
-    print(f"\n1 GB 时 tree / ring = {ratio:.2f}，公式 lg P / ((P−1)/P) = {expect:.2f}：不分段的树每一步都发整条消息。")
+    print(f"\n{fmt_bytes(sizes[-1])} 时 tree / ring = {ratio:.2f}，公式 lg P / ((P−1)/P) = {expect:.2f}："
+          "不分段的树每一步都发整条消息。")
     assert abs(ratio / expect - 1) < 0.01
     print("在纯 α-β 模型里 Rabenseifner 总不比 ring 慢。NCCL 仍以 ring 为主（加上分段流水的双二叉树、NVLS）：\n"
           "ring 每步只和固定的邻居通信，能切成很多小段流水、贴合任何拓扑；递归减半的伙伴距离 P/2、P/4 …，\n"

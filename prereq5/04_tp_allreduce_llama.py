@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
-from course_utils import fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
 from llm_math import PRESETS  # noqa: E402
 
 ACT_BYTES = 2          # bf16 激活
@@ -101,7 +101,7 @@ def main():
     assert np.all(np.diff(ratio) < 0) and abs(ratio[-1] / rinf - 1) < 0.05, "比值随 token 数下降并趋于 R∞"
     n_star = cs.crossover_bytes("allreduce", tp, cs.DEFAULT_ALPHA, 1 / chip.link_bw)
     tok_star = n_star / (cfg.d_model * ACT_BYTES)
-    print(f"α 项 = β 项的消息 n* = {n_star / 1e6:.2f} MB，即 {tok_star:.0f} 个 token："
+    print(f"α 项 = β 项的消息 n* = {fmt_bytes(n_star)}，即 {tok_star:.0f} 个 token："
           "一步的 token 比它少时通信以延迟为主（decode 每个序列只有 1 个 token，一批几个到几十个序列，都在这一边）。")
     assert tokens[0] < tok_star < tokens[-1]
     dec = c["comm"][0] / (c["comm"][0] + c["roofline"][0])

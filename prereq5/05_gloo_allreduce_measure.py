@@ -4,7 +4,8 @@
 你会看到……
   1. 起 P 个进程（--quick：2 个；完整：2 个和 4 个），用 gloo 后端在本机（127.0.0.1 回环）上做 all-reduce。
      先检查正确性：每个进程一组随机数，all-reduce 的结果 = numpy 把各进程的数组加起来。
-  2. 消息从 1 KB 到几 MB，每个大小测若干次取最快的一次（再在各进程之间取最慢的）。
+  2. 消息从 1 kB 到几 MB（4 字节 float32 × 2^k 个元素；大小用十进制单位打印，
+     1 kB = 10³ B），每个大小测若干次取最快的一次（再在各进程之间取最慢的）。
   3. 用加权最小二乘拟合 t = a + b·n，按 ring all-reduce 的系数换成 α = a / 2(P−1)、β = b / (2(P−1)/P)，
      打印 测量 vs 模型 的表（含 algbw、busbw）和这台机器的交叉点 n*。
   4. 图：prereq5/figures/05_gloo_allreduce_measure_fit.png
@@ -25,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, save_figure  # noqa: E402
 
 SKIP = 77
 
@@ -113,14 +114,14 @@ def report(world, err, rows):
     model = cs.allreduce_time(nbytes, world, fit.alpha, fit.beta)
     table = []
     for n, t, m in zip(nbytes, secs, model):
-        table.append([f"{n / 1e3:.0f} KB", f"{t * 1e6:.1f}", f"{m * 1e6:.1f}", f"{(m - t) / t:+.0%}",
+        table.append([fmt_bytes(n), f"{t * 1e6:.1f}", f"{m * 1e6:.1f}", f"{(m - t) / t:+.0%}",
                       f"{cs.algbw(n, t) / 1e9:.2f}", f"{cs.busbw('allreduce', n, t, world) / 1e9:.2f}"])
     print(f"\nP = {world}：正确性误差（与 numpy 求和）{err:.1e}")
     assert err < 1e-9, "gloo all-reduce 的结果必须等于 numpy 求和"
     print(cs.format_table(["消息", "实测 µs", "模型 µs", "模型误差", "algbw GB/s", "busbw GB/s"], table))
     ns = cs.crossover_bytes("allreduce", world, fit.alpha, fit.beta)
     print(f"拟合（ring 模型）：α = {fit.alpha * 1e6:.1f} µs/步，β = 1/({1 / fit.beta / 1e9:.2f} GB/s)，"
-          f"交叉点 n* = {ns / 1e3:.0f} KB，最大相对误差 {fit.max_rel_err:.0%}")
+          f"交叉点 n* = {fmt_bytes(ns)}，最大相对误差 {fit.max_rel_err:.0%}")
     # 稳健的断言（共享的 2 核机器上计时有噪声）：大消息明显比小消息慢；拟合出的 α、β 为正；直线大体贴合
     assert secs[-1] > 2 * secs[0], "最大的消息应该明显比最小的慢（带宽项）"
     assert fit.alpha > 0 and fit.beta > 0, "延迟和每字节时间都应为正"
@@ -157,9 +158,10 @@ def main():
         skip("没有安装 torch")
 
     worlds = (2,) if args.quick else (2, 4)
-    n_elems = [2 ** k for k in (range(8, 21, 3) if args.quick else range(8, 23, 2))]   # float32：1 KB … 4/16 MB
+    n_elems = [2 ** k for k in (range(8, 21, 3) if args.quick else range(8, 23, 2))]
+    # ↑ float32：1.02 kB … 4.19 / 16.8 MB
     reps = 10 if args.quick else 30
-    print(f"消息：{len(n_elems)} 个大小，{n_elems[0] * 4 / 1e3:.0f} KB … {n_elems[-1] * 4 / 1e6:.1f} MB；"
+    print(f"消息：{len(n_elems)} 个大小，{fmt_bytes(n_elems[0] * 4)} … {fmt_bytes(n_elems[-1] * 4)}（十进制单位）；"
           f"每个测 {reps} 次取最快")
     results = {}
     for world in worlds:

@@ -452,3 +452,54 @@ def test_bad_building_blocks():
         tl.einsum_flops("ij->iz", (2, 3))                          # 输出里有输入没有的字母
     with pytest.raises(ValueError, match="analytic_ops"):
         tl.analytic_ops(tl.TINY, 1, 0)
+
+
+_NAN_WARN = "error"   # 坏参数必须在算之前被拒绝：一旦进到 numpy 就会先冒 RuntimeWarning（这里当成错误）
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: tl.rope_angles(np.arange(3), 4, theta=0.0), ValueError, "theta"),
+    (lambda: tl.rope_angles(np.arange(3), 4, theta=-10.0), ValueError, "theta"),
+    (lambda: tl.rope_angles(np.arange(3), 4, theta=1.0), ValueError, "theta"),        # 每一对转速相同
+    (lambda: tl.rope_angles(np.arange(3), 4, theta=float("nan")), ValueError, "theta"),
+    (lambda: tl.rope_angles(np.arange(3), 4, theta=float("inf")), ValueError, "theta"),
+    (lambda: tl.rope_angles(np.arange(3), 4, theta="1e4"), TypeError, "theta"),
+    (lambda: tl.rope_angles([0.0, np.nan], 4), ValueError, "positions"),
+    (lambda: tl.rms_norm(np.ones((2, 4)), np.ones(4), -1.0), ValueError, "eps"),
+    (lambda: tl.rms_norm(np.zeros((2, 4)), np.ones(4), 0.0), ValueError, "eps"),
+    (lambda: tl.rms_norm(np.ones((2, 4)), np.ones(4), float("nan")), ValueError, "eps"),
+    (lambda: tl.rms_norm(np.ones((2, 4)), np.ones(4), float("inf")), ValueError, "eps"),
+    (lambda: tl.rms_norm(np.ones((2, 4)), np.ones(4), None), TypeError, "eps"),
+    (lambda: tl.einsum_flops("ab,bc->ac", (2, -3), (-3, 4)), ValueError, "einsum_flops"),
+    (lambda: tl.einsum_flops("ab,bc->ac", (2, 3.0), (3.0, 4)), TypeError, "einsum_flops"),
+    (lambda: tl.analytic_ops(tl.TINY, 1, 1, bytes_per_elem=-1.0), ValueError, "bytes_per_elem"),
+    (lambda: tl.phase_costs(tl.TINY, 1, 1, bytes_per_elem=0.0), ValueError, "bytes_per_elem"),
+    (lambda: tl.KVCache(tl.TINY, 1).nbytes(-2.0), ValueError, "bytes_per_elem"),
+    (lambda: tl.Counter(float("nan")), ValueError, "bytes_per_elem"),
+    (lambda: tl.init_params(tl.TINY, logit_std=-1.0), ValueError, "logit_std"),
+    (lambda: tl.init_params(tl.TINY, logit_std=float("nan")), ValueError, "logit_std"),
+    (lambda: tl.init_params(tl.TINY, dtype=np.int32), TypeError, "dtype"),
+])
+def test_bad_function_arguments_are_rejected_before_computing(call, err, match):
+    with warnings.catch_warnings():
+        warnings.simplefilter(_NAN_WARN)
+        with pytest.raises(err, match=match):
+            call()
+
+
+@pytest.mark.parametrize("changes", [dict(norm_eps=float("inf")), dict(rope_theta=float("inf")),
+                                     dict(norm_eps=float("nan"))])
+def test_config_rejects_non_finite(changes):
+    with pytest.raises(ValueError, match=next(iter(changes))):
+        tl.config_like(tl.TINY, **changes)
+
+
+@settings(deadline=None, max_examples=40)
+@given(seed=st.integers(0, 10**6), scale=st.floats(1e-3, 1e3), eps=st.floats(1e-8, 1.0))
+def test_rms_norm_scale_equivariance_and_unit_rms(seed, scale, eps):
+    # 由定义 x/√(mean x² + eps)：把 x 放大 c 倍、eps 放大 c² 倍，结果不变；eps → 0 时每行的均方根 = 1
+    x = np.random.default_rng(seed).standard_normal((3, 7)) + 0.1
+    w = np.ones(7)
+    np.testing.assert_allclose(tl.rms_norm(scale * x, w, eps * scale ** 2), tl.rms_norm(x, w, eps), rtol=1e-10)
+    y = tl.rms_norm(x, w, 1e-300)
+    np.testing.assert_allclose(np.sqrt(np.mean(y ** 2, axis=-1)), 1.0, rtol=1e-12)

@@ -285,3 +285,20 @@ def test_format_table_aligns_by_display_width():
     assert len(lines) == 4 and len(widths) == 1, "表头、分隔线、两行数据的显示宽度相同（中文占两格）"
     with pytest.raises(ValueError, match="rows"):
         cs.format_table(["a", "b"], [[1]])
+
+
+def test_demos_label_byte_sizes_one_way():
+    # 所有演示的字节数都走 course_utils.fmt_bytes（十进制，小写 k：1 kB = 10³ B）；
+    # 不许自己除以 1e3/1e6 再手写单位（曾经出现 "4194 KB" 与 "4.19 MB" 并存），也不许写大写的 "KB"
+    import pathlib
+    import re
+    hand_scaled = re.compile(r"/\s*1e\d+[^}]*\}\s*[kKMGT]B(?![/\w])")   # f"{n / 1e3:.0f} KB"；GB/s 不算
+    glued = re.compile(r"\}B\b")                                   # f"{n}B" 这种（没有空格、没有换算）
+    folder = pathlib.Path(__file__).resolve().parents[1] / "prereq5"
+    bad = []
+    for path in sorted(folder.glob("0*.py")):
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"\bKB\b", line) or hand_scaled.search(line) or glued.search(line):
+                bad.append(f"{path.name}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+    assert CU.fmt_bytes(4 * 2 ** 20) == "4.19 MB" and CU.fmt_bytes(1024) == "1.02 kB"
