@@ -2,7 +2,8 @@
 第 11 讲 · 演示 5：megakernel——batch 1 的 decode，时间都花在哪
 
 你会看到：
-    1. Llama-3.2-1B 一次 decode 读约 2.47 GB（权重 + KV cache）：每层 12 个、7 个内核，或 megakernel 的 5 条指令，
+    1. Llama-3.2-1B 一次 decode 读约 2.47 GB（权重 + KV cache，和第 1 讲的参数计数逐字节对账）：
+       每层 12 个、7 个内核，或 megakernel 的 5 条指令，
        读的字节一样，差的是"怎么切"。H100 上按满带宽读完要 0.74 ms。
     2. 时间线模型（flash_lab.timeline）把一次 decode 拆成：读权重、带宽效率损失、启动间隙、序幕、尾部、小内核、
        同步——多内核写法里固定开销占了三到四成，megakernel 几乎只剩读权重（堆叠柱状图）。
@@ -43,7 +44,14 @@ def ops_summary():
         rows.append([label, len(ops), sum(o.ctas == 0 for o in ops), f"{total / 1e9:.3f}",
                      f"{total / H100.hbm * 1e6:.0f}"])
     print(fl.format_table(["写法", "内核 / 指令数", "其中很小的内核", "读的 GB", "H100 满带宽 µs"], rows))
-    assert len(totals) == 1 and abs(totals.pop() - 2.47e9) < 0.02e9
+    # 和第 1 讲的参数计数对账：权重 n_params·2（tied：嵌入矩阵只当 lm_head 读一次）+ KV cache + RMSNorm 的输入向量
+    cfg, eb = fl.LLAMA_1B, fl.LLAMA_1B_ELEM
+    weights, kv = cfg.weight_bytes(eb), cfg.kv_cache_bytes(1, 160, eb)
+    acts = (2 * cfg.n_layers + 1) * cfg.d_model * eb
+    assert totals == {weights + kv + acts} == {fl.llama_1b_expected_bytes(160)}
+    print(f"读的字节 = 权重 {cfg.n_params():,} 个参数 × {eb} B = {weights / 1e9:.4f} GB"
+          f" + KV cache（160 个 token）{kv / 1e6:.2f} MB + RMSNorm 的输入向量 {acts / 1e3:.0f} KB"
+          "——和 lecture01/llm_math.py 的参数计数逐字节相等。")
     print("\n每层 7 个内核时，每个内核的形状（H100，132 个 SM）：")
     rows = []
     for o in fl.llama_1b_ops(kernels="7")[:7]:

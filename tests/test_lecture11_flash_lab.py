@@ -111,6 +111,61 @@ def test_backward_finite_differences_non_square():
 
 
 # ---------------------------------------------------------------------------------------------- IO 计数
+def _live_pairs(N, Nk, Br, Bc, causal):
+    """逐个 (q, k) 判断可见性（右下角对齐：k ≤ Nk − N + q），列出至少含一对可见的块 [(br, bc, i, j), ...]。"""
+    out = []
+    for i, i0 in enumerate(range(0, N, Br)):
+        for j, j0 in enumerate(range(0, Nk, Bc)):
+            qs, ks = range(i0, min(i0 + Br, N)), range(j0, min(j0 + Bc, Nk))
+            if not causal or any(k <= Nk - N + q for q in qs for k in ks):
+                out.append((len(qs), len(ks), i, j))
+    return out
+
+
+def _expected_io(N, Nk, d, dv, Br, Bc, causal, order):
+    """按"只碰活块"的规则逐项算出每份数据的 (读, 写) 元素数和 FLOPs。"""
+    live = _live_pairs(N, Nk, Br, Bc, causal)
+    pair_rows = sum(br for br, _, _, _ in live)
+    flops = sum(2 * br * bc * (d + dv) for br, bc, _, _ in live)
+    if order == "fa2":
+        book = {"Q": (N * d, 0), "K,V": (sum(bc for _, bc, _, _ in live) * (d + dv), 0),
+                "O": (0, N * dv), "L": (0, N)}
+    else:
+        cols = {j: bc for _, bc, _, j in live}                 # 至少有一个活块的 K 列，各读一次
+        book = {"Q": (pair_rows * d, 0), "K,V": (sum(cols.values()) * (d + dv), 0),
+                "O": (pair_rows * dv, N * dv + pair_rows * dv), "l,m": (2 * pair_rows, 2 * N + 2 * pair_rows)}
+    return book, flops
+
+
+def _book(io):
+    return {k: (v["read"], v["write"]) for k, v in io.notes.items() if v["read"] or v["write"]}
+
+
+@settings(deadline=None, max_examples=60)
+@given(shapes(allow_more_queries=True))
+def test_causal_io_touches_only_tiles_with_a_visible_pair(s):
+    """causal 的读写、FLOPs 逐项 = 暴力数出的活块（前向两种顺序 + 反向）；整块被掩码的块一个元素也不读。"""
+    N, Nk, d, dv, Br, Bc = (s[k] for k in ("N", "Nk", "d", "dv", "Br", "Bc"))
+    Q, K, V, dO = _qkv(s["seed"], N, Nk, d, dv)
+    for order in fl.ORDERS:
+        O, L, io = fl.flash_fwd(Q, K, V, Br, Bc, True, order=order)
+        book, flops = _expected_io(N, Nk, d, dv, Br, Bc, True, order)
+        assert _book(io) == book and io.flops == flops, order
+        assert io.total == fl.fa_io_formula(N, d, 1, order, Nk=Nk, dv=dv, Br=Br, Bc=Bc, causal=True)
+    live = _live_pairs(N, Nk, Br, Bc, True)
+    want_live = np.zeros((math.ceil(N / Br), math.ceil(Nk / Bc)), dtype=bool)
+    for _, _, i, j in live:
+        want_live[i, j] = True
+    assert np.array_equal(fl.live_tiles(N, Nk, Br, Bc), want_live)
+    # 反向：K、V 每块读一次、dK、dV 写一次；Q、dO、L、D 和 dQ 的读写只在活块上发生
+    io_b = fl.flash_bwd(Q, K, V, O, dO, L, Br, Bc, True)[3]
+    pair_rows = sum(br for br, _, _, _ in live)
+    assert _book(io_b) == {"D=rowsum(dO∘O)": (2 * N * dv, N), "dQ": (pair_rows * d, N * d + pair_rows * d),
+                           "K,V": (Nk * (d + dv), 0), "Q,dO,L,D": (pair_rows * (d + dv + 2), 0),
+                           "dK,dV": (0, Nk * (d + dv))}
+    assert io_b.flops == sum(2 * br * bc * (3 * d + 2 * dv) for br, bc, _, _ in live)
+
+
 @settings(deadline=None, max_examples=60)
 @given(shapes())
 def test_io_counts_equal_formula(s):
@@ -228,6 +283,51 @@ def test_decode_time_model_properties():
         other = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=c)
         assert best["t"] <= 1.01 * other["t"]
     assert fl.best_splits(1, 8, 8, 3, 64)[0] <= 3            # 段数不超过 key 数
+
+
+@pytest.mark.parametrize("B, Hq, Hkv, S, d, elem", [(2, 32, 8, 8192, 128, 2), (3, 256, 2, 1000, 64, 1),
+                                                     (1, 8, 8, 7, 16, 4)])
+def test_decode_bytes_and_query_head_packing(B, Hq, Hkv, S, d, elem):
+    """fa2：每个 (序列, query 头) 读一遍整段 K、V；fd：每个 (序列, KV 头) 合起来只读一遍，和怎么切段无关。"""
+    kv_one_head = 2 * S * d * elem                            # 一个头的 K 和 V
+    fa2 = fl.decode_attention_time(B, Hq, Hkv, S, d, "fa2", elem=elem)
+    assert fa2["bytes"] == B * Hq * kv_one_head
+    group = Hq // Hkv
+    for splits in (1, 2, 3, 5, S, S + 4):
+        fd = fl.decode_attention_time(B, Hq, Hkv, S, d, "fd", splits=splits, elem=elem)
+        assert fd["bytes"] == B * Hkv * kv_one_head, splits
+        assert fd["rows"] == max(group, 64)                   # 同组的 query 头打包成一块，不足 64 行补 0
+        longest = max(len(c) for c in np.array_split(np.arange(S), splits))   # 最长的一段
+        assert fd["keys"] == longest and fd["ctas"] == B * Hkv * min(splits, S)
+
+
+def test_decode_compute_time_scales_with_packed_rows():
+    """组大小 > 64 时一个 CTA 的行数 = Hq/Hkv：行数翻倍，每个 CTA 的算力时间翻倍；≤ 64 时都补到 64，算力时间不变。"""
+    kw = dict(B=1, S=4096, d=128, method="fd")
+    t = {g: fl.decode_attention_time(Hq=g * 2, Hkv=2, **kw) for g in (8, 64, 128, 256)}
+    assert t[128]["rows"] == 128 and t[256]["rows"] == 256
+    assert t[8]["t_comp"] == t[64]["t_comp"]
+    assert math.isclose(t[256]["t_comp"], 2 * t[128]["t_comp"], rel_tol=1e-12)
+    assert math.isclose(t[128]["t_comp"], 2 * t[64]["t_comp"], rel_tol=1e-12)
+    # 带宽时间只看最长那一段的 K、V：切 3 段（1366 个 key）的 t_mem 是不切的 1366/4096
+    one = fl.decode_attention_time(B=1, Hq=32, Hkv=8, S=4096, d=128, method="fd", splits=1, gpu=fl.H100_DEC)
+    three = fl.decode_attention_time(B=1, Hq=32, Hkv=8, S=4096, d=128, method="fd", splits=3, gpu=fl.H100_DEC)
+    # 8 个和 24 个 CTA 都拉不满 H100 的显存，每个 CTA 都以单 SM 上限读：时间只和读的 key 数成正比
+    assert 24 * fl.H100_DEC.sm_bw_cap < fl.H100_DEC.hbm
+    assert math.isclose(three["t_mem"] / one["t_mem"], 1366 / 4096, rel_tol=1e-12)
+
+
+def test_llama_1b_bytes_from_lecture01_param_count():
+    """一次 decode 读的字节 = 全部参数各读一次（tied：嵌入矩阵只当 lm_head 读一次）+ KV cache + RMSNorm 的输入向量。"""
+    cfg = load_lab("lecture01", "llm_math").LLAMA32_1B
+    n_params = 1_235_814_400                  # HF safetensors 的精确计数（llm_math.PUBLISHED_PARAMS 注明的出处）
+    assert cfg.n_params() == n_params
+    for context in (1, 160, 4096):
+        kv = cfg.n_layers * context * 2 * cfg.n_kv_heads * cfg.d_head * 2
+        acts = (2 * cfg.n_layers + 1) * cfg.d_model * 2      # 33 个 RMSNorm 各读一遍长 d 的输入
+        for layout in fl.KERNEL_LAYOUTS:
+            assert sum(o.bytes for o in fl.llama_1b_ops(context, kernels=layout)) == 2 * n_params + kv + acts
+        assert fl.llama_1b_expected_bytes(context) == 2 * n_params + kv + acts
 
 
 def test_timeline_properties():
