@@ -5,9 +5,10 @@
     1. verify_time：Llama 3.1 8B 一次前向验证 γ+1 = 5 个 token 比 decode 1 个慢多少。批小时受带宽限制：
        读权重和 KV 的字节几乎不变，多出来的 FLOPs 藏在带宽的影子里，几乎免费；批大、上下文短时变成受算力限制，
        验证的代价涨到接近 5 倍。上下文很长时每个序列都要读自己的 KV，又回到受带宽限制。
-    2. spec_round / best_round：草稿 Llama 3.2 1B、α = 0.8，在 H100 和 H200 上对 (批大小, 上下文) 求最优 γ 与加速比。
+    2–3. spec_round / best_round：草稿 Llama 3.2 1B、α = 0.8，在 H100（第 2 节）和 H200（第 3 节）上
+       对 (批大小, 上下文) 求最优 γ 与加速比。
        短上下文时批一大加速比就塌了（最优 γ 降到 1、再到 0 = 不投机）；放不进显存的组合标成 OOM。
-    3. 树形验证（Medusa / EAGLE / SpecInfer）：同一个草稿给出多个候选，在贪心解码下用 tree_accept_lengths 精确算出
+    4. 树形验证（Medusa / EAGLE / SpecInfer）：同一个草稿给出多个候选，在贪心解码下用 tree_accept_lengths 精确算出
        每轮接受长度——节点越多接受越长，但每轮要验证的 token 也越多：批 1 时大树划算，批大时小树（甚至链）更好。
 
 运行：python3 lecture06/05_spec_hardware.py [--quick] [--seed 0]
@@ -60,8 +61,9 @@ def part1_verify(chip):
     assert dl.spec_round(TARGET, DRAFT, chip, 1024, 256, ALPHA, 4)["verify_ratio"] > 3.0
 
 
-def part2_best(chip):
-    print(f"== 2. 最优 γ 与加速比：草稿 {DRAFT.name}，α = {ALPHA}，{chip.name}（OOM = 两个模型的权重 + KV 放不下）==")
+def part2_best(chip, section):
+    print(f"== {section}. 最优 γ 与加速比：草稿 {DRAFT.name}，α = {ALPHA}，{chip.name}"
+          "（OOM = 两个模型的权重 + KV 放不下）==")
     rows, curves = [], {}
     for ctx in CONTEXTS:
         row, pts = [ctx], []
@@ -102,15 +104,15 @@ def ranks_from_models(quick, seed, rng):
     return ranks
 
 
-def part3_tree(ranks, chip, batches):
-    print(f"== 3. 树形验证（贪心）：接受长度 vs 节点数；加速比用 tree_round（假设草稿头不花时间），{chip.name}、"
-          f"上下文 1024 ==")
+def part3_tree(ranks, chip, batches, section):
+    print(f"== {section}. 树形验证（贪心）：接受长度 vs 节点数；加速比用 tree_round（假设草稿头不花时间），"
+          f"{chip.name}、上下文 1024 ==")
     rows, table = [], {}
     for br in TREES:
         acc = {name: np.concatenate([dl.tree_accept_lengths(r, br)[0] for r in rs]).mean()
                for name, rs in ranks.items()}
         nodes = dl.tree_nodes(br)
-        sp = [dl.tree_round(TARGET, chip, b, 1024, acc["bigram"], nodes)["speedup"] for b in batches]
+        sp = [dl.tree_round(TARGET, chip, b, 1024, acc["bigram"], br)["speedup"] for b in batches]
         table[br] = (nodes, acc["bigram"], sp)
         rows.append([str(br), nodes, f"{acc['bigram']:.2f}", f"{acc['early exit']:.2f}"] + [f"{s:.2f}×" for s in sp])
     print(format_table(["分支 (k_1, …)", "节点", "接受长度 bigram", "接受长度 早退"] + [f"批 {b}" for b in batches],
@@ -188,9 +190,9 @@ def main():
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     part1_verify(HW.H100_SXM)
-    all_curves = {chip.name: part2_best(chip) for chip in CHIPS}
+    all_curves = {chip.name: part2_best(chip, 2 + i) for i, chip in enumerate(CHIPS)}
     batches = (1, 16, 128)
-    table = part3_tree(ranks_from_models(args.quick, args.seed, rng), HW.H100_SXM, batches)
+    table = part3_tree(ranks_from_models(args.quick, args.seed, rng), HW.H100_SXM, batches, 2 + len(CHIPS))
     print("结论：投机解码拿闲着的算力换更少的权重读取。批小（或上下文长、受 KV 带宽限制）时算力是闲的，加速接近公式；"
           f"批大、上下文短时算力不闲，验证要按 γ+1 倍付钱，加速消失。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:

@@ -562,12 +562,33 @@ def adjust(logits, temperature=1.0, top_k=None):
     return softmax(z)
 
 
-def _prob_pair(p, q):
+PROB_TOL = 1e-9     # 概率行的和离 1 多远算"没归一化"
+
+
+def _prob_rows(name, a, allow_zero=False):
+    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（±PROB_TOL）；allow_zero 时也允许整行为 0。"""
+    if (a < 0).any() or not np.isfinite(a).all():
+        raise ValueError(f"{name} 必须是概率：每个元素有限且 ≥ 0，收到 {a!r}")
+    sums = a.sum(axis=-1)
+    ok = np.abs(sums - 1.0) <= PROB_TOL
+    if allow_zero:
+        ok |= sums == 0.0
+    if not ok.all():
+        bad = float(np.ravel(sums)[np.argmin(np.ravel(ok))])
+        allowed = "1 或 0（整行为 0 = 没有草稿）" if allow_zero else "1"
+        raise ValueError(f"{name} 的每一行必须归一化（和 = {allowed}，容差 {PROB_TOL}），收到一行的和 = {bad!r}")
+
+
+def _prob_pair(p, q, q_may_be_empty=False):
+    """
+    检查 (p, q)：形状相同、至少一维，每一行都是概率分布。不归一化的输入会给出看似合理却错误的答案
+    （例如 β 被截成 1），所以这里报错，而不是悄悄归一化。q_may_be_empty：q 的一行可以全为 0（residual 的"没有草稿"）。
+    """
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     if p.shape != q.shape or p.ndim == 0:
         raise ValueError(f"p 和 q 的形状必须相同且至少一维，收到 {p.shape} 和 {q.shape}")
-    if (p < 0).any() or (q < 0).any() or not (np.isfinite(p).all() and np.isfinite(q).all()):
-        raise ValueError("p、q 必须是非负的有限概率")
+    _prob_rows("p", p)
+    _prob_rows("q", q, allow_zero=q_may_be_empty)
     return p, q
 
 
@@ -579,8 +600,9 @@ def residual(p, q):
         另一些 x 上 q "给少了"（q < p）：缺的 p − q 正好由被拒之后的重采样补上。两部分加起来恰好是 p。
     【边界】p == q 时分子全为 0（这时永远不会被拒，用不上它）：返回 p，保证结果仍是一个分布。
         q 全为 0（"没有草稿"）时返回 p —— §3 的实现用这一点处理"全部接受后再从 p 白拿一个"。
+    【参数】p、q [..., V]：每一行和为 1（±1e-9）、非负有限；q 的一行也可以全为 0。否则 ValueError。
     """
-    p, q = _prob_pair(p, q)
+    p, q = _prob_pair(p, q, q_may_be_empty=True)
     over = np.maximum(p - q, 0.0)
     mass = over.sum(axis=-1, keepdims=True)
     return np.where(mass > 0, over / np.where(mass > 0, mass, 1.0), p)
@@ -980,9 +1002,10 @@ def chi2_sf(x, dof):
 
     【算法】x < a + 1 时用级数求下尾 P(a, x)，否则用 Lentz 连分式直接求 Q（Numerical Recipes §6.2 的两段法），
         相对精度 ~1e-14。测试拿偶数自由度的闭式 e^{-x/2}·Σ_{j<k/2} (x/2)^j/j! 和 1 自由度的 erfc(√(x/2)) 对照。
+    【参数】x：有限实数且 ≥ 0（卡方统计量不会是负的）；dof：正整数。否则 ValueError / TypeError。
     """
-    x, dof = _real("x", x), _real("dof", dof, lo=0.0, lo_open=True)
-    if x <= 0:
+    x, dof = _real("x", x, lo=0.0), _int("dof", dof, lo=1)
+    if x == 0:
         return 1.0
     a, z = dof / 2.0, x / 2.0
     log_pref = a * math.log(z) - z - math.lgamma(a)
@@ -1072,6 +1095,10 @@ def expected_tokens(alpha, gamma):
     return _scalar(np.sum(a[..., None] ** np.arange(gamma + 1), axis=-1))
 
 
+# 论文发表的数（不是我们的公式算出来的）：Leviathan, Kalman, Matias, ICML 2023, 表 1，(α, γ, c) → 墙钟加速比。
+LEVIATHAN_TABLE1 = {(0.9, 10, 0.0): 6.86}
+
+
 def walltime_speedup(alpha, gamma, c):
     """
     定理 3.8：墙钟时间加速比的期望 = (1 − α^{γ+1}) / ((1 − α)(γc + 1))。
@@ -1080,8 +1107,8 @@ def walltime_speedup(alpha, gamma, c):
         这里假设目标验证 γ+1 个 token 和 decode 1 个一样快（H5）——§4 的 spec_round 把它换成 roofline。
     """
     c = np.asarray(c, dtype=np.float64)
-    if np.isnan(c).any() or (c < 0).any():
-        raise ValueError(f"c（草稿 / 目标的时间比）必须 ≥ 0，收到 {c!r}")
+    if not np.isfinite(c).all() or (c < 0).any():
+        raise ValueError(f"c（草稿 / 目标的时间比）必须是有限的数且 ≥ 0，收到 {c!r}")
     return _scalar(expected_tokens(alpha, gamma) / (_int("gamma", gamma, lo=0) * c + 1.0))
 
 
@@ -1094,8 +1121,8 @@ def ops_factor(alpha, gamma, c_hat):
         墙钟变快、总运算变多：批小时运算是闲着的，所以划算；批大时就不一定了（§4）。
     """
     c_hat = np.asarray(c_hat, dtype=np.float64)
-    if np.isnan(c_hat).any() or (c_hat < 0).any():
-        raise ValueError(f"c_hat 必须 ≥ 0，收到 {c_hat!r}")
+    if not np.isfinite(c_hat).all() or (c_hat < 0).any():
+        raise ValueError(f"c_hat（草稿 / 目标每 token 的运算量之比）必须是有限的数且 ≥ 0，收到 {c_hat!r}")
     g = _int("gamma", gamma, lo=0)
     return _scalar((g * c_hat + g + 1.0) / expected_tokens(alpha, g))
 
@@ -1187,19 +1214,22 @@ def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_u
     return need <= mem_util * chip.mem_cap, need
 
 
-def tree_round(target, chip, batch, ctx, mean_accept, nodes, t_draft=0.0, overhead_t=1e-3, **kw):
+def tree_round(target, chip, batch, ctx, mean_accept, branching, t_draft=0.0, overhead_t=1e-3, **kw):
     """
-    树形验证一轮的时间与加速比：目标模型一次前向验证 nodes + 1 个 token（树的所有节点 + 待定的那个），
-    平均产出 1 + mean_accept 个 token。
+    树形验证一轮的时间与加速比：目标模型一次前向验证 nodes + 1 个 token（树的所有节点 + 待定的那个，
+    nodes = tree_nodes(branching)），平均产出 1 + mean_accept 个 token。
 
-    【参数】mean_accept：tree_accept_lengths 的平均值；nodes：树的节点数；t_draft：这一轮生成整棵树的草稿时间
+    【参数】mean_accept：tree_accept_lengths 的平均值，必须在 [0, 树深 D = len(branching)] 里——一轮最多沿一条
+        根到叶的路径接受 D 个草稿，不是"节点数"个；branching：(k_1, …, k_D)，同 tree_accept_lengths；
+        t_draft：这一轮生成整棵树的草稿时间
         （默认 0：Medusa 式的草稿头在目标的最后一层上顺带算出，**假设**不额外花时间）；overhead_t、kw 同 spec_round。
     【近似】verify_time 按"第 j 个新 token 看 ctx + j 个 key"算注意力，树形掩码下节点只看 ctx + 深度 个，
         这里略微高估了注意力 FLOPs（节点数小时可忽略）。
     【返回】字典：t_base、t_verify、verify_ratio、speedup
     """
-    nodes = _int("nodes", nodes, lo=1)
-    mean_accept = _real("mean_accept", mean_accept, lo=0.0, hi=float(nodes))
+    k = _branching(branching)
+    nodes = tree_nodes(k)
+    mean_accept = _real("mean_accept", mean_accept, lo=0.0, hi=float(len(k)))     # 接受长度 ≤ 树深
     base = verify_time(target, chip, batch, ctx, 1, overhead=overhead_t, **kw)
     ver = verify_time(target, chip, batch, ctx, nodes + 1, overhead=overhead_t, **kw)
     return {"t_base": base, "t_verify": ver, "verify_ratio": ver / base,
@@ -1225,9 +1255,20 @@ def draft_ranks(target_seq_logits_draft, seq):
     return (lg[:-1] > truth[:, None]).sum(axis=1)
 
 
+def _branching(branching):
+    """树的分支数 (k_1, …, k_D)：非空的一维整数序列，每个 ≥ 1。返回 int64 数组。"""
+    k = np.asarray(branching)
+    if k.ndim != 1 or k.size == 0 or not np.issubdtype(k.dtype, np.integer) or (k < 1).any():
+        raise ValueError(f"branching 必须是非空的正整数序列（每层 k_d ≥ 1），收到 {branching!r}")
+    return k.astype(np.int64)
+
+
 def tree_nodes(branching):
-    """静态树的节点数 = k_1 + k_1·k_2 + … + k_1⋯k_D（每个节点是一个要验证的草稿 token）。"""
-    return int(np.cumprod(np.asarray(branching, dtype=np.int64)).sum())
+    """
+    静态树的节点数 = k_1 + k_1·k_2 + … + k_1⋯k_D（每个节点是一个要验证的草稿 token）。
+    branching 同 tree_accept_lengths（非空、每层 ≥ 1 的整数序列，否则 ValueError）。
+    """
+    return int(np.cumprod(_branching(branching)).sum())
 
 
 def tree_accept_lengths(ranks, branching):
@@ -1243,9 +1284,7 @@ def tree_accept_lengths(ranks, branching):
         但一次要验证的 token 也越多——批小时几乎免费，批大时不是（05 演示）。
     """
     ranks = np.asarray(ranks)
-    k = np.asarray(branching)
-    if k.ndim != 1 or k.size == 0 or not np.issubdtype(k.dtype, np.integer) or (k < 1).any():
-        raise ValueError(f"branching 必须是非空的正整数序列，收到 {branching!r}")
+    k = _branching(branching)
     D = len(k)
     if ranks.ndim != 1 or len(ranks) < D:
         raise ValueError(f"ranks 必须是一维且长度 ≥ 树深 {D}，收到形状 {ranks.shape}")
@@ -1280,10 +1319,15 @@ def _selftest():
         out, beta = spec_output_dist(p, q)     # 按算法的两条路径加出来的分布
         assert np.max(np.abs(out - p)) < 1e-15, "投机采样的输出分布必须等于 p"
         assert abs(beta - (1.0 - 0.5 * np.abs(p - q).sum())) < 1e-15, "β 必须等于 1 − TV(p, q)"
-    # 2. 公式：逐项相加 = 闭式；Leviathan 表 1：α = 0.9、γ = 10、c = 0 → 6.86×
+    # 2. 公式：逐项相加 = 闭式；对照论文发表的数（Leviathan et al., ICML 2023, 表 1：α = 0.9、γ = 10、c = 0 → 6.86×）
     for a, g in ((0.8, 5), (0.37, 3), (0.999, 40)):
         assert abs(expected_tokens(a, g) - (1 - a ** (g + 1)) / (1 - a)) < 1e-9
-    assert round(walltime_speedup(0.9, 10, 0.0), 2) == 6.86
+    s_t1 = walltime_speedup(0.9, 10, 0.0)
+    assert abs(s_t1 - (1 - 0.9 ** 11) / 0.1) < 1e-12, "c = 0 时加速比 = 等比数列和 (1 − α^{γ+1})/(1 − α)"
+    assert abs(s_t1 - LEVIATHAN_TABLE1[0.9, 10, 0.0]) < 0.005, "和 Leviathan 表 1 发表的 6.86× 对不上"
+    for g, ch in ((4, 0.3), (9, 0.05)):              # 定理 3.11 的两端：α = 0 一轮只留 1 个 token；α = 1 留 γ+1 个
+        assert abs(ops_factor(0.0, g, ch) - (g * ch + g + 1)) < 1e-12
+        assert abs(ops_factor(1.0, g, ch) - (g * ch + g + 1) / (g + 1)) < 1e-12
     # 3. 选择性批处理 = 逐个请求单独算（阶段不同、长度不同；请求 1 已有上下文）
     tgt, drf = tiny_pair()
     cfg, params = tgt.cfg, tgt.params
@@ -1317,7 +1361,8 @@ def _selftest():
     res = run_iteration_level(reqs, sm, 16)
     assert res["done"] == 60 and not res["deadlock"] and res["admit_order"] == list(range(60))
     assert all(r.arrival <= r.admit_t < r.first_tok <= r.finish for r in reqs)
-    print(f"decode_lab 自检通过：投机采样分布 = p（误差 < 1e-15）、β = 1 − TV、Leviathan 表 1 的 6.86×、"
+    print(f"decode_lab 自检通过：投机采样分布 = p（误差 < 1e-15）、β = 1 − TV、Leviathan 表 1（ICML 2023）的 6.86×、"
+          f"定理 3.11 的两端、"
           f"选择性批处理 = 逐个计算（误差 {err:.0e}）、"
           f"贪心投机 = 贪心（目标前向 {st['target_calls']} 次 vs {calls} 次）、"
           f"FT 批上限 6")

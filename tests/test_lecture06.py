@@ -130,9 +130,96 @@ def test_adjust():
 def test_formulas_closed_forms(a, g, c):
     e = dl.expected_tokens(a, g)
     assert math.isclose(e, (1 - a ** (g + 1)) / (1 - a), rel_tol=1e-9)
-    assert math.isclose(dl.walltime_speedup(a, g, c), e / (g * c + 1), rel_tol=1e-12)
     assert dl.ops_factor(a, g, c) >= 1 - 1e-12                           # 投机解码从不减少总运算量
     assert dl.expected_tokens(1.0, g) == g + 1
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(st.integers(0, 30), st.floats(0.0, 2.0))
+def test_ops_factor_limits(g, c_hat):
+    """定理 3.11 的两端，按"一轮做了多少活、留下几个 token"直接数：
+    α = 0：每轮目标算 γ+1 个位置、草稿算 γ 个（每个 ĉ），只留下补上的 1 个 token；α = 1：留下 γ+1 个。"""
+    work = (g + 1) + g * c_hat
+    assert math.isclose(dl.ops_factor(0.0, g, c_hat), work, rel_tol=1e-12)
+    assert math.isclose(dl.ops_factor(1.0, g, c_hat), work / (g + 1), rel_tol=1e-12)
+
+
+def _constant_beta_pair(V=6, seed=12):
+    """每个上下文的 (p, q) 都是同一对 (p0, q0) 循环移位：接受概率 β = Σ min(p0, q0) 与上下文无关，
+    于是每个草稿独立地以 α = β 被接受——正是 Leviathan 公式的假设。"""
+    rng = np.random.default_rng(seed)
+    p0, q0 = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+    tp = np.log(np.stack([np.roll(p0, a) for a in range(V)]))
+    tq = np.log(np.stack([np.roll(q0, a) for a in range(V)]))
+    return tp, tq, float(np.minimum(p0, q0).sum())
+
+
+class _CountingLM(dl.NGramLM):
+    """数自己被喂了多少个 token、被调用了多少次（独立于 speculative_generate 自己的统计）。"""
+
+    def __init__(self, table, name):
+        super().__init__(table, name)
+        self.fed, self.calls = 0, 0
+
+    def logits(self, tokens, cache, counter=None):
+        self.fed += len(tokens)
+        self.calls += 1
+        return super().logits(tokens, cache, counter)
+
+
+def test_ops_factor_matches_counted_work():
+    """定理 3.11 对照实际数出来的活：目标每验证一个位置算 1，草稿每次前向算 ĉ；除以产出的 token 数。"""
+    tp, tq, alpha = _constant_beta_pair()
+    rng = np.random.default_rng(2)
+    for gamma, c_hat in ((3, 0.5), (6, 0.1)):
+        target, draft = _CountingLM(tp, "t"), _CountingLM(tq, "d")
+        _, stats = dl.speculative_generate(target, draft, np.array([0]), 1500, gamma, 1.0, rng)
+        produced = sum(a + 1 for a in stats["accepted"])                  # 含最后一轮被截掉的部分
+        measured = (target.fed + c_hat * draft.calls) / produced
+        assert abs(measured / dl.ops_factor(alpha, gamma, c_hat) - 1) < 0.06, (gamma, measured)
+
+
+def test_acceptance_rate_estimate_along_path():
+    """stats["beta"]：每轮被检验过的草稿位置 = 接受的 + 第一个被拒的（全收时是 γ 个），
+    值 = 该位置上下文里的 Σ min(p, q)——沿输出序列用两张 bigram 表独立重算。"""
+    rng = np.random.default_rng(9)
+    V = 5
+    tp, tq = np.log(rng.dirichlet(np.ones(V), size=V)), np.log(rng.dirichlet(np.ones(V) * 3, size=V))
+    P, Q = np.exp(tp), np.exp(tq)
+    for gamma in (1, 2, 4):
+        prompt = np.array([3, 1])
+        out, stats = dl.speculative_generate(dl.NGramLM(tp), dl.NGramLM(tq), prompt, 300, gamma, 1.0, rng)
+        assert any(a == gamma for a in stats["accepted"]) and any(a < gamma for a in stats["accepted"])
+        n_tested = sum(min(a + 1, gamma) for a in stats["accepted"])
+        assert len(stats["beta"]) == n_tested
+        full, pos, expect = list(prompt) + out, len(prompt), []
+        for a in stats["accepted"]:
+            tested = min(a + 1, gamma)
+            if pos - 1 + tested > len(full):                              # 最后一轮的 token 被截掉了
+                break
+            expect += [float(np.minimum(P[c], Q[c]).sum()) for c in full[pos - 1:pos - 1 + tested]]
+            pos += a + 1
+        assert len(expect) > 50
+        assert np.allclose(stats["beta"][:len(expect)], expect, atol=1e-12)
+    # 上下文无关的 β：α̂ = 平均 β 正是公式里的 α，每轮产出的平均数对上式 (1)
+    tp, tq, alpha = _constant_beta_pair()
+    _, stats = dl.speculative_generate(dl.NGramLM(tp), dl.NGramLM(tq), np.array([0]), 1500, 4, 1.0, rng)
+    assert math.isclose(np.mean(stats["beta"]), alpha, rel_tol=1e-12)
+    assert abs(np.mean(np.array(stats["accepted"]) + 1) / dl.expected_tokens(alpha, 4) - 1) < 0.08
+
+
+def test_walltime_speedup_monte_carlo():
+    """定理 3.8 对照独立模拟：一轮花 γ·c（草稿）+ 1（验证）个单位时间，每个草稿以 α 独立被接受；
+    普通 decode 每个单位时间产出 1 个 token。加速比 = 产出的 token 数 / 花掉的时间。"""
+    rng = np.random.default_rng(6)
+    for a, g, c in ((0.6, 3, 0.1), (0.85, 7, 0.05), (0.9, 10, 0.0), (0.5, 2, 0.8)):
+        ok = rng.random((100000, g)) < a
+        tokens = (np.cumprod(ok, axis=1).sum(axis=1) + 1).sum()
+        clock = 0.0
+        for _ in range(g):
+            clock += c                                                    # 草稿一次前向
+        clock += 1.0                                                      # 目标验证一次
+        assert abs(tokens / (len(ok) * clock) / dl.walltime_speedup(a, g, c) - 1) < 0.01, (a, g, c)
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -153,6 +240,34 @@ def test_expected_tokens_monte_carlo():
         ok = rng.random((200000, g)) < a
         produced = np.cumprod(ok, axis=1).sum(axis=1) + 1
         assert abs(produced.mean() - dl.expected_tokens(a, g)) < 0.02
+
+
+def test_chi2_sf_bad_input():
+    for x in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="x"):
+            dl.chi2_sf(x, 3)
+    with pytest.raises(ValueError, match="dof"):
+        dl.chi2_sf(2.0, 0)
+    with pytest.raises(TypeError, match="dof"):
+        dl.chi2_sf(2.0, 2.5)
+    assert dl.chi2_sf(0.0, 3) == 1.0
+
+
+def test_probabilities_must_be_normalised():
+    """不归一化 / 负 / 非有限的 p、q 必须报错并指名道姓，不能给出 β = 1 之类看似合理的错误答案。"""
+    cases = [([0.7, 0.7], [0.5, 0.5], "p"), ([0.5, 0.5], [0.2, 0.2], "q"), ([2.0, 2.0], [1.0, 0.0], "p"),
+             ([1.2, -0.2], [0.5, 0.5], "p"), ([0.5, 0.5], [np.nan, 0.5], "q"), ([np.inf, 0.0], [0.5, 0.5], "p")]
+    for p, q, name in cases:
+        for fn in (dl.spec_output_dist, dl.residual, lambda p, q: dl.variant_output_dist(p, q, "resample_p"),
+                   lambda p, q: dl.variant_output_dist(p, q, "accept_if_p_ge_q")):
+            with pytest.raises(ValueError, match=f"^{name} "):
+                fn(p, q)
+    ok = np.array([[0.25, 0.75], [1.0, 0.0]])
+    with pytest.raises(ValueError, match="^q "):                        # 批里只有一行没归一化也要报
+        dl.spec_output_dist(ok, np.array([[0.5, 0.5], [0.5, 0.4]]))
+    assert np.array_equal(dl.residual(ok, np.zeros_like(ok)), ok)        # 只有 residual 允许"没有草稿"的全 0 行
+    with pytest.raises(ValueError, match="^q "):
+        dl.spec_output_dist(ok, np.zeros_like(ok))
 
 
 @settings(max_examples=100, **SETTINGS)
@@ -286,6 +401,11 @@ def test_speculative_bad_input():
         dl.spec_sample_batch(TARGET, DRAFT, p, 1, 0, 1.0, 10, rng)
     with pytest.raises(ValueError, match="alpha"):
         dl.expected_tokens(1.5, 3)
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="c（"):
+            dl.walltime_speedup(0.8, 3, bad)
+        with pytest.raises(ValueError, match="c_hat"):
+            dl.ops_factor(0.8, 3, bad)
 
 
 # ---------------------------------------------------------------------------
@@ -316,6 +436,30 @@ def test_tree_accept_lengths_brute_force():
             assert nodes == sum(int(np.prod(br[:d + 1])) for d in range(len(br)))
             ref = [_tree_reference(TARGET, draft, seq, t + 1, br) for t in range(len(acc))]
             assert acc.tolist() == ref, (draft.name, br)
+
+
+def test_tree_nodes_and_round_validate():
+    assert dl.tree_nodes([2, 3]) == 2 + 6
+    for bad in ([0], [-1, 2], [], [1.5], [[1, 2]]):
+        with pytest.raises(ValueError, match="branching"):
+            dl.tree_nodes(bad)
+        with pytest.raises(ValueError, match="branching"):
+            dl.tree_accept_lengths(np.zeros(6, dtype=int), bad)
+    hw = load_lab("lecture01", "hw_specs")
+    T, chip = dl.LLAMA31_8B, hw.H100_SXM
+    # 树深 2、110 个节点：一轮最多接受 2 个草稿（一条根到叶的路径），不是 110 个
+    wide = (10, 10)
+    assert dl.tree_nodes(wide) == 110
+    r = dl.tree_round(T, chip, 1, 512, 2.0, wide)
+    assert r["speedup"] < 3.0                                            # ≤ (1 + D) 倍：验证不会比 decode 快
+    for too_long in (2.5, 50.0):
+        with pytest.raises(ValueError, match="mean_accept"):
+            dl.tree_round(T, chip, 1, 512, too_long, wide)
+    with pytest.raises(ValueError, match="branching"):
+        dl.tree_round(T, chip, 1, 512, 1.0, [0, 2])
+    # 链 (1, …, 1) 的树形验证 = 普通投机解码的一次验证（草稿时间取 0）
+    chain = dl.tree_round(T, chip, 4, 512, 1.5, (1, 1, 1, 1))
+    assert math.isclose(chain["t_verify"], dl.verify_time(T, chip, 4, 512, 5, overhead=1e-3), rel_tol=1e-12)
 
 
 @settings(max_examples=100, **SETTINGS)
