@@ -1,0 +1,292 @@
+"""
+06 · Triton FlashAttention-2 和 PyTorch SDPA 的三个后端比速度（H200，bf16）
+
+你会看到：
+  - 同一组输入上，我们的 Triton 内核（triton_flash.py）、SDPA 的 FLASH（FlashAttention-2）、CUDNN、EFFICIENT
+    三个后端的前向、反向 TFLOP/s；形状：d ∈ {64, 128}，N ∈ {1k, 4k, 16k}，B·N = 32k 个 token，H·d = 2048，
+    causal 与否。
+  - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
+    （5 次矩阵乘 / 2 次，flash-attn 的惯例；我们的反向实际做 7 次，多出来的重算不算 FLOP）。
+  - 计时前先和 SDPA-FLASH 对一遍输出和梯度（bf16 对 bf16，相对误差 < 2e-2），错的内核不计时。
+
+运行：
+  python3 lecture11/06_triton_bench.py            有 GPU：测量，写 lecture11/results/triton_bench.json 和 .png
+  python3 lecture11/06_triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表，不测量
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+JSON_NAME = "triton_bench.json"
+PNG_NAME = "triton_bench.png"
+PROVIDERS = ("ours", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+TOKENS, HIDDEN = 32768, 2048          # B·N 和 H·d 固定
+SEQLENS = (1024, 4096, 16384)
+HEAD_DIMS = (64, 128)
+
+
+def flops(batch, heads, n, d, causal, mode):
+    f = 4.0 * batch * heads * n * n * d
+    if causal:
+        f /= 2
+    return f * (2.5 if mode == "bwd" else 1.0)
+
+
+# ---------------------------------------------------------------- 打印表格（有没有 GPU 都能用）
+def load_results(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def print_table(res):
+    meta = res["meta"]
+    print(f"GPU: {meta['gpu']}  driver {meta['driver']}  torch {meta['torch']}  triton {meta['triton']}  "
+          f"({meta['date']})")
+    rows = res["rows"]
+    head = f"{'mode':<5s}{'causal':<8s}{'d':>5s}{'N':>7s}{'B':>4s}{'H':>4s}" + "".join(f"{p:>16s}" for p in PROVIDERS)
+    head += f"{'ours/flash':>12s}{'ours/cudnn':>12s}"
+    print(head)
+    print("-" * len(head))
+    keys = sorted({(r["mode"], r["causal"], r["d"], r["N"]) for r in rows},
+                  key=lambda t: (t[0] != "fwd", t[1], t[2], t[3]))
+    for mode, causal, d, n in keys:
+        sel = {r["provider"]: r for r in rows if (r["mode"], r["causal"], r["d"], r["N"]) == (mode, causal, d, n)}
+        any_r = next(iter(sel.values()))
+        line = f"{mode:<5s}{str(causal):<8s}{d:>5d}{n:>7d}{any_r['B']:>4d}{any_r['H']:>4d}"
+        for p in PROVIDERS:
+            t = sel.get(p, {}).get("tflops")
+            line += f"{t:>16.1f}" if t else f"{'—':>16s}"
+        ours = sel.get("ours", {}).get("tflops")
+        for p in ("sdpa-flash", "sdpa-cudnn"):
+            other = sel.get(p, {}).get("tflops")
+            line += f"{ours / other:>12.2f}" if ours and other else f"{'—':>12s}"
+        print(line)
+    print("（单位 TFLOP/s；ours/flash ≥ 1.0、d = 128 且 N ≥ 4k 时前向 ours/cudnn ≥ 0.8 是目标）")
+    for line in target_report(rows):
+        print(line)
+
+
+def target_report(rows):
+    """逐条对照目标，返回几行文字（没达到的形状逐个列出，不藏起来）。"""
+    def ratio(mode, causal, d, n, other):
+        key = (mode, causal, d, n)
+        sel = {r["provider"]: r["tflops"] for r in rows if (r["mode"], r["causal"], r["d"], r["N"]) == key}
+        return sel["ours"] / sel[other] if "ours" in sel and other in sel else None
+
+    shapes = sorted({(r["causal"], r["d"], r["N"]) for r in rows})
+    out = []
+    for name, mode, other, want, pick in (
+            ("前向 ≥ 1.0× SDPA-FLASH", "fwd", "sdpa-flash", 1.0, lambda c, d, n: True),
+            ("反向 ≥ 1.0× SDPA-FLASH", "bwd", "sdpa-flash", 1.0, lambda c, d, n: True),
+            ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k）", "fwd", "sdpa-cudnn", 0.8, lambda c, d, n: d == 128 and n >= 4096)):
+        checked = [(c, d, n, ratio(mode, c, d, n, other)) for c, d, n in shapes if pick(c, d, n)]
+        miss = [f"{'causal' if c else 'full'} d={d} N={n}: {x:.3f}"
+                for c, d, n, x in checked if x is not None and x < want]
+        status = "✓" if not miss else "✗"
+        out.append(f"  {status} {name}：{len(checked) - len(miss)}/{len(checked)} 个形状达到" +
+                   (f"；没达到：{'; '.join(miss)}" if miss else ""))
+    return out
+
+
+# ---------------------------------------------------------------- 测量（只在 GPU 上）
+def gpu_meta(torch, triton):
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        driver = "unknown"
+    return dict(gpu=torch.cuda.get_device_name(), driver=driver, torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), dtype="bfloat16")
+
+
+def sdpa_fn(torch, backend_name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+    F = torch.nn.functional
+
+    def run(q, k, v, causal):                                  # q, k, v: [B, N, H, d]
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal)
+        return out.transpose(1, 2)
+    return run
+
+
+def bench_one(fn, q, k, v, do, causal, args, do_bench):
+    """跑一次前向 + 反向（拿输出和梯度做对照），再分别计时前向和反向。返回 (got, ms_fwd, ms_bwd)。"""
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(qq, kk, vv, causal)
+    out.backward(do, retain_graph=True)
+    got = [out.detach().float(), qq.grad.float(), kk.grad.float(), vv.grad.float()]
+    ms_fwd = do_bench(lambda: fn(qq, kk, vv, causal), warmup=args.warmup, rep=args.rep)
+    ms_bwd = do_bench(lambda: out.backward(do, retain_graph=True), warmup=args.warmup, rep=args.rep,
+                      grad_to_none=[qq, kk, vv])
+    return got, ms_fwd, ms_bwd
+
+
+def measure(args):
+    import torch
+    import triton
+    sys.path.insert(0, HERE)
+    import triton_flash as tf
+
+    torch.manual_seed(0)
+    meta = gpu_meta(torch, triton)
+    rows, failures = [], []
+    fns = {"ours": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c)}
+    for p in PROVIDERS[1:]:
+        fns[p] = sdpa_fn(torch, p)
+    for d in HEAD_DIMS:
+        for n in args.seqlens:
+            batch, heads = TOKENS // n, HIDDEN // d
+            for causal in (False, True):
+                q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                ref = None
+                for p in PROVIDERS:
+                    try:
+                        got, ms_fwd, ms_bwd = bench_one(fns[p], q, k, v, do, causal, args, triton.testing.do_bench)
+                    except Exception as e:                     # 不支持该形状或编译失败：记下来，不计时
+                        print(f"  {p} d={d} N={n} causal={causal}: 不可用（{str(e).splitlines()[0][:80]}）")
+                        continue
+                    if ref is None:
+                        ref = got                              # 第一个是我们的内核：其余后端和它对照
+                    else:
+                        errs = [float((a - b).norm() / b.norm()) for a, b in zip(got, ref)]
+                        if max(errs) > 2e-2:
+                            failures.append((p, d, n, causal, errs))
+                            print(f"  ✗ {p} d={d} N={n} causal={causal} 和 {PROVIDERS[0]} 不一致：{errs}")
+                    for mode, ms in (("fwd", ms_fwd), ("bwd", ms_bwd)):
+                        tfl = flops(batch, heads, n, d, causal, mode) / (ms * 1e-3) / 1e12
+                        rows.append(dict(provider=p, mode=mode, causal=causal, d=d, N=n, B=batch, H=heads,
+                                         ms=ms, tflops=tfl))
+                        print(f"  {p:<15s}{mode} d={d:<4d}N={n:<6d}causal={causal!s:<6s}{ms:8.3f} ms "
+                              f"{tfl:7.1f} TFLOP/s", flush=True)
+                torch.cuda.empty_cache()
+    meta["autotune"] = {kind: {str(key): str(cfg) for key, cfg in kern.cache.items()}
+                        for kind, kern in tf._TUNED.items()}
+    return dict(meta=meta, rows=rows, failures=[list(map(str, f)) for f in failures])
+
+
+EXPLORE_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+                   (64, 64, 4, 3), (128, 32, 4, 3)]
+
+
+def explore(args):
+    """调优实验（只测前向）：固定配置 × 有无 TMA，打印每个版本的 TFLOP/s，供 NOTES.md 记录。"""
+    import torch
+    import triton
+    sys.path.insert(0, HERE)
+    import triton_flash as tf
+
+    tf.AUTOTUNE = False
+    F = torch.nn.functional
+    out_rows = []
+    for d in HEAD_DIMS:
+        for n in (4096, 16384):
+            batch, heads = TOKENS // n, HIDDEN // d
+            for causal in (False, True):
+                q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     is_causal=causal).transpose(1, 2).float()
+                for tma in (False, True):
+                    tf.USE_TMA = tma
+                    for cfg in EXPLORE_CONFIGS:
+                        tf._fixed_config = lambda kind, bd, dt, c=cfg: c
+                        try:
+                            out = tf.flash_attn_func(q, k, v, causal=causal)
+                            err = float((out.float() - ref).norm() / ref.norm())
+                            ms = triton.testing.do_bench(
+                                lambda q=q, k=k, v=v, c=causal: tf.flash_attn_func(q, k, v, causal=c),
+                                warmup=args.warmup, rep=args.rep)
+                        except Exception as e:                 # 资源不够之类：记下，继续
+                            print(f"  d={d} N={n} causal={causal} tma={tma} cfg={cfg}: 失败 {str(e)[:100]}")
+                            continue
+                        tfl = flops(batch, heads, n, d, causal, "fwd") / (ms * 1e-3) / 1e12
+                        out_rows.append(dict(d=d, N=n, causal=causal, tma=tma, cfg=list(cfg), ms=ms, tflops=tfl,
+                                             err=err))
+                        print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}tma={tma!s:<6s}cfg={cfg}  "
+                              f"{tfl:7.1f} TFLOP/s  err {err:.1e}", flush=True)
+    return out_rows
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = res["rows"]
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey="row")
+    panels = [(d, c) for d in HEAD_DIMS for c in (False, True)]
+    for r, mode in enumerate(("fwd", "bwd")):
+        for c, (d, causal) in enumerate(panels):
+            ax = axes[r][c]
+            ns = sorted({x["N"] for x in rows})
+            width = 0.8 / len(PROVIDERS)
+            for i, p in enumerate(PROVIDERS):
+                ys = []
+                for n in ns:
+                    hit = [x["tflops"] for x in rows if (x["provider"], x["mode"], x["d"], x["causal"], x["N"])
+                           == (p, mode, d, causal, n)]
+                    ys.append(hit[0] if hit else 0.0)
+                ax.bar([j + i * width for j in range(len(ns))], ys, width, label=p)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ns))], [f"{n // 1024}k" for n in ns])
+            ax.set_title(f"{mode}  d={d}  {'causal' if causal else 'full'}")
+            ax.set_xlabel("N (B*N = 32k tokens)")
+            if c == 0:
+                ax.set_ylabel("TFLOP/s (bf16)")
+    axes[0][0].legend(fontsize=8)
+    meta = res["meta"]
+    fig.suptitle(f"Triton FlashAttention-2 vs PyTorch SDPA  ({meta['gpu']}, torch {meta['torch']}, "
+                 f"triton {meta['triton']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--quick", action="store_true", help="不测量，只打印已提交的结果")
+    ap.add_argument("--out", default=RESULTS, help="测量结果写到哪个文件夹")
+    ap.add_argument("--seqlens", type=int, nargs="+", default=list(SEQLENS))
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--explore", action="store_true", help="调优实验：前向的固定配置 × 有无 TMA")
+    args = ap.parse_args()
+    committed = os.path.join(RESULTS, JSON_NAME)
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if args.quick or not has_gpu:
+        res = load_results(committed)
+        why = "--quick" if args.quick else "没有 GPU"
+        if res is None:
+            print(f"{why}：还没有提交的测量结果（{os.path.relpath(committed)} 不存在），在 H200 上运行本脚本生成。")
+            return
+        print(f"{why}：打印已提交的测量结果 {os.path.relpath(committed)}")
+        print_table(res)
+        return
+    os.makedirs(args.out, exist_ok=True)
+    if args.explore:
+        rows = explore(args)
+        with open(os.path.join(args.out, "triton_explore.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+        return
+    res = measure(args)
+    with open(os.path.join(args.out, JSON_NAME), "w") as fh:
+        json.dump(res, fh, indent=1)
+    plot(res, os.path.join(args.out, PNG_NAME))
+    print_table(res)
+    assert not res["failures"], f"有内核和 SDPA-FLASH 不一致：{res['failures']}"
+
+
+if __name__ == "__main__":
+    main()

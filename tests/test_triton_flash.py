@@ -1,0 +1,231 @@
+"""lecture11/triton_flash.py 的测试：Triton 解释器（CPU，fp32，小尺寸）对照 float64 参考；GPU 用例在有 CUDA 时跑。
+
+解释器必须在定义内核之前打开，启动内核时 Triton 还会再读一次：加载模块时临时设置 TRITON_INTERPRET=1，
+加载完恢复原值；本文件的每个测试运行期间再由 autouse fixture 设上（不影响同一进程里的其他测试文件）。
+"""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from labload import ROOT, load_lab
+
+_saved = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    tf = load_lab("lecture11", "triton_flash")
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+F32 = torch.float32
+TOL = 2e-4           # fp32 解释器对 float64 参考的相对误差上限（实测 ~5e-7）
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def gen(request):
+    """每个测试一组新的随机输入（种子由测试名和时间决定，失败时打印出来便于复现）。"""
+    seed = (hash(request.node.name) ^ int(torch.randint(0, 2**30, (1,)))) % 2**31
+    print("seed", seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _assert_close(case):
+    ours = tf.run_ours(case)
+    ref = tf.run_reference(case)
+    for field, a, b in zip(tf.FIELDS, ours, ref):
+        err = tf._lse_err(a, b) if field == "lse" else tf._rel_err(a, b)
+        assert err < TOL, f"{case['name']} {field}: 误差 {err:.2e}"
+    return ours, ref
+
+
+@pytest.mark.parametrize("nq,nk,hq,hk,d,causal", [
+    (29, 29, 2, 2, 64, False),      # 等长、GQA 1
+    (13, 50, 4, 2, 40, True),       # Nq < Nk、GQA 2、d 非 2 的幂
+    (47, 18, 4, 1, 16, True),       # Nq > Nk（前 29 行没有 key）、MQA
+    (33, 41, 4, 1, 80, False),      # GQA 4、d = 80
+])
+def test_matches_float64(gen, nq, nk, hq, hk, d, causal):
+    _assert_close(tf.make_case("shape", 2, nq, nk, hq, hk, d, F32, "cpu", gen, causal=causal))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(window=(6, 3)),
+    dict(window=(5, -1), causal=True),
+    dict(window=(-1, 4)),
+    dict(alibi=True, causal=True),
+    dict(alibi=True, window=(9, 9)),
+    dict(bias=True),
+])
+def test_features_match_float64(gen, kw):
+    _assert_close(tf.make_case(str(kw), 1, 37, 44, 2, 1, 40, F32, "cpu", gen, **kw))
+
+
+def test_varlen_with_empty_and_single_sequences(gen):
+    lens_q, lens_k = [0, 1, 21, 1, 34], [4, 1, 30, 0, 34]
+    case = tf.make_case("varlen", 0, 0, 0, 4, 2, 24, F32, "cpu", gen, causal=True, varlen_q=lens_q, varlen_k=lens_k)
+    ours, _ = _assert_close(case)
+    # 第 4 段 Nk = 0：这一行输出 0、LSE = −inf、dQ = 0
+    row = sum(lens_q[:3])
+    assert torch.equal(ours[0][row], torch.zeros_like(ours[0][row]))
+    assert bool(torch.isneginf(ours[1][:, row]).all())
+    assert torch.equal(ours[2][row], torch.zeros_like(ours[2][row]))
+
+
+def test_varlen_equals_dense_per_sequence(gen):
+    """varlen 的每一段和单独用 flash_attn_func 算的结果逐位一致（同一套内核、同样的块划分）。"""
+    lens = [7, 19, 3]
+    tot = sum(lens)
+    q, k, v = (torch.randn(tot, 2, 32, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, 7, 26, 29], dtype=torch.int32)
+    out = tf.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    for b in range(3):
+        a, e = int(cu[b]), int(cu[b + 1])
+        dense = tf.flash_attn_func(q[None, a:e], k[None, a:e], v[None, a:e], causal=True)[0]
+        assert torch.allclose(out[a:e], dense, atol=1e-6, rtol=0)
+
+
+def test_empty_rows_are_zero_not_nan(gen):
+    """causal 且 Nq > Nk：前 Nq − Nk 行看不到任何 key，输出 0、LSE −inf，梯度有限。"""
+    case = tf.make_case("empty rows", 1, 40, 16, 2, 2, 16, F32, "cpu", gen, causal=True)
+    out, lse, dq, dk, dv = tf.run_ours(case)
+    assert torch.equal(out[0, :24], torch.zeros_like(out[0, :24]))
+    assert bool(torch.isneginf(lse[0, :, :24]).all()) and bool(torch.isfinite(lse[0, :, 24:]).all())
+    assert all(bool(torch.isfinite(g).all()) for g in (dq, dk, dv))
+    assert torch.equal(dq[0, :24], torch.zeros_like(dq[0, :24]))
+
+
+def test_cross_check_sdpa_bottom_right(gen):
+    """独立的第二参考：F.scaled_dot_product_attention + 显式的右下角掩码；并确认 SDPA 的 is_causal 是左上角。"""
+    nq, nk, d = 21, 53, 32
+    q, k, v = (torch.randn(2, n, 3, d, generator=gen) for n in (nq, nk, nk))
+    ours = tf.flash_attn_func(q, k, v, causal=True)
+    mask = torch.ones(nq, nk, dtype=torch.bool).tril(diagonal=nk - nq)          # query i 看 j ≤ Nk − Nq + i
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask).transpose(1, 2)
+    assert torch.allclose(ours, sdpa, atol=1e-5, rtol=1e-4)
+    top_left = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    assert (ours - top_left).abs().max() > 1e-2                                  # 约定确实不同
+
+
+def test_reference_agrees_with_flash_lab(gen):
+    """本文件的 float64 参考和 flash_lab.standard_attention（numpy）在右下角 causal 上一致。"""
+    fl = load_lab("lecture11", "flash_lab")
+    q, k, v = (torch.randn(1, n, 1, 16, generator=gen, dtype=torch.float64) for n in (9, 14, 14))
+    ref, _ = tf.reference_attention(q, k, v, causal=True)
+    O, _, _ = fl.standard_attention(q[0, :, 0].numpy(), k[0, :, 0].numpy(), v[0, :, 0].numpy(), causal=True)
+    assert torch.allclose(ref[0, :, 0], torch.from_numpy(O), atol=1e-12)
+
+
+def test_lse_is_natural_log(gen):
+    q, k, v = (torch.randn(1, 17, 2, 16, generator=gen) for _ in range(3))
+    _, lse = tf.flash_attn_func(q, k, v, return_lse=True)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / 4.0
+    assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-5)
+
+
+def test_dropout_statistics_and_reproducibility(gen):
+    p = 0.3
+    keep = tf.dropout_mask(1234, p, 2, 3, 40, 50, "cpu")
+    frac = keep.float().mean().item()
+    sigma = math.sqrt(p * (1 - p) / keep.numel())
+    assert abs(frac - (1 - p)) < 5 * sigma, frac
+    assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])   # 各头各自独立
+    q, k, v = (torch.randn(1, 24, 2, 16, generator=gen) for _ in range(3))
+    a = tf.flash_attn_func(q, k, v, dropout_p=p, seed=7)
+    b = tf.flash_attn_func(q, k, v, dropout_p=p, seed=7)
+    c = tf.flash_attn_func(q, k, v, dropout_p=p, seed=8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    # V = 1 时输出 = Σ_j P_ij·keep_ij/(1−p)：期望为 1，这里逐行和掩码核对
+    ones = torch.ones(1, 24, 2, 16)
+    out = tf.flash_attn_func(q, k, ones, dropout_p=p, seed=7)
+    m = tf.dropout_mask(7, p, 1, 2, 24, 24, "cpu")
+    P = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) / 4.0, -1)
+    expect = (P * m / (1 - p)).sum(-1)                                           # [1, 2, 24]
+    assert torch.allclose(out[0, :, :, 0].T, expect[0], atol=1e-5)
+
+
+def test_dropout_backward_matches_reference(gen):
+    _assert_close(tf.make_case("dropout", 2, 23, 31, 4, 2, 16, F32, "cpu", gen, causal=True, dropout_p=0.25))
+
+
+def test_noncontiguous_inputs(gen):
+    """[B, H, N, d] 转置来的 q（步长不是 [B, N, H, d] 的）和最后一维不连续的 k 都能用。"""
+    q = torch.randn(1, 2, 19, 16, generator=gen).transpose(1, 2)
+    k = torch.randn(1, 19, 2, 32, generator=gen)[..., ::2]
+    v = torch.randn(1, 19, 2, 16, generator=gen)
+    ref, _ = tf.reference_attention(q, k, v, causal=True)
+    assert tf._rel_err(tf.flash_attn_func(q, k, v, causal=True).double(), ref) < TOL
+
+
+def _qkv(b=1, nq=8, nk=8, hq=2, hk=2, d=16, dtype=F32):
+    return (torch.randn(b, nq, hq, d, dtype=dtype), torch.randn(b, nk, hk, d, dtype=dtype),
+            torch.randn(b, nk, hk, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("make,exc,word", [
+    (lambda: tf.flash_attn_func(*_qkv()[:2], _qkv()[2].half()), TypeError, "dtype"),
+    (lambda: tf.flash_attn_func(*_qkv(dtype=torch.float64)), TypeError, "dtype"),
+    (lambda: tf.flash_attn_func(*_qkv(hq=3, hk=2)), ValueError, "Hq"),
+    (lambda: tf.flash_attn_func(*_qkv(d=272)), ValueError, "head dim"),
+    (lambda: tf.flash_attn_func(_qkv()[0], _qkv(b=2)[1], _qkv(b=2)[2]), ValueError, "batch"),
+    (lambda: tf.flash_attn_func(_qkv()[0], _qkv()[1], _qkv(nk=9)[2]), ValueError, "形状"),
+    (lambda: tf.flash_attn_func(_qkv()[0][0], *_qkv()[1:]), ValueError, "q"),
+    (lambda: tf.flash_attn_func(*_qkv(), dropout_p=1.0), ValueError, "dropout_p"),
+    (lambda: tf.flash_attn_func(*_qkv(), dropout_p=-0.1), ValueError, "dropout_p"),
+    (lambda: tf.flash_attn_func(*_qkv(), window_size=(3,)), ValueError, "window_size"),
+    (lambda: tf.flash_attn_func(*_qkv(), softmax_scale=-1.0), ValueError, "softmax_scale"),
+    (lambda: tf.flash_attn_func(*_qkv(), alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
+    (lambda: tf.flash_attn_func(*_qkv(), bias=torch.zeros(1, 2, 8, 7)), ValueError, "bias"),
+    (lambda: tf.flash_attn_func(*_qkv(), bias=torch.zeros(1, 2, 8, 8, requires_grad=True)), ValueError, "bias"),
+])
+def test_bad_inputs_raise(make, exc, word):
+    with pytest.raises(exc, match=word):
+        make()
+
+
+@pytest.mark.parametrize("cu,exc,word", [
+    (torch.tensor([0, 5, 8], dtype=torch.int64), TypeError, "int32"),
+    (torch.tensor([0, 6, 5, 8], dtype=torch.int32), ValueError, "单调"),
+    (torch.tensor([1, 5, 8], dtype=torch.int32), ValueError, "从 0 开始"),
+    (torch.tensor([0, 5, 7], dtype=torch.int32), ValueError, "总长度"),
+    (torch.tensor([[0, 5, 8]], dtype=torch.int32), ValueError, "一维"),
+])
+def test_bad_cu_seqlens(cu, exc, word):
+    q = torch.randn(8, 2, 16)
+    good = torch.tensor([0, 5, 8], dtype=torch.int32)
+    with pytest.raises(exc, match=word):
+        tf.flash_attn_varlen_func(q, q, q, cu, good, 8, 8)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        tf.flash_attn_varlen_func(q, q, q, good, good, 4, 8)
+    with pytest.raises(ValueError, match="长度必须相同"):
+        tf.flash_attn_varlen_func(q, q, q, good, torch.tensor([0, 8], dtype=torch.int32), 5, 8)
+
+
+def test_cpu_without_interpreter_gives_clear_error():
+    code = ("import sys; sys.path.insert(0, 'lecture11'); import torch, triton_flash as tf\n"
+            "q = torch.randn(1, 4, 1, 16)\n"
+            "try:\n    tf.flash_attn_func(q, q, q)\nexcept RuntimeError as e:\n    print('ERR', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert "ERR" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA GPU（bf16/fp16 真实尺寸的检查）")
+def test_gpu_checks():
+    code = "import sys; sys.path.insert(0, 'lecture11'); import triton_flash as tf; tf.check_gpu(verbose=False)"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
