@@ -3,7 +3,8 @@
 
 你会看到：
     1. 十个真实模型（GPT-2 到 Llama-3.1-405B）的参数按组拆开：词嵌入 / 注意力 / MLP / 归一化 / lm_head，
-       总数和官方公布的数字对得上（1% 以内）。
+       总数和官方公布的数字对得上（1% 以内）；唯一的例外 GPT-3-13B 差 1.1%：论文表 2.1 同一行把 d_model
+       印成 5140，而 40 个头 × 128 = 5120。按印出来的 5140 算正好得到官方的 13.0B，差距来自这个印刷值。
     2. 模型越大，MLP 占的比例越高、词嵌入占的比例越低：1B 模型有 1/5 的参数是词嵌入，405B 只有 1%。
     3. 每个 token 的前向 FLOPs ≈ 2 × 参数量（每个权重一次乘加）；上下文变长后注意力再加一项 4·L·H·dh·ctx，
        8B 模型要到约 2.9 万个 token，注意力的运算才追上矩阵乘法。
@@ -35,15 +36,21 @@ def structure_table(models):
     return M.format_table(["模型", "L", "d", "H/G", "dh", "d_ff", "V", "共享"], rows)
 
 
+def params_row(m, pub_name):
+    """一行：m 的各组参数、合计，和 PUBLISHED_PARAMS[pub_name] 的官方数字比较（差、容差）。"""
+    g = m.param_groups()
+    n = m.n_params()
+    pub, _ = M.PUBLISHED_PARAMS[pub_name]
+    tol, _why = M.param_tolerance(pub_name)
+    return ([m.name] + [M.fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
+            + [M.fmt_count(n), M.fmt_count(pub), f"{(n - pub) / pub:+.2%}", f"{tol:.1%}"])
+
+
 def params_table(models):
-    rows = []
-    for m in models:
-        g = m.param_groups()
-        n = m.n_params()
-        pub, _ = M.PUBLISHED_PARAMS[m.name]
-        rows.append([m.name] + [M.fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
-                    + [M.fmt_count(n), M.fmt_count(pub), f"{(n - pub) / pub:+.2%}"])
-    return M.format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS] + ["合计", "官方", "差"], rows)
+    rows = [params_row(m, m.name) for m in models]
+    # 对照行：GPT-3 13B 按论文表 2.1 印的 d_model = 5140（不是预设，只为说明官方 13.0B 的来历）
+    rows.append(params_row(M.GPT3_13B_AS_PRINTED, M.GPT3_13B.name))
+    return M.format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS] + ["合计", "官方", "差", "容差"], rows)
 
 
 def share_table(models):
@@ -113,7 +120,9 @@ def main():
     print("\n== 2. 参数按组拆开，和官方总数比较 ==")
     print(params_table(models))
     for m in models:
-        print(f"   {m.name:15s} 出处：：{M.PUBLISHED_PARAMS[m.name][1]}")
+        print(f"   {m.name:15s} 出处：{M.PUBLISHED_PARAMS[m.name][1]}")
+    for name, (tol, why) in M.PARAM_TOL_EXCEPTIONS.items():
+        print(f"   注意 {name} 的容差放宽到 {tol:.1%}（其余 {M.PARAM_TOL:.0%}）：{why}")
     print("\n== 3. 各组占比：模型越大，MLP 越占大头，词嵌入越不重要 ==")
     print(share_table(models))
     print("\n== 4. 每个 token 的前向 FLOPs：≈ 2 × 参数量；注意力项随上下文线性增长 ==")
@@ -124,12 +133,19 @@ def main():
         g = m.param_groups()
         assert sum(g.values()) == m.n_params()
         pub = M.PUBLISHED_PARAMS[m.name][0]
-        assert abs(m.n_params() - pub) / pub < 0.01, m.name
+        tol, why = M.param_tolerance(m.name)
+        assert abs(m.n_params() - pub) / pub < tol, m.name
+        assert tol == M.PARAM_TOL or why, m.name                      # 放宽容差必须写明原因
         assert m.linear_flops_per_token() == 2 * m.matmul_params()
         shares = [m.attn_flops_per_token(c) / m.flops_per_token(c) for c in ctxs]
         assert all(a < b for a, b in zip(shares, shares[1:]))          # 上下文越长，注意力占比越大
         crossover = m.attn_crossover_ctx()
         assert abs(m.attn_flops_per_token(crossover) - m.linear_flops_per_token()) < 1e-6 * m.linear_flops_per_token()
+    # GPT-3 13B：官方 13.0B；印出来的 d=5140 在 1% 内复现它，我们的 d=5120 预设差 1% 以上（已知差距）
+    pub13 = M.PUBLISHED_PARAMS[M.GPT3_13B.name][0]
+    gap_printed = abs(M.GPT3_13B_AS_PRINTED.n_params() - pub13) / pub13
+    gap_ours = abs(M.GPT3_13B.n_params() - pub13) / pub13
+    assert gap_printed < M.PARAM_TOL < gap_ours < M.param_tolerance(M.GPT3_13B.name)[0]
     llama = [M.LLAMA32_1B, M.LLAMA32_3B, M.LLAMA31_8B, M.LLAMA31_70B, M.LLAMA31_405B]
     emb = [(m.param_groups()["embeddings"] + m.param_groups()["lm_head"]) / m.n_params() for m in llama]
     assert emb[0] > 0.2 and emb[-1] < 0.02 and emb[2] > emb[3] > emb[4]     # 8B/70B/405B 都不共享，可以直接比
@@ -139,7 +155,9 @@ def main():
 
     print(f"\n结论：前向 FLOPs/token ≈ 2N（8B：{M.fmt_si(M.LLAMA31_8B.linear_flops_per_token(), 'FLOP')}）；"
           f"词嵌入 + lm_head 占比从 1B 的 {emb[0]:.0%} 降到 405B 的 {emb[-1]:.1%}；"
-          f"注意力在 8B 模型约 {M.LLAMA31_8B.attn_crossover_ctx():,.0f} 个 token 时追上矩阵乘法。")
+          f"注意力在 8B 模型约 {M.LLAMA31_8B.attn_crossover_ctx():,.0f} 个 token 时追上矩阵乘法。"
+          f"GPT-3-13B 官方 {pub13 / 1e9:.1f}B（论文表 2.1）：按论文印的 d=5140 差 {gap_printed:.2%}，"
+          f"按 40×128 = 5120 差 {gap_ours:.2%}。")
     if not args.no_fig:
         path = plot_groups(models)
         print(f"图已保存：{os.path.relpath(path)}")

@@ -32,6 +32,8 @@ CS349E · 第 1 讲共享模块：hw_specs.py —— 今天的加速器：能算
 【依赖】只用 Python 标准库。
 """
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 PRECISIONS = ("fp4", "fp8", "int8", "fp16", "bf16", "fp32")    # 认识的精度名（小写）
@@ -111,32 +113,46 @@ class Chip:
         """
         roofline 时间（秒）= max(flops / 峰值, nbytes / 带宽)：假设运算和搬数据完美重叠、都能跑到峰值。
 
-        【边界】flops、nbytes 必须 ≥ 0。这是下界：真实内核还有启动开销、达不到峰值等（第 6、11 讲）。
+        【边界】flops、nbytes 必须是有限实数且 ≥ 0（NaN、无穷、负数报 ValueError，非数字报 TypeError）。
+            这是下界：真实内核还有启动开销、达不到峰值等（第 6、11 讲）。
         """
-        if flops < 0 or nbytes < 0:
-            raise ValueError(f"flops、nbytes 必须 ≥ 0，收到 flops={flops!r}、nbytes={nbytes!r}")
+        _nonneg("flops", flops)
+        _nonneg("nbytes", nbytes)
         return max(flops / self.peak_flops(prec), nbytes / self.mem_bw)
 
     def bound(self, flops, nbytes, prec="bf16"):
-        """这段计算受什么限制："compute"（算力）或 "memory"（带宽）。"""
+        """这段计算受什么限制："compute"（算力）或 "memory"（带宽）。flops、nbytes 同 roofline_time。"""
+        _nonneg("flops", flops)
+        _nonneg("nbytes", nbytes)
         return "compute" if flops / self.peak_flops(prec) >= nbytes / self.mem_bw else "memory"
 
     def attainable_flops(self, intensity, prec="bf16"):
-        """roofline 曲线本身：算术强度为 intensity 时最多能跑到的 FLOP/s = min(峰值, 强度 × 带宽)。"""
-        if intensity < 0:
-            raise ValueError(f"intensity 必须 ≥ 0，收到 {intensity!r}")
+        """roofline 曲线本身：算术强度为 intensity 时最多能跑到的 FLOP/s = min(峰值, 强度 × 带宽)。
+
+        【边界】intensity 必须是有限实数且 ≥ 0：NaN 不能悄悄变成峰值（min(峰值, nan) 会返回峰值）。
+        """
+        _nonneg("intensity", intensity)
         return min(self.peak_flops(prec), intensity * self.mem_bw)
 
     def link_time(self, nbytes):
         """单方向把 nbytes 发给另一块芯片的时间下界（秒）：nbytes / link_bw（不计延迟，第 4 讲会加上）。"""
-        if nbytes < 0:
-            raise ValueError(f"nbytes 必须 ≥ 0，收到 {nbytes!r}")
+        _nonneg("nbytes", nbytes)
         return nbytes / self.link_bw
 
 
 def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} 必须是正数，收到 {value!r}")
+    """芯片规格：必须是正的有限实数（bool、NaN、无穷都不行），否则 ValueError，消息写出参数名和收到的值。"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} 必须是正的有限实数，收到 {value!r}")
+
+
+def _nonneg(name, value):
+    """运算量、字节数、算术强度：必须是有限实数且 ≥ 0。非数字 → TypeError；NaN、无穷、负数 → ValueError。"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} 必须是有限实数且 ≥ 0，收到 {type(value).__name__} 类型的 {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} 必须是有限实数且 ≥ 0，收到 {value!r}")
+    return value
 
 
 # =============================================================================
@@ -285,7 +301,12 @@ def _selftest():
     for bad in (dict(peak={}), dict(peak={"BF16": 1e12}), dict(peak={"bf16": -1.0}), dict(mem_bw=0),
                 dict(mem_cap=-5), dict(link_bw=0), dict(power_w=0), dict(name=""), dict(year="2024")):
         _expect_value_error(lambda bad=bad: Chip(**{**good, **bad}))
-    _expect_value_error(lambda: c.roofline_time(-1, 0))
+    _expect_value_error(lambda: c.roofline_time(-1, 0), "flops")
+    _expect_value_error(lambda: c.roofline_time(float("nan"), 1), "flops")
+    _expect_value_error(lambda: c.roofline_time(1, float("inf")), "nbytes")
+    _expect_value_error(lambda: c.attainable_flops(float("nan")), "intensity")
+    _expect_value_error(lambda: c.bound(1, float("nan")), "nbytes")
+    _expect_value_error(lambda: c.link_time(-1.0), "nbytes")
     # 5) 第 6 讲种子的写法能用（关键字参数、A100 的约定）
     a100 = Chip("A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
                 mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020, notes="test")

@@ -19,6 +19,8 @@ CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花�
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
                                把"账本"和芯片（hw_specs.Chip）结合起来
     预设：LLAMA32_1B … GPT3_175B、PRESETS（名字 → 配置）、PUBLISHED_PARAMS（官方公布的参数量和出处）
+          PARAM_TOL / PARAM_TOL_EXCEPTIONS / param_tolerance（和官方数字比较的容差）、
+          GPT3_13B_AS_PRINTED（论文印的 d=5140）
     格式化小工具：fmt_count / fmt_bytes / fmt_si / fmt_time / format_table（演示脚本共用；实现在 course_utils.py）
 
 【约定】
@@ -33,11 +35,13 @@ CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花�
       词嵌入是查表（不乘），但 lm_head 即使和词嵌入共享（tied），乘法也照做，所以照样算。
     - 逐元素运算（归一化、RoPE、softmax、激活函数）的 FLOPs 不计：它们比矩阵乘法小两三个数量级（第 2 讲会数出来）。
 
-【运行】python3 llm_math.py     # 自检：参数量 = 官方数字（1% 以内）、各个恒等式、坏输入报错
+【运行】python3 llm_math.py     # 自检：参数量 = 官方数字（1% 以内；GPT-3-13B 是写明原因的 1.5%，
+                                #       见 PARAM_TOL_EXCEPTIONS）、各个恒等式、坏输入报错
 【依赖】只用 Python 标准库（第 1 讲的演示另外用 numpy / matplotlib）。
 """
 
 import math
+import numbers
 from dataclasses import dataclass, fields
 
 # 格式化小工具的实现在同一文件夹的 course_utils.py；这里照旧导出，llm_math.format_table / fmt_si 等继续可用
@@ -50,10 +54,58 @@ _POSITIVE_INT_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head"
 _NONNEG_INT_FIELDS = ("n_pos", "extra_per_layer", "extra_final")
 
 
+def _count(name, value, lo):
+    """
+    检查一个"个数"参数（batch、ctx、token 数……）：必须是 ≥ lo 的整数，原样返回。
+
+    【允许】int、numpy 整数，以及整数值的有限浮点数（训练 token 数常写成 15.6e12 这样的浮点数）。
+    【拒绝】bool、字符串等非数字 → TypeError；NaN、无穷、小数（如 1.5）、小于 lo → ValueError。
+        消息里写出参数名、允许的取值和收到的值。
+    """
+    allowed = f"≥ {lo} 的整数（也可以是 1e12 这样整数值的浮点数）"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} 必须是 {allowed}，收到 {type(value).__name__} 类型的 {value!r}")
+    if isinstance(value, numbers.Integral):
+        ok = value >= lo
+    else:
+        ok = math.isfinite(value) and float(value).is_integer() and value >= lo
+    if not ok:
+        raise ValueError(f"{name} 必须是 {allowed}，收到 {value!r}")
+    return value
+
+
+def _real(name, value, lo=0.0, lo_open=True, hi=None):
+    """
+    检查一个实数参数（字节宽度、利用率、平均上下文……）：必须有限，且在 (lo, hi] 或 [lo, hi] 里，原样返回。
+
+    lo_open=True 表示不含 lo（例如字节宽度 > 0）；hi=None 表示没有上限。非数字（含 bool）→ TypeError，
+    NaN / 无穷 / 越界 → ValueError；消息里写出参数名和允许的取值。
+    """
+    lo_txt = f"> {lo}" if lo_open else f"≥ {lo}"
+    allowed = f"有限实数且 {lo_txt}" + ("" if hi is None else f" 且 ≤ {hi}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} 必须是 {allowed}，收到 {type(value).__name__} 类型的 {value!r}")
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and (hi is None or value <= hi)
+    if not ok:
+        raise ValueError(f"{name} 必须是 {allowed}，收到 {value!r}")
+    return value
+
+
 def _check_positive(name, value):
-    """数值参数必须是正数（bool 不算数字）；否则抛出 ValueError，消息里写出参数名和收到的值。"""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} 必须是正数，收到 {value!r}")
+    """正的有限实数（字节宽度等）：_real 的简写，保留旧名字。"""
+    return _real(name, value)
+
+
+def _fraction(name, value):
+    """利用率一类的比例：(0, 1]。"""
+    return _real(name, value, lo=0.0, hi=1.0)
+
+
+def _flag(name, value):
+    """开关参数必须是 bool（避免 "False" 这样的字符串被当成真）。"""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} 必须是 True 或 False，收到 {type(value).__name__} 类型的 {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -187,10 +239,10 @@ class ModelConfig:
         一个 query 对 ctx 个 key 做注意力：QKᵀ（每头 2·dh·ctx）+ PV（每头 2·dh·ctx），所有层、所有 query 头：
         4 · L · H · dh · ctx。
 
-        【边界】ctx ≥ 0（ctx = 0 时为 0）。注意是 H 而不是 G：GQA 省的是 K/V 的存储和读取，不省注意力的运算。
+        【边界】ctx 是有限实数、≥ 0（ctx = 0 时为 0）；允许小数，因为训练时代入的是平均上下文 (seq_len + 1)/2。
+            注意是 H 而不是 G：GQA 省的是 K/V 的存储和读取，不省注意力的运算。
         """
-        if ctx < 0:
-            raise ValueError(f"ctx 必须 ≥ 0，收到 {ctx!r}")
+        _real("ctx", ctx, lo=0.0, lo_open=False)
         return 4 * self.n_layers * self.n_heads * self.d_head * ctx
 
     def flops_per_token(self, ctx):
@@ -212,9 +264,9 @@ class ModelConfig:
         return 2 * self.n_layers * self.n_kv_heads * self.d_head * bytes_per_elem
 
     def kv_cache_bytes(self, batch, ctx, bytes_per_elem=2.0):
-        """batch 个序列、每个 ctx 个 token 的 KV cache 总字节（随 batch、ctx 线性增长）。"""
-        if batch < 0 or ctx < 0:
-            raise ValueError(f"batch、ctx 必须 ≥ 0，收到 batch={batch!r}、ctx={ctx!r}")
+        """batch 个序列、每个 ctx 个 token 的 KV cache 总字节（随 batch、ctx 线性增长）。batch、ctx 是 ≥ 0 的整数。"""
+        _count("batch", batch, 0)
+        _count("ctx", ctx, 0)
         return batch * ctx * self.kv_bytes_per_token(bytes_per_elem)
 
     # ---- 一次前向（prefill / decode 通用）---------------------------------------
@@ -226,8 +278,9 @@ class ModelConfig:
             （因果掩码：第 j 个新 token 看 ctx + j 个 key，只算"有用的"那一半。）
             prefill：batch = 1、n_new = 提示长度、ctx = 0；decode：n_new = 1。
         """
-        if batch < 1 or n_new < 1 or ctx < 0:
-            raise ValueError(f"需要 batch ≥ 1、n_new ≥ 1、ctx ≥ 0，收到 batch={batch!r}、n_new={n_new!r}、ctx={ctx!r}")
+        _count("batch", batch, 1)
+        _count("n_new", n_new, 1)
+        _count("ctx", ctx, 0)
         keys = n_new * ctx + n_new * (n_new + 1) / 2          # Σ_{j=1..n_new} (ctx + j)
         return batch * n_new * self.linear_flops_per_token() + batch * self.attn_flops_per_token(1) * keys
 
@@ -238,7 +291,13 @@ class ModelConfig:
         【假设】权重只读一遍（批里所有 token 共享这一次读取）；注意力是融合内核（分数矩阵不落显存）；
             激活的读写不计（它们和 d_model 成正比，比权重和长上下文的 KV 小得多）。
             词嵌入查表只读用到的几行，这里不计；lm_head 计在 matmul_params 里。
+        【边界】batch、n_new ≥ 1，ctx ≥ 0（整数）；w_bytes、kv_bytes 是正的有限实数。
         """
+        _count("batch", batch, 1)
+        _count("n_new", n_new, 1)
+        _count("ctx", ctx, 0)
+        _real("w_bytes", w_bytes)
+        _real("kv_bytes", kv_bytes)
         return self.matmul_params() * w_bytes + self.kv_cache_bytes(batch, ctx + n_new, kv_bytes)
 
     def arithmetic_intensity(self, batch, n_new, ctx=0, w_bytes=2.0, kv_bytes=2.0):
@@ -259,8 +318,9 @@ class ModelConfig:
         【公式】3 · D · (2·matmul_params + 注意力(平均上下文))，因果时平均上下文 = (seq_len + 1)/2。
             第一项就是常说的 6·N·D（N 取 matmul_params；用 n_params 差别是词嵌入那一块）。
         """
-        if n_tokens < 0 or seq_len < 1:
-            raise ValueError(f"需要 n_tokens ≥ 0、seq_len ≥ 1，收到 n_tokens={n_tokens!r}、seq_len={seq_len!r}")
+        _count("n_tokens", n_tokens, 0)
+        _count("seq_len", seq_len, 1)
+        _flag("causal", causal)
         avg_ctx = (seq_len + 1) / 2 if causal else seq_len
         return 3 * n_tokens * (self.linear_flops_per_token() + self.attn_flops_per_token(avg_ctx))
 
@@ -280,7 +340,12 @@ class ModelConfig:
 
         【recompute=True】全部重计算（activation checkpointing）：每层只存输入 d 个数，反向时再算一遍；
             同一时刻只需要一层的完整激活。
+        【边界】batch、seq_len 是 ≥ 1 的整数；bytes_per_elem 是正的有限实数；recompute 是 bool。
         """
+        _count("batch", batch, 1)
+        _count("seq_len", seq_len, 1)
+        _real("bytes_per_elem", bytes_per_elem)
+        _flag("recompute", recompute)
         tokens = batch * seq_len
         per_layer = self.activation_elems_per_token_layer()
         elems = (self.n_layers * self.d_model + per_layer) if recompute else self.n_layers * per_layer
@@ -294,7 +359,12 @@ class ModelConfig:
         【默认】BF16 权重 2 + BF16 梯度 2 + FP32 主权重 4 + Adam 的 m、v 各 FP32 共 8 = 每个参数 16 字节
             （ZeRO 论文的 16Ψ）；激活见 activation_bytes；logits 用 FP32 存（batch·seq·V·4，词表 12.8 万时很可观）。
         【返回】{"weights", "grads", "master", "adam", "activations", "logits", "total"}（字节）
+        【边界】batch、seq_len 是 ≥ 1 的整数；各项字节宽度是正的有限实数。
         """
+        for nm, v in (("w_bytes", w_bytes), ("grad_bytes", grad_bytes), ("master_bytes", master_bytes),
+                      ("adam_bytes", adam_bytes), ("act_bytes", act_bytes),
+                      ("logits_bytes", logits_bytes)):
+            _real(nm, v)
         n = self.n_params()
         out = {
             "weights": n * w_bytes,
@@ -328,11 +398,10 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     【参数】model：ModelConfig；chip：有 peak_flops(prec) 和 mem_bw 的对象；batch、n_new、ctx：见 step_flops；
         mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）
     【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound"}，bound 为 "compute" 或 "memory"
-    【边界】mfu、mbu 必须在 (0, 1]。
+    【边界】mfu、mbu 必须在 (0, 1]；batch、n_new、ctx、w_bytes、kv_bytes 的要求见 step_flops / step_bytes。
     """
-    for nm, v in (("mfu", mfu), ("mbu", mbu)):
-        if not 0 < v <= 1:
-            raise ValueError(f"{nm} 必须在 (0, 1] 之间，收到 {v!r}")
+    _fraction("mfu", mfu)
+    _fraction("mbu", mbu)
     flops = model.step_flops(batch, n_new, ctx)
     nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
     t_c = flops / (chip.peak_flops(prec) * mfu)
@@ -358,13 +427,16 @@ def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
     【mem_util】只用这么多比例的显存（像 vLLM 的 gpu_memory_utilization，默认 0.9：留 10% 给激活、
         CUDA 上下文和碎片，facts.md 第 3 节 [S61]）。
     【返回】整数；权重都放不下时返回 0。
+    【边界】ctx 是 ≥ 1 的整数（长度 0 的序列不占 KV，"能放几个"没有意义）；mem_util 在 (0, 1]。
     """
-    if not 0 < mem_util <= 1:
-        raise ValueError(f"mem_util 必须在 (0, 1] 之间，收到 {mem_util!r}")
+    _count("ctx", ctx, 1)
+    _real("w_bytes", w_bytes)
+    _real("kv_bytes", kv_bytes)
+    _fraction("mem_util", mem_util)
     free = mem_util * chip.mem_cap - model.weight_bytes(w_bytes)
     if free <= 0:
         return 0
-    return int(free // model.kv_cache_bytes(1, max(ctx, 1), kv_bytes))
+    return int(free // model.kv_cache_bytes(1, ctx, kv_bytes))
 
 
 def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16"):
@@ -374,9 +446,8 @@ def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16
     【返回】{"flops", "seconds", "days", "chip_hours"}
     【边界】只算"有效运算"的时间：不含故障重启、检查点、评测等停顿（真实的 GPU·小时会更多）。
     """
-    _check_positive("n_chips", n_chips)
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu 必须在 (0, 1] 之间，收到 {mfu!r}")
+    _count("n_chips", n_chips, 1)
+    _fraction("mfu", mfu)
     flops = model.train_flops(n_tokens, seq_len)
     sec = flops / (n_chips * chip.peak_flops(prec) * mfu)
     return {"flops": flops, "seconds": sec, "days": sec / 86400, "chip_hours": sec * n_chips / 3600}
@@ -415,6 +486,7 @@ GPT2_SMALL = ModelConfig("GPT-2-small", n_layers=12, d_model=768, n_heads=12, n_
 # 论文没说 lm_head 是否共享，这里按 GPT-2 取共享，和第 6 讲种子一致）。等效 SwiGLU：d_ff = 8d/3。
 #   13B：论文表里 d_model 印的是 5140，但 40 个头 × 128 = 5120（Orca 表 1 也写 5120），这里用 5120；
 #   8·5120/3 不是整数，取 13653（第 6 讲种子同样取法，MLP 参数少 5120 个/层，可忽略）。
+#   代价：按 5120 算出 12.85B，比论文印的 13.0B 少 1.1%，超出 1% 的容差 —— 见 PARAM_TOL_EXCEPTIONS。
 #   注意：GPT-3 交替使用稠密和局部带状稀疏注意力，注意力 FLOPs 的公式对它是上界。
 GPT3_13B = ModelConfig("GPT-3-13B", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_head=128,
                        d_ff=13653, vocab=50257, tied=True, qkv_bias=True, n_pos=2048, extra_per_layer=8 * 5120,
@@ -438,10 +510,32 @@ PUBLISHED_PARAMS = {
     "Qwen2.5-7B": (7.61e9, "Qwen2.5-7B 模型卡：\"Number of Parameters: 7.61B\""
                            "（HF safetensors 7,615,616,512）"),
     "GPT-2-small": (124.4e6, "HF gpt2：124,439,808（常说 124M；GPT-2 论文表 2 印的 117M 是早期的误算）"),
-    "GPT-3-13B": (12.9e9, "Brown et al. 2020 表 2.1 印 13.0B，但同一行的 d_model 印成 5140；"
-                          "按 5120 计算为 12.85B ≈ 12.9B"),
+    "GPT-3-13B": (13.0e9, "Brown et al. 2020 表 2.1 [S46]：13.0B（同一行的 d_model 印成 5140）"),
     "GPT-3-175B": (175.0e9, "Brown et al. 2020 表 2.1：175.0B"),
 }
+
+# 预设参数量和官方数字的容差：一般 1%；个别预设有说得清的已知差距，用单独的、写明原因的容差
+PARAM_TOL = 0.01
+PARAM_TOL_EXCEPTIONS = {
+    "GPT-3-13B": (0.015, "论文表 2.1 印的 d_model = 5140 算出 13.0B；我们的预设用 40 头 × 128 = 5120"
+                         "（与 Orca 表 1 一致），宽度小 0.4%，参数量（≈ 12·L·d²）小约 0.8%，"
+                         "再加上 13.0B 本身四舍五入到 0.1B，总差 1.1%"),
+}
+
+
+def param_tolerance(name):
+    """预设 name 的参数量和 PUBLISHED_PARAMS 允许差多少（相对误差），以及原因（一般情况原因为空串）。"""
+    if name not in PUBLISHED_PARAMS:
+        raise ValueError(f"name 必须是 PUBLISHED_PARAMS 里的名字之一：{', '.join(PUBLISHED_PARAMS)}；收到 {name!r}")
+    return PARAM_TOL_EXCEPTIONS.get(name, (PARAM_TOL, ""))
+
+
+# GPT-3 13B"照论文表 2.1 印的"结构：d_model = 5140。不进 PRESETS（5140 不能被 40 个头整除），
+# 只用来说明官方的 13.0B 是从哪里来的。参数量只和 H·dh、G·dh 有关，和怎么分头无关，
+# 这里用 20 个头 × 257 维凑出 5140；d_ff 取 8·5140/3 的近似 13707（同 GPT3_13B 的等效 SwiGLU 取法）。
+GPT3_13B_AS_PRINTED = ModelConfig("GPT-3-13B (d=5140 as printed)", n_layers=40, d_model=5140, n_heads=20,
+                                  n_kv_heads=20, d_head=257, d_ff=13707, vocab=50257, tied=True, qkv_bias=True,
+                                  n_pos=2048, extra_per_layer=8 * 5140, extra_final=5140)
 
 # 训练规模的公开数字（04 演示用来对照）
 LLAMA31_405B_TRAIN = {
@@ -472,7 +566,7 @@ def _brute_force_params(cfg):
 
 
 def _selftest():
-    # 1) 每个预设：参数量 = 逐个张量相加的参考实现；和官方数字差 1% 以内
+    # 1) 每个预设：参数量 = 逐个张量相加的参考实现；和官方数字差 1% 以内（写明原因的例外除外）
     worst = 0.0
     for name, cfg in PRESETS.items():
         n = cfg.n_params()
@@ -480,8 +574,12 @@ def _selftest():
         assert n == sum(cfg.param_groups().values())
         pub, _src = PUBLISHED_PARAMS[name]
         err = abs(n - pub) / pub
-        worst = max(worst, err)
-        assert err < 0.01, (name, n, pub, err)
+        tol, why = param_tolerance(name)
+        if name in PARAM_TOL_EXCEPTIONS:
+            assert why and err > PARAM_TOL, (name, err)        # 例外必须真的需要（否则删掉它）
+        else:
+            worst = max(worst, err)
+        assert err < tol, (name, n, pub, err)
     assert set(PUBLISHED_PARAMS) == set(PRESETS)
     # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）
     assert LLAMA32_1B.n_params() == 1_235_814_400
@@ -489,17 +587,26 @@ def _selftest():
     assert MISTRAL_7B.n_params() == 7_241_732_096
     assert LLAMA31_8B.n_params() == 8_030_261_248 and LLAMA31_70B.n_params() == 70_553_706_496
     assert LLAMA31_405B.n_params() == 405_853_388_800 and QWEN25_7B.n_params() == 7_615_616_512
-    # GPT-3 13B：表 2.1 的 13.0B 来自印错的 d_model = 5140（12·L·d² + 词嵌入 + 位置编码，四舍五入正好 13.0B）
+    # GPT-3 13B：论文印的 13.0B 来自同一行印的 d_model = 5140。用 GPT-2 结构逐项数（12·d² 权重 + 13·d 偏置和
+    # LayerNorm 每层，最后的 LayerNorm 2·d，词嵌入和位置编码 (V + 2048)·d），5140 在 1% 内复现 13.0B
+    pub13 = PUBLISHED_PARAMS["GPT-3-13B"][0]
     d_printed = 5140
-    n_printed = 12 * 40 * d_printed ** 2 + (50257 + 2048) * d_printed
-    assert round(n_printed / 1e9, 1) == 13.0 and round(GPT3_13B.n_params() / 1e9, 1) == 12.9
+    n_printed = 40 * (12 * d_printed ** 2 + 13 * d_printed) + 2 * d_printed + (50257 + 2048) * d_printed
+    assert abs(n_printed - pub13) / pub13 < PARAM_TOL and round(n_printed / 1e9, 1) == 13.0
+    assert abs(GPT3_13B_AS_PRINTED.n_params() - n_printed) <= 40 * 3 * d_printed     # 只差 d_ff 的取整
+    gap13 = (pub13 - GPT3_13B.n_params()) / pub13                  # 我们的 5120 预设：已知差距 1.1%
+    assert PARAM_TOL < gap13 < PARAM_TOL_EXCEPTIONS["GPT-3-13B"][0], gap13
 
     # 2) 恒等式
     for cfg in PRESETS.values():
         assert cfg.linear_flops_per_token() == 2 * cfg.matmul_params()
         assert cfg.flops_per_token(1000) == cfg.linear_flops_per_token() + cfg.attn_flops_per_token(1000)
-        assert cfg.attn_flops_per_token(7) == 4 * cfg.n_layers * cfg.n_heads * cfg.d_head * 7
-        assert cfg.kv_bytes_per_token() == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * 2
+        # 注意力 FLOPs 按矩阵乘法的形状逐个数：每层每个 query 头 q[1, dh]·Kᵀ[dh, 7] 和 p[1, 7]·V[7, dh]
+        shapes = [(1, cfg.d_head, 7), (1, 7, cfg.d_head)] * (cfg.n_layers * cfg.n_heads)
+        assert cfg.attn_flops_per_token(7) == sum(2 * m * k * n for m, k, n in shapes)
+        # KV 字节按缓存张量的形状数：每层 K、V 各 [G, dh]，BF16 每个 2 字节
+        kv_shapes = [(cfg.n_kv_heads, cfg.d_head)] * (2 * cfg.n_layers)
+        assert cfg.kv_bytes_per_token() == 2 * sum(math.prod(sh) for sh in kv_shapes)
         assert cfg.kv_cache_bytes(3, 100, 1.0) == 300 * cfg.kv_bytes_per_token(1.0)
         assert cfg.weight_bytes(2.0) == 2 * cfg.n_params()
         # 没有共享、没有偏置/位置编码的 Llama：matmul_params = n_params − 词嵌入 − 归一化
@@ -562,19 +669,38 @@ def _selftest():
                 assert "32" in str(e) and "5" in str(e)
         else:
             raise AssertionError(f"应当报错：{kw}")
-    for fn in (lambda: LLAMA31_8B.attn_flops_per_token(-1), lambda: LLAMA31_8B.kv_bytes_per_token(0),
-               lambda: LLAMA31_8B.step_flops(0, 1), lambda: step_time(LLAMA31_8B, _Chip, 1, 1, mfu=1.5)):
+    m8 = LLAMA31_8B
+    bad_calls = [  # (调用, 期望的异常, 消息里必须出现的参数名)
+        (lambda: m8.attn_flops_per_token(-1), ValueError, "ctx"),
+        (lambda: m8.attn_flops_per_token(float("nan")), ValueError, "ctx"),
+        (lambda: m8.kv_bytes_per_token(0), ValueError, "bytes_per_elem"),
+        (lambda: m8.kv_cache_bytes(float("nan"), 3), ValueError, "batch"),
+        (lambda: m8.kv_cache_bytes(2.5, 10), ValueError, "batch"),
+        (lambda: m8.step_flops(0, 1), ValueError, "batch"),
+        (lambda: m8.step_flops(1.5, 1), ValueError, "batch"),
+        (lambda: m8.step_flops(1, 1, "a"), TypeError, "ctx"),
+        (lambda: m8.step_bytes(1, 1, w_bytes=-2), ValueError, "w_bytes"),
+        (lambda: m8.train_flops(float("nan"), 10), ValueError, "n_tokens"),
+        (lambda: m8.activation_bytes(-1, 10), ValueError, "batch"),
+        (lambda: m8.train_memory(-3, 10), ValueError, "batch"),
+        (lambda: max_batch(m8, _Chip, -5), ValueError, "ctx"),
+        (lambda: step_time(m8, _Chip, 1, 1, mfu=1.5), ValueError, "mfu"),
+    ]
+    for fn, exc, arg in bad_calls:
         try:
             fn()
-        except ValueError:
-            pass
+        except exc as e:
+            assert arg in str(e), (arg, str(e))
         else:
-            raise AssertionError("应当报错")
+            raise AssertionError(f"应当抛出 {exc.__name__}（{arg}）")
+    assert m8.train_flops(15.6e12, 8192) > 0             # 整数值的浮点数 token 数照常可用
     assert [f.name for f in fields(ModelConfig)][:9] == ["name", "n_layers", "d_model", "n_heads", "n_kv_heads",
                                                           "d_head", "d_ff", "vocab", "tied"]
     assert fmt_count(8.03e9) == "8.03B" and fmt_bytes(16.06e9) == "16.1 GB" and fmt_time(2.5e-3) == "2.5 ms"
 
-    print(f"llm_math 自检通过：{len(PRESETS)} 个预设的参数量和官方数字最大相差 {worst:.2%}；"
+    n_regular = len(PRESETS) - len(PARAM_TOL_EXCEPTIONS)
+    print(f"llm_math 自检通过：{n_regular} 个预设的参数量和官方数字最大相差 {worst:.2%}；"
+          f"GPT-3-13B 按 d=5120 差 {gap13:.2%}（论文印的 d=5140 复现 13.0B，差 {abs(n_printed - pub13) / pub13:.2%}）；"
           f"Llama-3.1-8B 每 token {fmt_si(LLAMA31_8B.linear_flops_per_token(), 'FLOP')}、"
           f"KV {fmt_bytes(LLAMA31_8B.kv_bytes_per_token())}；decode 强度 ≈ batch，prefill 强度随提示长度增长")
 

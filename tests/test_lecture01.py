@@ -73,13 +73,23 @@ def test_tying_removes_exactly_one_vocab_matrix(cfg):
     assert tied.linear_flops_per_token() == cfg.linear_flops_per_token()
 
 
+def matmul_flops_by_shapes(cfg, ctx):
+    """参考实现：一个新 token 在上下文 ctx 处的前向 FLOPs，按每个矩阵乘法的形状 [M,K]·[K,N] → 2·M·K·N 逐个相加。"""
+    d, H, G, dh, f, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_ff, cfg.vocab
+    shapes = [(1, d, V)]                                                         # lm_head（共享也要乘）
+    for _ in range(cfg.n_layers):
+        shapes += [(1, d, H * dh), (1, d, G * dh), (1, d, G * dh), (1, H * dh, d),   # Wq Wk Wv Wo
+                   (1, d, f), (1, d, f), (1, f, d)]                                  # gate up down
+        shapes += [(1, dh, ctx), (1, ctx, dh)] * H                                   # 每个 query 头：q·Kᵀ、p·V
+    return sum(2 * m * k * n for m, k, n in shapes)
+
+
 @SETTINGS
-@given(configs(), st.integers(0, 100_000))
-def test_flops_identities(cfg, ctx):
-    assert cfg.linear_flops_per_token() == 2 * cfg.matmul_params()
-    assert cfg.attn_flops_per_token(ctx) == 4 * cfg.n_layers * cfg.n_heads * cfg.d_head * ctx
-    assert cfg.flops_per_token(ctx) == cfg.linear_flops_per_token() + cfg.attn_flops_per_token(ctx)
-    assert cfg.attn_flops_per_token(2 * ctx) == 2 * cfg.attn_flops_per_token(ctx)
+@given(configs(), st.integers(0, 5_000))
+def test_flops_match_matmul_shapes(cfg, ctx):
+    assert cfg.flops_per_token(ctx) == matmul_flops_by_shapes(cfg, ctx)
+    assert cfg.linear_flops_per_token() == matmul_flops_by_shapes(cfg, 0)
+    assert cfg.attn_flops_per_token(ctx) == matmul_flops_by_shapes(cfg, ctx) - matmul_flops_by_shapes(cfg, 0)
 
 
 @SETTINGS
@@ -93,11 +103,12 @@ def test_prefill_equals_sum_of_decodes(cfg, T, ctx0):
 
 
 @SETTINGS
-@given(configs(), st.integers(1, 1000), st.integers(1, 8192))
-def test_train_flops_is_three_forwards(cfg, D, S):
-    fwd = D * (cfg.linear_flops_per_token() + cfg.attn_flops_per_token((S + 1) / 2))
-    assert math.isclose(cfg.train_flops(D, S), 3 * fwd, rel_tol=1e-12)
-    assert cfg.train_flops(D, S) >= 6 * cfg.matmul_params() * D
+@given(configs(), st.integers(1, 20), st.integers(1, 200))
+def test_train_flops_is_three_forwards(cfg, n_seq, S):
+    # n_seq 条长 S 的序列：前向 = 每个位置 j（看 j 个 key）的 FLOPs 逐个相加；训练 = 3 × 前向
+    fwd = n_seq * sum(matmul_flops_by_shapes(cfg, j) for j in range(1, S + 1))
+    assert math.isclose(cfg.train_flops(n_seq * S, S), 3 * fwd, rel_tol=1e-12)
+    assert cfg.train_flops(n_seq * S, S) >= 6 * cfg.matmul_params() * n_seq * S
 
 
 # ---------------------------------------------------------------------------
@@ -112,7 +123,9 @@ def test_kv_bytes_scale_with_kv_heads_not_query_heads(cfg, k, bpe):
     assert more_kv.kv_bytes_per_token(bpe) == k * cfg.kv_bytes_per_token(bpe)
     # 注意力 FLOPs 反过来：按 H 变，和 G 无关
     assert more_q.attn_flops_per_token(100) == more_kv.attn_flops_per_token(100) == k * cfg.attn_flops_per_token(100)
-    assert cfg.kv_bytes_per_token(bpe) == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * bpe
+    # 按缓存张量数：每层一个 K、一个 V，形状 [G, dh]
+    cache = [(cfg.n_kv_heads, cfg.d_head)] * (2 * cfg.n_layers)
+    assert cfg.kv_bytes_per_token(bpe) == sum(math.prod(sh) for sh in cache) * bpe
 
 
 @SETTINGS
@@ -149,9 +162,36 @@ def test_decode_intensity_is_about_batch_for_real_models(batch):
 def test_presets_match_published_totals(name):
     cfg = LM.PRESETS[name]
     pub, src = LM.PUBLISHED_PARAMS[name]
-    assert abs(cfg.n_params() - pub) / pub < 0.01
+    err = abs(count_by_tensors(cfg) - pub) / pub
+    tol, why = LM.param_tolerance(name)
+    if name in LM.PARAM_TOL_EXCEPTIONS:
+        assert why and 0.01 < err < tol <= 0.015          # 例外：写明原因，而且真的需要放宽
+    else:
+        assert tol == 0.01 and err < 0.01
     assert src
     assert cfg.n_params() == count_by_tensors(cfg)
+
+
+def gpt2_style_params(L, d, vocab, n_pos):
+    """GPT-2/3 结构的参数量，独立地逐项数：每层 Wqkv 3d² + Wo d² + MLP 8d² 权重，qkv 偏置 3d + o 偏置 d +
+    MLP 偏置 5d + 两个 LayerNorm 4d；最后一个 LayerNorm 2d；词嵌入（共享）和位置编码 (V + n_pos)·d。"""
+    return L * (12 * d * d + 13 * d) + 2 * d + (vocab + n_pos) * d
+
+
+def test_gpt3_13b_published_number_and_documented_gap():
+    pub, src = LM.PUBLISHED_PARAMS["GPT-3-13B"]
+    assert "[S46]" in src and "13.0B" in src
+    assert round(pub / 1e9, 1) == 13.0                    # 论文表 2.1 印的就是 13.0B，不能为了凑代码改掉
+    # 论文同一行印的 d_model = 5140：在 1% 内复现 13.0B
+    printed = gpt2_style_params(40, 5140, 50257, 2048)
+    assert abs(printed - pub) / pub < 0.01
+    assert abs(LM.GPT3_13B_AS_PRINTED.n_params() - printed) <= 3 * 40 * 5140     # 只差等效 d_ff 的取整
+    # 我们的预设用 40 × 128 = 5120：超出 1%，但在单独写明的 1.5% 以内
+    ours = gpt2_style_params(40, 5120, 50257, 2048)
+    assert abs(LM.GPT3_13B.n_params() - ours) <= 3 * 40 * 5120
+    gap = (pub - LM.GPT3_13B.n_params()) / pub
+    tol, why = LM.param_tolerance("GPT-3-13B")
+    assert 0.01 < gap < tol == 0.015 and "5140" in why and "5120" in why
 
 
 def test_exact_public_counts():
@@ -202,6 +242,89 @@ def test_bad_call_arguments():
             fn()
 
 
+NAN, INF = float("nan"), float("inf")
+# 每种参数的坏值：(值, 期望的异常)
+BAD_BY_KIND = {
+    "count0": [(NAN, ValueError), (INF, ValueError), (-1, ValueError), (2.5, ValueError), ("a", TypeError),
+               (True, TypeError), (None, TypeError)],
+    "real0": [(NAN, ValueError), (INF, ValueError), (-1, ValueError), ("a", TypeError), (None, TypeError)],
+    "pos": [(NAN, ValueError), (INF, ValueError), (0, ValueError), (-2, ValueError), ("a", TypeError),
+            (True, TypeError)],
+    "frac": [(NAN, ValueError), (0, ValueError), (1.5, ValueError), (-0.1, ValueError), ("a", TypeError)],
+    "flag": [("False", TypeError), (1, TypeError), (None, TypeError)],
+}
+BAD_BY_KIND["count1"] = BAD_BY_KIND["count0"] + [(0, ValueError)]
+
+
+class _FakeChip:
+    mem_bw, mem_cap = 1e12, 80e9
+
+    @staticmethod
+    def peak_flops(prec="bf16"):
+        return 1e15
+
+
+_M8 = LM.LLAMA31_8B
+# (名字, 调用 f(**kw), 合法的关键字参数, {参数: 种类})
+PUBLIC_CALLS = [
+    ("weight_bytes", _M8.weight_bytes, dict(bytes_per_elem=2.0), {"bytes_per_elem": "pos"}),
+    ("attn_flops_per_token", _M8.attn_flops_per_token, dict(ctx=10), {"ctx": "real0"}),
+    ("flops_per_token", _M8.flops_per_token, dict(ctx=10), {"ctx": "real0"}),
+    ("kv_bytes_per_token", _M8.kv_bytes_per_token, dict(bytes_per_elem=2.0), {"bytes_per_elem": "pos"}),
+    ("kv_cache_bytes", _M8.kv_cache_bytes, dict(batch=2, ctx=3, bytes_per_elem=2.0),
+     {"batch": "count0", "ctx": "count0", "bytes_per_elem": "pos"}),
+    ("step_flops", _M8.step_flops, dict(batch=1, n_new=1, ctx=0),
+     {"batch": "count1", "n_new": "count1", "ctx": "count0"}),
+    ("step_bytes", _M8.step_bytes, dict(batch=1, n_new=1, ctx=0, w_bytes=2.0, kv_bytes=2.0),
+     {"batch": "count1", "n_new": "count1", "ctx": "count0", "w_bytes": "pos", "kv_bytes": "pos"}),
+    ("arithmetic_intensity", _M8.arithmetic_intensity, dict(batch=1, n_new=1, ctx=0, w_bytes=2.0, kv_bytes=2.0),
+     {"batch": "count1", "n_new": "count1", "ctx": "count0", "w_bytes": "pos", "kv_bytes": "pos"}),
+    ("train_flops", _M8.train_flops, dict(n_tokens=10, seq_len=10, causal=True),
+     {"n_tokens": "count0", "seq_len": "count1", "causal": "flag"}),
+    ("activation_bytes", _M8.activation_bytes, dict(batch=1, seq_len=10, bytes_per_elem=2.0, recompute=False),
+     {"batch": "count1", "seq_len": "count1", "bytes_per_elem": "pos", "recompute": "flag"}),
+    ("train_memory", _M8.train_memory, dict(batch=1, seq_len=10),
+     {"batch": "count1", "seq_len": "count1", "recompute": "flag", "w_bytes": "pos", "grad_bytes": "pos",
+      "master_bytes": "pos", "adam_bytes": "pos", "act_bytes": "pos", "logits_bytes": "pos"}),
+    ("step_time", lambda **kw: LM.step_time(_M8, _FakeChip, **kw), dict(batch=1, n_new=1, ctx=0),
+     {"batch": "count1", "n_new": "count1", "ctx": "count0", "w_bytes": "pos", "kv_bytes": "pos", "mfu": "frac",
+      "mbu": "frac"}),
+    ("decode_time_per_token", lambda **kw: LM.decode_time_per_token(_M8, _FakeChip, **kw), dict(batch=1, ctx=0),
+     {"batch": "count1", "ctx": "count0", "mfu": "frac"}),
+    ("decode_tokens_per_s", lambda **kw: LM.decode_tokens_per_s(_M8, _FakeChip, **kw), dict(batch=1, ctx=0),
+     {"batch": "count1", "ctx": "count0", "mbu": "frac"}),
+    ("max_batch", lambda **kw: LM.max_batch(_M8, _FakeChip, **kw), dict(ctx=8192),
+     {"ctx": "count1", "w_bytes": "pos", "kv_bytes": "pos", "mem_util": "frac"}),
+    ("train_time", lambda **kw: LM.train_time(_M8, chip=_FakeChip, **kw), dict(n_tokens=1e9, n_chips=8),
+     {"n_tokens": "count0", "n_chips": "count1", "mfu": "frac", "seq_len": "count1"}),
+]
+BAD_CASES = [pytest.param(fn, {**good, arg: val}, exc, arg, id=f"{name}-{arg}={val!r}")
+             for name, fn, good, spec in PUBLIC_CALLS for arg, kind in spec.items()
+             for val, exc in BAD_BY_KIND[kind]]
+
+
+@pytest.mark.parametrize("name,fn,good,spec", PUBLIC_CALLS, ids=[c[0] for c in PUBLIC_CALLS])
+def test_public_functions_accept_good_arguments(name, fn, good, spec):
+    out = fn(**good)
+    vals = out.values() if isinstance(out, dict) else [out]
+    assert all(isinstance(v, str) or math.isfinite(v) for v in vals), name
+
+
+@pytest.mark.parametrize("fn,kw,exc,arg", BAD_CASES)
+def test_public_functions_reject_bad_arguments(fn, kw, exc, arg):
+    """NaN、无穷、负数、小数个数、非数字：每个公开函数的每个参数都报错，消息里写出参数名。"""
+    with pytest.raises(exc, match=arg):
+        fn(**kw)
+
+
+def test_integral_float_counts_still_accepted():
+    # 训练 token 数常写成 15.6e12；整数值的浮点数和 numpy 整数都算"整数"
+    np = pytest.importorskip("numpy")
+    assert _M8.train_flops(15.6e12, 8192) == _M8.train_flops(15_600_000_000_000, 8192)
+    assert _M8.kv_cache_bytes(np.int64(4), np.int32(100)) == _M8.kv_cache_bytes(4, 100)
+    assert _M8.step_flops(2.0, 3.0, 5.0) == _M8.step_flops(2, 3, 5)
+
+
 # ---------------------------------------------------------------------------
 # hw_specs.Chip
 # ---------------------------------------------------------------------------
@@ -220,6 +343,19 @@ def test_roofline_time_is_max_and_monotone(peak, bw, flops, nbytes, k):
     if nbytes > 0 and flops > 0 and not math.isclose(flops / nbytes, c.ridge_point(), rel_tol=1e-9):
         assert (c.bound(flops, nbytes) == "compute") == (flops / nbytes > c.ridge_point())
     assert c.attainable_flops(c.ridge_point()) == pytest.approx(peak)
+
+
+@pytest.mark.parametrize("call,arg", [
+    (lambda c, v: c.roofline_time(v, 1.0), "flops"), (lambda c, v: c.roofline_time(1.0, v), "nbytes"),
+    (lambda c, v: c.bound(v, 1.0), "flops"), (lambda c, v: c.bound(1.0, v), "nbytes"),
+    (lambda c, v: c.attainable_flops(v), "intensity"), (lambda c, v: c.link_time(v), "nbytes"),
+])
+@pytest.mark.parametrize("value,exc", [(NAN, ValueError), (INF, ValueError), (-1.0, ValueError),
+                                       ("a", TypeError), (None, TypeError)])
+def test_chip_methods_reject_nan_and_negative(call, arg, value, exc):
+    """NaN 不能悄悄变成答案：min(峰值, nan) 返回峰值、max(nan, x) 返回 nan。"""
+    with pytest.raises(exc, match=arg):
+        call(HW.H100_SXM, value)
 
 
 def test_chip_table_contents():
@@ -243,7 +379,7 @@ def test_unknown_precision_lists_available():
 
 @pytest.mark.parametrize("bad", [dict(peak={}), dict(peak={"BF16": 1e12}), dict(peak={"bf16": 0}),
                                  dict(mem_bw=0), dict(mem_cap=-1), dict(link_bw=-1), dict(power_w=-5),
-                                 dict(name="")])
+                                 dict(name=""), dict(mem_bw=float("nan")), dict(peak={"bf16": float("inf")})])
 def test_chip_validation(bad):
     good = dict(name="x", kind="GPU", peak={"bf16": 1e12}, mem_bw=1e9, mem_cap=1e9, mem_kind="HBM", link_bw=1e9)
     with pytest.raises(ValueError):
