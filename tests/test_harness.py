@@ -22,7 +22,8 @@ def test_discover_rules(tmp_path):
     # 在临时目录里造一个假课程，检查发现规则：讲次排序、实验模块 vs 演示、非课程文件夹被忽略
     for folder in ("lecture10", "lecture02", "prereq5", "notes"):
         (tmp_path / folder).mkdir()
-    (tmp_path / "lecture02" / "lab.py").write_text("def _selftest():\n    pass\n")
+    (tmp_path / "lecture02" / "lab.py").write_text(
+        'def _selftest():\n    pass\n\n\nif __name__ == "__main__":\n    _selftest()\n')
     (tmp_path / "lecture02" / "helper.py").write_text("x = 1\n")
     (tmp_path / "lecture02" / "02_b.py").write_text("")
     (tmp_path / "lecture02" / "01_a.py").write_text("")
@@ -42,3 +43,25 @@ def test_item(item):
     if status == "skip":
         pytest.skip(f"{item.label}: {info}")
     assert status == "ok", f"{item.label} 失败（{dt:.1f} s）：\n{info}"
+
+
+def test_lab_module_must_call_selftest(tmp_path):
+    # 定义了 _selftest() 却不在 __main__ 里调用：`python file.py` 什么也不查就以 0 退出，必须被发现规则拒绝
+    (tmp_path / "lecture03").mkdir()
+    good = tmp_path / "lecture03" / "good.py"
+    good.write_text('def _selftest():\n    pass\n\n\nif __name__ == "__main__":\n    np = 1\n    _selftest()\n')
+    assert check_all.is_lab_module(str(good))
+    bad = tmp_path / "lecture03" / "bad.py"
+    bad.write_text("def _selftest():\n    assert False\n")
+    with pytest.raises(ValueError, match="没有调用"):
+        check_all.is_lab_module(str(bad))
+
+
+def test_labload_shares_one_copy_of_a_uniquely_named_module():
+    # lecture02 的 transformer_lab 以裸名字导入 llm_math；测试里按路径加载的 llm_math 必须是同一个对象，
+    # 否则两边的 ModelConfig 是两个不同的类
+    from labload import ambiguous_names, load_lab
+    lm = load_lab("lecture01", "llm_math")
+    tl = load_lab("lecture02", "transformer_lab")
+    assert tl.ModelConfig is lm.ModelConfig
+    assert "llm_math" not in ambiguous_names()

@@ -57,9 +57,20 @@ def course_folders(root=ROOT):
     return [name for *_, name in sorted(found)]
 
 
+MAIN_CALLS_SELFTEST = re.compile(r"^if __name__ == [\"']__main__[\"']:\n(?:[ \t]+.*\n|\s*\n)*?[ \t]+.*_selftest\(",
+                                 re.MULTILINE)
+
+
 def is_lab_module(path):
+    """含 `def _selftest(` 的文件是实验模块；它还必须在 `if __name__ == "__main__":` 里调用 _selftest()，
+    否则 `python <file>` 什么也不检查就以 0 退出——那种文件直接报错，而不是悄悄显示 ✓。"""
     with open(path, encoding="utf-8") as f:
-        return "def _selftest(" in f.read()
+        text = f.read()
+    if "def _selftest(" not in text:
+        return False
+    if not MAIN_CALLS_SELFTEST.search(text):
+        raise ValueError(f"{path} 定义了 _selftest()，但 `if __name__ == \"__main__\":` 里没有调用它")
+    return True
 
 
 def discover(root=ROOT, folders=None):
@@ -82,7 +93,9 @@ def discover(root=ROOT, folders=None):
 
 
 def child_env():
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    # 子进程打印中文：不管本机 locale 是什么，都按 UTF-8 输出、按 UTF-8 读回
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONIOENCODING="utf-8")
     # 几项同时跑（--jobs 2、pytest -n 2）时，每个子进程的 BLAS / torch 再各开多个线程只会互相抢核；
     # 课程里的矩阵都很小，单线程更快也更稳。用户自己设置了就尊重用户的。
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -95,7 +108,8 @@ def run_item(item, python=sys.executable, full=False, timeout=300):
     t0 = time.perf_counter()
     try:
         r = subprocess.run(item.argv(python, full), cwd=ROOT, env=child_env(), capture_output=True,
-                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                           text=True, encoding="utf-8", errors="replace", timeout=timeout,
+                           stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"")
         out = out.decode(errors="replace") if isinstance(out, bytes) else out
