@@ -50,8 +50,10 @@ Triton 版 FlashAttention-2：前向 + 反向，causal、GQA/MQA、变长（varl
     - dropout：P 归一化之后按概率 p 置零、其余乘 1/(1 − p)（和 flash-attn 一样，l 用未 dropout 的 P）。
       每个 (batch, head, i, j) 的随机数由 Philox(seed, 计数器) 生成，反向用同一个 seed 重新生成同一张掩码，
       所以 dropout 的掩码也不用存。seed=None 时从 torch 的默认随机数发生器抽一个（torch.manual_seed 可复现）。
-    - head dim 1…256（不是 2 的幂时补到 2 的幂，多出的列用掩码读 0）；GPU 上 fp16/bf16/fp32，
-      解释器（CPU）上用 fp32。fp32 的矩阵乘用 IEEE 精度（不用 tf32）。
+    - head dim 1…256（不是 2 的幂时补到 2 的幂，多出的列用掩码读 0）；GPU 上 fp16/bf16/fp32（H200 上验证过
+      bf16/fp16）。解释器（CPU，triton 3.9）上验证过 fp32（测试和自检都用它）和 fp16（误差在 PyTorch fp16
+      注意力的误差以内）；bf16 在解释器里能跑但结果完全错误（误差 ~1e9），所以在解释器里直接报 TypeError。
+      fp32 的矩阵乘用 IEEE 精度（不用 tf32）。
 
 【和原来那份 Triton 草稿（种子）有意不同的地方】
     - 种子前向的 causal 掩码没有用到行号、反向按左上角对齐，bias 要求 batch 维为 1，反向用原子加且没有验证；
@@ -60,7 +62,13 @@ Triton 版 FlashAttention-2：前向 + 反向，causal、GQA/MQA、变长（varl
     - 种子先把张量 transpose 成 [B, H, N, d] 再 contiguous（多一次拷贝）；这里直接按 [B, N, H, d] 的步长读，
       非 varlen 的输入看成"每段等长"的 varlen（reshape 成 [B·N, H, d]，连续张量不拷贝），一套内核两种接口。
     - 种子的 return_encoded_softmax（返回 N×N 的 dropout 后矩阵）不提供：不允许有 N×N 缓冲区。
-      测试要 dropout 掩码时用 dropout_mask()（只给小尺寸测试用）。
+      为了兼容种子的调用方式，两个函数都接受 return_encoded_softmax=False 和 enable_profiling（忽略）；
+      return_encoded_softmax=True 抛 NotImplementedError。测试要 dropout 掩码时用 dropout_mask()（只给小尺寸测试用）。
+      其他未知关键字仍然报 TypeError（种子的 **kwargs 会把拼错的名字悄悄吞掉）。
+    - 种子写的是 `softmax_scale or d ** -0.5`，所以 softmax_scale=0 也当默认值；这里只有 None 表示默认，
+      0（以及负数、NaN、inf）报 ValueError。
+    - 数值参数接受 Python 的 int/float，也接受 numpy 标量和 0 维张量（np.int64 的 max_seqlen、np.float32 的
+      dropout_p 等）；bool 一律拒绝（True 不是长度也不是概率）。
 
 【速度】（H200、bf16，详见 results/NOTES.md）前向 1.05–1.48× SDPA-FLASH，反向 1.06–1.25× SDPA-FLASH；
     d = 128 前向是 cuDNN 的 0.61–0.83×。试过但默认关闭的两个 Hopper 开关：USE_TMA（K、V 用 TMA 描述符，实测更慢）
@@ -73,14 +81,23 @@ Triton 版 FlashAttention-2：前向 + 反向，causal、GQA/MQA、变长（varl
     依赖：torch、triton（解释器模式必须在 import 本模块之前设置环境变量 TRITON_INTERPRET=1）。
 """
 import math
+import numbers
+import operator
 import os
 import subprocess
 import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    if __name__ == "__main__":      # 当脚本运行：按仓库约定打印一行 SKIP、退出码 77（check-all 显示为 skip）
+        print("SKIP: 没有安装 triton（requirements.txt 只在 Linux 上装它；本模块需要 triton 和 Linux）")
+        sys.exit(77)
+    raise
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # 必须在定义内核之前确定
 MAX_HEAD_DIM = 256
@@ -635,6 +652,10 @@ def _check_qkv(q, k, v, packed):
             raise TypeError(f"{name}.dtype 必须是 float16、bfloat16 或 float32 之一，收到 {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q、k、v 的 dtype 必须相同，收到 {q.dtype}、{k.dtype}、{v.dtype}")
+    if INTERPRET and not q.is_cuda and q.dtype == torch.bfloat16:
+        # triton 3.9 的解释器跑 bf16 不报错，但结果错得离谱（误差 ~1e9）；GPU 上 bf16 是对的（NOTES.md）
+        raise TypeError("Triton 解释器（CPU）上不支持 bfloat16（能跑但结果是错的）：请用 float32 或 float16，"
+                        "bf16 请在 GPU 上跑")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q、k、v 必须在同一个设备上，收到 {q.device}、{k.device}、{v.device}")
     if k.shape != v.shape:
@@ -652,17 +673,56 @@ def _check_qkv(q, k, v, packed):
     _check_runnable(q)
 
 
+def _is_bool(x):
+    return isinstance(x, bool) or type(x).__name__ == "bool_" or (
+        isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+
+
+def _as_int(x):
+    """int、np.int64、0 维整数张量 → int；bool、浮点数、字符串 → None（调用处报错）。"""
+    if _is_bool(x):
+        return None
+    if isinstance(x, torch.Tensor) and (x.dim() != 0 or x.is_floating_point() or x.is_complex()):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def _as_float(x):
+    """int、float、np.float32、0 维实数张量 → float；bool、字符串 → None（调用处报错）。"""
+    if _is_bool(x):
+        return None
+    if isinstance(x, torch.Tensor):
+        return float(x.item()) if x.dim() == 0 and not x.is_complex() else None
+    return float(x) if isinstance(x, numbers.Real) else None
+
+
 def _check_options(dropout_p, softmax_scale, window_size, d):
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+    p = _as_float(dropout_p)
+    if p is None or not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p 必须是 [0, 1) 里的数，收到 {dropout_p!r}")
     if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    elif not isinstance(softmax_scale, (int, float)) or not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale 必须是正的有限数或 None，收到 {softmax_scale!r}")
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
+        scale = 1.0 / math.sqrt(d)
+    else:
+        scale = _as_float(softmax_scale)
+        if scale is None or not (math.isfinite(scale) and scale > 0):
+            hint = "（0 不表示默认值：要 1/√d 请传 None）" if scale == 0 else ""
+            raise ValueError(f"softmax_scale 必须是正的有限数或 None，收到 {softmax_scale!r}{hint}")
+    win = [_as_int(w) for w in window_size] if isinstance(window_size, (tuple, list)) else []
+    if len(win) != 2 or not all(w is not None and w >= -1 for w in win):
         raise ValueError(f"window_size 必须是两个 ≥ −1 的整数 (left, right)（−1 表示不限），收到 {window_size!r}")
-    return float(dropout_p), float(softmax_scale)
+    return p, scale, tuple(win)
+
+
+def _check_seed_compat(return_encoded_softmax, enable_profiling):
+    """种子接口的两个关键字：enable_profiling 接受并忽略；return_encoded_softmax=True 不支持。"""
+    if return_encoded_softmax:
+        raise NotImplementedError(
+            "return_encoded_softmax=True 不支持：它要返回 N×N 的 dropout 后注意力矩阵，本实现不分配 N×N 缓冲区。"
+            "测试里要 dropout 掩码请用 dropout_mask(seed, dropout_p, B, Hq, max_q, max_k, device)。")
+    del enable_profiling
 
 
 def _check_slopes(alibi_slopes, batch, hq, device):
@@ -672,6 +732,10 @@ def _check_slopes(alibi_slopes, batch, hq, device):
         raise TypeError("alibi_slopes 必须是 float32 的 torch.Tensor，形状 [Hq] 或 [B, Hq]")
     if alibi_slopes.device != device:
         raise ValueError(f"alibi_slopes 必须和 q 在同一个设备上（{device}），收到 {alibi_slopes.device}")
+    if alibi_slopes.requires_grad:    # 和 bias 一致：不回传梯度就不悄悄接受 requires_grad
+        raise ValueError("alibi_slopes 不回传梯度：请传 alibi_slopes.detach()")
+    if not bool(torch.isfinite(alibi_slopes).all()):
+        raise ValueError("alibi_slopes 里有 NaN 或 ±inf")
     if tuple(alibi_slopes.shape) == (hq,):
         alibi_slopes = alibi_slopes.unsqueeze(0).expand(batch, hq)
     if tuple(alibi_slopes.shape) != (batch, hq):
@@ -713,9 +777,10 @@ def _check_cu(name, cu, total, max_len, device):
     if int(host[-1]) != total:
         raise ValueError(f"{name} 的最后一个数必须等于打包后的总长度 {total}，收到 {int(host[-1])}")
     longest = int(lengths.max())
-    if not isinstance(max_len, int) or max_len < longest:
+    n = _as_int(max_len)
+    if n is None or n < longest:
         raise ValueError(f"max_seqlen 必须是 ≥ 最长序列（{longest}）的整数，收到 {max_len!r}")
-    return cu.contiguous()
+    return cu.contiguous(), n
 
 
 POISON = False     # GPU 检查时打开：输出先填 NaN，内核漏写的元素会变成 NaN 被发现
@@ -843,32 +908,38 @@ class _FlashAttn(torch.autograd.Function):
 
 
 def _window(causal, window_size):
-    left, right = int(window_size[0]), int(window_size[1])
+    left, right = operator.index(window_size[0]), operator.index(window_size[1])
     if causal:
         right = 0                 # causal = 右侧窗口为 0（和 flash-attn 一样；左侧窗口照常生效）
     return (left, right)
 
 
 def _draw_seed(seed, dropout_p):
+    if seed is not None:              # 先检查再看 dropout_p：dropout_p = 0 时坏的 seed 也要报错
+        s = _as_int(seed)
+        if s is None or not 0 <= s < 2**31:
+            raise ValueError(f"seed 必须是 [0, 2^31) 里的整数或 None，收到 {seed!r}")
+        seed = s
     if dropout_p == 0:
         return 0
     if seed is None:
         return int(torch.randint(0, 2**31 - 1, (1,)).item())
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise ValueError(f"seed 必须是 [0, 2^31) 里的整数或 None，收到 {seed!r}")
     return seed
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bias=None, alibi_slopes=None,
-                    window_size=(-1, -1), return_lse=False, seed=None):
+                    window_size=(-1, -1), return_lse=False, seed=None, return_encoded_softmax=False,
+                    enable_profiling=False):
     """
     q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]（return_lse 时再返回 lse [B, Hq, Nq]，自然对数）。
     causal / window_size=(left, right) 按右下角对齐（见模块说明）；dropout 的掩码由 seed 决定，反向重新生成。
+    return_encoded_softmax、enable_profiling 只为兼容种子的调用方式（见模块说明）。
     """
+    _check_seed_compat(return_encoded_softmax, enable_profiling)
     _check_qkv(q, k, v, packed=False)
     batch, nq, hq, d = q.shape
     nk = k.shape[1]
-    dropout_p, scale = _check_options(dropout_p, softmax_scale, window_size, d)
+    dropout_p, scale, window_size = _check_options(dropout_p, softmax_scale, window_size, d)
     slopes = _check_slopes(alibi_slopes, batch, hq, q.device)
     bias = _check_bias(bias, q, batch, hq, nq, nk)
     seed = _draw_seed(seed, dropout_p)
@@ -888,18 +959,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, alibi_slopes=None, window_size=(-1, -1),
-                           return_lse=False, seed=None):
+                           return_lse=False, seed=None, return_encoded_softmax=False, enable_profiling=False):
     """
     变长序列打包在一起：q [total_q, Hq, d]，k、v [total_k, Hk, d]；第 b 段是 cu_seqlens[b] : cu_seqlens[b + 1]。
     返回 out [total_q, Hq, d]（return_lse 时再返回 lse [Hq, total_q]）。bias 不支持（它是每段 N×N 的输入）。
     """
+    _check_seed_compat(return_encoded_softmax, enable_profiling)
     _check_qkv(q, k, v, packed=True)
-    cu_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
-    cu_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
+    cu_q, max_seqlen_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
+    cu_k, max_seqlen_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(f"cu_seqlens_q 和 cu_seqlens_k 的长度必须相同（B + 1），收到 {cu_q.numel()} 和 {cu_k.numel()}")
     batch = cu_q.numel() - 1
-    dropout_p, scale = _check_options(dropout_p, softmax_scale, window_size, q.shape[-1])
+    dropout_p, scale, window_size = _check_options(dropout_p, softmax_scale, window_size, q.shape[-1])
     slopes = _check_slopes(alibi_slopes, batch, q.shape[1], q.device)
     seed = _draw_seed(seed, dropout_p)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))

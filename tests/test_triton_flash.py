@@ -8,14 +8,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from labload import ROOT, load_lab
 
 _saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ["TRITON_INTERPRET"] = "1"      # 要在第一次 import triton 之前设置（triton 导入时就读它）
 try:
+    pytest.importorskip("triton", reason="没有安装 triton（requirements.txt 只在 Linux 上装它）")
     tf = load_lab("lecture11", "triton_flash")
 finally:
     if _saved is None:
@@ -40,6 +42,26 @@ def gen(request):
     return torch.Generator().manual_seed(seed)
 
 
+# 解释器的分块大小（BLOCK_M, BLOCK_N, warps, stages）。模块默认是 fwd/dQ 的 query 块比 key 块小、dK/dV 反过来；
+# 另外两组把大小关系反过来、或者取相等，三段循环的边界落在别的位置上。
+BLOCKS = {
+    "q<k": None,
+    "q>k": {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)},
+    "q=k": {"fwd": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1)},
+}
+
+
+@pytest.fixture(params=list(BLOCKS))
+def blocks(request, monkeypatch):
+    """把 _fixed_config 换成另一组块大小（解释器里 _launch 总是走固定配置）。"""
+    cfg = BLOCKS[request.param]
+    if cfg is None:
+        assert tf._fixed_config("fwd", 16, F32)[:2] == (16, 32) and tf._fixed_config("dkdv", 16, F32)[:2] == (32, 16)
+    else:
+        monkeypatch.setattr(tf, "_fixed_config", lambda kind, block_d, dtype: cfg[kind])
+    return request.param
+
+
 def _assert_close(case):
     ours = tf.run_ours(case)
     ref = tf.run_reference(case)
@@ -55,7 +77,7 @@ def _assert_close(case):
     (47, 18, 4, 1, 16, True),       # Nq > Nk（前 29 行没有 key）、MQA
     (33, 41, 4, 1, 80, False),      # GQA 4、d = 80
 ])
-def test_matches_float64(gen, nq, nk, hq, hk, d, causal):
+def test_matches_float64(gen, blocks, nq, nk, hq, hk, d, causal):
     _assert_close(tf.make_case("shape", 2, nq, nk, hq, hk, d, F32, "cpu", gen, causal=causal))
 
 
@@ -67,8 +89,40 @@ def test_matches_float64(gen, nq, nk, hq, hk, d, causal):
     dict(alibi=True, window=(9, 9)),
     dict(bias=True),
 ])
-def test_features_match_float64(gen, kw):
+def test_features_match_float64(gen, blocks, kw):
     _assert_close(tf.make_case(str(kw), 1, 37, 44, 2, 1, 40, F32, "cpu", gen, **kw))
+
+
+# 三段循环的边界（_key_range / _query_range 里的 ±1）只在 Nk − Nq 落在特定余数上时才起作用：
+# Nq = 17，Nk = 8…74（Nk − Nq = −9…57，超过一个 key 块宽 32）打包成一次 varlen 调用，每段都有自己的 Nk − Nq。
+SWEEP_NK = list(range(8, 75))
+
+
+@pytest.mark.parametrize("causal,window", [
+    (True, (-1, -1)),      # causal（右侧窗口 0）
+    (False, (40, -1)),     # 只有左侧窗口（足够宽，才有不带掩码的整块）
+    (False, (-1, 8)),      # 只有右侧窗口
+    (False, (20, 20)),     # 两侧窗口
+])
+def test_block_boundary_sweep(gen, blocks, causal, window):
+    case = tf.make_case(f"sweep {causal} {window}", 0, 0, 0, 1, 1, 16, F32, "cpu", gen, causal=causal,
+                        window=window, varlen_q=[17] * len(SWEEP_NK), varlen_k=SWEEP_NK)
+    _assert_close(case)
+
+
+def test_alibi_slopes_per_batch(gen):
+    """[B, Hq] 的斜率：每个 batch 用自己的一行（斜率差别大，读错 batch 的行误差 ≫ 容差）。"""
+    case = tf.make_case("alibi [B, Hq]", 2, 21, 30, 2, 1, 16, F32, "cpu", gen, causal=True, alibi=True)
+    case["slopes"] = torch.rand(2, 2, generator=gen) * 2.0
+    _assert_close(case)
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (1, 1), (2, 1), (1, 2)])
+def test_bias_shapes(gen, shape):
+    """bias [B 或 1, Hq 或 1, Nq, Nk]：逐 batch、逐头和广播都和参考一致（前向 + 反向）。"""
+    case = tf.make_case(f"bias {shape}", 2, 19, 26, 2, 1, 16, F32, "cpu", gen)
+    case["bias"] = torch.randn(*shape, 19, 26, generator=gen) * 2.0
+    _assert_close(case)
 
 
 def test_varlen_with_empty_and_single_sequences(gen):
@@ -177,6 +231,7 @@ def _qkv(b=1, nq=8, nk=8, hq=2, hk=2, d=16, dtype=F32):
 @pytest.mark.parametrize("make,exc,word", [
     (lambda: tf.flash_attn_func(*_qkv()[:2], _qkv()[2].half()), TypeError, "dtype"),
     (lambda: tf.flash_attn_func(*_qkv(dtype=torch.float64)), TypeError, "dtype"),
+    (lambda: tf.flash_attn_func(*_qkv(dtype=torch.bfloat16)), TypeError, "bfloat16"),
     (lambda: tf.flash_attn_func(*_qkv(hq=3, hk=2)), ValueError, "Hq"),
     (lambda: tf.flash_attn_func(*_qkv(d=272)), ValueError, "head dim"),
     (lambda: tf.flash_attn_func(_qkv()[0], _qkv(b=2)[1], _qkv(b=2)[2]), ValueError, "batch"),
@@ -189,6 +244,17 @@ def _qkv(b=1, nq=8, nk=8, hq=2, hk=2, d=16, dtype=F32):
     (lambda: tf.flash_attn_func(*_qkv(), alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
     (lambda: tf.flash_attn_func(*_qkv(), bias=torch.zeros(1, 2, 8, 7)), ValueError, "bias"),
     (lambda: tf.flash_attn_func(*_qkv(), bias=torch.zeros(1, 2, 8, 8, requires_grad=True)), ValueError, "bias"),
+    (lambda: tf.flash_attn_func(*_qkv(), alibi_slopes=torch.ones(2, requires_grad=True)), ValueError, "alibi_slopes"),
+    (lambda: tf.flash_attn_func(*_qkv(), alibi_slopes=torch.tensor([0.5, float("nan")])), ValueError, "NaN"),
+    (lambda: tf.flash_attn_func(*_qkv(), seed="x"), ValueError, "seed"),
+    (lambda: tf.flash_attn_func(*_qkv(), seed=True), ValueError, "seed"),
+    (lambda: tf.flash_attn_func(*_qkv(), softmax_scale=0), ValueError, "0 不表示默认值"),
+    (lambda: tf.flash_attn_func(*_qkv(), dropout_p=True), ValueError, "dropout_p"),
+    (lambda: tf.flash_attn_func(*_qkv(), dropout_p="0.1"), ValueError, "dropout_p"),
+    (lambda: tf.flash_attn_func(*_qkv(), window_size=(True, 0)), ValueError, "window_size"),
+    (lambda: tf.flash_attn_func(*_qkv(), window_size=(2.0, 0)), ValueError, "window_size"),
+    (lambda: tf.flash_attn_func(*_qkv(), return_encoded_softmax=True), NotImplementedError, "dropout_mask"),
+    (lambda: tf.flash_attn_func(*_qkv(), no_such_option=1), TypeError, "no_such_option"),
 ])
 def test_bad_inputs_raise(make, exc, word):
     with pytest.raises(exc, match=word):
@@ -211,6 +277,60 @@ def test_bad_cu_seqlens(cu, exc, word):
         tf.flash_attn_varlen_func(q, q, q, good, good, 4, 8)
     with pytest.raises(ValueError, match="长度必须相同"):
         tf.flash_attn_varlen_func(q, q, q, good, torch.tensor([0, 8], dtype=torch.int32), 5, 8)
+
+
+def test_float16_on_interpreter(gen):
+    """fp16 在解释器里和 float64 参考的误差不超过 PyTorch 自己 fp16 注意力误差的 2 倍（GPU 检查的同一判据）。"""
+    case = tf.make_case("fp16", 1, 29, 37, 2, 1, 40, torch.float16, "cpu", gen, causal=True)
+    ours, ref, low = tf.run_ours(case), tf.run_reference(case), tf.run_reference(case, dtype=torch.float16)
+    for field, a, b, c in zip(tf.FIELDS, ours, ref, low):
+        metric = tf._lse_err if field == "lse" else tf._rel_err
+        err, torch_err = metric(a, b), metric(c, b)
+        assert err <= 2 * torch_err + 1e-6, (field, err, torch_err)
+
+
+def test_seed_keywords_accepted(gen):
+    """种子的调用方式：return_encoded_softmax=False、enable_profiling 可以传，结果不变。"""
+    q, k, v = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(3))
+    base = tf.flash_attn_func(q, k, v, causal=True)
+    same = tf.flash_attn_func(q, k, v, causal=True, return_encoded_softmax=False, enable_profiling=True)
+    assert torch.equal(base, same)
+    cu = torch.tensor([0, 12], dtype=torch.int32)
+    out = tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 12, 12, causal=True, enable_profiling=False,
+                                    return_encoded_softmax=False)
+    assert torch.equal(out, base[0])
+    with pytest.raises(NotImplementedError, match="N×N"):
+        tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 12, 12, return_encoded_softmax=True)
+
+
+def test_numpy_and_tensor_scalars_accepted(gen):
+    """np.int64 / np.float32 / 0 维张量和 Python 的 int / float 等价。"""
+    q, k, v = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(3))
+    base = tf.flash_attn_func(q, k, v, dropout_p=0.1, softmax_scale=0.25, window_size=(2, 0), seed=5)
+    got = tf.flash_attn_func(q, k, v, dropout_p=np.float32(0.1), softmax_scale=np.float32(0.25),
+                             window_size=(np.int64(2), 0), seed=np.int64(5))
+    assert torch.equal(base, got)
+    got = tf.flash_attn_func(q, k, v, dropout_p=torch.tensor(0.1), softmax_scale=torch.tensor(0.25),
+                             window_size=(torch.tensor(2), 0), seed=torch.tensor(5))
+    assert torch.equal(base, got)
+    cu = torch.tensor([0, 12], dtype=torch.int32)
+    ref = tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 12, 12)
+    for m in (np.int64(12), torch.tensor(12), np.int32(12)):
+        assert torch.equal(tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, m, m), ref)
+    for bad in (True, 12.0, torch.tensor(12.0), torch.tensor([12])):
+        with pytest.raises(ValueError, match="max_seqlen"):
+            tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, bad, 12)
+
+
+def test_script_without_triton_skips():
+    """没有 triton（非 Linux）：当脚本运行打印一行 SKIP、退出码 77；当模块导入照常抛 ImportError。"""
+    block = "import sys, runpy; sys.modules['triton'] = None\n"
+    run = "runpy.run_path('lecture11/triton_flash.py', run_name='__main__')"
+    out = subprocess.run([sys.executable, "-c", block + run], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 77 and out.stdout.startswith("SKIP: 没有安装 triton"), out.stdout + out.stderr
+    imp = "runpy.run_path('lecture11/triton_flash.py', run_name='triton_flash')"
+    out = subprocess.run([sys.executable, "-c", block + imp], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode not in (0, 77) and "import triton" in out.stderr, out.stdout + out.stderr
 
 
 def test_cpu_without_interpreter_gives_clear_error():
