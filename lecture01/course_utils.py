@@ -20,11 +20,16 @@ CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印�
     fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
     figure_path(script, what)                 <script 所在文件夹>/figures/<script 文件名>_<what>.png（文件夹不存在就建）
     save_figure(fig, script, what, dpi=120)   紧凑排版、存到 figure_path、关闭图，返回路径
+    check_int / check_real                    参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
+                                              （以前 llm_math、hw_specs、transformer_lab、serving_sim、decode_lab、
+                                              comm_sim 各写了一份，名字、消息、边界各不相同）
 
 【运行】python3 lecture01/course_utils.py     # 自检（不到 1 秒）
 【依赖】模块级只用 Python 标准库；matplotlib 只在 save_figure 里、真的存图时才导入（flash_lab 等保持只依赖 numpy）。
 """
 
+import math
+import numbers
 import os
 import unicodedata
 
@@ -143,6 +148,72 @@ def save_figure(fig, script, what, dpi=120):
     return path
 
 
+
+# =============================================================================
+# 参数检查（各实验模块共用：坏输入要大声报错，消息写出参数名、允许的范围、收到的值）
+# =============================================================================
+def _who(name, where):
+    return f"{where}：{name}" if where else str(name)
+
+
+def _range_text(lo, hi, lo_open=False, hi_open=False):
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '≥'} {lo}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '≤'} {hi}")
+    return " 且 ".join(parts)
+
+
+def check_int(name, value, lo=None, hi=None, where="", whole_float=False, type_error=TypeError):
+    """
+    检查一个整数参数（个数、长度、设备数……）：lo ≤ value ≤ hi（None 表示那一边不限），返回转换后的值。
+
+    【允许】Python int、numpy 整数（返回 int(value)）；whole_float=True 时还允许整数值的有限浮点数
+            （训练 token 数常写成 15.6e12；这时原样返回那个浮点数，不改调用者的算术）。
+    【报错】bool、字符串、None、（whole_float=False 时的）浮点数 → type_error（默认 TypeError；
+            个别老接口对一切坏值都报 ValueError，就传 type_error=ValueError）；
+            NaN、无穷、小数、越界 → ValueError。
+            消息：「[where：]name 必须是整数，且 <范围>，收到 <值>」。
+    """
+    rng = _range_text(lo, hi)
+    allowed = "整数" + ("（也可以是 1e12 这样整数值的浮点数）" if whole_float else "") + (f"，且 {rng}" if rng else "")
+    who = _who(name, where)
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integral and not (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool)):
+        raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
+    if not integral and not (math.isfinite(value) and float(value).is_integer()):
+        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
+    return int(value) if integral else value
+
+
+def check_real(name, value, lo=None, hi=None, lo_open=False, hi_open=False, where="",
+               allow_inf=False, type_error=TypeError):
+    """
+    检查一个实数参数（字节宽度、比例、时间……）：有限，且落在 lo..hi 里（lo_open / hi_open 表示不含端点；
+    None 表示那一边不限），返回 float(value)。
+
+    【允许】int、float、numpy 整数 / 浮点数；allow_inf=True 时也允许 ±inf（只要它在范围里，
+            例如 "没有上限的 SLO" 用 inf 表示）。
+    【报错】bool、字符串、None 等非数字 → type_error（默认 TypeError）；NaN、（不允许时的）无穷、越界 → ValueError。
+            消息：「[where：]name 必须是有限实数，且 <范围>，收到 <值>」。
+    """
+    rng = _range_text(lo, hi, lo_open, hi_open)
+    allowed = ("实数（可以是 ±inf）" if allow_inf else "有限实数") + (f"，且 {rng}" if rng else "")
+    who = _who(name, where)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
+    v = float(value)
+    ok = not math.isnan(v) and (allow_inf or math.isfinite(v))
+    ok = ok and (lo is None or (v > lo if lo_open else v >= lo))
+    ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
+    if not ok:
+        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
+    return v
+
+
 # =============================================================================
 # 自检
 # =============================================================================
@@ -187,7 +258,29 @@ def _selftest():
             assert name in str(e), (name, e)
         else:
             raise AssertionError(f"应当报错：{name}")
-    print("course_utils 自检通过：中文表格对齐、fmt_* 与手算一致、figure_path 建文件夹、坏输入报错")
+    # 5) check_int / check_real：好值原样（转换后）返回；坏类型 TypeError、坏值 ValueError，消息写出名字、范围、值
+    assert check_int("n", 3, lo=1) == 3 and type(check_int("n", 7)) is int
+    assert check_int("D", 15.6e12, lo=0, whole_float=True) == 15.6e12
+    assert check_real("x", 2, lo=0, lo_open=True) == 2.0 and check_real("t", math.inf, lo=0, allow_inf=True) == math.inf
+    assert check_real("p", 1.0, lo=0.0, hi=1.0) == 1.0
+    for call, exc, text in ((lambda: check_int("batch", True), TypeError, "batch"),
+                            (lambda: check_int("batch", 2.0), TypeError, "batch"),
+                            (lambda: check_int("batch", 2.5, whole_float=True), ValueError, "batch"),
+                            (lambda: check_int("batch", 0, lo=1, where="f"), ValueError, "f：batch 必须是整数，且 ≥ 1，收到 0"),
+                            (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),
+                            (lambda: check_real("eps", float("nan"), lo=0), ValueError, "eps"),
+                            (lambda: check_real("eps", math.inf), ValueError, "eps"),
+                            (lambda: check_real("eps", 0.0, lo=0, lo_open=True), ValueError, "> 0"),
+                            (lambda: check_real("mfu", 1.5, lo=0, hi=1), ValueError, "≤ 1"),
+                            (lambda: check_real("mfu", 1.0, hi=1, hi_open=True), ValueError, "< 1"),
+                            (lambda: check_real("mfu", "a"), TypeError, "mfu")):
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), (text, e)
+        else:
+            raise AssertionError(f"应当报错：{text}")
+    print("course_utils 自检通过：中文表格对齐、fmt_* 与手算一致、figure_path 建文件夹、坏输入报错、check_int / check_real 的边界")
 
 
 if __name__ == "__main__":

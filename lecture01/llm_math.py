@@ -46,59 +46,14 @@ from dataclasses import dataclass, fields
 
 # 格式化小工具的实现在同一文件夹的 course_utils.py；这里照旧导出，llm_math.format_table / fmt_si 等继续可用
 from course_utils import display_width, fmt_bytes, fmt_count, fmt_si, fmt_time, format_table  # noqa: F401
+# 参数检查（check_int / check_real）也在 course_utils：个数参数用 whole_float=True（15.6e12 这样的 token 数也算整数）
+from course_utils import check_int, check_real
 
 # =============================================================================
 # 第 1 部分：模型结构与公式
 # =============================================================================
 _POSITIVE_INT_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab")
 _NONNEG_INT_FIELDS = ("n_pos", "extra_per_layer", "extra_final")
-
-
-def _count(name, value, lo):
-    """
-    检查一个"个数"参数（batch、ctx、token 数……）：必须是 ≥ lo 的整数，原样返回。
-
-    【允许】int、numpy 整数，以及整数值的有限浮点数（训练 token 数常写成 15.6e12 这样的浮点数）。
-    【拒绝】bool、字符串等非数字 → TypeError；NaN、无穷、小数（如 1.5）、小于 lo → ValueError。
-        消息里写出参数名、允许的取值和收到的值。
-    """
-    allowed = f"≥ {lo} 的整数（也可以是 1e12 这样整数值的浮点数）"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} 必须是 {allowed}，收到 {type(value).__name__} 类型的 {value!r}")
-    if isinstance(value, numbers.Integral):
-        ok = value >= lo
-    else:
-        ok = math.isfinite(value) and float(value).is_integer() and value >= lo
-    if not ok:
-        raise ValueError(f"{name} 必须是 {allowed}，收到 {value!r}")
-    return value
-
-
-def _real(name, value, lo=0.0, lo_open=True, hi=None):
-    """
-    检查一个实数参数（字节宽度、利用率、平均上下文……）：必须有限，且在 (lo, hi] 或 [lo, hi] 里，原样返回。
-
-    lo_open=True 表示不含 lo（例如字节宽度 > 0）；hi=None 表示没有上限。非数字（含 bool）→ TypeError，
-    NaN / 无穷 / 越界 → ValueError；消息里写出参数名和允许的取值。
-    """
-    lo_txt = f"> {lo}" if lo_open else f"≥ {lo}"
-    allowed = f"有限实数且 {lo_txt}" + ("" if hi is None else f" 且 ≤ {hi}")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} 必须是 {allowed}，收到 {type(value).__name__} 类型的 {value!r}")
-    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and (hi is None or value <= hi)
-    if not ok:
-        raise ValueError(f"{name} 必须是 {allowed}，收到 {value!r}")
-    return value
-
-
-def _check_positive(name, value):
-    """正的有限实数（字节宽度等）：_real 的简写，保留旧名字。"""
-    return _real(name, value)
-
-
-def _fraction(name, value):
-    """利用率一类的比例：(0, 1]。"""
-    return _real(name, value, lo=0.0, hi=1.0)
 
 
 def _flag(name, value):
@@ -149,14 +104,10 @@ class ModelConfig:
     extra_final: int = 0
 
     def __post_init__(self):
-        for f in _POSITIVE_INT_FIELDS:
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{self.name}: {f} 必须是正整数，收到 {v!r}")
-        for f in _NONNEG_INT_FIELDS:
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{self.name}: {f} 必须是非负整数，收到 {v!r}")
+        # 结构字段的一切坏值（含 bool、2.5）都报 ValueError（老接口的约定），所以 type_error=ValueError
+        for f in _POSITIVE_INT_FIELDS + _NONNEG_INT_FIELDS:
+            lo = 1 if f in _POSITIVE_INT_FIELDS else 0
+            object.__setattr__(self, f, check_int(f, getattr(self, f), lo=lo, where=self.name, type_error=ValueError))
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"{self.name}: n_heads={self.n_heads} 不能被 n_kv_heads={self.n_kv_heads} 整除"
                              f"（每组 K/V 头要服务整数个 query 头）")
@@ -226,7 +177,7 @@ class ModelConfig:
 
     def weight_bytes(self, bytes_per_elem=2.0):
         """权重占多少字节（显存占用）= n_params · bytes_per_elem。BF16 用 2，FP8 / INT8 用 1，INT4 用 0.5。"""
-        _check_positive("bytes_per_elem", bytes_per_elem)
+        check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
         return self.n_params() * bytes_per_elem
 
     # ---- 每个 token 的 FLOPs -----------------------------------------------------
@@ -242,7 +193,7 @@ class ModelConfig:
         【边界】ctx 是有限实数、≥ 0（ctx = 0 时为 0）；允许小数，因为训练时代入的是平均上下文 (seq_len + 1)/2。
             注意是 H 而不是 G：GQA 省的是 K/V 的存储和读取，不省注意力的运算。
         """
-        _real("ctx", ctx, lo=0.0, lo_open=False)
+        check_real("ctx", ctx, lo=0.0)
         return 4 * self.n_layers * self.n_heads * self.d_head * ctx
 
     def flops_per_token(self, ctx):
@@ -260,13 +211,13 @@ class ModelConfig:
     # ---- KV cache -------------------------------------------------------------
     def kv_bytes_per_token(self, bytes_per_elem=2.0):
         """每个 token 在 KV cache 里占的字节：K 和 V 两份 × L 层 × G 个头 × dh 维 × 每个数的字节 = 2·L·G·dh·bytes。"""
-        _check_positive("bytes_per_elem", bytes_per_elem)
+        check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
         return 2 * self.n_layers * self.n_kv_heads * self.d_head * bytes_per_elem
 
     def kv_cache_bytes(self, batch, ctx, bytes_per_elem=2.0):
         """batch 个序列、每个 ctx 个 token 的 KV cache 总字节（随 batch、ctx 线性增长）。batch、ctx 是 ≥ 0 的整数。"""
-        _count("batch", batch, 0)
-        _count("ctx", ctx, 0)
+        check_int("batch", batch, lo=0, whole_float=True)
+        check_int("ctx", ctx, lo=0, whole_float=True)
         return batch * ctx * self.kv_bytes_per_token(bytes_per_elem)
 
     # ---- 一次前向（prefill / decode 通用）---------------------------------------
@@ -278,9 +229,9 @@ class ModelConfig:
             （因果掩码：第 j 个新 token 看 ctx + j 个 key，只算"有用的"那一半。）
             prefill：batch = 1、n_new = 提示长度、ctx = 0；decode：n_new = 1。
         """
-        _count("batch", batch, 1)
-        _count("n_new", n_new, 1)
-        _count("ctx", ctx, 0)
+        check_int("batch", batch, lo=1, whole_float=True)
+        check_int("n_new", n_new, lo=1, whole_float=True)
+        check_int("ctx", ctx, lo=0, whole_float=True)
         keys = n_new * ctx + n_new * (n_new + 1) / 2          # Σ_{j=1..n_new} (ctx + j)
         return batch * n_new * self.linear_flops_per_token() + batch * self.attn_flops_per_token(1) * keys
 
@@ -293,11 +244,11 @@ class ModelConfig:
             词嵌入查表只读用到的几行，这里不计；lm_head 计在 matmul_params 里。
         【边界】batch、n_new ≥ 1，ctx ≥ 0（整数）；w_bytes、kv_bytes 是正的有限实数。
         """
-        _count("batch", batch, 1)
-        _count("n_new", n_new, 1)
-        _count("ctx", ctx, 0)
-        _real("w_bytes", w_bytes)
-        _real("kv_bytes", kv_bytes)
+        check_int("batch", batch, lo=1, whole_float=True)
+        check_int("n_new", n_new, lo=1, whole_float=True)
+        check_int("ctx", ctx, lo=0, whole_float=True)
+        check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
+        check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
         return self.matmul_params() * w_bytes + self.kv_cache_bytes(batch, ctx + n_new, kv_bytes)
 
     def arithmetic_intensity(self, batch, n_new, ctx=0, w_bytes=2.0, kv_bytes=2.0):
@@ -318,8 +269,8 @@ class ModelConfig:
         【公式】3 · D · (2·matmul_params + 注意力(平均上下文))，因果时平均上下文 = (seq_len + 1)/2。
             第一项就是常说的 6·N·D（N 取 matmul_params；用 n_params 差别是词嵌入那一块）。
         """
-        _count("n_tokens", n_tokens, 0)
-        _count("seq_len", seq_len, 1)
+        check_int("n_tokens", n_tokens, lo=0, whole_float=True)
+        check_int("seq_len", seq_len, lo=1, whole_float=True)
         _flag("causal", causal)
         avg_ctx = (seq_len + 1) / 2 if causal else seq_len
         return 3 * n_tokens * (self.linear_flops_per_token() + self.attn_flops_per_token(avg_ctx))
@@ -342,9 +293,9 @@ class ModelConfig:
             同一时刻只需要一层的完整激活。
         【边界】batch、seq_len 是 ≥ 1 的整数；bytes_per_elem 是正的有限实数；recompute 是 bool。
         """
-        _count("batch", batch, 1)
-        _count("seq_len", seq_len, 1)
-        _real("bytes_per_elem", bytes_per_elem)
+        check_int("batch", batch, lo=1, whole_float=True)
+        check_int("seq_len", seq_len, lo=1, whole_float=True)
+        check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
         _flag("recompute", recompute)
         tokens = batch * seq_len
         per_layer = self.activation_elems_per_token_layer()
@@ -364,7 +315,7 @@ class ModelConfig:
         for nm, v in (("w_bytes", w_bytes), ("grad_bytes", grad_bytes), ("master_bytes", master_bytes),
                       ("adam_bytes", adam_bytes), ("act_bytes", act_bytes),
                       ("logits_bytes", logits_bytes)):
-            _real(nm, v)
+            check_real(nm, v, lo=0.0, lo_open=True)
         n = self.n_params()
         out = {
             "weights": n * w_bytes,
@@ -400,8 +351,8 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound"}，bound 为 "compute" 或 "memory"
     【边界】mfu、mbu 必须在 (0, 1]；batch、n_new、ctx、w_bytes、kv_bytes 的要求见 step_flops / step_bytes。
     """
-    _fraction("mfu", mfu)
-    _fraction("mbu", mbu)
+    check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
+    check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
     flops = model.step_flops(batch, n_new, ctx)
     nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
     t_c = flops / (chip.peak_flops(prec) * mfu)
@@ -429,10 +380,10 @@ def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
     【返回】整数；权重都放不下时返回 0。
     【边界】ctx 是 ≥ 1 的整数（长度 0 的序列不占 KV，"能放几个"没有意义）；mem_util 在 (0, 1]。
     """
-    _count("ctx", ctx, 1)
-    _real("w_bytes", w_bytes)
-    _real("kv_bytes", kv_bytes)
-    _fraction("mem_util", mem_util)
+    check_int("ctx", ctx, lo=1, whole_float=True)
+    check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
+    check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
+    check_real("mem_util", mem_util, lo=0.0, lo_open=True, hi=1.0)
     free = mem_util * chip.mem_cap - model.weight_bytes(w_bytes)
     if free <= 0:
         return 0
@@ -446,8 +397,8 @@ def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16
     【返回】{"flops", "seconds", "days", "chip_hours"}
     【边界】只算"有效运算"的时间：不含故障重启、检查点、评测等停顿（真实的 GPU·小时会更多）。
     """
-    _count("n_chips", n_chips, 1)
-    _fraction("mfu", mfu)
+    check_int("n_chips", n_chips, lo=1, whole_float=True)
+    check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
     flops = model.train_flops(n_tokens, seq_len)
     sec = flops / (n_chips * chip.peak_flops(prec) * mfu)
     return {"flops": flops, "seconds": sec, "days": sec / 86400, "chip_hours": sec * n_chips / 3600}

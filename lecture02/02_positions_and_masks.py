@@ -191,7 +191,7 @@ def plot_leak(D_causal, D_bidir, path_script):
         ax.set_title(name)
         ax.set_xlabel("changed token j")
         ax.set_ylabel("output position i")
-    fig.colorbar(im, ax=axes, label="log10 max |Δ logits|")
+    fig.colorbar(im, ax=axes[1], label="log10 max |Δ logits|")      # 两图同一色标（vmin/vmax 相同），挂在右图上
     fig.suptitle("How much output position i changes when input token j is replaced")
     return tl.save_figure(fig, path_script, "leak")
 

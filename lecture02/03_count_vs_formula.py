@@ -28,6 +28,7 @@ from hw_specs import B200, H100_SXM, H200, MI300X  # noqa: E402
 from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_si, format_table  # noqa: E402
 
 CHIPS = (H100_SXM, H200, B200, MI300X)
+BOUND_ZH = {"compute": "算力", "memory": "带宽"}     # Chip.bound 的返回值 → 中文（同第 1 讲的演示）
 MODELS = (LLAMA31_8B, LLAMA31_70B)
 BPE = 2.0     # BF16
 
@@ -105,7 +106,7 @@ def part_models(prompt, ctx, batches):
             rows.append([m.name, name, fmt_si(s["flops"] / s["tokens"], "FLOP"), fmt_si(s["bytes"] / s["tokens"], "B"),
                          f"{100 * s['w'] / s['bytes']:.0f}/{100 * s['kv'] / s['bytes']:.0f}/"
                          f"{100 * s['act'] / s['bytes']:.0f}",
-                         f"{s['intensity']:.1f}", H100_SXM.bound(s["flops"], s["bytes"]),
+                         f"{s['intensity']:.1f}", BOUND_ZH[H100_SXM.bound(s["flops"], s["bytes"])],
                          f"{s['tokens'] / t:,.0f}"])
             results[m.name, name] = s
     print()

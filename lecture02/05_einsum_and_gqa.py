@@ -16,15 +16,14 @@
 import argparse
 import os
 import sys
-from dataclasses import replace
-
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_count, fmt_si, format_table  # noqa: E402
+from hw_specs import H100_SXM  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_count, fmt_si, format_table, scaled  # noqa: E402
 
 BPE = 2.0
 
@@ -107,7 +106,7 @@ def part_einsum(rng, B, T):
 def variants(model):
     """同一个模型的 MHA / GQA / MQA 三个版本（只改 n_kv_heads）。"""
     H = model.n_heads
-    return [replace(model, name=f"{model.name} {tag}", n_kv_heads=G)
+    return [scaled(model, f"{model.name} {tag}", n_kv_heads=G)
             for tag, G in (("MHA", H), ("GQA", model.n_kv_heads), ("MQA", 1))]
 
 
@@ -123,12 +122,14 @@ def part_models(batch, ctx):
         for m, s in zip(vs, steps):
             kv_seq = m.kv_cache_bytes(1, ctx, BPE)
             rows.append([m.name, f"{m.n_heads}/{m.n_kv_heads}", fmt_count(m.n_params()),
-                         fmt_si(m.kv_bytes_per_token(BPE), "B"), fmt_si(kv_seq, "B"), f"{int(80e9 // kv_seq)}",
+                         fmt_si(m.kv_bytes_per_token(BPE), "B"), fmt_si(kv_seq, "B"),
+                         f"{int(H100_SXM.mem_cap // kv_seq)}",
                          fmt_si(s["bytes"], "B"), f"{s['bytes'] / base:.2f}", f"{s['intensity']:.1f}"])
         kv = [m.kv_bytes_per_token(BPE) for m in vs]
         assert kv[0] / kv[1] == model.n_heads / model.n_kv_heads and kv[1] / kv[2] == model.n_kv_heads
         assert steps[0]["bytes"] > steps[1]["bytes"] > steps[2]["bytes"]
-    print(format_table(["模型", "H/G", "参数", "KV/token", f"KV/序列（{ctx:,}）", "80 GB 的 KV 装几条",
+    cap = f"{H100_SXM.name} {fmt_si(H100_SXM.mem_cap, 'B')} 的 KV 装几条"
+    print(format_table(["模型", "H/G", "参数", "KV/token", f"KV/序列（{ctx:,}）", cap,
                         "decode 一步读写", "相对 MHA", "FLOP/字节"], rows))
     print("→ KV 字节与 G 成正比：8B 从 MHA 到 GQA-8 省 4 倍，70B 省 8 倍；参数几乎不变（Wk、Wv 只占一小部分）。")
     print("  decode 一步要读的字节随之下降，强度升高——同样的显存能放更多序列（更大的 batch，第 5、7 讲）。")

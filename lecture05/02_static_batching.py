@@ -12,7 +12,6 @@
 运行：python3 lecture05/02_static_batching.py [--quick] [--seed 0]
 """
 import argparse
-import math
 import os
 import sys
 
@@ -27,41 +26,32 @@ import serving_sim as ss  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
 
 
-def run_sweep(step, reqs, batch_sizes, kv_reserve=None):
-    """每个 max_batch 跑一次静态批处理，返回每行的指标。"""
-    rows = []
-    for B in batch_sizes:
-        rs, info = ss.simulate_static(reqs, step, int(B), kv_reserve=kv_reserve)
-        s = ss.summarize(rs)
-        rows.append({"B": int(B), "max_b": max(b for _, _, b in info["batches"]), "mean_b": info["mean_batch"],
-                     "tok_s": s["tok_per_s"], "tpot": s["tpot_p50"], "e2e": s["e2e_mean"],
-                     "eff": info["useful_tokens"] / info["slot_tokens"]})
-    return rows
-
-
 def part_orca(seed, quick):
     step = ss.StepModel(ss.GPT3_13B, ss.A100_40G)
     cap = step.kv_capacity_tokens()
     print(f"=== 1. {step.model.name} @ {step.chip.name}（Orca 的实验设置），输入 ~ U(32, 512)、输出 ~ U(1, 128) ===")
     print(f"  KV 容量 {cap} 个 token（可用显存 {ss.GPU_MEM_UTIL:.0%} − 权重 {step.weight_bytes_per_chip / 1e9:.1f} GB，"
           f"每 token {step.kv_bytes_per_token / 1e6:.2f} MB）")
-    reqs = ss.make_requests(96 if quick else 384, math.inf, ("uniform", 32, 512), ("uniform", 1, 128), seed=seed)
+    n, spec = (96 if quick else 384), dict(prompt=("uniform", 32, 512), output=("uniform", 1, 128), seed=seed)
     Bs = [1, 2, 4, 8, 16, 32, 64]
-    need = run_sweep(step, reqs, Bs)
-    ft = run_sweep(step, reqs, Bs, kv_reserve=2048)
-    table = [[a["B"], a["max_b"], f"{a['tok_s']:.0f}", f"{a['tpot'] * 1e3:.1f}", f"{a['e2e']:.2f}", f"{a['eff']:.0%}",
-              f.get("max_b"), f"{f['tok_s']:.0f}"] for a, f in zip(need, ft)]
-    print(ss.format_table(["max_batch", "实际批（按需）", "输出 token/s", "TPOT ms", "端到端 s", "有效计算占比",
+    need = ss.offline_sweep(step, Bs, n, **spec)
+    ft = ss.offline_sweep(step, Bs, n, kv_reserve=2048, **spec)
+    table = [[a["max_batch"], a["largest_batch"], f"{a['tok_per_s']:.0f}", f"{a['tpot_p50'] * 1e3:.1f}",
+              f"{a['e2e_mean']:.2f}", f"{a['useful_frac']:.0%}", f["largest_batch"], f"{f['tok_per_s']:.0f}"]
+             for a, f in zip(need, ft)]
+    print(ss.format_table(["max_batch", "实际批（按需）", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比",
                            "实际批（FT 预留 2048）", "输出 token/s（FT）"], table))
     ft_limit = cap // 2048
     assert ft_limit == 6
-    assert all(f["max_b"] == min(f["B"], ft_limit) for f in ft), "FT 式预留：批大小 = min(max_batch, 容量 // 2048)"
-    assert all(a["max_b"] >= f["max_b"] for a, f in zip(need, ft))
-    assert max(a["tok_s"] for a in need) > max(f["tok_s"] for f in ft), "按需分配 KV 能放更大的批，吞吐更高"
+    assert all(f["largest_batch"] == min(f["max_batch"], ft_limit) for f in ft), \
+        "FT 式预留：批大小 = min(max_batch, 容量 // 2048)"
+    assert all(a["largest_batch"] >= f["largest_batch"] for a, f in zip(need, ft))
+    assert max(a["tok_per_s"] for a in need) > max(f["tok_per_s"] for f in ft), "按需分配 KV 能放更大的批，吞吐更高"
     # KV 的墙：一批最多 cap // 最短可能的 (L_max + O_max − 1)；max_batch 再大，实际批也超不过容量
     worst = cap // (512 + 128 - 1)                      # 最长输入 + 最长输出时一批能放几个
-    assert all(a["max_b"] >= min(a["B"], worst) for a in need) and need[-1]["max_b"] < need[-1]["B"]
-    assert all(a["eff"] < 1 for a in need[1:]), "长度参差不齐：补齐 + 陪跑一定有浪费"
+    assert all(a["largest_batch"] >= min(a["max_batch"], worst) for a in need)
+    assert need[-1]["largest_batch"] < need[-1]["max_batch"]
+    assert all(a["useful_frac"] < 1 for a in need[1:]), "长度参差不齐：补齐 + 陪跑一定有浪费"
     print(f"  FT 式预留：每个请求 2048 个 token → 最多 {ft_limit} 个"
           "（Orca 论文：FT 的 13B 批 ≥ 8 就显存不够，facts.md §3 [S56]）；")
     print("  按需分配能放更多，但静态批处理仍要补齐输入、陪最长的输出跑完，'有效计算占比'一列就是浪费的反面。")
@@ -74,19 +64,18 @@ def part_llama(seed, quick):
     wall = step.kv_capacity_tokens() // (P + O - 1)
     print(f"\n=== 2. {step.model.name} @ {step.chip.name}，固定输入 {P}、输出 {O}：KV 的墙在批 {wall} ===")
     Bs = [1, 8, 64, 256, 1024] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-    reqs = ss.make_requests(1024 if quick else 2048, math.inf, ("fixed", P), ("fixed", O), seed=seed)
-    rows = run_sweep(step, reqs, Bs)
-    print(ss.format_table(["max_batch", "实际批", "输出 token/s", "TPOT ms", "端到端 s", "有效计算占比"],
-                          [[r["B"], r["max_b"], f"{r['tok_s']:,.0f}", f"{r['tpot'] * 1e3:.1f}", f"{r['e2e']:.1f}",
-                            f"{r['eff']:.0%}"] for r in rows]))
-    assert all(r["eff"] == 1.0 for r in rows), "长度全相同时没有补齐和陪跑的浪费"
-    assert all(r["max_b"] == min(r["B"], wall) for r in rows)
-    tpots = [r["tpot"] for r in rows]
+    rows = ss.offline_sweep(step, Bs, 1024 if quick else 2048, ("fixed", P), ("fixed", O), seed=seed)
+    print(ss.format_table(["max_batch", "实际批", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比"],
+                          [[r["max_batch"], r["largest_batch"], f"{r['tok_per_s']:,.0f}", f"{r['tpot_p50'] * 1e3:.1f}",
+                            f"{r['e2e_mean']:.1f}", f"{r['useful_frac']:.0%}"] for r in rows]))
+    assert all(r["useful_frac"] == 1.0 for r in rows), "长度全相同时没有补齐和陪跑的浪费"
+    assert all(r["largest_batch"] == min(r["max_batch"], wall) for r in rows)
+    tpots = [r["tpot_p50"] for r in rows]
     assert all(b >= a for a, b in zip(tpots, tpots[1:])), "批越大，每一步越久（TPOT 不减）"
-    below = [r for r in rows if r["B"] <= wall]
-    assert all(b["tok_s"] > a["tok_s"] for a, b in zip(below, below[1:])), "撞墙之前，批越大吞吐越高"
-    above = [r for r in rows if r["B"] >= wall]
-    assert len({round(r["tok_s"], 6) for r in above}) <= 1, "撞墙之后，max_batch 再大也是同样的批"
+    below = [r for r in rows if r["max_batch"] <= wall]
+    assert all(b["tok_per_s"] > a["tok_per_s"] for a, b in zip(below, below[1:])), "撞墙之前，批越大吞吐越高"
+    above = [r for r in rows if r["max_batch"] >= wall]
+    assert len({round(r["tok_per_s"], 6) for r in above}) <= 1, "撞墙之后，max_batch 再大也是同样的批"
     print(f"  批 > {wall} 之后实际批被 KV 截断，吞吐不再变化；批变大时 TPOT 变长——吞吐是拿每个用户的延迟换来的。")
     return rows, wall
 
@@ -94,23 +83,23 @@ def part_llama(seed, quick):
 def plot(orca, llama, wall):
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for rows, name in ((orca, "GPT-3 13B / A100-40GB, U(32,512)/U(1,128)"), (llama, "Llama-3.1-8B / H100, 1024/256")):
-        x = [r["tpot"] * 1e3 for r in rows]
-        y = [r["tok_s"] for r in rows]
+        x = [r["tpot_p50"] * 1e3 for r in rows]
+        y = [r["tok_per_s"] for r in rows]
         ax[0].plot(x, y, "o-", label=name)
         seen = set()
         for r, xi, yi in zip(rows, x, y):
             if (round(xi, 3), round(yi, 1)) in seen:        # 撞墙后的点重合：只标第一个
                 continue
             seen.add((round(xi, 3), round(yi, 1)))
-            ax[0].annotate(str(r["B"]), (xi, yi), fontsize=7, xytext=(3, -8), textcoords="offset points")
+            ax[0].annotate(str(r["max_batch"]), (xi, yi), fontsize=7, xytext=(3, -8), textcoords="offset points")
     ax[0].set_xlabel("median TPOT (ms)")
     ax[0].set_ylabel("throughput (output tokens/s)")
     ax[0].set_yscale("log")
     ax[0].set_title("throughput vs latency (labels: max_batch)")
     ax[0].legend(fontsize=7)
-    Bs = [r["B"] for r in llama]
-    ax[1].loglog(Bs, [r["tok_s"] for r in llama], "o-", label="throughput")
-    ax[1].loglog(Bs, [r["max_b"] for r in llama], "s--", label="actual batch")
+    Bs = [r["max_batch"] for r in llama]
+    ax[1].loglog(Bs, [r["tok_per_s"] for r in llama], "o-", label="throughput")
+    ax[1].loglog(Bs, [r["largest_batch"] for r in llama], "s--", label="actual batch")
     ax[1].axvline(wall, color="red", lw=1, ls=":", label=f"KV wall ({wall})")
     ax[1].set_xlabel("max_batch")
     ax[1].set_title("Llama-3.1-8B / H100: the KV-capacity wall")

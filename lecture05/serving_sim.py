@@ -775,7 +775,8 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     """
     离线（全部请求 t = 0 到达）静态批处理，在不同 max_batch 下的吞吐与延迟。
     显存放不下的批大小会被自动截到 KV 允许的大小（"KV 的墙"）——返回里 eff_batch 记的是实际平均批大小。
-    【返回】字典列表，每个含 max_batch、eff_batch、tok_per_s、tpot_p50、e2e_mean、ttft_mean。
+    【返回】字典列表，每个含 max_batch、eff_batch、largest_batch（实际跑过的最大一批）、tok_per_s、tpot_p50、e2e_mean、
+        ttft_mean、useful_frac（useful_tokens ÷ slot_tokens：补齐和陪跑之外真正有用的计算占比）。
     """
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
@@ -783,8 +784,10 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
         B = _int_arg("batch_sizes 的元素", B, lo=1)          # 不静默截断 2.7 → 2
         rs, info = simulate_static(base, step, B, kv_reserve=kv_reserve)
         s = summarize(rs)
-        rows.append({"max_batch": int(B), "eff_batch": info["mean_batch"], "tok_per_s": s["tok_per_s"],
-                     "tpot_p50": s["tpot_p50"], "e2e_mean": s["e2e_mean"], "ttft_mean": s["ttft_mean"]})
+        rows.append({"max_batch": int(B), "eff_batch": info["mean_batch"],
+                     "largest_batch": max(b for _, _, b in info["batches"]), "tok_per_s": s["tok_per_s"],
+                     "tpot_p50": s["tpot_p50"], "e2e_mean": s["e2e_mean"], "ttft_mean": s["ttft_mean"],
+                     "useful_frac": info["useful_tokens"] / info["slot_tokens"]})
     return rows
 
 

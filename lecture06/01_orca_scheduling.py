@@ -109,8 +109,8 @@ def part3_reserve(step, n, seed, rates, max_bs, history_rate):
                          f"{r['mean_used'] / max(r['mean_reserved'], 1):.0%}", f"{mean_bs:.1f}", thr, state])
             assert all(h["reserved"] >= h["used"] for h in hist)            # 预留永远盖得住实际写入
             assert mode == "none" or not r["deadlock"]                      # 有预留就不会死锁
-    print(format_table(["到达率", "预留方式", "平均已预留", "平均已写入", "利用率", "平均批大小", "吞吐 req/s",
-                        "结果"], rows))
+    print(format_table(["到达率 req/s", "预留方式", "平均已预留 token", "平均已写入 token", "利用率", "平均批大小",
+                        "吞吐 req/s", "结果"], rows))
     cap = step.kv_capacity_tokens()
     dead = histories["none"][1]
     assert dead["deadlock"], "重载下不预留应当死锁"

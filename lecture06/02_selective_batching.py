@@ -33,10 +33,8 @@ def make_model(quick, seed):
     return cfg, init_params(cfg, seed=seed)
 
 
-def part1_one_step(cfg, params, rng):
-    print("== 1. 一次迭代：5 个请求，阶段和长度各不相同 ==")
-    # (已有上下文长度, 这一步的新 token 数)：上下文 0 = 刚到的请求（initiation），新 token 1 = 生成中（increment）
-    plan = [(0, 9), (13, 1), (0, 4), (29, 1), (6, 1)]
+def prepare(cfg, params, plan, rng):
+    """按 plan [(已有上下文, 新 token 数)] 造每个请求的两份相同 cache（ragged 用、单独算用）和新 token。"""
     caches, refs, chunks = [], [], []
     for ctx, new in plan:
         c, rc = KVCache(cfg, 1), KVCache(cfg, 1)
@@ -47,6 +45,14 @@ def part1_one_step(cfg, params, rng):
         caches.append(c)
         refs.append(rc)
         chunks.append(rng.integers(0, cfg.vocab, new))
+    return caches, refs, chunks
+
+
+def part1_one_step(cfg, params, rng):
+    print("== 1. 一次迭代：5 个请求，阶段和长度各不相同 ==")
+    # (已有上下文长度, 这一步的新 token 数)：上下文 0 = 刚到的请求（initiation），新 token 1 = 生成中（increment）
+    plan = [(0, 9), (13, 1), (0, 4), (29, 1), (6, 1)]
+    caches, refs, chunks = prepare(cfg, params, plan, rng)
     outs = dl.ragged_forward(params, cfg, chunks, caches)
     rows = []
     for i, ((ctx, new), o, rc, ch) in enumerate(zip(plan, outs, refs, chunks)):
@@ -90,16 +96,7 @@ def part2_engine(cfg, params, rng, n_req):
 
 def part3_counters(cfg, params, plan, rng):
     print("== 3. 记账：拼起来算（1 次 ragged_forward）vs 分开算（每个请求 1 次 forward）==")
-    caches, sep_caches, chunks = [], [], []
-    for ctx, new in plan:
-        c, sc = KVCache(cfg, 1), KVCache(cfg, 1)
-        if ctx:
-            hist = rng.integers(0, cfg.vocab, (1, ctx))
-            forward(params, cfg, hist, cache=c)
-            forward(params, cfg, hist, cache=sc)
-        caches.append(c)
-        sep_caches.append(sc)
-        chunks.append(rng.integers(0, cfg.vocab, new))
+    caches, sep_caches, chunks = prepare(cfg, params, plan, rng)
     together, apart = Counter(), Counter()
     dl.ragged_forward(params, cfg, chunks, caches, counter=together)
     for ch, sc in zip(chunks, sep_caches):

@@ -1144,7 +1144,8 @@ def best_gamma(alpha, c, gamma_max=64):
 # =============================================================================
 # §4 硬件视角：验证 γ+1 个 token 真的"免费"吗？
 # =============================================================================
-def verify_time(model, chip, batch, ctx, n_tokens, w_bytes=2.0, kv_bytes=2.0, mfu=0.6, mbu=0.8, overhead=0.0):
+def verify_time(model, chip, batch, ctx, n_tokens, w_bytes=2.0, kv_bytes=2.0, mfu=serving_sim.MFU, mbu=serving_sim.MBU,
+                overhead=0.0):
     """
     一次前向的 roofline 时间：批里 batch 个序列，每个已有 ctx 个 token 的 KV，这一步各送进 n_tokens 个 token
     （普通 decode：n = 1；投机验证：n = γ + 1；树形验证：n = 节点数 + 1）。
@@ -1154,21 +1155,20 @@ def verify_time(model, chip, batch, ctx, n_tokens, w_bytes=2.0, kv_bytes=2.0, mf
                     （同一个序列的 n 个 query 共用一次 KV 读取——融合注意力内核，假设 H1/H6）
             时间  = max(FLOPs / (峰值·mfu), 字节 / (带宽·mbu)) + overhead
         精度：w_bytes ≥ 2 用 bf16 峰值，否则用 fp8 峰值（芯片没有 fp8 时由 Chip.peak_flops 报错）。
+        实现：llm_math.step_time（第 1 讲的 step_flops / step_bytes 就是这两行公式）+ overhead。ctx 是整数 token 数。
     【要点】n 从 1 变到 γ+1：权重字节不变、KV 字节几乎不变，只有 FLOPs ×(γ+1)。批小时受带宽限制，多验证几个 token
         几乎不花时间；批大到受算力限制时，验证的时间按 γ+1 倍增长——投机解码的前提就没了。
     【返回】秒
     """
     batch, n_tokens = _int("batch", batch, lo=1), _int("n_tokens", n_tokens, lo=1)
-    ctx = _real("ctx", ctx, lo=0.0)
-    mfu = _real("mfu", mfu, lo=0.0, hi=1.0, lo_open=True)
-    mbu = _real("mbu", mbu, lo=0.0, hi=1.0, lo_open=True)
+    ctx = _int("ctx", ctx, lo=0)
     w_bytes = _real("w_bytes", w_bytes, lo=0.0, lo_open=True)
     overhead = _real("overhead", overhead, lo=0.0)
-    keys_seen = n_tokens * ctx + n_tokens * (n_tokens + 1) / 2          # Σ_{j=1..n} (ctx + j)
-    flops = batch * (n_tokens * model.linear_flops_per_token() + model.attn_flops_per_token(1) * keys_seen)
-    moved = model.matmul_params() * w_bytes + batch * (ctx + n_tokens) * model.kv_bytes_per_token(kv_bytes)
     prec = "fp8" if w_bytes < 2 else "bf16"
-    return max(flops / (chip.peak_flops(prec) * mfu), moved / (chip.mem_bw * mbu)) + overhead
+    # 上面的 FLOPs / 字节正是第 1 讲的 step_flops(batch, n, ctx) / step_bytes(...)：直接用它的 roofline
+    roof = llm_math.step_time(model, chip, batch, n_tokens, ctx, prec=prec, w_bytes=w_bytes, kv_bytes=kv_bytes,
+                              mfu=mfu, mbu=mbu)
+    return roof["time"] + overhead
 
 
 def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, overhead_d=0.3e-3, **kw):
@@ -1201,16 +1201,16 @@ def best_round(target, draft, chip, batch, ctx, alpha, gamma_max=16, **kw):
     return (i + 1, rounds[i]) if rounds[i]["speedup"] > 1.0 else (0, None)
 
 
-def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
+def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_util=serving_sim.GPU_MEM_UTIL):
     """
     几个模型（目标 + 草稿）的权重，加上每个模型 batch × tokens 个 token 的 KV，放不放得进一块芯片的 mem_util × 显存。
 
     【用途】verify_time 只算时间、不管显存；05 演示用它把"时间上好看、但根本放不下"的 (批大小, 上下文) 标出来。
     【返回】(是否放得下, 需要的字节)
     """
-    batch, tokens = _int("batch", batch, lo=1), _real("tokens", tokens, lo=0.0)
+    batch, tokens = _int("batch", batch, lo=1), _int("tokens", tokens, lo=0)
     mem_util = _real("mem_util", mem_util, lo=0.0, hi=1.0, lo_open=True)
-    need = sum(m.weight_bytes(w_bytes) + batch * tokens * m.kv_bytes_per_token(kv_bytes) for m in models)
+    need = sum(m.weight_bytes(w_bytes) + m.kv_cache_bytes(batch, tokens, kv_bytes) for m in models)
     return need <= mem_util * chip.mem_cap, need
 
 

@@ -15,6 +15,7 @@
 import argparse
 import os
 import sys
+from textwrap import indent
 
 import numpy as np
 
@@ -25,14 +26,9 @@ import comm_sim as cs  # noqa: E402
 from course_utils import fmt_bytes, save_figure  # noqa: E402
 
 
-
 def letters(mask, p):
     """位掩码 → 贡献设备的字母，例如 0b0101 → "a.c."（P = 4）。"""
     return "".join(chr(ord("a") + r) if mask >> r & 1 else "." for r in range(p))
-
-
-def indent(text, k=2):
-    return "\n".join(" " * k + line for line in text.splitlines())
 
 
 def contribution_trace(p, n):
@@ -63,7 +59,7 @@ def print_trace(trace, ledger, p):
                 star = "*" if prev is not None and prev[r][c] != m else " "
                 row.append(("-" * p if m < 0 else letters(m, p)) + star)
             rows.append(row)
-        print(indent(cs.format_table(["设备"] + [f"块{c}" for c in range(p)], rows, ["<"] * (p + 1))))
+        print(indent(cs.format_table(["设备"] + [f"块{c}" for c in range(p)], rows, ["<"] * (p + 1)), "  "))
         if step >= 0:
             sends = ", ".join(f"d{m.src}→d{m.dst} {fmt_bytes(m.nbytes)}" for m in ledger.step_messages(step))
             print(f"  本步消息：{sends}")
@@ -81,7 +77,7 @@ def numeric_check(p, n, rng):
     sent = ledger.bytes_sent()
     formula = 2 * (p - 1) / p * n * 8
     rows = [[f"d{r}", int(sent[r]), f"{formula:.1f}"] for r in range(p)]
-    print(indent(cs.format_table(["设备", "发出字节", "2(P−1)/P·n·8"], rows)))
+    print(indent(cs.format_table(["设备", "发出字节", "2(P−1)/P·n·8"], rows), "  "))
     # 总字节精确相等；单个设备因为 n 不能被 P 整除，和公式最多差 2(P−1) 个元素的"块长之差"
     assert sent.sum() == 2 * (p - 1) * n * 8
     assert np.all(np.abs(sent - formula) <= 2 * (p - 1) * 8)

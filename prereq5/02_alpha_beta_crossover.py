@@ -146,7 +146,7 @@ def main():
     print("\n== 2. 交叉点 n* ==")
     ns = crossover_checks(p, alpha, bw)
 
-    print("\n== 3. 各集合通信 / 算法的 n*（α = DEFAULT_ALPHA，B = 450 GB/s）==")
+    print(f"\n== 3. 各集合通信 / 算法的 n*（α = DEFAULT_ALPHA，B = {bw / 1e9:g} GB/s）==")
     crossover_table((2, 8, 64) if args.quick else (2, 4, 8, 16, 64, 256), alpha, bw)
 
     print("\n== 4. α 从哪里来：NCCL 的延迟常数 ==")

@@ -81,11 +81,18 @@ def node_comparison(sizes, p, alpha, bw):
     return times
 
 
-def cluster_comparison(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
+def cluster_times(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
+    """n_nodes 个节点 × g GPU 上 all-reduce 的三种做法的时间（秒）：(扁平单环, 扁平 g 环, 两级)。"""
     p = n_nodes * g
     flat1 = cs.allreduce_time(sizes, p, alpha_e, 1 / bw_e)               # 单环：每一步都要等最慢的链路（网卡）
     flatg = cs.allreduce_time(sizes / g, p, alpha_e, 1 / bw_e)           # g 个环并行，各分 n/g，各用一张网卡
     hier = cs.hierarchical_allreduce_time(sizes, n_nodes, g, alpha_i, 1 / bw_i, alpha_e, 1 / bw_e)
+    return flat1, flatg, hier
+
+
+def cluster_comparison(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
+    p = n_nodes * g
+    flat1, flatg, hier = cluster_times(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e)
     rows = [[fmt_bytes(n), fmt_time(a), fmt_time(b), fmt_time(c), "两级" if c < b else f"{g} 环"]
             for n, a, b, c in zip(sizes, flat1, flatg, hier)]
     print(cs.format_table(["消息", "扁平单环", f"扁平 {g} 环", "两级", "更快"], rows))
@@ -127,7 +134,7 @@ def simulate_hierarchical(n_nodes, g, rng):
     print(cs.format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
 
 
-def plot(sizes, times, cluster, n_nodes, g):
+def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -136,7 +143,7 @@ def plot(sizes, times, cluster, n_nodes, g):
         ax.loglog(sizes, times[a], label=a)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title("All-reduce on 8 GPUs (NVLink 450 GB/s, alpha 1 us)")
+    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, alpha {alpha * 1e6:g} us)")
     ax.legend()
     ax.grid(True, alpha=0.3)
     print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110)}")
@@ -145,7 +152,7 @@ def plot(sizes, times, cluster, n_nodes, g):
         ax.loglog(sizes, t, label=label)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"All-reduce on {n_nodes} nodes x {g} GPUs (NIC 50 GB/s per GPU)")
+    ax.set_title(f"All-reduce on {n_nodes} nodes x {g} GPUs (NIC {NIC_BW / 1e9:g} GB/s per GPU)")
     ax.legend()
     ax.grid(True, alpha=0.3)
     print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110)}")
@@ -178,10 +185,8 @@ def main():
 
     fine = np.logspace(3, 10, 40 if args.quick else 120)
     node_t = {a: cs.allreduce_time(fine, 8, alpha, 1 / bw, a) for a in AR_ALGOS}
-    p = args.nodes * g
-    cl = (cs.allreduce_time(fine, p, ALPHA_NET, 1 / NIC_BW), cs.allreduce_time(fine / g, p, ALPHA_NET, 1 / NIC_BW),
-          cs.hierarchical_allreduce_time(fine, args.nodes, g, alpha, 1 / bw, ALPHA_NET, 1 / NIC_BW))
-    plot(fine, node_t, cl, args.nodes, g)
+    cl = cluster_times(fine, args.nodes, g, alpha, bw, ALPHA_NET, NIC_BW)
+    plot(fine, node_t, cl, args.nodes, g, alpha, bw)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
-from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, fmt_time, save_figure  # noqa: E402
 from llm_math import PRESETS  # noqa: E402
 
 ACT_BYTES = 2          # bf16 激活
@@ -87,7 +87,7 @@ def main():
     args = ap.parse_args()
     cfg, chip, tp = PRESETS[args.model], H100_SXM, 8
     p_layer = layer_matmul_params(cfg)
-    print(f"{cfg.name}：{cfg.n_layers} 层，d = {cfg.d_model}，每层矩阵参数 {p_layer / 1e9:.3f} B；"
+    print(f"{cfg.name}：{cfg.n_layers} 层，d = {cfg.d_model}，每层矩阵参数 {fmt_count(p_layer)} 个；"
           f"{chip.name}：bf16 峰值 {chip.peak_flops('bf16') / 1e12:g} TFLOP/s，显存 {chip.mem_bw / 1e12:g} TB/s，"
           f"NVLink 单向 {chip.link_bw / 1e9:g} GB/s；TP = {tp}，α = {cs.DEFAULT_ALPHA * 1e6:g} µs")
 

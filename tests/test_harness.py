@@ -3,8 +3,6 @@
 项目列表和 `make check-all` 用的是同一个发现逻辑（tools/check_all.py），新讲次自动加入。
 子进程：lecture11 与 lecture18 各有一个 `flash_lab`，不能在同一个进程里导入。
 """
-import os
-
 import pytest
 
 import check_all
@@ -38,8 +36,7 @@ def test_discover_rules(tmp_path):
 
 @pytest.mark.parametrize("item", ITEMS, ids=[f"{it.kind}:{it.label}" for it in ITEMS])
 def test_item(item):
-    timeout = int(os.environ.get("CHECK_TIMEOUT", "600"))
-    status, dt, info = check_all.run_item(item, timeout=timeout)
+    status, dt, info = check_all.run_item(item)
     if status == "skip":
         pytest.skip(f"{item.label}: {info}")
     assert status == "ok", f"{item.label} 失败（{dt:.1f} s）：\n{info}"

@@ -215,10 +215,7 @@ def test_walltime_speedup_monte_carlo():
     for a, g, c in ((0.6, 3, 0.1), (0.85, 7, 0.05), (0.9, 10, 0.0), (0.5, 2, 0.8)):
         ok = rng.random((100000, g)) < a
         tokens = (np.cumprod(ok, axis=1).sum(axis=1) + 1).sum()
-        clock = 0.0
-        for _ in range(g):
-            clock += c                                                    # 草稿一次前向
-        clock += 1.0                                                      # 目标验证一次
+        clock = g * c + 1.0                                               # γ 次草稿前向 + 1 次目标验证
         assert abs(tokens / (len(ok) * clock) / dl.walltime_speedup(a, g, c) - 1) < 0.01, (a, g, c)
 
 
@@ -614,6 +611,12 @@ def test_verify_time_and_rounds():
     # batch 1、短上下文：受带宽限制，时间 = 读的字节 / (带宽 × 0.8)（独立按字节算一遍）
     by = T.matmul_params() * 2 + 1 * (100 + 1) * T.kv_bytes_per_token(2.0)
     assert math.isclose(dl.verify_time(T, chip, 1, 100, 1), by / (chip.mem_bw * 0.8), rel_tol=1e-12)
+    # 批大、上下文短：受算力限制，时间 = FLOPs / (峰值 × 0.6)；FLOPs 逐个新 token 数它看见的 ctx + j 个 key
+    B, ctx, n = 1024, 256, 5
+    flops = B * sum(2 * T.matmul_params() + 4 * T.n_layers * T.n_heads * T.d_head * (ctx + j) for j in range(1, n + 1))
+    for w_bytes, prec in ((2.0, "bf16"), (1.0, "fp8")):                    # FP8 权重用 FP8 的峰值
+        t = dl.verify_time(T, chip, B, ctx, n, w_bytes=w_bytes, overhead=1e-3)
+        assert math.isclose(t, flops / (chip.peak_flops(prec) * 0.6) + 1e-3, rel_tol=1e-12), prec
     ts = [dl.verify_time(T, chip, 64, 512, n) for n in range(1, 10)]
     assert all(a <= b for a, b in zip(ts, ts[1:]))
     r0 = dl.spec_round(T, D, chip, 8, 512, 0.8, 0)

@@ -9,7 +9,8 @@
 
 发现规则（新讲次按 CONTRIBUTING.md 放文件即可，不用改这里）：
     讲次文件夹   ：根目录下名为 prereqN / lectureNN 的文件夹，按编号排序（prereq 在前）
-    实验模块     ：文件夹里不以数字开头、含 `def _selftest(` 的 .py 文件；运行 `python <file>`
+    实验模块     ：文件夹里不以数字开头、含 `def _selftest(` 的 .py 文件（它必须在 `if __name__ == "__main__":`
+                   里调用 _selftest()，否则报错）；运行 `python <file>`
     演示脚本     ：文件夹里名为 `NN_*.py` 的文件；运行 `python <file> --quick`
 每一项在自己的子进程里运行（lecture11 与 lecture18 各有一个 flash_lab，不能同处一个进程）。
 退出码 0 = ✓，77 = skip（原因取输出里最后一行 `SKIP: ...`），其他 = ✗（打印输出的最后几行）。
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SKIP_CODE = 77
+# 每项的超时（秒）：check-all 和 pytest 共用这一个默认值，环境变量 CHECK_TIMEOUT 可以改
+DEFAULT_TIMEOUT = int(os.environ.get("CHECK_TIMEOUT", "600"))
 FOLDER_RE = re.compile(r"^(prereq|lecture)(\d+)$")
 DEMO_RE = re.compile(r"^\d\d_\w+\.py$")
 
@@ -103,7 +106,7 @@ def child_env():
     return env
 
 
-def run_item(item, python=sys.executable, full=False, timeout=300):
+def run_item(item, python=sys.executable, full=False, timeout=DEFAULT_TIMEOUT):
     """运行一项，返回 (status, seconds, 输出尾部或 skip 原因)。status ∈ {"ok", "fail", "skip"}。"""
     t0 = time.perf_counter()
     try:
@@ -134,7 +137,7 @@ def main(argv=None):
     ap.add_argument("--list", action="store_true", help="只列出会运行的项目")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("CHECK_JOBS", "2")),
                     help="同时运行几项（默认 2，即 2 核机器的核数；计时类演示在 --jobs 1 时最准）")
-    ap.add_argument("--timeout", type=int, default=int(os.environ.get("CHECK_TIMEOUT", "600")),
+    ap.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT,
                     help="每项的超时（秒）")
     a = ap.parse_args(argv)
     if a.jobs < 1:
