@@ -32,10 +32,6 @@ def qkv(rng, N, Nk, d, dv):
     return rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv))
 
 
-def fmt_m(x):
-    return f"{x / 1e6:.2f}M"
-
-
 def correctness(rng):
     rows = []
     for N, Nk, d, dv, Br, Bc in ((100, 100, 16, 16, 16, 24), (37, 91, 8, 5, 10, 7), (64, 40, 12, 12, 9, 13)):
@@ -98,10 +94,10 @@ def io_vs_n(rng, Ns):
         assert counts[2] == fl.fa_io_formula(N, D, M_SRAM, "fa2", Br=sq, Bc=sq)
         for key, val in zip(curves, [std] + counts):
             curves[key].append(val)
-        rows.append([N, fmt_m(std), f"{4 * N * N / std:.0%}"] + [fmt_m(c) for c in counts]
+        rows.append([N, fl.fmt_count(std), f"{4 * N * N / std:.0%}"] + [fl.fmt_count(c) for c in counts]
                     + [f"{std / counts[0]:.1f}×", f"{std / counts[2]:.1f}×"])
-    print(fl.format_table(["N", "标准", "其中 N×N 项", "fa1", "fa2 论文块", f"fa2 {sq}×{sq}",
-                           "标准/fa1", f"标准/fa2 {sq}"], rows))
+    print(fl.format_table(["N", "标准（元素）", "其中 N×N 项", "fa1（元素）", "fa2 论文块（元素）",
+                           f"fa2 {sq}×{sq}（元素）", "标准/fa1", f"标准/fa2 {sq}"], rows))
     print("（元素个数；每个 flash 计数都已断言 = fa_io_formula。fa2 用论文的块时 Br = d = 64，K、V 要读 N/64 遍；"
           f"换成 Br = {sq} 就少 4 倍——FlashAttention-2 的实现正是用更大的 Br。）")
     big = Ns[-1]
@@ -118,21 +114,15 @@ def io_vs_m(N, Ms):
         io1 = fl.fa_io_formula(N, D, M, "fa1")
         fa1.append(io1)
         c = io1 * M / (N * N * D * D)
-        rows.append([f"{M:,}", f"{Br}×{Bc}", math.ceil(N / Bc), fmt_m(std), fmt_m(io1), f"{c:.1f}",
+        rows.append([f"{M:,}", f"{Br}×{Bc}", math.ceil(N / Bc), fl.fmt_count(std), fl.fmt_count(io1), f"{c:.1f}",
                      f"{std / io1:.1f}×"])
-    print(fl.format_table(["M（元素）", "Br×Bc", "Tc", "标准", "fa1", "IO·M/(N²d²)", "标准/fa1"], rows))
+    print(fl.format_table(["M（元素）", "Br×Bc", "Tc", "标准（元素）", "fa1（元素）", "IO·M/(N²d²)", "标准/fa1"], rows))
     consts = [io * M / (N * N * D * D) for io, M in zip(fa1, Ms) if math.ceil(N / fl.block_sizes(M, D)[1]) >= 8]
     assert max(consts) / min(consts) < 1.5 and all(a > b for a, b in zip(fa1, fa1[1:]))
     print(f"Tc ≥ 8 时 IO·M/(N²d²) 在 {min(consts):.1f} 到 {max(consts):.1f} 之间：flash 的读写 = Θ(N²d²/M)，"
           "M 翻倍读写减半；标准写法和 M 无关。\n"
           "M 太小（块只有几行）时 flash 反而读写更多：每个 (i, j) 都要把 O_i 读写一遍。")
     return std, fa1
-
-
-def count_live_tiles(N, Nk, b):
-    """逐块看可见性表（右下角对齐：key k ≤ Nk − N + q 才看得见），数出至少有一对可见 (q, k) 的 b×b 块。"""
-    visible = np.arange(Nk)[None, :] <= (Nk - N) + np.arange(N)[:, None]
-    return sum(bool(visible[i0:i0 + b, j0:j0 + b].any()) for i0 in range(0, N, b) for j0 in range(0, Nk, b))
 
 
 def causal_skipping(rng, N, blocks):
@@ -142,7 +132,7 @@ def causal_skipping(rng, N, blocks):
         full = fl.flash_fwd(Q, K, V, b, b)[2]
         caus = fl.flash_fwd(Q, K, V, b, b, True)[2]
         T = math.ceil(N / b)
-        live = count_live_tiles(N, N, b)
+        live = int(fl.live_tiles(N, N, b, b).sum())           # 逐对查可见性，再按块取"任意一对"
         assert N % b == 0 and live == T * (T + 1) // 2        # 下三角加对角线
         # fa2 只有 K、V 的读取随块数变：每个活块读一块 K、V（b 行 × 2d）；Q 读一遍，O、L 写一遍
         kv_full, kv_caus = T * T * b * 2 * D, live * b * 2 * D
@@ -157,7 +147,7 @@ def causal_skipping(rng, N, blocks):
           "省下的读写比 FLOPs 少：Q 读一遍、O 写一遍是省不掉的。）")
     Q2 = Q[-N // 4:]                                          # N < Nk：前面有 3N/4 个缓存的 key（右下角对齐）
     f2, c2 = fl.flash_fwd(Q2, K, V, 32, 32)[2], fl.flash_fwd(Q2, K, V, 32, 32, True)[2]
-    live2 = count_live_tiles(len(Q2), N, 32)
+    live2 = int(fl.live_tiles(len(Q2), N, 32, 32).sum())
     assert c2.flops == live2 * 2 * 32 * 32 * 2 * D and c2.notes["K,V"]["read"] == live2 * 32 * 2 * D
     print(f"N = {len(Q2)} 个 query、Nk = {N} 个 key（右下角对齐）：causal 只省 {1 - c2.flops / f2.flops:.1%} 的 FLOPs"
           "——被掩码的只有右上角的小三角。")

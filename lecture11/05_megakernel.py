@@ -2,7 +2,7 @@
 第 11 讲 · 演示 5：megakernel——batch 1 的 decode，时间都花在哪
 
 你会看到：
-    1. Llama-3.2-1B 一次 decode 读约 2.47 GB（权重 + KV cache，和第 1 讲的参数计数逐字节对账）：
+    1. Llama-3.2-1B 一次 decode 读约 2.48 GB（权重 + KV cache，和第 1 讲的参数计数逐字节对账）：
        每层 12 个、7 个内核，或 megakernel 的 5 条指令，
        读的字节一样，差的是"怎么切"。H100 上按满带宽读完要 0.74 ms。
     2. 时间线模型（flash_lab.timeline）把一次 decode 拆成：读权重、带宽效率损失、启动间隙、序幕、尾部、小内核、
@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 import flash_lab as fl  # noqa: E402
 
 H100 = fl.TimelineParams()                                   # 默认参数就是 H100 SXM
-H200 = replace(H100, hbm=4.8e12)                              # 同一颗 GH100，只有显存更快
+H200 = replace(H100, hbm=fl.H200_DEC.hbm)                     # 同一颗 GH100，只有显存更快（hw_specs.H200）
 CASES = (("12 个内核/层", "12", "kernels"), ("7 个内核/层", "7", "kernels"), ("megakernel", "fused", "megakernel"))
 
 
@@ -212,7 +212,8 @@ def main():
     h200_compare()
 
     r = list(res.values())
-    print(f"\n结论：同样读 2.47 GB，每层 12 个内核 {us(r[0]['t'])} µs、7 个 {us(r[1]['t'])} µs、"
+    print(f"\n结论：同样读 {fl.llama_1b_expected_bytes() / 1e9:.2f} GB，"
+          f"每层 12 个内核 {us(r[0]['t'])} µs、7 个 {us(r[1]['t'])} µs、"
           f"megakernel {us(r[2]['t'])} µs；megakernel 的好处来自没有内核边界，让权重跨算子提前读、把同步藏起来。")
     if not args.no_fig:
         p1 = plot_breakdown(res)

@@ -22,12 +22,13 @@ CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-d
 
 【主要内容】
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
-    §2 标准注意力与计数：IO、standard_attention、standard_attention_bwd、reference_lse
+    §2 标准注意力与计数：IO、standard_attention、standard_attention_bwd；
+       参考实现 naive_attention（逐行按定义，返回 (O, L)）与 reference_lse（= 它的 L）
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula
     §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits
     §5 megakernel：Op、LLAMA_1B（= llm_math.LLAMA32_1B）、llama_1b_ops、llama_1b_expected_bytes、
         TimelineParams、timeline、PART_LABELS
-    演示共用：format_table、figure_path、save_figure（从 ../lecture01/course_utils.py 导入）
+    演示共用：format_table、fmt_count、figure_path、save_figure（从 ../lecture01/course_utils.py 导入）
     §6 _selftest()
 
 【约定】
@@ -47,16 +48,18 @@ CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-d
       这里按内核逐个记账（io.notes）。
     - llama_1b_ops("fused") 把 RMSNorm 读的字节并进融合指令，三种切法读的总字节完全相同（原模块少了约 0.3 MB）。
     - timeline 的 parts 用英文键（"weights"、"launch"……），中文说明和图例放在 PART_LABELS；原模块直接用中文做键。
-    - 新增：reference_lse、H200_DEC、LLAMA_1B、IO.add / notes、fa_io_formula 的 Nk / dv / Br / Bc 关键字参数、
+    - 新增：naive_attention、reference_lse、H200_DEC、LLAMA_1B、IO.add / notes、
+      fa_io_formula 的 Nk / dv / Br / Bc 关键字参数、
       live_tiles 与 fa_io_formula 的 causal 关键字参数（按逐对可见性数出的活块）、
       llama_1b_expected_bytes（由第 1 讲的参数计数推出的字节）、
       decode_attention_time 结果里的 "bytes"、"rows"、"keys"，timeline 结果里的 "n_ops"，以及坏输入的检查。
-    - LLAMA_1B 就是 lecture01/llm_math.py 的 LLAMA32_1B（ModelConfig），不另抄一份配置。
+    - LLAMA_1B 就是 lecture01/llm_math.py 的 LLAMA32_1B（ModelConfig），不另抄一份配置；
+      H100_DEC / H200_DEC 和 TimelineParams 的算力、带宽取自 lecture01/hw_specs.py（A100 不在那张表里，这里写出来）。
     - decode_attention_time("fd") 的 splits > S 时只数非空段的 CTA（和 split_kv_decode 一致）；
       splits ≤ S 时 CTA 数和原模块相同。
 
 【运行】python3 lecture11/flash_lab.py      # 自检，2 核 CPU 上约 1 秒
-【依赖】numpy（不用 torch）；../lecture01/course_utils.py（只用标准库）。
+【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs（都只用标准库）。
         演示脚本 lecture11/01_*.py … 05_*.py 建立在本模块之上。
 """
 
@@ -71,7 +74,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 # 演示共用的表格和存图（实现在 lecture01/course_utils.py，模块级只用标准库；本模块仍然只依赖 numpy）
-from course_utils import figure_path, format_table, save_figure  # noqa: E402,F401
+from course_utils import figure_path, fmt_count, format_table, save_figure  # noqa: E402,F401
+# 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（facts.md §1）
+from hw_specs import H100_SXM, H200  # noqa: E402
 # Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次（facts.md §2），这里直接用（模块级只用标准库）
 from llm_math import LLAMA32_1B, PUBLISHED_PARAMS  # noqa: E402
 
@@ -302,18 +307,37 @@ def standard_attention(Q, K, V, causal=False, scale=None):
     return O, P, io
 
 
+def naive_attention(Q, K, V, causal=False, scale=None):
+    """
+    参考实现：一行一行按定义算，给自检、测试和演示当"标准答案"（float64）。
+
+    不走 _masked_scores、softmax_3pass 或任何分块：第 i 个 query 只和它看得见的前 n_i 个 key 算分数
+    （causal 右下角对齐：n_i = Nk − N + i + 1；否则 n_i = Nk），再直接做 softmax。
+    【返回】(O [N, dv], L [N])：L_i = log Σ_{j 可见} exp(S_ij)。没有可见 key 的行：O = 0、L = −∞（本模块的约定）。
+    """
+    Q, K, V, scale = _attention_inputs(Q, K, V, scale)
+    causal = _flag(causal, "causal")
+    N, Nk = Q.shape[0], K.shape[0]
+    O, L = np.zeros((N, V.shape[1])), np.full(N, -np.inf)
+    for i in range(N):
+        n_vis = Nk - N + i + 1 if causal else Nk             # 这个 query 看得见的 key 个数
+        if n_vis <= 0:
+            continue
+        s = (K[:n_vis] @ Q[i]) * scale                        # [n_vis]
+        w = np.exp(s - s.max())
+        O[i] = (w @ V[:n_vis]) / w.sum()
+        L[i] = s.max() + math.log(w.sum())
+    return O, L
+
+
 def reference_lse(Q, K, causal=False, scale=None):
     """
-    每行的 log-sum-exp L_i = log Σ_{j 可见} exp(S_ij)，直接按定义算（float64）；没有可见 key 的行为 −∞。
+    每行的 log-sum-exp L_i = log Σ_{j 可见} exp(S_ij)（naive_attention 的 L）；没有可见 key 的行为 −∞。
 
     flash_fwd 返回的 L 应该等于它；反向传播只需要存这 N 个数。
     """
-    Q, K, _, scale = _attention_inputs(Q, K, K, scale)
-    causal = _flag(causal, "causal")
-    S = _masked_scores(Q, K, scale, causal, offset=K.shape[0] - Q.shape[0])
-    m = S.max(axis=1)
-    with np.errstate(divide="ignore"):                        # 空行：log(0) = −∞，正是约定的值
-        return _safe(m) + np.log(np.exp(S - _safe(m)[:, None]).sum(axis=1))
+    K = _real_array(K, "K", ndim=2)
+    return naive_attention(Q, K, np.zeros((K.shape[0], 1)), causal, scale)[1]   # V 不影响 L
 
 
 def standard_attention_bwd(Q, K, V, P, dO, scale=None):
@@ -376,18 +400,27 @@ def _tiles(n, b):
     return [(s, min(s + b, n)) for s in range(0, n, b)]
 
 
+def _tile_lengths(n, b):
+    """_tiles(n, b) 每块的长度（numpy 数组）。"""
+    return np.array([e - s for s, e in _tiles(n, b)])
+
+
 def _live(causal, offset, i1, j0):
     """causal 时，Q 块 [·, i1) 与从 j0 开始的 K 块有没有可见的 (query, key) 对。
     块里位置最靠后的 query 在 offset + i1 − 1；若它都早于 j0，整块被掩码，直接跳过（不读、不算）。"""
     return not causal or offset + i1 - 1 >= j0
 
 
+def _lse(m, l):
+    """状态 (m, l) 的 log-sum-exp：m + log l；l = 0 的行（没有可见 key）按约定为 −∞。"""
+    with np.errstate(divide="ignore"):
+        return np.where(l > 0, _safe(m) + np.log(l), -np.inf)
+
+
 def _normalize(acc, m, l):
     """把未归一化的累加器变成 (O, L)。l = 0 的行（没有可见 key）按约定给 O = 0、L = −∞。"""
     O = np.divide(acc, l[:, None], out=np.zeros_like(acc), where=l[:, None] > 0)
-    with np.errstate(divide="ignore"):
-        L = np.where(l > 0, _safe(m) + np.log(l), -np.inf)
-    return O, L
+    return O, _lse(m, l)
 
 
 def flash_fwd(Q, K, V, Br, Bc, causal=False, scale=None, order="fa2"):
@@ -489,9 +522,7 @@ def _fwd_fa1(Q, K, V, Br, Bc, causal, scale):
             io.add("O", write=br * dv)
             io.add("l,m", write=2 * br)
             io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
-    with np.errstate(divide="ignore"):
-        L = np.where(l_hbm > 0, _safe(m_hbm) + np.log(l_hbm), -np.inf)
-    return O, L, io
+    return O, _lse(m_hbm, l_hbm), io
 
 
 def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
@@ -607,8 +638,7 @@ def fa_io_formula(N, d, M, order="fa2", *, Nk=None, dv=None, Br=None, Bc=None, c
             return Nk * (d + dv) + Tc * N * (d + dv + 2) + N * (dv + 2) + Tc * N * (dv + 2)
         return N * d + Tr * Nk * (d + dv) + N * (dv + 1)
     live = live_tiles(N, Nk, Br, Bc)                          # [Tr, Tc]
-    br = np.diff(np.minimum(np.arange(Tr + 1) * Br, N))       # 每个 Q 块的行数（最后一块可能不满）
-    bc = np.diff(np.minimum(np.arange(Tc + 1) * Bc, Nk))      # 每个 K 块的行数
+    br, bc = _tile_lengths(N, Br), _tile_lengths(Nk, Bc)      # 每个 Q 块、K 块的行数（最后一块可能不满）
     if order == "fa1":
         kv = int(bc[live.any(axis=0)].sum()) * (d + dv)
         pair_rows = int((live * br[:, None]).sum())           # Σ_{活块} Br_i
@@ -677,9 +707,10 @@ class DecodeGPU:
     launch: float = 5e-6
 
 
-A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB
-H100_DEC = DecodeGPU("H100", 132, 989e12, 3.35e12)      # H100 SXM5
-H200_DEC = DecodeGPU("H200", 132, 989e12, 4.8e12)       # H200 SXM：和 H100 同一颗 GH100，只是 HBM3e 更快
+A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB（facts.md §1；hw_specs 里没有 A100）
+# H100 SXM5 与 H200 SXM：同一颗 GH100（132 个 SM），H200 只是 HBM3e 更快；峰值与带宽取自 hw_specs
+H100_DEC = DecodeGPU("H100", 132, H100_SXM.peak_flops("bf16"), H100_SXM.mem_bw)
+H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
 
 
 def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, block_m=None, elem=2):
@@ -840,7 +871,7 @@ class TimelineParams:
     """
     时间线模型的参数（默认 H100 SXM）。规格来自 facts.md；标了"假设"的是本模型的选择，改了重算就能看敏感性。
 
-        n_sm、hbm：SM 个数、显存带宽（字节/秒）
+        n_sm、hbm：SM 个数、显存带宽（字节/秒；默认 = hw_specs.H100_SXM.mem_bw）
         eff：长时间连续读能达到的带宽比例。假设 0.9。
         launch：相邻两个内核之间的启动间隙。Hazy 在 H100 上测到：普通 stream 约 2.1 µs，CUDA Graphs 约 1.3 µs（默认）。
         ramp："序幕"——内核开始到第一批权重到达的等待（显存延迟、地址计算）。假设 1 µs，每个内核付一次。
@@ -851,7 +882,7 @@ class TimelineParams:
         smem_buf：megakernel 每个 SM 能为"下一条指令"预取的权重缓冲。Hazy：13 页 × 16 KiB = 208 KiB。
     """
     n_sm: int = 132
-    hbm: float = 3.35e12
+    hbm: float = H100_SXM.mem_bw
     eff: float = 0.9
     launch: float = 1.3e-6
     ramp: float = 1.0e-6
@@ -945,27 +976,12 @@ def timeline(ops, mode, p=TimelineParams()):
 # =============================================================================
 # 6. 自检
 # =============================================================================
-def _naive_attention(Q, K, V, causal, scale):
-    """逐行、只用 Python 循环按定义算：给自检当独立参考（不走 softmax_3pass 和整块掩码）。"""
-    N, Nk = Q.shape[0], K.shape[0]
-    O = np.zeros((N, V.shape[1]))
-    for i in range(N):
-        last = Nk - N + i if causal else Nk - 1              # 右下角对齐：能看到的最后一个 key
-        if last < 0:
-            continue                                          # 约定：没有可见 key → 0
-        s = [float(Q[i] @ K[j]) * scale for j in range(last + 1)]
-        w = np.exp(np.array(s) - max(s))
-        O[i] = (w / w.sum()) @ V[:last + 1]
-    return O
-
-
 def _check_forward(rng):
     for N, Nk, d, dv in ((64, 64, 16, 16), (50, 50, 8, 5), (7, 33, 8, 8), (37, 23, 6, 9)):
         Q, K, V = rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv))
         for causal in (False, True):
-            O_ref, P, _ = standard_attention(Q, K, V, causal)
-            assert np.abs(O_ref - _naive_attention(Q, K, V, causal, 1 / math.sqrt(d))).max() < 1e-12
-            L_ref = reference_lse(Q, K, causal)
+            O_ref, L_ref = naive_attention(Q, K, V, causal)   # 逐行按定义：独立于下面所有写法
+            assert np.abs(standard_attention(Q, K, V, causal)[0] - O_ref).max() < 1e-12
             empty = causal and N > Nk                         # 前 N − Nk 行没有可见 key
             assert np.isneginf(L_ref).sum() == (N - Nk if empty else 0)
             for order in ORDERS:
@@ -988,8 +1004,7 @@ def _check_io_counts(rng):
             io_c = flash_fwd(Q, K, V, Br, Bc, True, order=order)[2]
             assert io_c.total == fa_io_formula(N, d, M, order, Nk=Nk, dv=dv, causal=True), order
             live = live_tiles(N, Nk, Br, Bc)
-            blk = np.multiply.outer(np.diff(np.minimum(np.arange(live.shape[0] + 1) * Br, N)),
-                                    np.diff(np.minimum(np.arange(live.shape[1] + 1) * Bc, Nk)))   # 每块 Br_i·Bc_j
+            blk = np.multiply.outer(_tile_lengths(N, Br), _tile_lengths(Nk, Bc))   # 每块 Br_i·Bc_j
             assert io_c.flops == 2 * int((blk * live).sum()) * (d + dv) < io.flops   # 省读写也省乘法
             assert io_c.total < io.total
     assert standard_attention(Q, K, V)[2].total == (N + Nk) * d + 4 * N * Nk + Nk * dv + N * dv

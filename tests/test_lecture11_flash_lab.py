@@ -15,21 +15,6 @@ from labload import load_lab
 fl = load_lab("lecture11", "flash_lab")
 
 
-def _naive(Q, K, V, causal):
-    """逐行按定义算的注意力（右下角对齐；没有可见 key 的行为 0），独立于模块里的实现。"""
-    N, Nk = len(Q), len(K)
-    O, L = np.zeros((N, V.shape[1])), np.full(N, -np.inf)
-    for i in range(N):
-        n_vis = (Nk - N + i + 1) if causal else Nk
-        if n_vis <= 0:
-            continue
-        s = Q[i] @ K[:n_vis].T / math.sqrt(Q.shape[1])
-        w = np.exp(s - s.max())
-        O[i] = w @ V[:n_vis] / w.sum()
-        L[i] = s.max() + math.log(w.sum())
-    return O, L
-
-
 def _qkv(seed, N, Nk, d, dv):
     rng = np.random.default_rng(seed)
     return rng.standard_normal((N, d)), rng.standard_normal((Nk, d)), rng.standard_normal((Nk, dv)), \
@@ -51,9 +36,8 @@ def shapes(draw, allow_more_queries=False):
 def test_flash_fwd_bwd_match_standard(s):
     Q, K, V, dO = _qkv(s["seed"], s["N"], s["Nk"], s["d"], s["dv"])
     O_ref, P, io_std = fl.standard_attention(Q, K, V, s["causal"])
-    O_naive, L_naive = _naive(Q, K, V, s["causal"])
+    O_naive, L_naive = fl.naive_attention(Q, K, V, s["causal"])   # 逐行按定义的参考，不经过 standard_attention
     assert np.abs(O_ref - O_naive).max() < 1e-12
-    assert np.allclose(fl.reference_lse(Q, K, s["causal"]), L_naive, rtol=0, atol=1e-12)
     dref = fl.standard_attention_bwd(Q, K, V, P, dO)[:3]
     for order in fl.ORDERS:
         O, L, io = fl.flash_fwd(Q, K, V, s["Br"], s["Bc"], s["causal"], order=order)
@@ -83,6 +67,21 @@ def test_rows_without_keys_convention(s):
         assert np.all(dQ[:empty] == 0)
         assert max(np.abs(dQ - dQs).max(), np.abs(dK - dKs).max(), np.abs(dV - dVs).max()) < 1e-12
     assert np.all(np.isfinite(dQs)) and np.all(P[:empty] == 0)
+
+
+def test_naive_attention_known_answer():
+    """K = 0 时可见的 key 分数全相同：O_i = 前 n_i 行 V 的平均，L_i = log n_i（右下角对齐；n_i = 0 → 0、−∞）。"""
+    Q, _, _, _ = _qkv(3, 5, 3, 4, 2)
+    K, V = np.zeros((3, 4)), np.arange(6.0).reshape(3, 2)
+    O, L = fl.naive_attention(Q, K, V, causal=True)
+    for i, n_vis in enumerate((0, 0, 1, 2, 3)):                # N = 5 > Nk = 3：前 2 行什么也看不见
+        if n_vis == 0:
+            assert np.all(O[i] == 0) and np.isneginf(L[i])
+        else:
+            assert np.allclose(O[i], V[:n_vis].mean(axis=0)) and math.isclose(L[i], math.log(n_vis))
+    O, L = fl.naive_attention(Q, K, V)
+    assert np.allclose(O, V.mean(axis=0)) and np.allclose(L, math.log(3))
+    assert np.array_equal(fl.reference_lse(Q, K, causal=True), fl.naive_attention(Q, K, V, causal=True)[1])
 
 
 def test_bottom_right_alignment():
@@ -277,7 +276,9 @@ def test_decode_time_model_properties():
     h100 = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=8)
     h200 = fl.decode_attention_time(**kw, method="fd", gpu=fl.H200_DEC, splits=8)
     assert h200["t"] <= h100["t"]
-    assert (fl.H200_DEC.tc_flops, fl.H200_DEC.n_sm, fl.H200_DEC.hbm) == (fl.H100_DEC.tc_flops, 132, 4.8e12)
+    # 同一颗 GH100：算力和 SM 个数相同，只有显存带宽更高
+    assert (fl.H200_DEC.tc_flops, fl.H200_DEC.n_sm) == (fl.H100_DEC.tc_flops, fl.H100_DEC.n_sm)
+    assert fl.H200_DEC.hbm > fl.H100_DEC.hbm
     s, best = fl.best_splits(**kw, gpu=fl.H100_DEC)
     for c in (1, 2, 4, 8, 16, 32):
         other = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=c)
