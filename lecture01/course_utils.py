@@ -266,7 +266,8 @@ def _selftest():
     for call, exc, text in ((lambda: check_int("batch", True), TypeError, "batch"),
                             (lambda: check_int("batch", 2.0), TypeError, "batch"),
                             (lambda: check_int("batch", 2.5, whole_float=True), ValueError, "batch"),
-                            (lambda: check_int("batch", 0, lo=1, where="f"), ValueError, "f：batch 必须是整数，且 ≥ 1，收到 0"),
+                            (lambda: check_int("batch", 0, lo=1, where="f"), ValueError,
+                             "f：batch 必须是整数，且 ≥ 1，收到 0"),
                             (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),
                             (lambda: check_real("eps", float("nan"), lo=0), ValueError, "eps"),
                             (lambda: check_real("eps", math.inf), ValueError, "eps"),
@@ -280,7 +281,8 @@ def _selftest():
             assert text in str(e), (text, e)
         else:
             raise AssertionError(f"应当报错：{text}")
-    print("course_utils 自检通过：中文表格对齐、fmt_* 与手算一致、figure_path 建文件夹、坏输入报错、check_int / check_real 的边界")
+    print("course_utils 自检通过：中文表格对齐、fmt_* 与手算一致、figure_path 建文件夹、坏输入报错、"
+          "check_int / check_real 的边界")
 
 
 if __name__ == "__main__":

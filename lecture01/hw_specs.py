@@ -29,12 +29,12 @@ CS349E · 第 1 讲共享模块：hw_specs.py —— 今天的加速器：能算
       facts.md 标为 unknown 的（例如 TPU 的功耗）这里填 None，不猜。
 
 【运行】python3 hw_specs.py     # 自检 + 打印芯片表
-【依赖】只用 Python 标准库。
+【依赖】只用 Python 标准库（参数检查 check_real 来自同一文件夹的 course_utils.py）。
 """
 
-import math
-import numbers
 from dataclasses import dataclass, field
+
+from course_utils import check_real   # 参数检查（同一文件夹；只用标准库）
 
 PRECISIONS = ("fp4", "fp8", "int8", "fp16", "bf16", "fp32")    # 认识的精度名（小写）
 
@@ -74,17 +74,19 @@ class Chip:
             raise ValueError(f"name 必须是非空字符串，收到 {self.name!r}")
         if not isinstance(self.peak, dict) or not self.peak:
             raise ValueError(f"{self.name}: peak 必须是非空字典 {{精度: FLOP/s}}，收到 {self.peak!r}")
+        # 规格数字必须是正的有限实数；老约定：一切坏值（含 bool、字符串）都报 ValueError
+        spec = dict(lo=0.0, lo_open=True, where=self.name, type_error=ValueError)
         clean = {}
         for k, v in self.peak.items():
             if not isinstance(k, str) or k != k.lower() or not k:
                 raise ValueError(f"{self.name}: peak 的键必须是小写精度名（如 'bf16'），收到 {k!r}")
-            _positive(f"{self.name}: peak[{k!r}]", v)
+            check_real(f"peak[{k!r}]", v, **spec)
             clean[k] = float(v)
         object.__setattr__(self, "peak", clean)              # 复制一份，外面改原字典不影响芯片
         for nm in ("mem_bw", "mem_cap", "link_bw"):
-            _positive(f"{self.name}: {nm}", getattr(self, nm))
+            check_real(nm, getattr(self, nm), **spec)
         if self.power_w is not None:
-            _positive(f"{self.name}: power_w", self.power_w)
+            check_real("power_w", self.power_w, **spec)
         if self.year is not None and (isinstance(self.year, bool) or not isinstance(self.year, int)):
             raise ValueError(f"{self.name}: year 必须是整数年份或 None，收到 {self.year!r}")
 
@@ -116,14 +118,14 @@ class Chip:
         【边界】flops、nbytes 必须是有限实数且 ≥ 0（NaN、无穷、负数报 ValueError，非数字报 TypeError）。
             这是下界：真实内核还有启动开销、达不到峰值等（第 6、11 讲）。
         """
-        _nonneg("flops", flops)
-        _nonneg("nbytes", nbytes)
+        check_real("flops", flops, lo=0.0)
+        check_real("nbytes", nbytes, lo=0.0)
         return max(flops / self.peak_flops(prec), nbytes / self.mem_bw)
 
     def bound(self, flops, nbytes, prec="bf16"):
         """这段计算受什么限制："compute"（算力）或 "memory"（带宽）。flops、nbytes 同 roofline_time。"""
-        _nonneg("flops", flops)
-        _nonneg("nbytes", nbytes)
+        check_real("flops", flops, lo=0.0)
+        check_real("nbytes", nbytes, lo=0.0)
         return "compute" if flops / self.peak_flops(prec) >= nbytes / self.mem_bw else "memory"
 
     def attainable_flops(self, intensity, prec="bf16"):
@@ -131,28 +133,13 @@ class Chip:
 
         【边界】intensity 必须是有限实数且 ≥ 0：NaN 不能悄悄变成峰值（min(峰值, nan) 会返回峰值）。
         """
-        _nonneg("intensity", intensity)
+        check_real("intensity", intensity, lo=0.0)
         return min(self.peak_flops(prec), intensity * self.mem_bw)
 
     def link_time(self, nbytes):
         """单方向把 nbytes 发给另一块芯片的时间下界（秒）：nbytes / link_bw（不计延迟，第 4 讲会加上）。"""
-        _nonneg("nbytes", nbytes)
+        check_real("nbytes", nbytes, lo=0.0)
         return nbytes / self.link_bw
-
-
-def _positive(name, value):
-    """芯片规格：必须是正的有限实数（bool、NaN、无穷都不行），否则 ValueError，消息写出参数名和收到的值。"""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} 必须是正的有限实数，收到 {value!r}")
-
-
-def _nonneg(name, value):
-    """运算量、字节数、算术强度：必须是有限实数且 ≥ 0。非数字 → TypeError；NaN、无穷、负数 → ValueError。"""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} 必须是有限实数且 ≥ 0，收到 {type(value).__name__} 类型的 {value!r}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} 必须是有限实数且 ≥ 0，收到 {value!r}")
-    return value
 
 
 # =============================================================================

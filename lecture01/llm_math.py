@@ -41,7 +41,6 @@ CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花�
 """
 
 import math
-import numbers
 from dataclasses import dataclass, fields
 
 # 格式化小工具的实现在同一文件夹的 course_utils.py；这里照旧导出，llm_math.format_table / fmt_si 等继续可用

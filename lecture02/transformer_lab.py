@@ -41,7 +41,8 @@ CS349E 第 2 讲 · transformer_lab.py：会给自己记账的 numpy Transformer
 【运行】python3 lecture02/transformer_lab.py
         自检：参数量 = llm_math 公式；带 / 不带 KV cache 的贪心生成一致；Counter = analytic_ops（逐项逐列）；
         矩阵乘 FLOPs = T × linear_flops_per_token()；einsum 规则；attention_core / apply_rope 对照独立参考实现。
-【依赖】numpy；../lecture01/llm_math.py（ModelConfig）、../lecture01/course_utils.py（format_table、fmt_si、save_figure）。
+【依赖】numpy；../lecture01/llm_math.py（ModelConfig）、../lecture01/course_utils.py
+        （format_table、fmt_si、save_figure、check_int / check_real）。
 
 【和原版相比有意的改动】
     · 坏输入（token 越界——numpy 会把负数下标悄悄绕回去、形状与配置不符、cache 溢出、读还没写的位置）
@@ -70,6 +71,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
+from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
@@ -83,24 +85,6 @@ RESID_FLOPS = 1     # 残差加法
 # =============================================================================
 # 配置
 # =============================================================================
-def _check_real(where, name, value, above, allowed):
-    """value 必须是实数（不是 bool）、有限、且 > above；否则按参数名报错。返回 float(value)。"""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{where}：{name} 必须是实数（{allowed}），收到 {value!r}（类型 {type(value).__name__}）")
-    if not (math.isfinite(value) and value > above):
-        raise ValueError(f"{where}：{name} 必须是{allowed}，收到 {value!r}")
-    return float(value)
-
-
-def _check_int(where, name, value, minimum=1):
-    """value 必须是整数（不是 bool）且 ≥ minimum；否则按参数名报错。返回 int(value)。"""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{where}：{name} 必须是 ≥ {minimum} 的整数，收到 {value!r}（类型 {type(value).__name__}）")
-    if value < minimum:
-        raise ValueError(f"{where}：{name} 必须是 ≥ {minimum} 的整数，收到 {value!r}")
-    return int(value)
-
-
 _INT_FIELDS = ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_ff", "max_seq")
 
 
@@ -132,19 +116,15 @@ class Config:
 
     def __post_init__(self):
         for f in _INT_FIELDS:
-            v = getattr(self, f)
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"Config.{f} 必须是正整数，收到 {v!r}（类型 {type(v).__name__}）")
-            if v < 1:
-                raise ValueError(f"Config.{f} 必须 ≥ 1，收到 {v}")
-            object.__setattr__(self, f, int(v))      # np.int64 → int：llm_math.ModelConfig 只收 Python int
+            # check_int 返回 int：np.int64 → int（llm_math.ModelConfig 按 Python int 算）
+            object.__setattr__(self, f, check_int(f, getattr(self, f), lo=1, where="Config"))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"Config.n_heads={self.n_heads} 必须是 n_kv_heads={self.n_kv_heads} 的整数倍"
                              f"（可选的 n_kv_heads：{_divisors(self.n_heads)}）")
         if self.d_head % 2:
             raise ValueError(f"Config.d_head={self.d_head} 必须是偶数：RoPE 按相邻两个数成对旋转")
-        _check_real("Config", "rope_theta", self.rope_theta, 1.0, "大于 1 的有限数")
-        _check_real("Config", "norm_eps", self.norm_eps, 0.0, "大于 0 的有限数")
+        check_real("rope_theta", self.rope_theta, lo=1.0, lo_open=True, where="Config")
+        check_real("norm_eps", self.norm_eps, lo=0.0, lo_open=True, where="Config")
         if not isinstance(self.tied, (bool, np.bool_)):
             raise TypeError(f"Config.tied 必须是 True/False，收到 {self.tied!r}")
 
@@ -197,7 +177,7 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
     missing = [f for f in _INT_FIELDS + ("tied",) if not hasattr(cfg, f)]
     if missing:
         raise TypeError(f"init_params 的 cfg 需要 transformer_lab.Config 的字段，{type(cfg).__name__} 缺少 {missing}")
-    logit_std = _check_real("init_params", "logit_std", logit_std, 0.0, "大于 0 的有限数")
+    logit_std = check_real("logit_std", logit_std, lo=0.0, lo_open=True, where="init_params")
     if not np.issubdtype(np.dtype(dtype), np.floating):
         raise TypeError(f"init_params：dtype 必须是浮点类型（如 np.float64、np.float32），收到 {dtype!r}"
                         "——整数类型会把 N(0, 1/n) 的权重截断成 0")
@@ -297,7 +277,7 @@ class Counter:
 
     def __init__(self, bytes_per_elem=2.0):
         # 每个元素几个字节
-        self.bpe = _check_real("Counter", "bytes_per_elem", bytes_per_elem, 0.0, "大于 0 的有限数")
+        self.bpe = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="Counter")
         self.rows = {}
 
     def add(self, op, flops=0, useful=None, w_elems=0, kv_elems=0, act_elems=0):
@@ -397,7 +377,7 @@ def rms_norm(x, w, eps, counter=None):
     比 LayerNorm 少了减均值（少一次规约），Llama 全系列使用。w 的形状必须是 [x.shape[-1]]。
     eps 必须是 > 0 的有限数：eps ≤ 0 时全零（或很小）的行会除以 0 或给负数开方，得到 inf / NaN。
     """
-    eps = _check_real("rms_norm", "eps", eps, 0.0, "大于 0 的有限数（Llama 用 1e-5）")
+    eps = check_real("eps", eps, lo=0.0, lo_open=True, where="rms_norm")
     if w.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm：增益 w 的形状 {w.shape} 必须等于 x 的最后一维 {x.shape[-1:]}")
     if counter is not None:
@@ -416,7 +396,7 @@ def rope_angles(positions, d_head, theta=10000.0):
     """
     if isinstance(d_head, bool) or not isinstance(d_head, (int, np.integer)) or d_head < 2 or d_head % 2:
         raise ValueError(f"rope_angles：d_head 必须是 ≥ 2 的偶数，收到 {d_head!r}")
-    theta = _check_real("rope_angles", "theta", theta, 1.0, "大于 1 的有限数（RoFormer 用 1e4，Llama 3 用 5e5）")
+    theta = check_real("theta", theta, lo=1.0, lo_open=True, where="rope_angles")
     pos = np.asarray(positions, dtype=np.float64)
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {pos.shape}")
@@ -590,7 +570,7 @@ class KVCache:
 
     def nbytes(self, bytes_per_elem=2.0):
         """已提交部分按 bytes_per_elem 计的大小 = 2 · L · B · length · G · dh · 字节数。"""
-        bytes_per_elem = _check_real("KVCache.nbytes", "bytes_per_elem", bytes_per_elem, 0.0, "大于 0 的有限数")
+        bytes_per_elem = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="KVCache.nbytes")
         n_layers, batch, _, groups, dh = self.k.shape
         return 2 * n_layers * batch * self._length * groups * dh * bytes_per_elem
 
@@ -772,7 +752,7 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < (0 if name == "pos0" else 1):
             raise ValueError(f"analytic_ops：{name} 必须是{'非负' if name == 'pos0' else '正'}整数，收到 {val!r}")
-    bytes_per_elem = _check_real("analytic_ops", "bytes_per_elem", bytes_per_elem, 0.0, "大于 0 的有限数")
+    bytes_per_elem = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="analytic_ops")
     L, d, f, V = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.vocab
     H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     B, T = batch, n_new
@@ -860,7 +840,7 @@ def einsum_flops(spec, *shapes):
     for letters, shape in zip(operands, shapes):
         shape = tuple(getattr(shape, "shape", shape))
         for n in shape:
-            _check_int("einsum_flops", f"操作数 '{letters}' 的维度长度", n, minimum=1)
+            check_int(f"操作数 '{letters}' 的维度长度", n, lo=1, where="einsum_flops")
         if not letters.isalpha() or len(letters) != len(shape):
             raise ValueError(f"einsum_flops：操作数 '{letters}' 与形状 {shape} 的维数不一致（或含非字母）")
         for letter, n in zip(letters, shape):

@@ -63,6 +63,7 @@ import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
 from course_utils import figure_path, format_table, save_figure  # noqa: E402,F401  演示共用（实现在 lecture01/course_utils.py）
+from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
 MFU = 0.6              # 能用到的峰值算力比例（假设）
@@ -89,27 +90,6 @@ LLAMA31_70B = llm_math.LLAMA31_70B
 # =============================================================================
 # 小工具：参数检查（坏输入要报清楚是哪个参数、允许什么）
 # =============================================================================
-def _int_arg(name, v, lo=0):
-    """v 必须是 ≥ lo 的整数（bool 不算）；返回 int。"""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} 必须是整数（≥ {lo}），收到 {v!r}（类型 {type(v).__name__}）")
-    if v < lo:
-        raise ValueError(f"{name} 必须 ≥ {lo}，收到 {v}")
-    return int(v)
-
-
-def _real_arg(name, v, lo=0.0, hi=math.inf, lo_open=False):
-    """v 必须是有限实数（hi = inf 时允许 inf），落在 [lo, hi]（lo_open 时为 (lo, hi]）。"""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} 必须是实数，收到 {v!r}（类型 {type(v).__name__}）")
-    v = float(v)
-    bad_lo = v <= lo if lo_open else v < lo
-    if math.isnan(v) or bad_lo or v > hi or (math.isinf(v) and hi != math.inf):
-        rng = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-        raise ValueError(f"{name} 必须在 {rng} 之间，收到 {v}")
-    return v
-
-
 def _count_array(name, v, lo=0):
     """整数或整数数组（元素 ≥ lo）→ int64 数组。"""
     a = np.asarray(v)
@@ -204,14 +184,14 @@ class StepModel:
                  comm_algo="ring"):
         _check_model_chip(model, chip)
         self.model, self.chip = model, chip
-        self.tp = _int_arg("tp", tp, lo=1)
-        self.mfu = _real_arg("mfu", mfu, 0.0, 1.0, lo_open=True)
-        self.mbu = _real_arg("mbu", mbu, 0.0, 1.0, lo_open=True)
-        self.overhead = _real_arg("overhead", overhead, 0.0, 10.0)
-        self.w_bytes = _real_arg("w_bytes", w_bytes, 0.0, 8.0, lo_open=True)
-        self.kv_bytes = _real_arg("kv_bytes", kv_bytes, 0.0, 8.0, lo_open=True)
-        self.mem_util = _real_arg("mem_util", mem_util, 0.0, 1.0, lo_open=True)
-        self.act_bytes = _real_arg("act_bytes", act_bytes, 0.0, 8.0, lo_open=True)
+        self.tp = check_int("tp", tp, lo=1)
+        self.mfu = check_real("mfu", mfu, 0.0, 1.0, lo_open=True)
+        self.mbu = check_real("mbu", mbu, 0.0, 1.0, lo_open=True)
+        self.overhead = check_real("overhead", overhead, 0.0, 10.0)
+        self.w_bytes = check_real("w_bytes", w_bytes, 0.0, 8.0, lo_open=True)
+        self.kv_bytes = check_real("kv_bytes", kv_bytes, 0.0, 8.0, lo_open=True)
+        self.mem_util = check_real("mem_util", mem_util, 0.0, 1.0, lo_open=True)
+        self.act_bytes = check_real("act_bytes", act_bytes, 0.0, 8.0, lo_open=True)
         self.prec = prec if prec is not None else ("bf16" if self.w_bytes >= 2 else "fp8")
         try:
             self.peak = float(chip.peak_flops(self.prec))
@@ -222,7 +202,7 @@ class StepModel:
         if comm_algo not in algos:
             raise ValueError(f"comm_algo 只能是 {algos} 之一，收到 {comm_algo!r}")
         self.comm_algo = comm_algo
-        self.comm_alpha = None if comm_alpha is None else _real_arg("comm_alpha", comm_alpha, 0.0, 1.0)
+        self.comm_alpha = None if comm_alpha is None else check_real("comm_alpha", comm_alpha, 0.0, 1.0)
         self._check_tp()
         self._comm_cache = {}
         self._setup_memory()
@@ -267,7 +247,7 @@ class StepModel:
     # ---- 通信 ----
     def comm_time(self, n_tokens):
         """一步的 all-reduce 总时间：每层 2 次，每次 n_tokens × d_model × act_bytes 字节（A6）。tp = 1 时为 0。"""
-        n_tokens = _int_arg("n_tokens", n_tokens, lo=0)
+        n_tokens = check_int("n_tokens", n_tokens, lo=0)
         if self.tp == 1 or n_tokens == 0:
             return 0.0
         if n_tokens not in self._comm_cache:          # 模拟器反复问同样的 token 数：缓存一下
@@ -314,7 +294,7 @@ class StepModel:
         batch 个序列各 decode 1 个 token。ctx_tokens：这一步所有序列的注意力一共覆盖多少个 key（含刚生成的这个），
         也就是要从显存读多少个 token 的 KV；另外写 batch 个新 KV。ctx_tokens 可以是数组（很多步一起算）。
         """
-        batch = _int_arg("batch", batch, lo=1)
+        batch = check_int("batch", batch, lo=1)
         ctx = _count_array("ctx_tokens", ctx_tokens)
         if ctx.size and ctx.min() < batch:
             raise ValueError(f"ctx_tokens（{ctx.min()}）不能小于 batch（{batch}）：每个序列至少看见自己这个 token")
@@ -333,11 +313,11 @@ class StepModel:
         分块 prefill 的一块还要看前面块的 KV，prefill_ctx_tokens 是这部分要读的 KV token 数）。
         mixed(b, ctx, 0, 0) 与 decode(b, ctx) 相同；mixed(0, 0, ΣT, 注意力) 与 prefill(T 列表) 相同。
         """
-        n_decode = _int_arg("n_decode", n_decode, lo=0)
-        ctx = _int_arg("ctx_tokens", ctx_tokens, lo=0)
-        pt = _int_arg("prefill_tokens", prefill_tokens, lo=0)
-        pctx = _int_arg("prefill_ctx_tokens", prefill_ctx_tokens, lo=0)
-        pattn = _real_arg("prefill_attn_flops", prefill_attn_flops, 0.0, 1e30)
+        n_decode = check_int("n_decode", n_decode, lo=0)
+        ctx = check_int("ctx_tokens", ctx_tokens, lo=0)
+        pt = check_int("prefill_tokens", prefill_tokens, lo=0)
+        pctx = check_int("prefill_ctx_tokens", prefill_ctx_tokens, lo=0)
+        pattn = check_real("prefill_attn_flops", prefill_attn_flops, 0.0, 1e30)
         if n_decode + pt == 0:
             raise ValueError("n_decode 和 prefill_tokens 不能都是 0（这一步什么都不算）")
         if ctx < n_decode:
@@ -423,15 +403,15 @@ def sample_lengths(spec, n, rng):
     if len(args) != want[kind]:
         raise ValueError(f"{kind!r} 需要 {want[kind]} 个参数，收到 {args}")
     if kind == "fixed":
-        return np.full(n, _int_arg("L", args[0], lo=1), dtype=np.int64)
+        return np.full(n, check_int("L", args[0], lo=1), dtype=np.int64)
     if kind == "uniform":
-        lo, hi = _int_arg("lo", args[0], lo=1), _int_arg("hi", args[1], lo=1)
+        lo, hi = check_int("lo", args[0], lo=1), check_int("hi", args[1], lo=1)
         if hi < lo:
             raise ValueError(f"uniform 的 hi（{hi}）不能小于 lo（{lo}）")
         return rng.integers(lo, hi + 1, size=n).astype(np.int64)
-    med = _real_arg("median", args[0], 0.0, 1e12, lo_open=True)   # 有限：inf × exp(−∞) 会得到 nan
-    sigma = _real_arg("sigma", args[1], 0.0, 20.0)
-    top = _int_arg("max_len", args[2], lo=1)
+    med = check_real("median", args[0], 0.0, 1e12, lo_open=True)   # 有限：inf × exp(−∞) 会得到 nan
+    sigma = check_real("sigma", args[1], 0.0, 20.0)
+    top = check_int("max_len", args[2], lo=1)
     x = np.rint(med * np.exp(sigma * rng.standard_normal(n)))
     return np.clip(x, 1, top).astype(np.int64)
 
@@ -445,8 +425,8 @@ def make_requests(n, rate, prompt=("uniform", 32, 512), output=("uniform", 1, 12
     【可复现】同一个 seed 下，间隔先按 rate = 1 抽好再除以 rate：换 rate 只是把时间轴整体伸缩，长度完全相同，
         不同负载之间比较更干净。
     """
-    n = _int_arg("n", n, lo=1)
-    rate = _real_arg("rate", rate, 0.0, lo_open=True)
+    n = check_int("n", n, lo=1)
+    rate = check_real("rate", rate, 0.0, lo_open=True, allow_inf=True)
     rng = np.random.default_rng(seed)
     unit_gaps = rng.exponential(1.0, n)
     arrivals = np.zeros(n) if math.isinf(rate) else np.cumsum(unit_gaps) / rate
@@ -477,7 +457,7 @@ def summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
         queue_mean、slo_frac（同时满足两个 SLO 的比例）、goodput（满足 SLO 的请求数 / 秒）。
     【要点】吞吐看的是"完成了多少"，goodput 只数"按时完成的"——过载时吞吐不降，goodput 会塌。
     """
-    warmup = _real_arg("warmup", warmup, 0.0, 0.99)
+    warmup = check_real("warmup", warmup, 0.0, 0.99)
     rs = sorted(reqs, key=lambda r: (r.arrival, r.rid))
     rs = rs[int(len(rs) * warmup):]
     if not rs:
@@ -492,9 +472,10 @@ def summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
     itl = np.concatenate(gaps) if gaps else np.array([])
     ok = np.ones(len(rs), dtype=bool)
     if slo_ttft is not None:
-        ok &= ttft <= _real_arg("slo_ttft", slo_ttft, 0.0)
+        ok &= ttft <= check_real("slo_ttft", slo_ttft, 0.0, allow_inf=True)
     if slo_tpot is not None:
-        ok &= np.isnan(tpot) | (tpot <= _real_arg("slo_tpot", slo_tpot, 0.0))   # 只出 1 个 token 的没有 TPOT
+        # 只出 1 个 token 的没有 TPOT
+        ok &= np.isnan(tpot) | (tpot <= check_real("slo_tpot", slo_tpot, 0.0, allow_inf=True))
     out = {"n": len(rs), "span": span, "req_per_s": len(rs) / span,
            "tok_per_s": sum(r.output for r in rs) / span,
            "queue_mean": _mean([r.queue_delay for r in rs]), "itl_p99": _pct(itl, 99),
@@ -570,8 +551,8 @@ def _fresh_copies(reqs):
     if np.any(np.diff(arr) < 0):
         raise ValueError("reqs 必须按到达时间排序（先到先服务）")
     for r in out:
-        _int_arg(f"请求 {r.rid} 的 prompt", r.prompt, lo=1)
-        _int_arg(f"请求 {r.rid} 的 output", r.output, lo=1)
+        check_int(f"请求 {r.rid} 的 prompt", r.prompt, lo=1)
+        check_int(f"请求 {r.rid} 的 output", r.output, lo=1)
     return out
 
 
@@ -603,14 +584,14 @@ def simulate_static(reqs, step, max_batch, kv_reserve=None, max_wait=0.0):
     【边界】单个请求的 KV 就超过容量：ValueError（永远跑不了，不能静默丢掉）。
     """
     rs = _fresh_copies(reqs)
-    b_max = _int_arg("max_batch", max_batch, lo=1)
-    max_wait = _real_arg("max_wait", max_wait, 0.0, 1e9)
+    b_max = check_int("max_batch", max_batch, lo=1)
+    max_wait = check_real("max_wait", max_wait, 0.0, 1e9)
     cap = step.kv_capacity_tokens()
     P = np.array([r.prompt for r in rs], dtype=np.int64)
     O = np.array([r.output for r in rs], dtype=np.int64)
     A = np.array([r.arrival for r in rs])
     if kv_reserve is not None:
-        kv_reserve = _int_arg("kv_reserve", kv_reserve, lo=1)
+        kv_reserve = check_int("kv_reserve", kv_reserve, lo=1)
         if cap // kv_reserve < 1:
             raise ValueError(f"kv_reserve={kv_reserve} 超过 KV 容量 {cap} 个 token：一个请求都放不下")
         too_long = np.nonzero(P + O - 1 > kv_reserve)[0]
@@ -668,9 +649,9 @@ def simulate_continuous(reqs, step, max_batch, chunk=None):
     【返回】(请求列表, 统计字典)：iters（迭代次数）、mean_batch（每次迭代的平均请求数）。
     """
     rs = _fresh_copies(reqs)
-    b_max = _int_arg("max_batch", max_batch, lo=1)
+    b_max = check_int("max_batch", max_batch, lo=1)
     if chunk is not None:
-        chunk = _int_arg("chunk", chunk, lo=1)
+        chunk = check_int("chunk", chunk, lo=1)
     cap = step.kv_capacity_tokens()
     n = len(rs)
     need = [r.prompt + r.output for r in rs]
@@ -745,8 +726,8 @@ def crossover_batch(step, ctx_per_seq=0, b_max=1 << 14):
         所以拐点批大小 ≈ effective_ridge()（= 芯片的 ridge point × mfu / mbu）。KV 的读取让拐点往后推
         （长上下文时 KV 字节随 batch 一起涨，强度上不去，可能永远到不了拐点）。
     """
-    ctx = max(_int_arg("ctx_per_seq", ctx_per_seq, lo=0), 1)
-    B = np.arange(1, _int_arg("b_max", b_max, lo=1) + 1)
+    ctx = max(check_int("ctx_per_seq", ctx_per_seq, lo=0), 1)
+    B = np.arange(1, check_int("b_max", b_max, lo=1) + 1)
     _, _, t_c, t_m = step._roofline(B, step._attn1() * B * ctx, B * ctx, B)     # 和 decode_cost(B, B·ctx) 同一套账
     hit = np.nonzero(t_c >= t_m)[0]
     return int(B[hit[0]]) if hit.size else None
@@ -759,7 +740,7 @@ def min_tp(model, chip, candidates=(1, 2, 4, 8, 16), **kw):
     其他错误（比如 mfu=2 这样的坏参数）照常抛出，不会被当成"放不下"。
     """
     _check_model_chip(model, chip)
-    tps = sorted(_int_arg("candidates 的元素", tp, lo=1) for tp in candidates)
+    tps = sorted(check_int("candidates 的元素", tp, lo=1) for tp in candidates)
     for tp in tps:
         if _tp_layout_problem(model, chip, tp) is not None:
             continue
@@ -781,7 +762,7 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
     for B in batch_sizes:
-        B = _int_arg("batch_sizes 的元素", B, lo=1)          # 不静默截断 2.7 → 2
+        B = check_int("batch_sizes 的元素", B, lo=1)          # 不静默截断 2.7 → 2
         rs, info = simulate_static(base, step, B, kv_reserve=kv_reserve)
         s = summarize(rs)
         rows.append({"max_batch": int(B), "eff_batch": info["mean_batch"],

@@ -69,36 +69,14 @@ from serving_sim import StepModel  # noqa: E402
 from transformer_lab import (KVCache, attention_core, apply_rope, forward, linear, lm_head_matrix,  # noqa: E402
                              rms_norm, rope_angles, silu, softmax)
 import transformer_lab as _tl  # noqa: E402  （逐元素运算的记账常数，和 forward 记得一样）
+from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 
 # =============================================================================
 # 输入检查（坏输入要大声报错，不能悄悄给出错误答案）
 # =============================================================================
-def _int(name, v, lo=None):
-    """v 必须是整数（numpy 整数也行，bool 不行）且 ≥ lo。"""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} 必须是整数，收到 {v!r}（{type(v).__name__}）")
-    if lo is not None and v < lo:
-        raise ValueError(f"{name} 必须 ≥ {lo}，收到 {v}")
-    return int(v)
-
-
-def _real(name, v, lo=None, hi=None, lo_open=False):
-    """v 必须是有限实数，并在 [lo, hi]（lo_open 时是 (lo, hi]）里。"""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} 必须是实数，收到 {v!r}")
-    v = float(v)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} 必须是有限的数，收到 {v}")
-    if lo is not None and (v < lo or (lo_open and v == lo)):
-        raise ValueError(f"{name} 必须 {'>' if lo_open else '≥'} {lo}，收到 {v}")
-    if hi is not None and v > hi:
-        raise ValueError(f"{name} 必须 ≤ {hi}，收到 {v}")
-    return v
-
-
 def _temperature(t):
-    return _real("temperature", t, lo=0.0)
+    return check_real("temperature", t, lo=0.0)
 
 
 def _tokens(name, toks, vocab):
@@ -156,12 +134,12 @@ class Req:
     first_tok: float = math.nan
 
     def __post_init__(self):
-        _int("Req.prompt", self.prompt, lo=1)
-        _int("Req.output", self.output, lo=1)
-        _int("Req.max_gen", self.max_gen, lo=1)
+        check_int("Req.prompt", self.prompt, lo=1)
+        check_int("Req.output", self.output, lo=1)
+        check_int("Req.max_gen", self.max_gen, lo=1)
         if self.max_gen < self.output:
             raise ValueError(f"Req {self.rid}: max_gen={self.max_gen} 必须 ≥ output={self.output}（否则预留不够）")
-        _real("Req.arrival", self.arrival, lo=0.0)
+        check_real("Req.arrival", self.arrival, lo=0.0)
 
     @property
     def latency(self):
@@ -190,12 +168,12 @@ def orca_workload(n, rate, seed=0, prompt_range=(32, 512), gen_range=(1, 128), m
     【设计】先抽单位强度的到达间隔再除以 rate：同一个 seed 下换 rate 只是把时间轴整体伸缩，长度完全不变，
         不同负载之间的比较只差"来得多快"这一个因素。
     """
-    n = _int("n", n, lo=1)
-    rate = _real("rate", rate, lo=0.0, lo_open=True)
+    n = check_int("n", n, lo=1)
+    rate = check_real("rate", rate, lo=0.0, lo_open=True)
     (plo, phi), (glo, ghi) = (_closed_range(nm, r) for nm, r in (("prompt_range", prompt_range),
                                                                   ("gen_range", gen_range)))
     if max_gen is not None:
-        max_gen = _int("max_gen", max_gen, lo=1)
+        max_gen = check_int("max_gen", max_gen, lo=1)
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0, size=n)) / rate          # 间隔 ~ Exp(1)/rate
     prompts = rng.integers(plo, phi, size=n, endpoint=True)
@@ -209,7 +187,7 @@ def _closed_range(name, r):
         lo, hi = r
     except (TypeError, ValueError):
         raise TypeError(f"{name} 必须是两个整数 (lo, hi)，收到 {r!r}") from None
-    lo, hi = _int(f"{name}[0]", lo, lo=1), _int(f"{name}[1]", hi, lo=1)
+    lo, hi = check_int(f"{name}[0]", lo, lo=1), check_int(f"{name}[1]", hi, lo=1)
     if lo > hi:
         raise ValueError(f"{name} 要求 lo ≤ hi，收到 ({lo}, {hi})")
     return lo, hi
@@ -226,7 +204,7 @@ def _start(reqs, max_bs):
         raise ValueError("reqs 必须按 arrival 从早到晚排序（先到先服务的前提）")
     for r in reqs:
         r._reset()
-    return reqs, _int("max_bs", max_bs, lo=1)
+    return reqs, check_int("max_bs", max_bs, lo=1)
 
 
 def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
@@ -249,7 +227,7 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
         模拟一个不可能的系统，不如直接说清楚）。
     """
     reqs, max_bs = _start(reqs, max_bs)
-    max_seq = _int("max_seq", max_seq, lo=1)
+    max_seq = check_int("max_seq", max_seq, lo=1)
     for r in reqs:
         if r.prompt + r.max_gen > max_seq:
             raise ValueError(f"请求 {r.rid} 的 prompt + max_gen = {r.prompt + r.max_gen} 超过 max_seq={max_seq}")
@@ -338,9 +316,9 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
     reqs, max_bs = _start(reqs, max_bs)
     if reserve not in RESERVE_MODES:
         raise ValueError(f"reserve 必须是 {RESERVE_MODES} 之一，收到 {reserve!r}")
-    max_seq = _int("max_seq", max_seq, lo=1)
+    max_seq = check_int("max_seq", max_seq, lo=1)
     if t_limit is not None:
-        t_limit = _real("t_limit", t_limit)
+        t_limit = check_real("t_limit", t_limit)
     slots = int(step.kv_capacity_tokens())
     _check_fits(reqs, reserve, max_seq, slots)
     attn_1 = step.model.attn_flops_per_token(1)          # 每个 token 每看一个 key 的注意力 FLOPs
@@ -428,7 +406,7 @@ def latency_throughput(reqs, warmup=0.2):
         过载时队列越排越长：吞吐趋于系统上限，延迟随请求数一直涨——所以它描述的是"这 n 个请求"。
     【报错】有请求没完成（死锁、t_limit 截断）时抛 ValueError，而不是返回 nan。
     """
-    warmup = _real("warmup", warmup, lo=0.0)
+    warmup = check_real("warmup", warmup, lo=0.0)
     if warmup >= 1.0:
         raise ValueError(f"warmup 必须在 [0, 1) 里，收到 {warmup}")
     rs = sorted(reqs, key=lambda r: r.arrival)
@@ -548,7 +526,7 @@ def adjust(logits, temperature=1.0, top_k=None):
         raise ValueError("logits 的每一行至少要有一个有限值（最大值不能是 ±inf）")
     V = z.shape[-1]
     if top_k is not None:
-        top_k = _int("top_k", top_k, lo=1)
+        top_k = check_int("top_k", top_k, lo=1)
         if top_k > V:
             raise ValueError(f"top_k 必须在 1 … {V} 里，收到 {top_k}")
     if temperature == 0.0:
@@ -715,7 +693,7 @@ class TransformerLM:
 
     def sample(self, prompt, n_seq, n_new, temperature, rng):
         prompts = _prompt_rows(prompt, n_seq, self.vocab)                                  # [n_seq, Lp]
-        n_new, temperature = _int("n_new", n_new, lo=1), _temperature(temperature)
+        n_new, temperature = check_int("n_new", n_new, lo=1), _temperature(temperature)
         n_seq = len(prompts)
         cache = KVCache(self.cfg, n_seq, max_len=prompts.shape[1] + n_new, dtype=self.params["embed"].dtype)
         lg = forward(self.params, self.cfg, prompts, cache=cache, last_only=True)[:, -1]
@@ -729,7 +707,7 @@ class TransformerLM:
 
 def _prompt_rows(prompt, n_seq, vocab):
     """sample 的 prompt：一维（n_seq 条共用）或二维 [n_seq, Lp]（每条一个，等长）。"""
-    n_seq = _int("n_seq", n_seq, lo=1)
+    n_seq = check_int("n_seq", n_seq, lo=1)
     a = np.asarray(prompt)
     if a.ndim == 2:
         if a.shape[0] != n_seq or a.shape[1] == 0:
@@ -739,7 +717,7 @@ def _prompt_rows(prompt, n_seq, vocab):
 
 
 def _rollback_check(cur, length):
-    length = _int("length", length, lo=0)
+    length = check_int("length", length, lo=0)
     if length > cur:
         raise ValueError(f"回滚只能变短：cache 里有 {cur} 个 token，要求保留 {length} 个")
 
@@ -777,8 +755,8 @@ class NGramLM:
 
     @classmethod
     def fit(cls, seqs, vocab, smoothing=0.01, name="bigram"):
-        vocab = _int("vocab", vocab, lo=1)
-        smoothing = _real("smoothing", smoothing, lo=0.0, lo_open=True)
+        vocab = check_int("vocab", vocab, lo=1)
+        smoothing = check_real("smoothing", smoothing, lo=0.0, lo_open=True)
         counts = np.full((vocab, vocab), smoothing)
         for i, s in enumerate(seqs):
             s = _tokens(f"seqs[{i}]", s, vocab)
@@ -810,7 +788,7 @@ class NGramLM:
 
     def sample(self, prompt, n_seq, n_new, temperature, rng):
         prev = _prompt_rows(prompt, n_seq, self.vocab)[:, -1]                   # bigram 只看最后一个 token
-        n_new, temperature = _int("n_new", n_new, lo=1), _temperature(temperature)
+        n_new, temperature = check_int("n_new", n_new, lo=1), _temperature(temperature)
         out = np.empty((len(prev), n_new), dtype=np.int64)
         for j in range(n_new):
             prev = out[:, j] = sample_rows(adjust(self.table[prev], temperature), rng)
@@ -874,7 +852,7 @@ def speculative_generate(target, draft, prompt, n_new, gamma, temperature, rng, 
     """
     V = _check_pair(target, draft)
     seq = _tokens("prompt", prompt, V).tolist()
-    n_new, gamma = _int("n_new", n_new, lo=0), _int("gamma", gamma, lo=1)
+    n_new, gamma = check_int("n_new", n_new, lo=0), check_int("gamma", gamma, lo=1)
     temperature = _temperature(temperature)
     need = len(seq) + n_new + gamma
     room = min(target.capacity, draft.capacity)
@@ -921,7 +899,7 @@ def autoregressive_generate(model, prompt, n_new, temperature, rng, counter=None
     【返回】(n_new 个 token 的列表, 前向次数)。n_new = 0 时不做任何前向。
     """
     seq = _tokens("prompt", prompt, model.vocab).tolist()
-    n_new = _int("n_new", n_new, lo=0)
+    n_new = check_int("n_new", n_new, lo=0)
     temperature = _temperature(temperature)
     if len(seq) + n_new > model.capacity:
         raise ValueError(f"prompt + n_new = {len(seq) + n_new} 超过模型的 cache 容量 {model.capacity}")
@@ -953,8 +931,8 @@ def spec_sample_batch(target, draft, prompt, n_out, gamma, temperature, n_sample
         raise ValueError(f"variant 必须是 {SPEC_VARIANTS} 之一，收到 {variant!r}")
     V = _check_pair(target, draft)
     prompt = _tokens("prompt", prompt, V)
-    n_out, gamma = _int("n_out", n_out, lo=1), _int("gamma", gamma, lo=1)
-    n_samples, temperature = _int("n_samples", n_samples, lo=1), _temperature(temperature)
+    n_out, gamma = check_int("n_out", n_out, lo=1), check_int("gamma", gamma, lo=1)
+    n_samples, temperature = check_int("n_samples", n_samples, lo=1), _temperature(temperature)
     Lp = len(prompt)
     toks = np.zeros((n_samples, Lp + n_out + gamma), dtype=np.int64)   # 最长：差 1 个时一轮再写 γ+1 个
     toks[:, :Lp] = prompt
@@ -986,7 +964,7 @@ def exact_continuation_dist(model, prompt, n_out, temperature):
     """
     V = model.vocab
     prompt = _tokens("prompt", prompt, V)
-    n_out, temperature = _int("n_out", n_out, lo=1), _temperature(temperature)
+    n_out, temperature = check_int("n_out", n_out, lo=1), _temperature(temperature)
     if V ** n_out > 200_000:
         raise ValueError(f"V^n_out = {V}^{n_out} 太大，无法枚举（上限 200000）")
     conts = np.array(list(itertools.product(range(V), repeat=n_out)), dtype=np.int64)   # [V^n, n]
@@ -1004,7 +982,7 @@ def chi2_sf(x, dof):
         相对精度 ~1e-14。测试拿偶数自由度的闭式 e^{-x/2}·Σ_{j<k/2} (x/2)^j/j! 和 1 自由度的 erfc(√(x/2)) 对照。
     【参数】x：有限实数且 ≥ 0（卡方统计量不会是负的）；dof：正整数。否则 ValueError / TypeError。
     """
-    x, dof = _real("x", x, lo=0.0), _int("dof", dof, lo=1)
+    x, dof = check_real("x", x, lo=0.0), check_int("dof", dof, lo=1)
     if x == 0:
         return 1.0
     a, z = dof / 2.0, x / 2.0
@@ -1091,7 +1069,7 @@ def expected_tokens(alpha, gamma):
         alpha 可以是数组（画图用）。γ = 0 表示不投机，结果是 1。
     """
     a = _alpha(alpha)
-    gamma = _int("gamma", gamma, lo=0)
+    gamma = check_int("gamma", gamma, lo=0)
     return _scalar(np.sum(a[..., None] ** np.arange(gamma + 1), axis=-1))
 
 
@@ -1109,7 +1087,7 @@ def walltime_speedup(alpha, gamma, c):
     c = np.asarray(c, dtype=np.float64)
     if not np.isfinite(c).all() or (c < 0).any():
         raise ValueError(f"c（草稿 / 目标的时间比）必须是有限的数且 ≥ 0，收到 {c!r}")
-    return _scalar(expected_tokens(alpha, gamma) / (_int("gamma", gamma, lo=0) * c + 1.0))
+    return _scalar(expected_tokens(alpha, gamma) / (check_int("gamma", gamma, lo=0) * c + 1.0))
 
 
 def ops_factor(alpha, gamma, c_hat):
@@ -1123,7 +1101,7 @@ def ops_factor(alpha, gamma, c_hat):
     c_hat = np.asarray(c_hat, dtype=np.float64)
     if not np.isfinite(c_hat).all() or (c_hat < 0).any():
         raise ValueError(f"c_hat（草稿 / 目标每 token 的运算量之比）必须是有限的数且 ≥ 0，收到 {c_hat!r}")
-    g = _int("gamma", gamma, lo=0)
+    g = check_int("gamma", gamma, lo=0)
     return _scalar((g * c_hat + g + 1.0) / expected_tokens(alpha, g))
 
 
@@ -1133,9 +1111,9 @@ def best_gamma(alpha, c, gamma_max=64):
 
     【边界】最好的加速比 ≤ 1（草稿太贵或太不准）时返回 (0, 1.0)：不该用投机解码。并列时取较小的 γ。
     """
-    _real("alpha", alpha, lo=0.0, hi=1.0)
-    _real("c", c, lo=0.0)
-    gamma_max = _int("gamma_max", gamma_max, lo=1)
+    check_real("alpha", alpha, lo=0.0, hi=1.0)
+    check_real("c", c, lo=0.0)
+    gamma_max = check_int("gamma_max", gamma_max, lo=1)
     s = np.array([walltime_speedup(alpha, g, c) for g in range(1, gamma_max + 1)])
     g = int(np.argmax(s))                              # argmax 取第一个最大值：并列时 γ 最小
     return (g + 1, float(s[g])) if s[g] > 1.0 else (0, 1.0)
@@ -1160,10 +1138,10 @@ def verify_time(model, chip, batch, ctx, n_tokens, w_bytes=2.0, kv_bytes=2.0, mf
         几乎不花时间；批大到受算力限制时，验证的时间按 γ+1 倍增长——投机解码的前提就没了。
     【返回】秒
     """
-    batch, n_tokens = _int("batch", batch, lo=1), _int("n_tokens", n_tokens, lo=1)
-    ctx = _int("ctx", ctx, lo=0)
-    w_bytes = _real("w_bytes", w_bytes, lo=0.0, lo_open=True)
-    overhead = _real("overhead", overhead, lo=0.0)
+    batch, n_tokens = check_int("batch", batch, lo=1), check_int("n_tokens", n_tokens, lo=1)
+    ctx = check_int("ctx", ctx, lo=0)
+    w_bytes = check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
+    overhead = check_real("overhead", overhead, lo=0.0)
     prec = "fp8" if w_bytes < 2 else "bf16"
     # 上面的 FLOPs / 字节正是第 1 讲的 step_flops(batch, n, ctx) / step_bytes(...)：直接用它的 roofline
     roof = llm_math.step_time(model, chip, batch, n_tokens, ctx, prec=prec, w_bytes=w_bytes, kv_bytes=kv_bytes,
@@ -1182,8 +1160,8 @@ def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, o
         kw 传给 verify_time（w_bytes、kv_bytes、mfu、mbu）。γ = 0 时一轮就是一次普通 decode，加速比 1。
     【返回】字典：t_base、t_draft、t_verify、c（= t_draft / t_base）、verify_ratio（= t_verify / t_base）、speedup
     """
-    gamma = _int("gamma", gamma, lo=0)
-    _real("alpha", alpha, lo=0.0, hi=1.0)
+    gamma = check_int("gamma", gamma, lo=0)
+    check_real("alpha", alpha, lo=0.0, hi=1.0)
     def fwd(model, n, over):
         return verify_time(model, chip, batch, ctx, n, overhead=over, **kw)
 
@@ -1195,7 +1173,7 @@ def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, o
 
 def best_round(target, draft, chip, batch, ctx, alpha, gamma_max=16, **kw):
     """γ = 1 … gamma_max 里加速比最大的一个；都不超过 1 时返回 (0, None)（不投机）。返回 (γ*, spec_round 的字典)。"""
-    gamma_max = _int("gamma_max", gamma_max, lo=1)
+    gamma_max = check_int("gamma_max", gamma_max, lo=1)
     rounds = [spec_round(target, draft, chip, batch, ctx, alpha, g, **kw) for g in range(1, gamma_max + 1)]
     i = int(np.argmax([r["speedup"] for r in rounds]))      # 第一个最大值：并列时取较小的 γ
     return (i + 1, rounds[i]) if rounds[i]["speedup"] > 1.0 else (0, None)
@@ -1208,8 +1186,8 @@ def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_u
     【用途】verify_time 只算时间、不管显存；05 演示用它把"时间上好看、但根本放不下"的 (批大小, 上下文) 标出来。
     【返回】(是否放得下, 需要的字节)
     """
-    batch, tokens = _int("batch", batch, lo=1), _int("tokens", tokens, lo=0)
-    mem_util = _real("mem_util", mem_util, lo=0.0, hi=1.0, lo_open=True)
+    batch, tokens = check_int("batch", batch, lo=1), check_int("tokens", tokens, lo=0)
+    mem_util = check_real("mem_util", mem_util, lo=0.0, hi=1.0, lo_open=True)
     need = sum(m.weight_bytes(w_bytes) + m.kv_cache_bytes(batch, tokens, kv_bytes) for m in models)
     return need <= mem_util * chip.mem_cap, need
 
@@ -1229,11 +1207,11 @@ def tree_round(target, chip, batch, ctx, mean_accept, branching, t_draft=0.0, ov
     """
     k = _branching(branching)
     nodes = tree_nodes(k)
-    mean_accept = _real("mean_accept", mean_accept, lo=0.0, hi=float(len(k)))     # 接受长度 ≤ 树深
+    mean_accept = check_real("mean_accept", mean_accept, lo=0.0, hi=float(len(k)))     # 接受长度 ≤ 树深
     base = verify_time(target, chip, batch, ctx, 1, overhead=overhead_t, **kw)
     ver = verify_time(target, chip, batch, ctx, nodes + 1, overhead=overhead_t, **kw)
     return {"t_base": base, "t_verify": ver, "verify_ratio": ver / base,
-            "speedup": (1.0 + mean_accept) * base / (_real("t_draft", t_draft, lo=0.0) + ver)}
+            "speedup": (1.0 + mean_accept) * base / (check_real("t_draft", t_draft, lo=0.0) + ver)}
 
 
 def draft_ranks(target_seq_logits_draft, seq):

@@ -54,7 +54,6 @@ comm_sim.py —— 预备课 5 的实验模块：集合通信（collective commu
 """
 
 import math
-import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -66,6 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
+from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
@@ -96,18 +96,11 @@ REDUCE_OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 # =====================================================================
 # 1. 参数检查（坏输入 → 写明参数名和允许取值的异常）
 # =====================================================================
-def _check_p(p, name="p"):
-    if isinstance(p, bool) or not isinstance(p, numbers.Integral):
-        raise TypeError(f"{name} 必须是整数（设备数 ≥ 1），收到 {type(p).__name__}")
-    if p < 1:
-        raise ValueError(f"{name} 必须 ≥ 1（设备数），收到 {p}")
-    return int(p)
-
-
+# 设备数之类的整数：check_int(name, p, lo=1)；标量实数：check_real（都在 lecture01/course_utils.py）
 def _check_nonneg(x, name):
-    """标量或数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
-    if isinstance(x, bool) or not (isinstance(x, numbers.Real) or isinstance(x, np.ndarray)):
-        raise TypeError(f"{name} 必须是实数或 numpy 数组，收到 {type(x).__name__}")
+    """标量（交给 check_real）或 numpy 数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
+    if not isinstance(x, np.ndarray):
+        return check_real(name, x, lo=0.0)
     arr = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ValueError(f"{name} 必须是有限的非负数（≥ 0），收到 {x}")
@@ -200,7 +193,7 @@ class Ledger:
     """
 
     def __init__(self, p):
-        self.p = _check_p(p)
+        self.p = check_int("p", p, lo=1)
         self.messages = []
         self.n_steps = 0
         self._senders, self._receivers = set(), set()
@@ -543,17 +536,11 @@ def tree_all_reduce(xs, op="sum"):
     return xs, ledger
 
 
-def _check_root(root, p):
-    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < p:
-        raise ValueError(f"root 必须是 0 … {p - 1} 之间的整数，收到 {root!r}")
-    return int(root)
-
-
 def tree_broadcast(x, p, root=0):
     """二项树 broadcast：⌈lg P⌉ 步，每步 n 字节。返回 (P 个副本, ledger)。"""
     (x,) = _check_buffers([x], "x")
-    p = _check_p(p)
-    root = _check_root(root, p)
+    p = check_int("p", p, lo=1)
+    root = check_int("root", root, lo=0, hi=p - 1, type_error=ValueError)
     ranks = [(root + v) % p for v in range(p)]          # 相对编号 v = (r − root) mod P
     bufs = [None] * p
     bufs[root] = x
@@ -568,8 +555,8 @@ def scatter_allgather_broadcast(x, p, root=0):
     ⌈lg P⌉ + P − 1 步，字节 2(P − 1)/P · n——大消息时比二项树的 ⌈lg P⌉ · n 少得多。
     """
     (x,) = _check_buffers([x], "x")
-    p = _check_p(p)
-    root = _check_root(root, p)
+    p = check_int("p", p, lo=1)
+    root = check_int("root", root, lo=0, hi=p - 1, type_error=ValueError)
     ranks = [(root + v) % p for v in range(p)]
     parts = np.array_split(x, p)                         # 相对编号 v 最终拿块 v
     held = {0: {c: parts[c] for c in range(p)}}          # 相对编号 → {块编号: 数据}；开始时都在根上
@@ -630,7 +617,7 @@ def hierarchical_all_reduce(xs, gpus_per_node, op="sum"):
     fn = _check_op(op)
     xs = _check_buffers(xs)
     p = len(xs)
-    g = _check_p(gpus_per_node, "gpus_per_node")
+    g = check_int("gpus_per_node", gpus_per_node, lo=1)
     if p % g:
         raise ValueError(f"设备数 P = len(xs) = {p} 必须是 gpus_per_node = {g} 的整数倍")
     n_nodes = p // g
@@ -677,7 +664,7 @@ def _fold_extra(p, n):
 
 def allreduce_terms(n_bytes, p, algo="ring"):
     n = _check_nonneg(n_bytes, "n_bytes")
-    p = _check_p(p)
+    p = check_int("p", p, lo=1)
     algo = _check_algo("allreduce", algo)
     if algo == "ring":
         return Cost(2 * (p - 1), 2 * (p - 1) / p * n)
@@ -694,7 +681,7 @@ def allreduce_terms(n_bytes, p, algo="ring"):
 def allgather_terms(n_bytes, p, algo="ring"):
     """n_bytes = 拼起来之后的总字节数。"""
     n = _check_nonneg(n_bytes, "n_bytes")
-    p = _check_p(p)
+    p = check_int("p", p, lo=1)
     algo = _check_algo("allgather", algo)
     if algo == "rec_doubling":
         _require_pow2(p, "rec_doubling all-gather")
@@ -705,7 +692,7 @@ def allgather_terms(n_bytes, p, algo="ring"):
 def reduce_scatter_terms(n_bytes, p, algo="ring"):
     """n_bytes = 每个设备完整输入向量的字节数。"""
     n = _check_nonneg(n_bytes, "n_bytes")
-    p = _check_p(p)
+    p = check_int("p", p, lo=1)
     algo = _check_algo("reduce_scatter", algo)
     if algo == "rec_halving":
         _require_pow2(p, "rec_halving reduce-scatter")
@@ -715,7 +702,7 @@ def reduce_scatter_terms(n_bytes, p, algo="ring"):
 
 def broadcast_terms(n_bytes, p, algo="tree"):
     n = _check_nonneg(n_bytes, "n_bytes")
-    p = _check_p(p)
+    p = check_int("p", p, lo=1)
     algo = _check_algo("broadcast", algo)
     if algo == "tree":
         return Cost(_ceil_lg(p), _ceil_lg(p) * n)
@@ -725,7 +712,7 @@ def broadcast_terms(n_bytes, p, algo="tree"):
 def alltoall_terms(n_bytes, p, algo="pairwise"):
     """n_bytes = 每个设备要发出的全部字节（含留给自己的 1/P）。"""
     n = _check_nonneg(n_bytes, "n_bytes")
-    p = _check_p(p)
+    p = check_int("p", p, lo=1)
     _check_algo("alltoall", algo)
     return Cost(p - 1, (p - 1) / p * n)
 
@@ -774,8 +761,8 @@ def hierarchical_allreduce_terms(n_bytes, n_nodes, gpus_per_node, inter_algo="ri
     inter = N 个节点之间对 n/G 字节做 all-reduce（算法 inter_algo，默认 ring）。
     """
     n = _check_nonneg(n_bytes, "n_bytes")
-    nn = _check_p(n_nodes, "n_nodes")
-    g = _check_p(gpus_per_node, "gpus_per_node")
+    nn = check_int("n_nodes", n_nodes, lo=1)
+    g = check_int("gpus_per_node", gpus_per_node, lo=1)
     intra = Cost(2 * (g - 1), 2 * (g - 1) / g * n)
     return {"intra": intra, "inter": allreduce_terms(n / g, nn, inter_algo)}
 
@@ -803,7 +790,7 @@ def tp_allreduce_time(n_bytes, tp, link_bw, alpha=DEFAULT_ALPHA, algo="ring"):
     这是线速下的理想值：NCCL 实测 ring 的 busbw 约为线速的 80%（H100：~370 / 450 GB/s，facts.md §4 [S40]），
     想打折就传 link_bw × 效率。
     """
-    tp = _check_p(tp, "tp")
+    tp = check_int("tp", tp, lo=1)
     link_bw = _check_positive(link_bw, "link_bw")
     if tp == 1:
         _check_nonneg(n_bytes, "n_bytes")
@@ -837,7 +824,7 @@ def bus_factor(collective, p):
     """nccl-tests PERFORMANCE.md [S68]：busbw = algbw × 这个系数。"""
     if collective not in _BUS_FACTOR:
         raise ValueError(f"collective 只能是 {sorted(_BUS_FACTOR)} 之一，收到 {collective!r}")
-    return _BUS_FACTOR[collective](_check_p(p))
+    return _BUS_FACTOR[collective](check_int("p", p, lo=1))
 
 
 def algbw(n_bytes, seconds):
@@ -852,7 +839,7 @@ def busbw(collective, n_bytes, seconds, p):
 
 def nccl_ring_latency(p, protocol="LL", collective="allreduce"):
     """NCCL 调优模型（[S71]）里 NVLink 上 ring 算法的固定延迟（秒）：baseLat + nsteps × hopLat。"""
-    p = _check_p(p)
+    p = check_int("p", p, lo=1)
     if protocol not in NCCL_RING_BASE_US:
         raise ValueError(f"protocol 只能是 {list(NCCL_RING_BASE_US)} 之一，收到 {protocol!r}")
     if collective not in ("allreduce", "allgather", "reduce_scatter"):

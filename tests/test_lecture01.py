@@ -458,3 +458,130 @@ def test_figure_path_and_save_figure(tmp_path):
     assert path == str(tmp_path / "figures" / "09_demo_line.png")
     assert (tmp_path / "figures" / "09_demo_line.png").stat().st_size > 0
     assert not plt.fignum_exists(fig.number)
+
+
+# ---------------------------------------------------------------------------
+# course_utils.check_int / check_real：各实验模块共用的参数检查
+# ---------------------------------------------------------------------------
+def _real_ok(v, lo, hi, lo_open, hi_open, allow_inf):
+    """独立写的参考判定：v 该不该被 check_real 接受（v 已知是非 bool 的实数）。"""
+    if v != v or (not allow_inf and v in (math.inf, -math.inf)):
+        return False
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        return False
+    return hi is None or (v < hi if hi_open else v <= hi)
+
+
+def _agrees_real(fn, v, lo, hi, lo_open, hi_open, allow_inf):
+    """fn 的行为和参考判定一致：该收的返回 float(v)；该拒的报 ValueError，消息写出 where、参数名和收到的值。"""
+    try:
+        out = fn("lr", v, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, where="opt", allow_inf=allow_inf)
+    except ValueError as e:
+        assert not _real_ok(v, lo, hi, lo_open, hi_open, allow_inf), (v, lo, hi, lo_open, hi_open, e)
+        assert "opt：lr" in str(e) and repr(v) in str(e), e
+    else:
+        assert _real_ok(v, lo, hi, lo_open, hi_open, allow_inf), (v, lo, hi, lo_open, hi_open, out)
+        assert type(out) is float and (out == v or (out != out and v != v)), (v, out)
+
+
+real_values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10),
+                        st.sampled_from([0.0, 1.0, -1.0, 0.5]))
+bounds = st.one_of(st.none(), st.sampled_from([-1.0, 0.0, 0.5, 1.0]))
+REAL_ARGS = dict(v=real_values, lo=bounds, hi=bounds, lo_open=st.booleans(), hi_open=st.booleans(),
+                 allow_inf=st.booleans())
+CHECK_SETTINGS = settings(deadline=None, max_examples=300, database=None, derandomize=True)
+
+
+@CHECK_SETTINGS
+@given(**REAL_ARGS)
+def test_check_real_matches_reference(v, lo, hi, lo_open, hi_open, allow_inf):
+    _agrees_real(CU.check_real, v, lo, hi, lo_open, hi_open, allow_inf)
+
+
+def test_check_real_property_catches_a_mutation():
+    """变异检验：把开区间当闭区间（忘了 lo_open）的实现，上面的性质测试必须抓到。"""
+    def mutant(name, v, lo=None, hi=None, lo_open=False, **kw):
+        return CU.check_real(name, v, lo=lo, hi=hi, lo_open=False, **kw)
+
+    @CHECK_SETTINGS
+    @given(**REAL_ARGS)
+    def prop(v, lo, hi, lo_open, hi_open, allow_inf):
+        _agrees_real(mutant, v, lo, hi, lo_open, hi_open, allow_inf)
+
+    with pytest.raises(AssertionError):
+        prop()
+
+
+def _int_ok(v, lo, hi, whole_float):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "type"
+    if isinstance(v, float) and not (whole_float and math.isfinite(v) and v == int(v)):
+        return "type" if not whole_float else "value"
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        return "value"
+    return "ok"
+
+
+def _agrees_int(fn, v, lo, hi, whole_float):
+    want = _int_ok(v, lo, hi, whole_float)
+    try:
+        out = fn("batch", v, lo=lo, hi=hi, whole_float=whole_float, where="step")
+    except TypeError as e:
+        assert want == "type", (v, lo, hi, whole_float, e)
+        assert "step：batch" in str(e), e
+    except ValueError as e:
+        assert want == "value", (v, lo, hi, whole_float, e)
+        assert "step：batch" in str(e) and repr(v) in str(e), e
+    else:
+        assert want == "ok", (v, lo, hi, whole_float, out)
+        assert out == v and (type(out) is int or (whole_float and type(out) is float)), (v, out)
+
+
+INT_ARGS = dict(v=st.one_of(st.integers(-5, 5), st.booleans(), st.floats(-5, 5),
+                            st.sampled_from([2.0, math.nan, math.inf, "3", None])),
+                lo=st.one_of(st.none(), st.integers(-2, 2)), hi=st.one_of(st.none(), st.integers(-2, 3)),
+                whole_float=st.booleans())
+
+
+@CHECK_SETTINGS
+@given(**INT_ARGS)
+def test_check_int_matches_reference(v, lo, hi, whole_float):
+    _agrees_int(CU.check_int, v, lo, hi, whole_float)
+
+
+def test_check_int_property_catches_a_mutation():
+    """变异检验：把 bool 当整数收下（True == 1）的实现，上面的性质测试必须抓到。"""
+    def mutant(name, v, **kw):
+        return int(v) if isinstance(v, bool) else CU.check_int(name, v, **kw)
+
+    @CHECK_SETTINGS
+    @given(**INT_ARGS)
+    def prop(v, lo, hi, whole_float):
+        _agrees_int(mutant, v, lo, hi, whole_float)
+
+    with pytest.raises(AssertionError):
+        prop()
+
+
+def test_check_helpers_numpy_and_type_error_override():
+    np = pytest.importorskip("numpy")
+    assert type(CU.check_int("n", np.int64(3), lo=1)) is int and CU.check_real("x", np.float32(0.5)) == 0.5
+    with pytest.raises(TypeError, match="n"):
+        CU.check_int("n", np.bool_(True))
+    with pytest.raises(ValueError, match="Chip：n"):           # 老接口：一切坏值都报 ValueError
+        CU.check_int("n", 2.5, where="Chip", type_error=ValueError)
+    with pytest.raises(ValueError, match="≤ 1"):
+        CU.check_real("mfu", 1.5, lo=0.0, lo_open=True, hi=1.0)
+
+
+def test_lab_modules_use_shared_checks():
+    """各实验模块的私有检查函数已删掉，改用 course_utils 的同一份。"""
+    for folder, name, gone in (("lecture01", "llm_math", ("_count", "_real", "_fraction", "_check_positive")),
+                               ("lecture01", "hw_specs", ("_positive", "_nonneg")),
+                               ("lecture02", "transformer_lab", ("_check_int", "_check_real")),
+                               ("lecture05", "serving_sim", ("_int_arg", "_real_arg")),
+                               ("lecture06", "decode_lab", ("_int", "_real")),
+                               ("prereq5", "comm_sim", ("_check_p", "_check_root"))):
+        mod = load_lab(folder, name)
+        assert not any(hasattr(mod, g) for g in gone), (name, [g for g in gone if hasattr(mod, g)])
+        assert os.path.samefile(mod.check_real.__code__.co_filename, CU.__file__), name
