@@ -18,9 +18,10 @@ CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印�
     display_width(text)                       终端显示宽度：东亚全角 / 宽字符（W、F）占 2 格
     format_table(headers, rows, align=None)   对齐的文本表格：表头、虚线分隔行、数据行
     fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
-    figure_path(script, what)                 <script 所在文件夹>/figures/<script 文件名>_<what>.png（文件夹不存在就建）
-    save_figure(fig, script, what, dpi=120)   紧凑排版、存到 figure_path、关闭图，返回路径
-    check_int / check_real                    参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
+    figure_path(script, what, quick=False)    <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
+    save_figure(fig, script, what, quick=…)   紧凑排版、存到 figure_path、关闭图，返回路径
+    check_int / check_real / check_bool       参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
+    check_choice / check_array                取值列表；实数数组（float64，NaN / ∞ 报错）
                                               （以前 llm_math、hw_specs、transformer_lab、serving_sim、decode_lab、
                                               comm_sim 各写了一份，名字、消息、边界各不相同）
 
@@ -123,24 +124,27 @@ def fmt_time(s):
 # =============================================================================
 # 图
 # =============================================================================
-def figure_path(script, what):
+def figure_path(script, what, quick=False):
     """演示 script（传 __file__）的图 what 的路径：<script 所在文件夹>/figures/<脚本名>_<what>.png。
 
-    figures/ 文件夹不存在就建。"""
+    quick=True（演示的 --quick 小规模版本）时放在 figures/quick/ 下：make test / check-all 跑的小图
+    不会覆盖 make figures 生成的完整图。figures/ 文件夹不存在就建。"""
     if not str(what):
         raise ValueError("what 不能为空（它是图文件名的后半段）")
-    folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures")
+    quick = check_bool("quick", quick, where="figure_path")
+    folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures", *(["quick"] if quick else []))
     os.makedirs(folder, exist_ok=True)
     stem = os.path.splitext(os.path.basename(script))[0]
     return os.path.join(folder, f"{stem}_{what}.png")
 
 
-def save_figure(fig, script, what, dpi=120):
+def save_figure(fig, script, what, dpi=120, quick=False):
     """
-    把 matplotlib 图存到 figure_path(script, what)：先 tight_layout，再按 bbox_inches="tight" 存，
-    然后关闭这张图，返回路径。演示脚本用 matplotlib.use("Agg")，从不 show()。
+    把 matplotlib 图存到 figure_path(script, what, quick)：先 tight_layout，再按 bbox_inches="tight" 存，
+    然后关闭这张图，返回路径。演示脚本用 matplotlib.use("Agg")，从不 show()；传 quick=args.quick，
+    小规模的图就进 figures/quick/，不覆盖完整图。
     """
-    path = figure_path(script, what)
+    path = figure_path(script, what, quick)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     import matplotlib.pyplot as plt   # 只在真的存图时才需要 matplotlib
@@ -214,6 +218,57 @@ def check_real(name, value, lo=None, hi=None, lo_open=False, hi_open=False, wher
     return v
 
 
+def check_bool(name, value, where=""):
+    """
+    检查一个开关参数：只收 True / False（也收 numpy 的 bool_），返回 Python bool。
+
+    为什么要查：Python 里 "False"、"no"、1.0 都是真值，`if causal:` 会把字符串 'False' 当成 True，
+    算出一个错的结果而不报错。
+    【报错】其他一切（字符串、整数、None……）→ TypeError：「[where：]name 必须是 True 或 False，收到 …」。
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{_who(name, where)} 必须是 True 或 False，收到 {type(value).__name__} 类型的 {value!r}")
+
+
+def check_choice(name, value, allowed, where=""):
+    """
+    检查一个"从几个名字里选一个"的参数（如 kind='ring'），返回 value。
+
+    【报错】不在 allowed 里 → ValueError，消息列出全部允许的取值：「[where：]name 只能是 'a' / 'b'，收到 …」。
+    """
+    allowed = tuple(allowed)
+    try:
+        ok = value in allowed
+    except TypeError:           # 不可比较 / 不可哈希的东西（如 numpy 数组）当作不在其中
+        ok = False
+    if not ok or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed if a == value):
+        raise ValueError(f"{_who(name, where)} 只能是 {' / '.join(repr(a) for a in allowed)}，收到 {value!r}")
+    return value
+
+
+def check_array(name, value, ndim=None, allow_neginf=False, where=""):
+    """
+    把一个实数数组参数转成 float64 numpy 数组并检查（attention 的分数、概率表、缓冲区……）。
+
+    【允许】任何能 np.asarray 成布尔 / 整数 / 浮点的东西；ndim 给定时维数必须相等。
+    【报错】复数、字符串、object → TypeError；维数不对、含 NaN 或 +∞ → ValueError
+            （allow_neginf=True 时允许 −∞：被掩掉的分数就是 −∞）。
+    """
+    import numpy as np        # 模块级只依赖标准库；用到数组时才导入 numpy
+    a = np.asarray(value)
+    who = _who(name, where)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"{who} 必须是实数数组，收到 dtype={a.dtype}")
+    a = a.astype(np.float64, copy=False)
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{who} 必须是 {ndim} 维数组，收到形状 {a.shape}")
+    bad = (np.isnan(a) | (a == np.inf)) if allow_neginf else ~np.isfinite(a)
+    if bad.any():
+        raise ValueError(f"{who} 只能含{'有限值或 −∞' if allow_neginf else '有限值'}，发现了 NaN 或 ∞")
+    return a
+
+
 # =============================================================================
 # 自检
 # =============================================================================
@@ -281,6 +336,31 @@ def _selftest():
             assert text in str(e), (text, e)
         else:
             raise AssertionError(f"应当报错：{text}")
+    # 6) check_bool / check_choice / check_array
+    assert check_bool("causal", True) is True and check_bool("causal", False) is False
+    assert check_choice("kind", "ring", ("ring", "tree")) == "ring"
+    a = check_array("s", [[1, -math.inf]], ndim=2, allow_neginf=True)
+    assert a.dtype.name == "float64" and a.shape == (1, 2)
+    for call, exc, text in ((lambda: check_bool("causal", "False"), TypeError, "causal"),
+                            (lambda: check_bool("causal", 1), TypeError, "True 或 False"),
+                            (lambda: check_bool("tied", None, where="ModelConfig"), TypeError, "ModelConfig：tied"),
+                            (lambda: check_choice("kind", "rign", ("ring", "tree")), ValueError, "'ring' / 'tree'"),
+                            (lambda: check_choice("kind", ["ring"], ("ring",)), ValueError, "kind"),
+                            (lambda: check_choice("mode", True, (1, 2)), ValueError, "mode"),
+                            (lambda: check_array("s", ["a"]), TypeError, "s"),
+                            (lambda: check_array("s", [1.0], ndim=2), ValueError, "2 维"),
+                            (lambda: check_array("s", [math.nan]), ValueError, "NaN"),
+                            (lambda: check_array("s", [-math.inf]), ValueError, "有限值"),
+                            (lambda: check_array("s", [math.inf], allow_neginf=True), ValueError, "−∞")):
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), (text, e)
+        else:
+            raise AssertionError(f"应当报错：{text}")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "07_demo.py")
+        assert figure_path(script, "c", quick=True) == os.path.join(tmp, "figures", "quick", "07_demo_c.png")
     print("course_utils 自检通过：中文表格对齐、fmt_* 与手算一致、figure_path 建文件夹、坏输入报错、"
           "check_int / check_real 的边界")
 
