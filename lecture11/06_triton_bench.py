@@ -327,8 +327,33 @@ def overhead(args):
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
             profile = buf.getvalue()
             print(profile)
+    parts = host_parts(torch, tf) if hasattr(tf, "_check_dense") else None
     return dict(label=args.label, module=args.module or "lecture11/triton_flash.py", rows=rows, profile=profile,
-                fastpath=fastpath_checks(torch, tf) if hasattr(tf, "_PLANS") else None)
+                parts=parts, fastpath=fastpath_checks(torch, tf) if hasattr(tf, "_PLANS") else None)
+
+
+def host_parts(torch, tf, n=128, calls=5000):
+    """N = 128 时主机时间的几块（每次调用的 µs，各自连续调用 calls 次）：参数检查、分配输出、整次调用。"""
+    import time
+    q, k, v = (torch.randn(1, n, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    pieces = {
+        "检查参数 _check_dense": lambda: tf._check_dense(q, k, v, 0.0, None, True, None, None, (-1, -1), False, None,
+                                                    False, False, None),
+        "分配 o、lse（torch.empty ×2）": lambda: (torch.empty_like(q), torch.empty((16, n), device="cuda")),
+        "reshape ×3": lambda: (q.reshape(n, 16, 128), k.reshape(n, 16, 128), v.reshape(n, 16, 128)),
+        "整次调用 flash_attn_func": lambda: tf.flash_attn_func(q, k, v, causal=True),
+    }
+    out = {}
+    for name, fn in pieces.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - t0) / calls * 1e6
+        print(f"  主机时间的一块：{name:<32s}{out[name]:7.1f} µs", flush=True)
+    return out
 
 
 def fastpath_checks(torch, tf):

@@ -443,6 +443,39 @@ def test_script_without_torch_skips():
     assert len(out.stdout.strip().splitlines()) == 1 and not out.stderr
 
 
+def test_dense_cu_seqlens_cached():
+    """等长 batch 的 cu_seqlens 每个 (B, N, 设备) 只建一次（热路径上不再每次 arange）；值是 [0, N, 2N, …]。"""
+    a = tf._cu_dense(3, 7, torch.device("cpu"))
+    assert a is tf._cu_dense(3, 7, torch.device("cpu"))
+    assert a.tolist() == [0, 7, 14, 21] and a.dtype == torch.int32
+    assert tf._cu_dense(3, 8, torch.device("cpu")).tolist() == [0, 8, 16, 24]
+
+
+def test_no_fast_path_in_interpreter(gen):
+    """解释器里没有编译好的内核：_plan_key 返回 None，调用照常走 Triton 的启动路径。"""
+    q, k, v = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(3))
+    opts = tf._check_dense(q, k, v, 0.0, None, True, None, None, (-1, -1), False, None, False, False, None)
+    assert tf._plan_key(q, k, v, opts) is None
+
+
+GPU_FAST_PATH = """
+import sys, torch; sys.path.insert(0, 'lecture11'); import triton_flash as tf
+q, k, v = (torch.randn(2, 300, 8, 64, device='cuda', dtype=torch.bfloat16) for _ in range(3))
+slow = tf.flash_attn_func(q, k, v, causal=True)
+n = tf._Plan.launches
+fast = tf.flash_attn_func(q, k, v, causal=True)
+assert tf._Plan.launches == n + 1, 'fast path not used'
+assert torch.equal(slow, fast), (slow - fast).abs().max()
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA GPU（快速路径只在编译好的内核上有）")
+def test_gpu_fast_path_is_bitwise_equal():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", GPU_FAST_PATH], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA GPU（bf16/fp16 真实尺寸的检查）")
 @pytest.mark.parametrize("kernel", tf.KERNELS)
 def test_gpu_checks(kernel):
