@@ -817,6 +817,23 @@ class _Plan:
 
 
 _PLANS = {}
+_SEEN = set()
+_MAX_PLANS = 4096         # 形状一直在变（例如解码时 K/V 越来越长）时不让缓存无限长
+
+
+def _should_record(plan_key):
+    """一个键第二次出现时才记 _Plan：只出现一次的形状（解码时每步的新长度）不多付记录的开销。"""
+    if plan_key is None or plan_key in _PLANS:
+        return False
+    if plan_key in _SEEN:
+        return True
+    if len(_SEEN) >= _MAX_PLANS:
+        _SEEN.clear()
+        _PLANS.clear()
+    _SEEN.add(plan_key)
+    return False
+
+
 _CU_DENSE = {}
 
 
@@ -912,7 +929,7 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
                 HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype), grid1=batch * hq)
     meta["TMA"] = _can_use_tma(q, k, v, d, block_d, launch)
     plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0
-    record = None if plan_key is None or plan_key in _PLANS else (plan_key, tensors)    # 每个键只记一次
+    record = (plan_key, tensors) if _should_record(plan_key) else None
     _launch("fwd", lambda bm: triton.cdiv(max_q, bm), args, meta, plain, q.dtype, launch, record)
     return o, lse
 

@@ -451,6 +451,20 @@ def test_dense_cu_seqlens_cached():
     assert tf._cu_dense(3, 8, torch.device("cpu")).tolist() == [0, 8, 16, 24]
 
 
+def test_plan_recorded_on_second_sighting(monkeypatch):
+    """一个形状第二次出现才记 _Plan；缓存满了整体清空（形状一直在变时不无限增长）。"""
+    monkeypatch.setattr(tf, "_SEEN", set())
+    monkeypatch.setattr(tf, "_PLANS", {})
+    monkeypatch.setattr(tf, "_MAX_PLANS", 3)
+    assert not tf._should_record(None)
+    assert not tf._should_record("a") and tf._should_record("a")
+    tf._PLANS["a"] = False                      # 记过（哪怕失败）就不再记
+    assert not tf._should_record("a")
+    for key in "bcd":
+        tf._should_record(key)
+    assert len(tf._SEEN) <= 3 and "a" not in tf._PLANS
+
+
 def test_no_fast_path_in_interpreter(gen):
     """解释器里没有编译好的内核：_plan_key 返回 None，调用照常走 Triton 的启动路径。"""
     q, k, v = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(3))
@@ -462,6 +476,7 @@ GPU_FAST_PATH = """
 import sys, torch; sys.path.insert(0, 'lecture11'); import triton_flash as tf
 q, k, v = (torch.randn(2, 300, 8, 64, device='cuda', dtype=torch.bfloat16) for _ in range(3))
 slow = tf.flash_attn_func(q, k, v, causal=True)
+tf.flash_attn_func(q, k, v, causal=True)          # 第二次见到这个形状：记下 _Plan
 n = tf._Plan.launches
 fast = tf.flash_attn_func(q, k, v, causal=True)
 assert tf._Plan.launches == n + 1, 'fast path not used'
