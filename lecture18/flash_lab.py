@@ -503,16 +503,19 @@ class MemoryMeter(TorchDispatchMode):
         self._alive = {}                                      # id(storage) → weakref.finalize
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._track(t)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self._track(t)                                # 视图、原地修改和输入共用存储：不是新分配的
         return out
 
     def _track(self, t):
         st = t.untyped_storage()
         key = id(st)
-        if key in self._alive:                                # 视图或原地修改：同一块存储已经数过
+        if key in self._alive:                                # 已经数过（同一块存储又被别的算子返回）
             return
         n = st.nbytes()
         self._alive[key] = weakref.finalize(st, self._release, key, n)
