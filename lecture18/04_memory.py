@@ -131,6 +131,7 @@ def paper_scale(budget, devices):
 def plot(res, s_list, h, n, c, quick):
     import matplotlib
     matplotlib.use("Agg")
+    import matplotlib.ticker
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -156,7 +157,7 @@ def plot(res, s_list, h, n, c, quick):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(s_list, [str(s) for s in s_list])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("sequence length s (tokens)")
         ax.set_ylabel("memory (MiB)")
         ax.grid(True, which="major", alpha=0.3)
