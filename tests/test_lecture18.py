@@ -105,6 +105,38 @@ def test_flash_attention_falls_back_on_cpu():
     assert (fl.flash_attention(q, k, v, causal=True, block_q=5, block_k=7) - ref).abs().max() < 1e-12
 
 
+_INTERPRET_SCRIPT = r"""
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import flash_lab as fl
+fl.triton_available = lambda q=None: True      # 让 CPU 张量也走 Triton 那条路（内核由解释器执行）
+torch.manual_seed(0)
+for lead, N, Nk, causal in (((2, 3), 19, 23, True), ((), 16, 16, False), ((1,), 9, 5, True)):
+    q, k, v = (torch.randn(*lead, n, 16, requires_grad=True) for n in (N, Nk, Nk))
+    out = fl.flash_attention(q, k, v, causal=causal)
+    ref = fl.vanilla_attention(q.double(), k.double(), v.double(), causal)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    refs = torch.autograd.grad(ref.sum(), (q, k, v))
+    assert out.shape == ref.shape and (out.double() - ref).abs().max() < 1e-5
+    assert all((g.double() - r).abs().max() < 1e-5 for g, r in zip(grads, refs))
+print("ok")
+"""
+
+
+def test_flash_attention_triton_path_under_interpreter():
+    """flash_attention 的 Triton 分支（形状换算、causal 右下角、N > Nk、反向），在 TRITON_INTERPRET=1 的子进程里
+    用 CPU 跑。解释器必须在 import triton 之前打开，所以放在子进程里，不影响本进程。"""
+    pytest.importorskip("triton", reason="没有安装 triton")
+    import os
+    import subprocess
+    import sys
+    folder = os.path.join(os.path.dirname(__file__), "..", "lecture18")
+    r = subprocess.run([sys.executable, "-c", _INTERPRET_SCRIPT, folder], capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA（Triton 快路径）")
 def test_flash_attention_triton_matches_sdpa():
     gen = torch.Generator(device="cuda").manual_seed(0)
