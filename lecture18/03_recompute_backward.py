@@ -7,7 +7,8 @@
     2. 反向从 O 和 lse 重算 P：autograd 为反向存下的只有 q、k、v、O、lse——随 N 线性增长；
        标准写法存 P，随 N² 增长（MemoryMeter 量出来）。
     3. 代价：用 torch.utils.flop_counter 数矩阵乘法的 FLOPs。标准反向 4 次矩阵乘法（= 2 × 前向），
-       分块反向 5 次（多一次重算 S = q kᵀ，= 2.5 × 前向）：一步训练的总 FLOPs 多 1/6，换来存下的激活少 ~N/(几个 d)。
+       分块反向 5 次（多一次重算 S = q kᵀ，= 2.5 × 前向）：注意力这一步的总 FLOPs 多 1/6，
+       换来为反向多存的东西从每个头 N×Nk 个数（P）变成 N 个数（lse）。
        causal 时分块版跳过整块看不见的 (i, j)，总 FLOPs 反而比标准写法少。
 
 运行：python3 lecture18/03_recompute_backward.py [--quick] [--seed 0]
