@@ -3,7 +3,7 @@
 
 你会看到：
     1. 同一层 Transformer 的三种算法（vanilla / flash / bpt，见 flash_lab.TransformerLayer）输出相同，
-       而一次前向 + 反向里：前向最大的单个张量**恰好**等于 Ring Attention 论文表 1 的公式（换成 FP32 的字节）：
+       而一次前向 + 反向里：前向最大的单个张量**恰好**等于 Ring Attention 论文表 1 [S83] 的公式（换成 FP32 的字节）：
        vanilla 是 [b, n, s, s] 的 P，flash 是 [b, s, 4h] 的前馈中间层，bpt 是 [b, s, h]。
     2. 同时活着的总量（峰值）和为反向存下的量（kept）随 s 的增长：vanilla ∝ s²，另外两种 ∝ s；
        BPT 比 flash 少的正是前馈的 4h 中间层（图）。
@@ -189,7 +189,7 @@ def main():
     fit_and_budget(res, s_list, 256 * 2**20)
     print("\n== 3b. 表 1 的公式，一层 7B 规模（h = 4096、32 头、BF16、b = 1）==")
     paper_scale(args.budget_gib * 2**30, args.devices)
-    print("论文表 3（8×A100、7B，整模型含参数和优化器）：vanilla / 省内存 / BPT / Ring = 2K / 16K / 32K / 256K——"
+    print("论文表 3 [S84]（8×A100、7B，整模型含参数和优化器）：vanilla / 省内存 / BPT / Ring = 2K / 16K / 32K / 256K——"
           "顺序和倍数的方向一致，绝对值不同：那里的预算还要装下参数、优化器状态和所有层。")
 
     print("\n结论：省内存的注意力把 s² 的 P 去掉，激活变成 ∝ s，剩下最大的是前馈的 4h 中间层；BPT 把前馈也按块算、"
