@@ -52,9 +52,8 @@ def evaluate(task, quick, lengths, depths, n):
         if ckpt not in models:
             models[ckpt] = L.get_checkpoint(task, ckpt, quick=quick, log=print)[0]
         model = models[ckpt]
-        spec_rope = L.CHECKPOINTS[ckpt].get("rope") or {}
-        model.set_rope(**dict({"scale": 1.0, "base": L.CHECKPOINTS[ckpt]["cfg"].get("base", 10000.0)},
-                              **spec_rope, **rope))
+        cfg = L.CHECKPOINTS[ckpt]["cfg"]                 # 先回到检查点自己的 RoPE 设置，再加这个方法的改动
+        model.set_rope(**dict({"scale": cfg.get("scale", 1.0), "base": cfg.get("base", 10000.0)}, **rope))
         grids[label] = L.cached_grid(task, ckpt, model, lengths, depths, n=n, variant=variant, quick=quick, log=print)
     return grids
 

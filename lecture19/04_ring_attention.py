@@ -139,7 +139,8 @@ def main():
     ap.add_argument("--torchrun", action="store_true", help="由 torchrun 启动（每个进程一块 GPU 时用 NCCL）")
     args = ap.parse_args()
     if args.torchrun:
-        return torchrun_main(N=16384, d=64, heads=8)
+        big = torch.cuda.is_available()                  # CPU（gloo）上用小一点的序列：块的分数矩阵要放进内存
+        return torchrun_main(N=16384 if big else 2048, d=64, heads=8 if big else 2)
     P_sim = 4 if args.quick else 8
     leds = simulate(N=256 if args.quick else 2048, d=16, P=P_sim)
     P = args.procs or (2 if args.quick else 4)

@@ -68,18 +68,18 @@ def activations(lengths, m, c):
 
 
 def longest_context(m, budget, devices):
-    """每层激活的显存预算 budget 字节：各方法能放下的最长 s（ring：P 块设备，每块 c = s / P）。"""
+    """每层激活预算 budget 字节时各方法能放下的最长 s（第 18 讲的 max_seq_len；ring 切给 P 块设备，c = s/P）。"""
     h, n = m["d_model"], m["n_heads"]
-    s_vanilla = math.sqrt(budget / (2 * n))                 # 2·n·s² ≤ M
-    s_flash = budget / (8 * h)                              # 8·s·h ≤ M
-    s_bpt = budget / (2 * h)                                # 2·s·h ≤ M
-    c_ring = budget / (6 * h)                               # 6·c·h ≤ M，和 s 无关
-    for s, kind in ((s_vanilla, "vanilla"), (s_flash, "flash"), (s_bpt, "bpt")):
-        fits = L.activation_bytes(kind, math.floor(s), h, n)
-        assert fits <= budget < L.activation_bytes(kind, math.floor(s) + 1, h, n)
-    rows = [["vanilla", fmt_count(s_vanilla), "s² 项"], ["flash", fmt_count(s_flash), "前馈 8sh"],
-            ["bpt", fmt_count(s_bpt), "2sh"]]
-    rows += [[f"ring, P = {P}", fmt_count(P * c_ring), f"每块设备 c = {fmt_count(c_ring)}"] for P in devices]
+    rows = []
+    for kind, why in (("vanilla", "分数矩阵 2·n·s²"), ("flash", "前馈中间层 8·s·h"), ("bpt", "2·s·h")):
+        s = L.max_seq_len(kind, budget, h, n)
+        assert L.activation_bytes(kind, s, h, n) <= budget < L.activation_bytes(kind, s + 1, h, n)
+        rows.append([kind, fmt_count(s), why])
+    single = L.max_seq_len("ring", budget, h, n, devices=1)
+    for P in devices:
+        s = L.max_seq_len("ring", budget, h, n, devices=P)
+        assert s >= P * single                              # 设备数翻倍，能放下的长度也（至少）翻倍
+        rows.append([f"ring, P = {P}", fmt_count(s), f"每块设备 c = s/P = {fmt_count(s // P)}，6·c·h"])
     print(f"\n每层激活预算 {fmt_bytes(budget)}（{m['name']}）时能放下的最长上下文：")
     print(L.format_table(["方法", "最长 s", "瓶颈"], rows))
     print("ring 的上限 = 设备数 × 单设备块长：论文表 3 说的\"最长上下文随设备数线性增长\" [S84]。")
@@ -102,14 +102,15 @@ def plot(series, lengths, m, c, quick):
     ax.legend(loc="upper left")
     paths = [save_figure(fig, __file__, "flops", quick=quick)]
     fig, ax = plt.subplots(figsize=(8, 5))
+    act_lengths = [s for s in lengths if s >= c]                    # ring：s = P·c，至少一块设备放满一块
     for kind in L.ACT_KINDS:
-        ax.plot(lengths, [L.activation_bytes(kind, s, m["d_model"], m["n_heads"], c=c) / 2 ** 30 for s in lengths],
-                marker="o", label=kind)
+        ax.plot(act_lengths, [L.activation_bytes(kind, s, m["d_model"], m["n_heads"], c=c) / 2 ** 30
+                              for s in act_lengths], marker="o", label=kind)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("sequence length s (tokens)")
     ax.set_ylabel("largest activation per layer (GiB, bf16)")
-    ax.set_title(f"{m['name']}: activation memory (ring block c = {c})")
+    ax.set_title(f"{m['name']}: activations (ring: c = {c}, P = s/c)")
     ax.legend(loc="upper left")
     paths.append(save_figure(fig, __file__, "activations", quick=quick))
     return paths

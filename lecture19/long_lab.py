@@ -28,6 +28,7 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
 【依赖】torch；lecture04/modern_lm.py（RMSNorm、SwiGLU、RoPE），lecture18/flash_lab.py（分块状态的合并）。
 """
 
+import contextlib
 import copy
 import datetime
 import hashlib
@@ -77,6 +78,7 @@ from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E40
 
 CKPT = os.path.join(HERE, "checkpoints")
 MANIFEST = "manifest.json"
+STORE_DTYPE = torch.float16     # 检查点里权重的类型（见 save_model）
 CURRICULUM_T = 64       # 课程学习第一阶段（不放草堆）的长度：6 根针 + 12 个问题 = 1 + 18 + 36 = 55 个 token
 MASK_KINDS = ("full", "window", "strided", "dilated")
 LAYOUTS = ("contiguous", "striped")
@@ -414,15 +416,16 @@ class LongLM(nn.Module):
 def build_model(task, cfg):
     """
     按配置字典构造模型（先 torch.manual_seed(cfg["seed"])，默认 1）。
-    键：seed、pos、base、mask、mask_kw、d_model、n_layers、n_heads（都有默认值）。
+    键：seed、pos、base、scale（位置插值倍数）、mask、mask_kw、d_model、n_layers、n_heads（都有默认值）。
     【为什么默认种子是 1】检索能力是"突然学会"的，出不出现和初始化很有关系（见 train_needle）。
     """
     get = cfg.get
     torch.manual_seed(get("seed", 1))
     attn_kw = dict(pos=get("pos", "rope"), base=get("base", 10000.0), mask_kind=get("mask", "full"),
                    mask_kw=dict(get("mask_kw", {})))
-    return LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),
-                  n_heads=get("n_heads", 2), **attn_kw)
+    model = LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),
+                   n_heads=get("n_heads", 2), **attn_kw)
+    return model.set_rope(scale=get("scale", 1.0))
 
 
 def lr_at(step, steps, warmup, lr):
@@ -546,15 +549,19 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def read_manifest(folder=None):
-    path = os.path.join(folder or CKPT, MANIFEST)
-    if not os.path.exists(path):
-        return {}
+def _read_json(path):
+    """读一个 JSON 字典；不存在或损坏时返回 {}（缓存坏了就当没有）。"""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            out = json.load(f)
+        return out if isinstance(out, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def read_manifest(folder=None):
+    """checkpoints/manifest.json 的内容：名字 → {config, curve, niah, seconds, seed, torch, sha256, ...}。"""
+    return _read_json(os.path.join(folder or CKPT, MANIFEST))
 
 
 def _write_manifest(man, folder):
@@ -564,22 +571,49 @@ def _write_manifest(man, folder):
     os.replace(tmp, os.path.join(folder, MANIFEST))
 
 
+@contextlib.contextmanager
+def _locked(folder):
+    """几个训练进程同时往一个 manifest.json 里写时，读-改-写要排队（有 fcntl 的系统上用文件锁）。"""
+    try:
+        import fcntl
+    except ImportError:                     # Windows：没有 fcntl，就不加锁（同时只跑一个训练进程）
+        yield
+        return
+    tag = hashlib.sha1(os.path.abspath(folder).encode()).hexdigest()[:12]     # 锁文件放临时目录，不进仓库
+    with open(os.path.join(tempfile.gettempdir(), f"long_lab_{tag}.lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@torch.no_grad()
+def _round_to_storage(model):
+    """把权重舍入到存盘的精度（FP16 再转回 FP32）：manifest 里的 NIAH 表就是读回来的模型会得到的数。"""
+    for t in model.state_dict().values():
+        if t.is_floating_point():
+            t.copy_(t.to(STORE_DTYPE).float())
+
+
 def save_model(model, name, cfg, extra=None, folder=None):
     """
     存 checkpoints/<name>.pt：{"cfg_json": 配置的 JSON 文本, "state": state_dict}（只有张量和字符串，
     torch.load(weights_only=True) 在 torch ≥ 2.4 上都能读）；同时在 manifest.json 里记下配置、extra（训练曲线、
     NIAH 表、秒数……）、torch 版本和文件的 SHA-256。
+    权重按 STORE_DTYPE（FP16）存：一个模型 0.84 MB，全部检查点才放得进 12 MB；读的时候转回 FP32。
     """
     folder = folder or CKPT
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.pt")
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().to(STORE_DTYPE).contiguous() for k, v in model.state_dict().items()}
     torch.save({"cfg_json": json.dumps(_canon(cfg), sort_keys=True), "state": state}, path)
-    man = read_manifest(folder)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    man[name] = dict(_canon(extra or {}), config=_canon(cfg), file=f"{name}.pt", sha256=_sha256(path),
-                     torch=torch.__version__, saved=now)
-    _write_manifest(man, folder)
+    with _locked(folder):
+        man = read_manifest(folder)
+        man[name] = dict(_canon(extra or {}), config=_canon(cfg), file=f"{name}.pt", sha256=_sha256(path),
+                         torch=torch.__version__, saved=now)
+        _write_manifest(man, folder)
     return path
 
 
@@ -603,7 +637,7 @@ def load_model(task, name, cfg, folder=None, log=None):
                 why = "配置和要求的不同"
             else:
                 model = build_model(task, cfg).eval()
-                model.load_state_dict(blob["state"], strict=True)
+                model.load_state_dict({k: v.float() for k, v in blob["state"].items()}, strict=True)
                 return model, {k: v for k, v in entry.items() if k not in ("config", "file", "sha256")}
         except Exception as e:            # noqa: BLE001 —— 任何读不出来的情况都当作"没有缓存"
             why = f"读不出来（{type(e).__name__}: {str(e)[:80]}）"
@@ -649,6 +683,7 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
                          curriculum=curriculum, zone=zone, warmup=warmup,
                          log_every=0 if quick else max(1, steps // 10), log=log, progress=not quick)
     if not quick:
+        _round_to_storage(model)                        # 之后的评测用的就是存盘后读回来的那份权重
         extra = {"curve": curve, "steps": steps, "seconds": round(time.time() - t0, 1), "seed": cfg.get("seed", 1)}
         if eval_fn is not None:
             extra.update(eval_fn(model))
@@ -659,12 +694,19 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
 
 
 # 课程要用的检查点：名字 → get_model 的参数。train_checkpoints.py 和各演示都从这里取，配置只写一份。
-# "init" 给出从哪个检查点继续训练；"rope" 是训练前（和读缓存后）对模型做的 set_rope 参数。
+# "init" 给出从哪个检查点继续训练；"eval" 是存盘时记进 manifest 的 NIAH 表的长度（默认 NIAH_LENGTHS）。
+# 继续训练用不同的 data_offset：换一批训练数据。
 NIAH_LENGTHS = (128, 256, 512, 1024, 2048)
 NIAH_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-_SPARSE = dict(steps=300, T=128, init="base", lr=5e-4, warmup=30)
+_SPARSE = dict(steps=300, T=128, init="base", lr=5e-4, warmup=30, data_offset=3_000_000, eval=(128, 512))
 CHECKPOINTS = {
     "base": dict(cfg={"seed": 1}, steps=1500, T=128, curriculum=700),
+    # 扩展上下文：在更长的序列上继续训练一小段（ext_512 同时把位置插值 4 倍：训练时的角度范围和基座一样）
+    "ext_256": dict(cfg={"seed": 1}, steps=300, T=256, init="base", lr=5e-4, warmup=30, data_offset=1_000_000),
+    "ext_512": dict(cfg={"seed": 1, "scale": 4.0}, steps=250, T=512, init="base", lr=5e-4, warmup=30,
+                    data_offset=2_000_000),
+    # 不加位置编码（NoPE）：和基座同样的训练
+    "nope": dict(cfg={"seed": 1, "pos": "none"}, steps=1500, T=128, curriculum=700),
     # 稀疏模式：从基座出发，换上掩码微调一小段
     "sparse_window": dict(cfg={"seed": 1, "mask": "window", "mask_kw": {"window": 16}}, **_SPARSE),
     "sparse_strided": dict(cfg={"seed": 1, "mask": "strided", "mask_kw": {"stride": 8}}, **_SPARSE),
@@ -683,17 +725,15 @@ def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS
         return copy.deepcopy(model), curve
     spec = dict(CHECKPOINTS[name])
     init = spec.pop("init", None)
-    rope = spec.pop("rope", None)
+    lengths = spec.pop("eval", eval_lengths)
     init_from = (get_checkpoint(task, init, quick, log, eval_lengths)[0], init) if init else None
-    setup = (lambda m: m.set_rope(**rope)) if rope else None
 
     def eval_fn(model):
         t0 = time.time()
-        grid = niah_grid(model, task, eval_lengths, NIAH_DEPTHS)
-        return {"niah": {f"{T}@{d}": a for (T, d), a in grid.items()}, "niah_seconds": round(time.time() - t0, 1),
-                "rope": rope}
+        grid = niah_grid(model, task, lengths, NIAH_DEPTHS)
+        return {"niah": {f"{T}@{d}": a for (T, d), a in grid.items()}, "niah_seconds": round(time.time() - t0, 1)}
 
-    model, curve = get_model(task, name, spec.pop("cfg"), quick=quick, log=log, init_from=init_from, setup=setup,
+    model, curve = get_model(task, name, spec.pop("cfg"), quick=quick, log=log, init_from=init_from,
                              eval_fn=eval_fn, **spec)
     if quick:
         _QUICK_MODELS[name] = (copy.deepcopy(model), curve)
@@ -716,14 +756,7 @@ def cached_grid(task, name, model, lengths, depths, n=64, seed=12345, variant=""
     entry = read_manifest(folder).get(name, {})
     key = f"{name}|{variant}|{entry.get('sha256', 'none')[:12]}|n={n}|seed={seed}"
     path = os.path.join(folder, GRIDS)
-    cache = {}
-    if not quick and os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                cache = json.load(f)
-        except (OSError, ValueError):
-            cache = {}
-    cells = cache.get(key, {})
+    cells = {} if quick else _read_json(path).get(key, {})
     todo = [T for T in lengths if any(f"{T}@{d}" not in cells for d in depths)]
     if todo:
         t0 = time.time()
@@ -733,12 +766,14 @@ def cached_grid(task, name, model, lengths, depths, n=64, seed=12345, variant=""
             what = name + (f" {variant}" if variant else "")
             log(f"  （{what}：新算了 {len(todo)} 个长度 × {len(depths)} 个深度，{time.time() - t0:.0f} s）")
         if not quick:
-            cache[key] = cells
             os.makedirs(folder, exist_ok=True)
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(cache, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
+            with _locked(folder):
+                cache = _read_json(path)                 # 别的进程可能刚写过：重读再合并
+                cache[key] = dict(cache.get(key, {}), **cells)
+                tmp = path + ".tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(cache, f, indent=1, sort_keys=True)
+                os.replace(tmp, path)
     return {(T, d): cells[f"{T}@{d}"] for T in lengths for d in depths}
 
 
@@ -1004,29 +1039,13 @@ def flops_per_token(n_params, n_layers, d_model, T, causal=True):
     return 6 * n_params, (6 if causal else 12) * n_layers * T * d_model
 
 
-ACT_KINDS = ("vanilla", "flash", "bpt", "ring")
-
-
-def activation_bytes(kind, s, h, n_heads, c=4096, b=1):
-    """
-    一层里最大的激活（字节，BF16），按 Ring Attention 论文表 1：
-        vanilla：注意力分数 2·b·n·s²（每个头一个 s×s 矩阵）
-        flash  ：注意力不再是 s²，最大的是前馈层中间 4h 的激活 8·b·s·h
-        bpt    ：注意力和前馈都分块（Blockwise Parallel Transformer）：2·b·s·h
-        ring   ：每块设备只存 6 块 c×h（Q、当前 K/V、正在接收的 K/V、输出）：6·b·c·h，和 s 无关
-    【参数】s：序列长度；h：隐藏维度；n_heads；c：每块设备的块长；b：批大小
-    """
-    w = "activation_bytes"
-    check_choice("kind", kind, ACT_KINDS, where=w)
-    for name, val in (("s", s), ("h", h), ("n_heads", n_heads), ("c", c), ("b", b)):
-        check_real(name, val, lo=0, lo_open=True, where=w)
-    if kind == "vanilla":
-        return 2 * b * n_heads * s ** 2
-    if kind == "flash":
-        return 8 * b * s * h
-    if kind == "bpt":
-        return 2 * b * s * h
-    return 6 * b * c * h
+# 每层激活显存（Ring Attention 论文表 1 [S83]）：第 18 讲已经有一份（还能分注意力 / 前馈两列、换元素字节数），
+# 这里直接用它，不再写第二份。activation_bytes(kind, s, h, n_heads, c=4096, b=1)：
+#   vanilla 2·b·n·s²（分数矩阵）；flash 8·b·s·h（前馈的 4h 中间层）；bpt 2·b·s·h；ring 6·b·c·h（和 s 无关）。
+# max_seq_len(kind, budget_bytes, h, n_heads, ..., devices)：预算内能放下的最长序列（ring 按设备数切）。
+activation_bytes = _fl18.activation_bytes
+max_seq_len = _fl18.max_seq_len
+ACT_KINDS = _fl18.KINDS
 
 
 # =====================================================================
