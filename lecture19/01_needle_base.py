@@ -7,7 +7,7 @@
     2. 基座模型（d = 128、2 层、2 个头、RoPE base 10000，种子 1）的训练曲线：课程学习阶段准确率从 ≈ 1/针数
        突然跳到 ≈ 1（学会了"比对键、抄后面的值"），换上草堆后保持住。
     3. NIAH 准确率表（长度 128…1024 × 深度 0…1，热力图）：训练长度上每个深度都找得到；更长时从远处开始失效。
-    4. 第二层注意力在最后一个位置上看哪里：权重集中在目标针的值上（图）。
+    4. 第二层注意力在最后一个位置上看哪里（T = 256）：权重集中在目标针附近（图）。
 
 运行：python3 lecture19/01_needle_base.py [--quick]
       模型从 checkpoints/base.pt 读取（没有、损坏或配置不符时重新训练，几分钟）；--quick 只训练 20 步、不碰缓存。
@@ -48,9 +48,11 @@ def examples(task):
     print("  " + show(task, ids[0], width=40))
 
 
-def curve_table(curve):
-    rows = [[s, f"{loss:.3f}", f"{acc:.3f}"] for s, loss, acc in curve]
-    print(L.format_table(["step", "损失（答案处）", "答案准确率"], rows))
+def curve_table(curve, curriculum):
+    rows = [[s, "无草堆" if s <= curriculum else "T = 128", f"{loss:.3f}", f"{acc:.3f}"] for s, loss, acc in curve]
+    print(L.format_table(["step", "数据", "损失（答案处）", "答案准确率"], rows))
+    print(f"前 {curriculum} 步是课程学习（不放草堆，长 {L.CURRICULUM_T}）：准确率从 ≈ 1/针数 跳到 ≈ 1 的那一段，"
+          "就是模型学会\"比对键、抄后面的值\"的时候；之后换上草堆，准确率保持住。")
 
 
 def grid_table(grid, lengths, depths):
@@ -60,7 +62,7 @@ def grid_table(grid, lengths, depths):
 
 
 def attention_view(task, model, T):
-    ids, ans, dist = task.needle_batch(99, 1, T, 0.3)
+    ids, ans, _ = task.needle_batch(99, 1, T, 0.3)
     for blk in model.blocks:
         blk.attn.keep_attn = True
     with torch.no_grad():
@@ -68,7 +70,8 @@ def attention_view(task, model, T):
     att = model.blocks[-1].attn.last_attn[0, :, -1]                 # [H, T]：第二层、最后一个位置
     for blk in model.blocks:
         blk.attn.keep_attn = False
-    v_pos = T - 1 - dist                                            # 目标针里 v 的位置
+    seq = ids[0].tolist()
+    v_pos = next(i + 2 for i in range(T - 2) if seq[i] == task.N and seq[i + 1] == seq[-1])   # 目标针里 v 的位置
     top = att.max(0).values.topk(3).indices.tolist()
     print(f"\nT = {T}，深度 0.3：模型答 {task.names()[pred[0]]}，正确答案 {task.names()[ans[0]]}；"
           f"第二层注意力权重最大的 3 个位置 {top}，目标针的值在 {v_pos}"
@@ -124,7 +127,7 @@ def main():
     model, curve = L.get_checkpoint(task, "base", quick=args.quick)
     print(f"基座模型：{sum(p.numel() for p in model.parameters()):,} 个参数；配置 {L.CHECKPOINTS['base']}")
     if curve:
-        curve_table(curve)
+        curve_table(curve, L.CHECKPOINTS["base"]["curriculum"])
     lengths = (128, 256) if args.quick else (128, 256, 512, 1024)
     depths = (0.0, 0.5, 1.0) if args.quick else L.NIAH_DEPTHS
     n = 8 if args.quick else 64
@@ -135,7 +138,7 @@ def main():
         worst = min(grid[(128, d)] for d in depths)
         assert worst >= 0.9, f"基座模型在训练长度上应当每个深度都 ≥ 0.9，最差 {worst}"
         print(f"训练长度 128 上最差的深度也有 {worst:.2f}。")
-    att, v_pos, ids = attention_view(task, model, 256 if args.quick else 512)
+    att, v_pos, ids = attention_view(task, model, 256)
     for p in plot(grid, lengths, depths, att, v_pos, ids, task, args.quick):
         print(f"图：{os.path.relpath(p)}")
 
