@@ -1,0 +1,64 @@
+"""
+第 4 讲 · 训练入库的检查点（make checkpoints 调用它）
+
+训练 modern_lm.CHECKPOINTS 里的每个小模型（现代栈、2015 式 baseline、每次只换一块积木的变体），
+写到 lecture04/checkpoints/：<名字>.pt（纯 state_dict，torch.load(weights_only=True) 可读）、
+<名字>_curve.csv（损失曲线）、manifest.json（配置、步数、最终 train / eval 损失、最优损失、秒数、
+tokens/s、种子、torch 版本、每个文件的 SHA-256）。已经核对通过的检查点默认跳过（--force 重训）。
+训练中途每次评估都存一个续训文件（<名字>.resume.pt，不入库），中断后再运行就从那里接着训。
+
+运行：python3 lecture04/train_checkpoints.py [--only modern baseline] [--force] [--threads N] [--quick]
+      --quick：每个模型只训几十步，写到临时文件夹并核对一遍（检查流程用，从不写 checkpoints/）。
+时间：全部 10 个模型在 2 个空闲 CPU 核上约 10 分钟（每个约 1 分钟；tokens/s 见 manifest.json）。
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import modern_lm as ml  # noqa: E402
+from course_utils import fmt_time, format_table  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--only", nargs="+", choices=sorted(ml.CHECKPOINTS), help="只训练这几个")
+    ap.add_argument("--force", action="store_true", help="核对通过的也重训")
+    ap.add_argument("--threads", type=int, default=0, help="torch 线程数（0 = 交给 torch 决定）")
+    ap.add_argument("--quick", action="store_true", help="几十步、写临时文件夹，不动 checkpoints/")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = args.only or list(ml.CHECKPOINTS)
+    tc = ml.QUICK_TRAIN if args.quick else ml.TRAIN
+    print(f"torch {torch.__version__}，{torch.get_num_threads()} 个线程；语言 {ml.LANG}")
+    print(f"训练设置：{tc.to_dict()}（每步 {tc.batch * tc.seq} 个 token，共 {tc.steps} 步）")
+    tmp = tempfile.TemporaryDirectory() if args.quick else None
+    ckpt_dir = tmp.name if args.quick else ml.CKPT_DIR
+    rows, t_all = [], time.perf_counter()
+    for name in names:
+        model, why = ml.verify_checkpoint(name, ckpt_dir, tc)
+        if model is not None and not args.force:
+            entry = ml.read_manifest(ckpt_dir)["models"][name]
+            print(f"{name}: 检查点已核对通过，跳过（--force 重训）")
+        else:
+            print(f"{name}: 训练（{why}）；初始化种子 {tc.seed}，数据种子 {tc.seed}·10⁶ + 步数")
+            model, entry = ml.train_and_save(name, ckpt_dir, tc, progress=not args.quick)
+            assert ml.verify_checkpoint(name, ckpt_dir, tc)[1] == "ok"
+        rows.append([name, f"{entry['n_params']:,}", entry["steps"], f"{entry['final_train_loss']:.3f}",
+                     f"{entry['final_eval_loss']:.3f}", f"{entry['optimal_loss']:.3f}", fmt_time(entry["seconds"]),
+                     f"{entry['tokens_per_s']:,}"])
+    print(format_table(["检查点", "参数", "步数", "train 损失", "eval 损失", "最优损失", "用时", "tokens/s"], rows))
+    print(f"共 {fmt_time(time.perf_counter() - t_all)}；写在 {ckpt_dir}")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
