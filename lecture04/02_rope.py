@@ -95,20 +95,22 @@ def part_spectrum(script, quick, train_len):
     heads = ["对 i", "弧度 / 位置", "波长（位置）", f"到 {train_len} 转了几圈", f"到 {4 * train_len} 转了几圈"]
     print(format_table(heads, rows))
     print("后几对在训练长度内转不满一圈：它们的角度可以当作'绝对位置'用，外推时就出现训练中没见过的角度。")
+    print("图里另画了 d_head = 128 的两种 base：10000（Llama 2）与 500000（Llama 3.1，预训练长度 8192 [S44,S45]）。"
+          "base 调大，后面各对的波长变长（曲线更陡），更多的对在预训练长度内转不满一圈。")
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for dh, base, style in ((16, 1e4, "o-"), (128, 1e4, "-"), (128, 5e5, "--")):
         i = np.arange(dh // 2)
         ax.semilogy(i / (dh // 2), 2 * np.pi * base ** (2 * i / dh), style, label=f"d_head={dh}, base={base:g}",
                     ms=4 if not quick else 3)
-    for L, name in ((train_len, f"our train length {train_len}"), (8192, "Llama 3 pretrain 8192")):
+    for L, name in ((train_len, f"our train length {train_len}"), (8192, "Llama 3.1 pretrain length 8192")):
         ax.axhline(L, color="gray", lw=1, ls=":")
         ax.text(0.01, L * 1.15, name, fontsize=12, color="dimgray")
     ax.set_xlabel("pair index i / (d_head/2)   (0 = fastest)", fontsize=12)
     ax.set_ylabel("wavelength (positions)", fontsize=12)
     ax.set_title("RoPE frequency spectrum: wavelength = 2π · base^(2i/d)", fontsize=13)
-    ax.tick_params(labelsize=11)
+    ax.tick_params(labelsize=12)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=11, loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    ax.legend(fontsize=12, loc="upper left", bbox_to_anchor=(0.0, 0.9))
     return save_figure(fig, script, "spectrum", quick=quick)
 
 

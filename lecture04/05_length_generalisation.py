@@ -3,9 +3,9 @@
 
 你会看到：
     1. 四个只差位置方案的检查点（都在长度 64 上训练），在 1×、2×、4× 训练长度的序列上的损失。
-       合成语言是平稳的：每个 token 的最优损失不随长度变，所以"比最优多出来的部分"就是外推的代价。
+       合成语言除开头几块外是平稳的（最优损失逐行打印），所以"比最优多出来的部分"就是外推的代价。
     2. 按位置看（图右）：损失从哪个位置开始上涨——学出来的位置表在 64 之后的行从没被训练过；
-       RoPE 的慢速分量在 64 之后转到训练中没见过的角度；ALiBi 只按距离线性扣分，没有"没见过的位置"；
+       RoPE 在 64 之后遇到训练中没见过的相对距离；ALiBi 只按距离线性扣分，没有"没见过的情况"；
        NoPE 没有显式位置，只能靠因果掩码间接推断位置。
     3. 学出来的位置表有硬上限：比 max_seq 更长的序列直接报错（而不是悄悄算错）。
 
@@ -67,6 +67,24 @@ def part_table(res):
     return growth
 
 
+def part_where(res):
+    T, c = ml.TRAIN.seq, ml.language().chunk
+    print(f"\n== 2. 损失从哪儿开始上涨（按 {c} 个 token 一块平均，第一次比最优高出 0.3 nats 的位置）==")
+    rows = []
+    for name, label in SCHEMES.items():
+        nll, opt = res[name]["nll"], res[name]["opt"]
+        n = len(nll) // c * c
+        gap = (nll[:n] - opt[:n]).reshape(-1, c).mean(1)                # 每块比最优多多少
+        bad = np.nonzero(gap > 0.3)[0]
+        first = f"{bad[0] * c}–{bad[0] * c + c - 1}" if len(bad) else "没有"
+        rows.append([label, first, f"{gap[: T // c].mean():+.3f}", f"{gap[T // c:].mean():+.3f}"])
+    print(format_table(["位置方案", "第一次高出 0.3 的位置", f"< {T} 平均比最优", f"≥ {T} 平均比最优"], rows))
+    print(f"学出来的位置：{T} 之后的行从没被训练过（梯度只到过前 {T} 行），一过训练长度就坏。RoPE 只看相对距离，"
+          f"但位置 ≥ {T} 的查询会遇到距离 > {T - 1} 的键——训练中没见过的相对距离（慢速分量转到没见过的角度），"
+          "这些键的分数没有被训练'压下去'，注意力被它们搅乱。ALiBi 的偏置随距离线性变小，远处的键本来就被压低，"
+          "没有'没见过的情况'。NoPE 从一开始就没学会精确复制，随长度慢慢变差。")
+
+
 def part_limit():
     print("\n== 3. 学出来的位置表有硬上限 ==")
     cfg = ml.CHECKPOINTS["modern_learned"]
@@ -91,7 +109,7 @@ def plot(res, script, quick):
     ax.set_xlabel("evaluation length (tokens)", fontsize=12)
     ax.set_ylabel("eval loss (nats/token)", fontsize=12)
     ax.set_title(f"Trained at length {T}, evaluated longer", fontsize=13)
-    ax.legend(fontsize=11)
+    ax.legend(fontsize=12)
     ax.grid(alpha=0.3)
     c = ml.language().chunk
     for name, label in SCHEMES.items():
@@ -106,10 +124,10 @@ def plot(res, script, quick):
     bx.set_xlabel("target position", fontsize=12)
     bx.set_ylabel("loss per chunk of 8 tokens", fontsize=12)
     bx.set_title("Where the loss starts to rise", fontsize=13)
-    bx.legend(fontsize=11, loc="upper left")
+    bx.legend(fontsize=12, loc="center right")
     bx.grid(alpha=0.3)
     for a in (ax, bx):
-        a.tick_params(labelsize=11)
+        a.tick_params(labelsize=12)
     return save_figure(fig, script, "lengths", quick=quick)
 
 
@@ -120,10 +138,12 @@ def main():
     print(f"检查点训练种子 {ml.TRAIN.seed}；评估集种子 101 / 102 / 104（长度）与 5（按位置）")
     res = measure(a.quick)
     growth = part_table(res)
+    part_where(res)
     print(f"\n图：{plot(res, __file__, a.quick)}")
     part_limit()
     if not a.quick:
         assert growth["learned absolute"] > 0.3, growth    # 没训练过的位置行 → 损失明显上涨
+        assert growth["ALiBi"] < growth["RoPE"], growth   # ALiBi 的外推比 RoPE 稳（Press et al. 的主要结论）
 
 
 if __name__ == "__main__":

@@ -834,10 +834,19 @@ def _variants():
         "modern_mha": config_like(m, n_kv_heads=4, name="modern_mha"),
         "modern_mqa": config_like(m, n_kv_heads=1, name="modern_mqa"),
         "modern_window16": config_like(m, window=16, name="modern_window16"),
+        "modern_seed1": config_like(m, name="modern_seed1"),     # 同一配置换种子：量"种子带来的波动"
+        "modern_seed2": config_like(m, name="modern_seed2"),
     }
 
 
 CHECKPOINTS = _variants()
+SEED_REPEATS = {"modern_seed1": 1, "modern_seed2": 2}   # 这几个检查点用别的种子（初始化和数据流都换）
+
+
+def train_config(name):
+    """检查点 name 的训练设置：TRAIN，种子重复的那几个只换 seed。"""
+    check_choice("name", name, tuple(CHECKPOINTS), where="train_config")
+    return dataclasses.replace(TRAIN, seed=SEED_REPEATS[name]) if name in SEED_REPEATS else TRAIN
 QUICK_TRAIN = TrainConfig(steps=30, batch=8, seq=64, warmup=5, eval_every=30, eval_batches=1)
 
 
@@ -863,12 +872,13 @@ def read_manifest(ckpt_dir=CKPT_DIR):
         return {"models": {}}
 
 
-def verify_checkpoint(name, ckpt_dir=CKPT_DIR, tc=TRAIN):
+def verify_checkpoint(name, ckpt_dir=CKPT_DIR, tc=None):
     """
     检查一个入库的检查点能不能用，返回 (model 或 None, 原因)。
     要求：manifest 里有它、配置和训练设置与代码里的一致、每个文件的 SHA-256 对得上、state_dict 装得进模型。
     """
     cfg = CHECKPOINTS[check_choice("name", name, tuple(CHECKPOINTS), where="verify_checkpoint")]
+    tc = train_config(name) if tc is None else tc
     entry = read_manifest(ckpt_dir)["models"].get(name)
     if entry is None:
         return None, "manifest.json 里没有它"
@@ -900,9 +910,10 @@ def read_curve(name, ckpt_dir=CKPT_DIR):
     return out
 
 
-def train_and_save(name, ckpt_dir=CKPT_DIR, tc=TRAIN, progress=True, log=print):
+def train_and_save(name, ckpt_dir=CKPT_DIR, tc=None, progress=True, log=print):
     """训练一个检查点并写入 ckpt_dir：<name>.pt（纯 state_dict）、<name>_curve.csv、manifest.json 里的一项。"""
     cfg = CHECKPOINTS[check_choice("name", name, tuple(CHECKPOINTS), where="train_and_save")]
+    tc = train_config(name) if tc is None else tc
     os.makedirs(ckpt_dir, exist_ok=True)
     lang = language()
     resume = os.path.join(ckpt_dir, f"{name}.resume.pt")
@@ -948,7 +959,7 @@ def _update_manifest(ckpt_dir, name, entry):
         os.replace(tmp, os.path.join(ckpt_dir, "manifest.json"))
 
 
-def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=TRAIN, progress=True):
+def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, progress=True):
     """
     演示用：入库的检查点能用就装载（并说一声）；缺失、损坏或配置不符时警告并重训（tqdm 进度条）。
     quick=True：检查点能用照样装载（只读）；不能用时只在内存里训 QUICK_TRAIN 的几十步，从不写 checkpoints/。
