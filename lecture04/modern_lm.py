@@ -14,10 +14,13 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
     rope_angles / apply_rope_half / apply_rope_interleaved / half_to_interleaved   两种 RoPE 配对与它们之间的排列
     sinusoidal_table / alibi_slopes / attn_bias  其余位置方案与注意力掩码（因果、滑动窗口、ALiBi）
     LMConfig / ModernLM / KVCache / generate     可配置的模型、KV cache、贪心生成
-    from_lecture02                               把第 2 讲 numpy 模型的权重装进 ModernLM（float64 下 logits 一致）
+    from_lecture02 / expand_kv_heads             第 2 讲的 numpy 权重装进来（float64 下 logits 一致）；GQA → 等价 MHA
     ChunkCopyLanguage                            合成语言：马尔可夫"文字" + 按标记整块复制；每个 token 的真实概率已知
-    train_model / evaluate / loss_by_position    AdamW、预热 + 余弦、梯度裁剪、tqdm（tokens/s、ETA）、定期评估、续训
-    CHECKPOINTS / load_or_train / verify_checkpoint   第 4 讲入库的检查点：manifest.json（配置、步数、损失、SHA-256）
+    train_model / evaluate                       AdamW、预热 + 余弦、梯度裁剪、tqdm（tokens/s、ETA）、定期评估、续训
+    loss_breakdown / loss_by_position            按 token 类别（块标记、新块字母、复制）/ 按位置拆开的损失，与最优并排
+    CHECKPOINTS / train_config / load_or_train / verify_checkpoint
+                                                 入库的检查点（12 个：消融的每个变体 + 同一配置的 3 个种子）与
+                                                 manifest.json（配置、步数、损失、秒数、种子、SHA-256）
 
 【约定】
     形状：token [B, T]；激活 [B, T, d]；注意力里 q [B, H, T, dh]、k/v [B, G, S, dh]（G = n_kv_heads，
@@ -26,8 +29,9 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
     损失单位：nats / token（自然对数）。RoPE 默认"前半与后半配对"（Hugging Face Llama 的写法）。
 
 【运行】python3 lecture04/modern_lm.py          # 自检（几秒）
-        python3 lecture04/train_checkpoints.py   # 重新训练入库的检查点（2 核 CPU 上约 10 分钟）
-【依赖】torch、numpy、tqdm；../lecture01/course_utils.py（参数检查、表格）；../lecture02/transformer_lab.py（等价性自检）。
+        python3 lecture04/train_checkpoints.py   # 重新训练入库的检查点（12 个模型，每个约 2–5 分钟，见该文件）
+【依赖】torch、numpy、tqdm；../lecture01/course_utils.py（参数检查、表格）、llm_math.py（ModelConfig：参数量、
+        KV 字节的公式）；../lecture02/transformer_lab.py（只在自检里：等价性）。
 """
 
 import csv
@@ -974,7 +978,7 @@ def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, prog
         log(f"  [--quick] 检查点 {name} 不可用（{why}）：只在内存里训 {QUICK_TRAIN.steps} 步，不写文件")
         model, curve = train_model(CHECKPOINTS[name], QUICK_TRAIN, language(), progress=False)
         return model, {"source": "quick", "steps": QUICK_TRAIN.steps, "curve": curve}
-    warnings.warn(f"检查点 {name} 不可用（{why}）：重新训练（约 1–2 分钟）", stacklevel=2)
+    warnings.warn(f"检查点 {name} 不可用（{why}）：重新训练（2 核 CPU 上约 2–5 分钟）", stacklevel=2)
     model, entry = train_and_save(name, ckpt_dir, tc, progress=progress, log=log)
     return model, dict(entry, source="retrained")
 
