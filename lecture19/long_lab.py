@@ -651,7 +651,7 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
               setup=None, curriculum=0, zone=(0.0, 1.0), warmup=100, folder=None, eval_fn=None, batch=32):
     """
     有缓存就读，没有（或损坏、配置不符）就训练并缓存。
-    【参数】init_from=(model, 它的名字)：从这个模型的权重继续训练（扩展上下文）；
+    【参数】init_from=(model 或 返回 model 的函数, 它的名字)：从这个模型的权重继续训练（扩展上下文）；
         setup(model)：训练前（以及读缓存后）对模型做的修改，例如改 RoPE 的 base 或插值倍数；
         quick=True：只训练 20 步、每批 8 条（课程最多 10 步），不读也不写缓存（冒烟测试）；
         eval_fn(model) -> dict：训练完后算一些数（如 NIAH 表），一起记进 manifest。
@@ -675,7 +675,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
             log(f"  训练 {name}（{steps} 步，T = {T}，种子 {cfg.get('seed', 1)}）……")
     model = build_model(task, cfg)
     if parent is not None:                              # 继续训练：从父模型的权重出发
-        model.load_state_dict(init_from[0].state_dict())
+        src = init_from[0]() if callable(init_from[0]) else init_from[0]   # 可以给函数：用到时才去取父模型
+        model.load_state_dict(src.state_dict())
     if setup:
         setup(model)
     t0 = time.time()
@@ -728,7 +729,10 @@ def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS
     spec = dict(CHECKPOINTS[name])
     init = spec.pop("init", None)
     lengths = spec.pop("eval", eval_lengths)
-    init_from = (get_checkpoint(task, init, quick, log, eval_lengths)[0], init) if init else None
+    def parent():                                        # 只有真要训练时才去取父模型
+        return get_checkpoint(task, init, quick, log, eval_lengths)[0]
+
+    init_from = (parent, init) if init else None
 
     def eval_fn(model):
         t0 = time.time()
