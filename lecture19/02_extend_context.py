@@ -1,0 +1,143 @@
+"""
+第 19 讲 · 演示 2：把上下文从 128 扩展到 1024、2048——外推、位置插值、调大 base、继续训练
+
+你会看到：
+    1. 基座模型（T = 128 上训练）直接外推：从 128 到 2048 每个长度、每个深度的准确率——几倍长度以内还行，
+       再长就从远处开始失效。
+    2. 零样本（不训练，只改 RoPE）：位置插值 PI（位置 m → m / s，s = 2、4、8），调大 base（40k；NTK-aware
+       的 b·s^(D/(D−2))，s = 8）。它们把远处的角度压回训练时见过的范围，但也把近处的角度压扁了。
+    3. 在更长的序列上继续训练一小段（CHECKPOINTS 里的 ext_* 模型，150 步）：只在 256 上继续训练，1024 仍然不行；
+       位置插值 ×4 再在 512 上训练 150 步（ext_512：训练时的角度范围和基座一样），1024（8× 基座的训练长度）上
+       每个深度 ≥ 0.9；旁边报告 2048，以及测试时再把插值加到 ×8 的零样本结果。
+    4. NoPE（不加位置编码，同样在 128 上训练）作对照。
+    表：每种方法在每个长度上"最差深度"的准确率；图：最差深度准确率随长度的曲线 + 最好方法的热力图。
+
+运行：python3 lecture19/02_extend_context.py [--quick]
+      模型从 checkpoints/ 读取；NIAH 表缓存在 checkpoints/grids.json（换了检查点自动重算）。
+图：lecture19/figures/02_extend_context_curves.png、02_extend_context_best.png
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import long_lab as L  # noqa: E402
+from course_utils import save_figure  # noqa: E402
+
+D_HEAD = 64
+NTK8 = 10000.0 * 8 ** (D_HEAD / (D_HEAD - 2))        # NTK-aware：b' = b·s^(D/(D−2))，s = 8
+
+# (显示名, 检查点, 变体名, 额外的 set_rope 参数)：变体名进缓存键
+METHODS = [
+    ("base: extrapolate", "base", "", {}),
+    ("zero-shot PI x2", "base", "pi2", {"scale": 2.0}),
+    ("zero-shot PI x4", "base", "pi4", {"scale": 4.0}),
+    ("zero-shot base 40k", "base", "b40k", {"base": 40000.0}),
+    ("zero-shot NTK base (s=8)", "base", "ntk8", {"base": NTK8}),
+    ("continued @256", "ext_256", "", {}),
+    ("continued @512, PI x4", "ext_512", "", {}),
+    ("continued @512, PI x4, test PI x8", "ext_512", "pi8", {"scale": 8.0}),
+    ("NoPE", "nope", "", {}),
+]
+TARGET = "continued @512, PI x4"          # 要在 1024（8× 训练长度）的每个深度都 ≥ 0.9 的方法
+
+
+def evaluate(task, quick, lengths, depths, n):
+    grids = {}
+    models = {}
+    for label, ckpt, variant, rope in METHODS:
+        if ckpt not in models:
+            models[ckpt] = L.get_checkpoint(task, ckpt, quick=quick, log=print)[0]
+        model = models[ckpt]
+        cfg = L.CHECKPOINTS[ckpt]["cfg"]                 # 先回到检查点自己的 RoPE 设置，再加这个方法的改动
+        model.set_rope(**dict({"scale": cfg.get("scale", 1.0), "base": cfg.get("base", 10000.0)}, **rope))
+        grids[label] = L.cached_grid(task, ckpt, model, lengths, depths, n=n, variant=variant, quick=quick, log=print)
+    return grids
+
+
+def table(grids, lengths, depths, n):
+    rows = []
+    for label, g in grids.items():
+        rows.append([label] + [f"{min(g[(T, d)] for d in depths):.2f}" for T in lengths])
+    print(f"\n每种方法在每个长度上\"最差深度\"的准确率（{len(depths)} 个深度，每格 {n} 个序列，随机猜 1/16）：")
+    print(L.format_table(["方法"] + [f"T = {T}" for T in lengths], rows))
+
+
+def detail(g, label, lengths, depths):
+    rows = [[T] + [f"{g[(T, d)]:.2f}" for d in depths] for T in lengths]
+    print(f"\n{label}：每个深度")
+    print(L.format_table(["T \\ 深度"] + [f"{d:.2f}" for d in depths], rows))
+
+
+def plot(grids, lengths, depths, quick):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"font.size": 13})
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    zero_shot = {label for label, _, variant, _ in METHODS if variant}      # 测试时才改 RoPE 的：虚线
+    for label, g in grids.items():
+        style = "--" if label in zero_shot else "-"
+        ax.plot(lengths, [min(g[(T, d)] for d in depths) for T in lengths], style, marker="o", label=label,
+                lw=3 if label == TARGET else 1.8)
+    ax.axvline(128, color="gray", lw=1)
+    ax.axhline(0.9, color="gray", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(T) for T in lengths])
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("context length T (tokens; base trained at 128)")
+    ax.set_ylabel("NIAH accuracy at the worst depth")
+    ax.set_title("Extending a 128-token model")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=12)
+    paths = [save_figure(fig, __file__, "curves", quick=quick)]
+    g = grids[TARGET]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    acc = torch.tensor([[g[(T, d)] for T in lengths] for d in depths])
+    im = ax.imshow(acc.numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    for i in range(len(depths)):
+        for j in range(len(lengths)):
+            ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=12)
+    ax.set_xticks(range(len(lengths)), [str(T) for T in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+    ax.set_xlabel("context length T (tokens)")
+    ax.set_ylabel("needle depth")
+    ax.set_title(TARGET)
+    fig.colorbar(im, ax=ax, label="accuracy")
+    paths.append(save_figure(fig, __file__, "best", quick=quick))
+    return paths
+
+
+def main():
+    ap = argparse.ArgumentParser(description="扩展上下文：外推、PI、调大 base、继续训练、NoPE")
+    ap.add_argument("--quick", action="store_true", help="每个模型只训练 20 步、小表，不读写缓存")
+    args = ap.parse_args()
+    if args.quick:
+        torch.set_num_threads(1)      # quick 常和别的测试并行跑：单线程反而快
+    torch.manual_seed(0)
+    task = L.NeedleTask()
+    lengths = (128, 256) if args.quick else L.NIAH_LENGTHS
+    depths = (0.0, 1.0) if args.quick else L.NIAH_DEPTHS
+    n = 4 if args.quick else 64
+    grids = evaluate(task, args.quick, lengths, depths, n)
+    table(grids, lengths, depths, n)
+    detail(grids["base: extrapolate"], "基座直接外推", lengths, depths)
+    detail(grids[TARGET], TARGET, lengths, depths)
+    detail(grids[METHODS[-2][0]], METHODS[-2][0], lengths, depths)
+    if not args.quick:
+        worst = min(grids[TARGET][(1024, d)] for d in depths)
+        assert worst >= 0.9, f"{TARGET} 在 1024 上最差深度 {worst} < 0.9"
+        more = METHODS[-2][0]
+        print(f"\n{TARGET}：1024（8× 训练长度）上最差的深度 {worst:.2f}；2048 上最差 "
+              f"{min(grids[TARGET][(2048, d)] for d in depths):.2f}。测试时再把插值加到 ×8（{more}）："
+              f"1024 上最差 {min(grids[more][(1024, d)] for d in depths):.2f}，"
+              f"2048 上最差 {min(grids[more][(2048, d)] for d in depths):.2f}。")
+    for p in plot(grids, lengths, depths, args.quick):
+        print(f"图：{os.path.relpath(p)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""
+第 19 讲 · 演示 3：稀疏注意力——省下多少 (q, k) 对，又看不见什么
+
+你会看到：
+    1. 四种因果模式（full / window / strided / dilated）在 T = 128…2048 上要算的 (q, k) 对数：full 随 T² 涨，
+       window 随 T·w 线性涨，strided 约 T·(stride + T/stride)，dilated 按段长和间隔累加。
+    2. 看不见什么：最后一个位置在 1 层、2 层之内能"看到"（直接或经过一个中间位置）哪些位置。
+       window 两层也只到 2·(w − 1) 远；strided 一层只看稀疏的一列，两层就能到达所有位置——这正是
+       Sparse Transformer 用两种头交替的理由；我们简化的 dilated 最大段长 128，更远的位置两层也到不了。
+    3. 实际效果：从基座模型出发，每种模式各微调一小段（checkpoints/sparse_*.pt），在 T = 128 和 512 上
+       测大海捞针；准确率对计算的 (q, k) 对数画成取舍图。
+
+运行：python3 lecture19/03_sparse_patterns.py [--quick]
+图：lecture19/figures/03_sparse_patterns_masks.png、03_sparse_patterns_tradeoff.png
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import long_lab as L  # noqa: E402
+from course_utils import save_figure  # noqa: E402
+
+MODELS = {"full": "base", "window": "sparse_window", "strided": "sparse_strided", "dilated": "sparse_dilated"}
+
+
+def mask_kw(kind):
+    """各模式的参数：和 CHECKPOINTS 里微调时用的一致。"""
+    return dict(L.CHECKPOINTS[MODELS[kind]]["cfg"].get("mask_kw", {}))
+
+
+def pairs_table(lengths):
+    rows = []
+    for kind in L.MASK_KINDS:
+        counts = [L.pattern_pairs(kind, T, **mask_kw(kind)) for T in lengths]
+        rows.append([kind, str(mask_kw(kind) or "")] + [f"{c:,}（{c / (T * (T + 1) // 2):.0%}）"
+                                                         for c, T in zip(counts, lengths)])
+    print(L.format_table(["模式", "参数"] + [f"T = {T}" for T in lengths], rows))
+    w = mask_kw("window")["window"]
+    T = lengths[-1]
+    assert L.pattern_pairs("window", T, window=w) == w * (w + 1) // 2 + (T - w) * w
+    assert L.pattern_pairs("full", T) == T * (T + 1) // 2
+
+
+def reach(kind, T):
+    """最后一个位置 1 层、2 层之内能到达的位置（布尔 [T]）。两层：经过某个中间位置 m，m 能看 j、最后一个位置能看 m。"""
+    m = L.attention_mask(kind, T, **mask_kw(kind)).float()      # [T, T]
+    one = m[-1] > 0
+    two = (m[-1] @ m) > 0                                        # [T]：Σ_m M[last, m]·M[m, j]
+    return one, two
+
+
+def reach_table(T):
+    rows = []
+    for kind in L.MASK_KINDS:
+        one, two = reach(kind, T)
+        far = int((~two).nonzero().max()) if (~two).any() else -1
+        rows.append([kind, f"{int(one.sum())}", f"{int(two.sum())}（{two.float().mean():.0%}）",
+                     "—" if far < 0 else f"位置 0…{far} 中有 {int((~two).sum())} 个"])
+    print(f"\n最后一个位置（T = {T}）能看到的位置数：")
+    print(L.format_table(["模式", "1 层", "2 层", "2 层也看不到的"], rows))
+    one, two = reach("window", T)
+    w = mask_kw("window")["window"]
+    assert int(two.sum()) == min(T, 2 * w - 1)                    # 两层窗口最远到 2(w − 1)
+    assert bool(reach("strided", T)[1].all())                    # 跨步两层覆盖全部
+
+
+def accuracy(task, quick, lengths, depths, n):
+    res = {}
+    for kind, name in MODELS.items():
+        model, _ = L.get_checkpoint(task, name, quick=quick, log=print)
+        res[kind] = L.cached_grid(task, name, model, lengths, depths, n=n, quick=quick, log=print)
+    rows = []
+    for kind in L.MASK_KINDS:
+        for T in lengths:
+            g = res[kind]
+            frac = L.pattern_pairs(kind, T, **mask_kw(kind)) / (T * (T + 1) // 2)
+            rows.append([kind, T, f"{frac:.0%}"] + [f"{g[(T, d)]:.2f}" for d in depths]
+                        + [f"{sum(g[(T, d)] for d in depths) / len(depths):.2f}"])
+    print(f"\n大海捞针准确率（每格 {n} 个序列）：")
+    print(L.format_table(["模式", "T", "(q,k) 对 / full"] + [f"深度 {d:.2f}" for d in depths] + ["平均"], rows))
+    return res
+
+
+def plot(res, lengths, depths, quick):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"font.size": 13})
+    T = 64
+    fig, axes = plt.subplots(1, 4, figsize=(13, 3.8))
+    for ax, kind in zip(axes, L.MASK_KINDS):
+        ax.imshow(L.attention_mask(kind, T, **mask_kw(kind)).numpy(), cmap="Greys", interpolation="nearest")
+        ax.set_title(f"{kind}: {L.pattern_pairs(kind, T, **mask_kw(kind))} pairs")
+        ax.set_xlabel("key j")
+    axes[0].set_ylabel("query i")
+    paths = [save_figure(fig, __file__, "masks", quick=quick)]
+    fig, ax = plt.subplots(figsize=(8.5, 5))
+    far = [d for d in depths if d < 1.0] or list(depths)            # 深度 1 的针紧挨问题，谁都看得见
+    markers = {T: m for T, m in zip(lengths, ("o", "s", "^"))}
+    for ci, kind in enumerate(L.MASK_KINDS):
+        for T in lengths:
+            x = L.pattern_pairs(kind, T, **mask_kw(kind))
+            y = sum(res[kind][(T, d)] for d in far) / len(far)
+            ax.scatter(x, y, s=130, marker=markers[T], color=f"C{ci}", edgecolor="black", zorder=3)
+    for ci, kind in enumerate(L.MASK_KINDS):
+        ax.scatter([], [], s=130, marker="o", color=f"C{ci}", label=kind)
+    for T in lengths:
+        ax.scatter([], [], s=130, marker=markers[T], color="white", edgecolor="black", label=f"T = {T}")
+    ax.axhline(1 / 16, color="gray", ls=":", lw=1.5, label="chance (1/16)")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    ax.margins(x=0.15)
+    ax.set_xlabel("(query, key) pairs computed per sequence")
+    ax.set_ylabel(f"NIAH accuracy, depths {far[0]:g}-{far[-1]:g}")
+    ax.set_title("Sparse attention: compute vs retrieval")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    paths.append(save_figure(fig, __file__, "tradeoff", quick=quick))
+    return paths
+
+
+def main():
+    ap = argparse.ArgumentParser(description="稀疏注意力：对数、可达性、准确率")
+    ap.add_argument("--quick", action="store_true", help="每个模型只训练 20 步、小表，不读写缓存")
+    args = ap.parse_args()
+    if args.quick:
+        torch.set_num_threads(1)      # quick 常和别的测试并行跑：单线程反而快
+    torch.manual_seed(0)
+    task = L.NeedleTask()
+    pairs_table([128, 512, 2048])
+    reach_table(128)
+    reach_table(512)
+    lengths = (128,) if args.quick else (128, 512)
+    depths = (0.0, 1.0) if args.quick else L.NIAH_DEPTHS
+    res = accuracy(task, args.quick, lengths, depths, n=4 if args.quick else 64)
+    if not args.quick:
+        full, win = res["full"], res["window"]
+        assert min(full[(128, d)] for d in depths) >= 0.9
+        assert win[(512, 0.0)] < 0.5                  # 窗口看不到开头那根针
+    for p in plot(res, lengths, depths, args.quick):
+        print(f"图：{os.path.relpath(p)}")
+
+
+if __name__ == "__main__":
+    main()

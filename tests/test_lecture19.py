@@ -1,0 +1,245 @@
+"""lecture19/long_lab.py 的单元测试与性质测试。
+
+_selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里不重复；这里测：
+环形注意力（模拟）在随机形状、两种切法、因果与否、随机 P 上 = 整条序列的注意力（float64）；
+真的 torch.distributed 环形注意力（2 个进程、gloo）= 整条序列的注意力，发送量 = RingLedger；
+掩码按定义逐项核对；任务的不变量；提交的检查点能读、SHA-256 对得上、在没用过的针上准确率 ≥ 0.9；
+损坏 / 配置不符的检查点会带警告重新训练；坏输入报错。
+"""
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from labload import load_lab
+
+L = load_lab("lecture19", "long_lab")
+
+
+def _ref(Q, K, V, causal):
+    """逐项按定义的参考（不经过 SDPA）：softmax(QKᵀ/√d + mask)·V，float64。"""
+    S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if causal:
+        n = Q.shape[-2]
+        S = S.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(S, -1) @ V
+
+
+# ---------------------------------------------------------------------------------------------- 环形注意力
+@settings(deadline=None, max_examples=40)
+@given(P=st.integers(1, 7), per=st.integers(1, 9), d=st.integers(1, 12), heads=st.sampled_from([None, 1, 3]),
+       causal=st.booleans(), layout=st.sampled_from(["contiguous", "striped"]), seed=st.integers(0, 2**31))
+def test_ring_simulation_equals_full_attention(P, per, d, heads, causal, layout, seed):
+    N = P * per
+    Q, K, V = L.make_qkv(N, d, seed, heads)
+    O, led = L.ring_attention(Q, K, V, P, causal=causal, layout=layout)
+    assert (O - _ref(Q, K, V, causal)).abs().max() < 1e-12
+    lead = 1 if heads is None else heads
+    assert led.total_work() == (N * (N + 1) // 2 if causal else N * N)
+    assert led.sent == [2 * lead * per * d * (P - 1)] * P
+    assert len(led.work) == P
+
+
+def test_striped_balances_causal_work():
+    Q, K, V = L.make_qkv(96, 8, 3)
+    for P in (2, 4, 8):
+        c = L.ring_attention(Q, K, V, P, True, "contiguous")[1]
+        s = L.ring_attention(Q, K, V, P, True, "striped")[1]
+        assert s.round_time() < c.round_time()
+        # striped：每轮各设备的工作量相差不超过一个块的对角线（n = N/P 对）
+        assert all(max(r) - min(r) <= 96 // P for r in s.work)
+
+
+def test_ring_distributed_gloo_two_processes():
+    jobs = [dict(N=N, d=d, causal=c, layout=lay, seed=s, heads=h)
+            for (N, d, s, h) in ((46, 5, 0, None), (64, 8, 1, 3)) for c in (True, False) for lay in L.LAYOUTS]
+    res = L.run_ring(2, jobs)
+    for job, (O, stats) in zip(jobs, res):
+        Q, K, V = L.make_qkv(job["N"], job["d"], job["seed"], job["heads"])
+        assert (O - _ref(Q, K, V, job["causal"])).abs().max() < 1e-12, job
+        led = L.ring_attention(Q, K, V, 2, job["causal"], job["layout"])[1]
+        assert [sum(r["sent"] for r in s["rounds"]) for s in stats] == led.sent
+        assert [[s["rounds"][k]["pairs"] for s in stats] for k in range(2)] == led.work
+
+
+def test_ring_distributed_three_processes():
+    """P = 3：发给下一个、从上一个收，两者不是同一个进程。"""
+    jobs = [dict(N=33, d=4, causal=True, layout=lay, seed=s) for s, lay in ((5, "striped"), (6, "contiguous"))]
+    for job, (O, _) in zip(jobs, L.run_ring(3, jobs)):
+        Q, K, V = L.make_qkv(33, 4, job["seed"])
+        assert (O - _ref(Q, K, V, True)).abs().max() < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------- 掩码
+@settings(deadline=None, max_examples=30)
+@given(T=st.integers(1, 70), window=st.integers(1, 20), stride=st.integers(1, 12))
+def test_masks_match_definitions(T, window, stride):
+    segs = ((4, 1), (16, 3))
+    got = {k: L.attention_mask(k, T, window=window, stride=stride, segments=segs) for k in L.MASK_KINDS}
+    for i in range(T):
+        for j in range(T):
+            c = j <= i
+            assert bool(got["full"][i, j]) == c
+            assert bool(got["window"][i, j]) == (c and i - j < window)
+            assert bool(got["strided"][i, j]) == (c and (i - j < stride or (i - j) % stride == 0))
+            dil = i == j or any(i // w == j // w and (j % w) % r == 0 for w, r in segs)
+            assert bool(got["dilated"][i, j]) == (c and dil)
+    for k, m in got.items():
+        assert L.pattern_pairs(k, T, window=window, stride=stride, segments=segs) == int(m.sum())
+
+
+def test_model_fast_path_equals_reference_and_sdpa():
+    task = L.NeedleTask()
+    x = torch.randint(0, task.vocab_size, (3, 37))
+    for kind in L.MASK_KINDS:
+        model = L.build_model(task, {"seed": 2, "mask": kind})
+        fast = model(x)
+        for blk in model.blocks:
+            blk.attn.keep_attn = True
+        slow = model(x)
+        assert (fast - slow).abs().max() < 1e-5
+        assert torch.allclose(model(x, last_only=True), slow[:, -1], atol=1e-5)
+
+
+def test_rope_scale_is_position_division():
+    """PI 的 scale = s 等价于把位置除以 s：scale 2 在位置 2m 上的角度 = scale 1 在位置 m 上的。"""
+    task = L.NeedleTask()
+    m = L.build_model(task, {"seed": 1})
+    att = m.blocks[0].attn
+    att.scale = 2.0
+    cos2, sin2 = att.rope(40, "cpu")
+    att.scale = 1.0
+    att._cache.clear()
+    cos1, sin1 = att.rope(20, "cpu")
+    assert torch.allclose(cos2[::2], cos1, atol=1e-6) and torch.allclose(sin2[::2], sin1, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- 任务
+@settings(deadline=None, max_examples=25)
+@given(seed=st.integers(0, 10**6), T=st.integers(55, 200), hay=st.booleans(), depth=st.floats(0, 1))
+def test_task_invariants(seed, T, hay, depth):
+    task = L.NeedleTask()
+    ids, tgt = task.train_batch(seed, 3, T, hay=hay, zone=(0.5, 1.0))
+    for b in range(3):
+        seq = ids[b].tolist()
+        needles = {seq[i + 1]: seq[i + 2] for i in range(T - 2) if seq[i] == task.N}
+        assert 2 <= len(needles) <= 6
+        where = (tgt[b] != -100).nonzero().flatten().tolist()
+        assert len(where) == 2 * len(needles)            # 每根针平均问两次（有放回）
+        for t in where:
+            assert seq[t - 1] == task.Q and needles[seq[t]] == tgt[b, t] == seq[t + 1]
+        if not hay:
+            assert all(s < task.fil0 for s in seq)
+    if T >= 20:
+        ids, ans, dist = task.needle_batch(seed, 2, T, depth)
+        assert ids.shape == (2, T) and ((ids == task.N).sum(1) == 4).all()
+        for b in range(2):
+            seq = ids[b].tolist()
+            assert {seq[i + 1]: seq[i + 2] for i in range(T - 2) if seq[i] == task.N}[seq[-1]] == ans[b]
+
+
+def test_train_and_test_data_are_reproducible():
+    task = L.NeedleTask()
+    a = task.train_batch(11, 4, 128)
+    b = task.train_batch(11, 4, 128)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(task.train_batch(12, 4, 128)[0], a[0])
+
+
+# ---------------------------------------------------------------------------------------------- 检查点
+def _committed():
+    return L.read_manifest()
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(L.CKPT, "base.pt")), reason="没有提交的 base 检查点")
+def test_committed_checkpoints_load_and_match_manifest():
+    man = _committed()
+    for name in L.CHECKPOINTS:
+        path = os.path.join(L.CKPT, f"{name}.pt")
+        if not os.path.exists(path):
+            continue
+        assert man[name]["sha256"] == L._sha256(path)
+        blob = torch.load(path, weights_only=True)          # 只有张量和字符串：torch ≥ 2.4 的安全读取
+        assert json.loads(blob["cfg_json"]) == man[name]["config"]
+    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.dirname(L.CKPT)) for f in fs
+                if "__pycache__" not in dp and "figures" not in dp)
+    assert total <= 12 * 2 ** 20
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(L.CKPT, "base.pt")), reason="没有提交的 base 检查点")
+def test_base_finds_needle_on_fresh_needles():
+    """演示用的测试种子是 12345（和训练数据不重叠）；这里换一个种子，都是模型没见过的针。"""
+    torch.set_num_threads(1)
+    task = L.NeedleTask()
+    model, _ = L.get_checkpoint(task, "base", log=None)
+    grid = L.niah_grid(model, task, [128], L.NIAH_DEPTHS, n=64, seed=424242)
+    assert min(grid.values()) >= 0.9, grid
+
+
+def test_corrupt_or_mismatched_checkpoint_is_retrained(tmp_path):
+    task = L.NeedleTask()
+    kw = dict(steps=3, T=64, warmup=1, folder=str(tmp_path), log=None)
+    m1, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)
+    path = tmp_path / "tiny.pt"
+    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L._sha256(str(path))
+    m2, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                       # 命中缓存：同样的权重
+    assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    path.write_bytes(path.read_bytes()[:100])                                   # 截断 = 损坏
+    with pytest.warns(UserWarning, match="SHA-256"):
+        m3, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)
+    assert L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L._sha256(str(path))
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    man["tiny"].pop("sha256")
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    path.write_bytes(b"not a checkpoint")                                       # 没有 SHA 可比时：读不出来
+    with pytest.warns(UserWarning, match="读不出来"):
+        L.get_model(task, "tiny", {"seed": 3}, **kw)
+    with pytest.warns(UserWarning, match="配置"):
+        L.get_model(task, "tiny", {"seed": 3}, **dict(kw, lr=5e-4))            # 配置不同
+    shutil.rmtree(tmp_path)
+
+
+def test_quick_never_touches_cache(tmp_path):
+    task = L.NeedleTask()
+    L.get_model(task, "q", {"seed": 1}, steps=5, T=64, quick=True, folder=str(tmp_path), log=None)
+    assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- 代价公式与坏输入
+def test_cost_formulas():
+    p, a = L.flops_per_token(1000, 3, 16, 100)
+    assert p == 6000 and a == 6 * 3 * 100 * 16
+    assert L.flops_per_token(1000, 3, 16, 100, causal=False)[1] == 2 * a
+    s, h, n = 2048, 512, 8
+    assert L.activation_bytes("vanilla", 2 * s, h, n) == 4 * L.activation_bytes("vanilla", s, h, n)
+    assert L.activation_bytes("flash", s, h, n) == 4 * L.activation_bytes("bpt", s, h, n)
+    assert L.activation_bytes("ring", s, h, n, c=256) == 6 * 256 * h
+
+
+def test_bad_inputs():
+    task = L.NeedleTask()
+    Q, K, V = L.make_qkv(12, 4, 0)
+    with pytest.raises(ValueError, match="整除"):
+        L.ring_attention(Q, K, V, 5)
+    with pytest.raises(ValueError, match="layout"):
+        L.ring_attention(Q, K, V, 3, layout="zigzag")
+    with pytest.raises(ValueError, match="kind"):
+        L.attention_mask("local", 8)
+    with pytest.raises(ValueError, match="T"):
+        task.train_batch(0, 2, 54)                    # 6 根针 + 12 个问题要 55 个 token
+    with pytest.raises(ValueError, match="T"):
+        task.needle_batch(0, 2, 14, 0.5)
+    with pytest.raises(ValueError, match="depth"):
+        task.needle_batch(0, 2, 64, 1.5)
+    with pytest.raises(TypeError, match="causal"):
+        L.ring_attention(Q, K, V, 3, causal="yes")
+    with pytest.raises(ValueError, match="整除"):
+        L.run_ring(2, [dict(N=7, d=2)])
+    with pytest.raises(ValueError, match="kind"):
+        L.activation_bytes("paged", 10, 10, 1)
+    with pytest.raises(ValueError, match="name"):
+        L.get_checkpoint(task, "nonexistent")
