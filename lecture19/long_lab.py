@@ -819,14 +819,14 @@ def _block(q, k, v, qpos, kpos, causal, scale):
     FlashAttention 这样的核函数会跳过整片被掩的小块，真实耗时才 ∝ 对数（RingLedger 记的就是对数）。
     """
     if causal:
-        allowed = kpos.unsqueeze(0) <= qpos.unsqueeze(1)            # [n, m]：键在查询之前（含自己）
+        allowed = kpos.unsqueeze(0) <= qpos.unsqueeze(1)            # [n, m]：键在查询之前（含自己）；在 CPU 上数
         pairs = int(allowed.sum())
         if pairs == 0:
             return None, 0
     S = (q @ k.transpose(-2, -1)) * scale                          # [..., n, m]
     if not causal:
         return block_state(S, v), S.shape[-2] * S.shape[-1]
-    return block_state(S.masked_fill(~allowed, float("-inf")), v), pairs
+    return block_state(S.masked_fill(~allowed.to(S.device), float("-inf")), v), pairs
 
 
 def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
@@ -888,21 +888,26 @@ def _check_ring(Q, K, V, P, causal, layout):
 # =====================================================================
 # 6. 真正的环形注意力：torch.distributed 点对点收发
 # =====================================================================
-def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, stats=None):
+def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, stats=None, block=None):
     """
     每个进程调用一次：q、k、v 是**本进程**那一段（(..., n, d)，全序列 N = n·P），返回本段的输出 (..., n, d)。
     【每一轮】先发起 K/V 的收发（batch_isend_irecv：发给 rank+1、从 rank−1 收，K、V 拼成一个张量一次发），
         再用手上的 K/V 块算注意力并合并状态，最后等收发结束、换上新收到的块。算和传同时进行。
         第 rnd 轮手上的块来自 rank − rnd（mod P），由它和 layout 推出这块键的全局位置，用于因果掩码。
-    【参数】group：进程组（默认全局）；stats：给一个 dict 就记下每轮的计算秒数、等待通信的秒数、发送的元素数。
+    【参数】group：进程组（默认全局）；stats：给一个 dict 就记下每轮的计算秒数、等待通信的秒数、发送的元素数
+        （要记时间就得每轮同步一次设备；不给 stats 时不同步，GPU 上算和传完全交给流去重叠）；
+        block：算一块的函数 block(q, k, v, qpos, kpos, causal, scale) → (状态 或 None, 对数)，默认 _block
+        （显式的分数矩阵）；位置 qpos / kpos 是 CPU 上的张量，判断块的种类不必碰 GPU。
+        GPU 上的长序列换成 FlashAttention 内核（见演示 06 的 flash_block）。
     【设备】张量在哪就在哪算：gloo 用 CPU 张量，NCCL 用本进程 GPU 上的张量。
     """
     import torch.distributed as dist
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     n, d = q.shape[-2], q.shape[-1]
     idx = shard_index(n * P, P, layout)
-    qpos = idx[rank].to(q.device)
+    qpos = idx[rank]
     scale = d ** -0.5
+    block = _block if block is None else block
     nxt = dist.get_global_rank(group, (rank + 1) % P) if group is not None else (rank + 1) % P
     prv = dist.get_global_rank(group, (rank - 1) % P) if group is not None else (rank - 1) % P
     kv = torch.stack([k, v]).contiguous()                           # [2, ..., n, d]：一次发两块
@@ -915,16 +920,17 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
             ops = [dist.P2POp(dist.isend, kv, nxt, group), dist.P2POp(dist.irecv, buf, prv, group)]
             reqs = dist.batch_isend_irecv(ops)
         t0 = time.perf_counter()
-        kpos = idx[(rank - rnd) % P].to(q.device)
-        st, pairs = _block(q, kv[0], kv[1], qpos, kpos, causal, scale)
+        kpos = idx[(rank - rnd) % P]
+        st, pairs = block(q, kv[0], kv[1], qpos, kpos, causal, scale)
         if st is not None:
             acc = st if acc is None else merge_states(acc, st)
-        if q.is_cuda:
+        timed = stats is not None and q.is_cuda
+        if timed:
             torch.cuda.synchronize(q.device)
         t1 = time.perf_counter()
         for r in reqs:
             r.wait()
-        if q.is_cuda and reqs:
+        if timed and reqs:
             torch.cuda.synchronize(q.device)
         t2 = time.perf_counter()
         rounds.append({"compute_s": t1 - t0, "wait_s": t2 - t1, "pairs": pairs, "sent": kv.numel() if reqs else 0})

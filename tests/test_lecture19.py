@@ -243,3 +243,40 @@ def test_bad_inputs():
         L.activation_bytes("paged", 10, 10, 1)
     with pytest.raises(ValueError, match="name"):
         L.get_checkpoint(task, "nonexistent")
+
+
+def test_demo06_flash_block_matches_full_attention():
+    """演示 06 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：逐设备、逐轮合并 = 整条注意力。"""
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "lecture19", "06_ring_multi_gpu.py")
+    spec = importlib.util.spec_from_file_location("lecture19_demo06", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+
+    def explicit_state(q, k, v, is_causal, scale):          # 和 FlashAttention 内核同样的输出：(lse, 1, O)
+        S = (q.double() @ k.double().transpose(-2, -1)) * scale
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        lse = torch.logsumexp(S, -1)
+        return (lse, torch.ones_like(lse), torch.softmax(S, -1) @ v.double()), None
+
+    demo._flash_state = explicit_state
+    g = torch.Generator().manual_seed(7)
+    for P in (2, 3, 4):
+        for layout in L.LAYOUTS:
+            for causal in (False, True):
+                N, d = 11 * P, 8
+                Q, K, V = (torch.randn(2, N, d, generator=g, dtype=torch.float64) for _ in range(3))
+                idx = L.shard_index(N, P, layout)
+                O = torch.empty_like(Q)
+                for r in range(P):
+                    acc = None
+                    for rnd in range(P):
+                        s = (r - rnd) % P
+                        st, _ = demo.flash_block(Q[..., idx[r], :], K[..., idx[s], :], V[..., idx[s], :],
+                                                 idx[r], idx[s], causal, d ** -0.5)
+                        if st is not None:
+                            acc = st if acc is None else L.merge_states(acc, st)
+                    O[..., idx[r], :] = L.finalize(acc)[0]
+                ref = _ref(Q, K, V, causal)
+                assert torch.allclose(O, ref, atol=1e-12), (P, layout, causal)
