@@ -128,8 +128,9 @@ def _check_correctness(ll, rank, world, device, seed):
                 mine = idx[rank].to(device)
                 o = ll.ring_attention_dist(Q[..., mine, :], K[..., mine, :], V[..., mine, :], causal, layout,
                                            block=flash_block)
+                o = o.to(torch.bfloat16).contiguous()
                 parts = [torch.empty_like(o) for _ in range(world)]
-                dist.all_gather(parts, o.to(torch.bfloat16).contiguous())
+                dist.all_gather(parts, o)
                 if rank == 0:
                     O = torch.empty_like(Q)
                     for r in range(world):
@@ -198,7 +199,8 @@ def _versions(torch):
     for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
                      ("topology", ["nvidia-smi", "topo", "-m"])):
         try:
-            info[key] = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+            info[key] = out if key == "topology" else out.splitlines()[0]     # 每块 GPU 一行，取第一行
         except (OSError, subprocess.SubprocessError) as e:
             info[key] = f"unavailable: {e}"
     return info
