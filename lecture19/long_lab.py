@@ -888,7 +888,7 @@ def _check_ring(Q, K, V, P, causal, layout):
 # =====================================================================
 # 6. 真正的环形注意力：torch.distributed 点对点收发
 # =====================================================================
-def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, stats=None, block=None):
+def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, stats=None, block=None, overlap=True):
     """
     每个进程调用一次：q、k、v 是**本进程**那一段（(..., n, d)，全序列 N = n·P），返回本段的输出 (..., n, d)。
     【每一轮】先发起 K/V 的收发（batch_isend_irecv：发给 rank+1、从 rank−1 收，K、V 拼成一个张量一次发），
@@ -898,7 +898,8 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
         （要记时间就得每轮同步一次设备；不给 stats 时不同步，GPU 上算和传完全交给流去重叠）；
         block：算一块的函数 block(q, k, v, qpos, kpos, causal, scale) → (状态 或 None, 对数)，默认 _block
         （显式的分数矩阵）；位置 qpos / kpos 是 CPU 上的张量，判断块的种类不必碰 GPU。
-        GPU 上的长序列换成 FlashAttention 内核（见演示 06 的 flash_block）。
+        GPU 上的长序列换成 FlashAttention 内核（见演示 06 的 flash_block）；
+        overlap=False：先等这一轮的 K/V 传完再算（不重叠的对照组，两者之差就是被藏住的通信）。
     【设备】张量在哪就在哪算：gloo 用 CPU 张量，NCCL 用本进程 GPU 上的张量。
     """
     import torch.distributed as dist
@@ -919,6 +920,9 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
             buf = torch.empty_like(kv)
             ops = [dist.P2POp(dist.isend, kv, nxt, group), dist.P2POp(dist.irecv, buf, prv, group)]
             reqs = dist.batch_isend_irecv(ops)
+            if not overlap:
+                for r in reqs:
+                    r.wait()
         t0 = time.perf_counter()
         kpos = idx[(rank - rnd) % P]
         st, pairs = block(q, kv[0], kv[1], qpos, kpos, causal, scale)
