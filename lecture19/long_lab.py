@@ -671,6 +671,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
                 log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra.get('steps', steps)} 步，"
                     f"训练用了 {extra.get('seconds', 0):.0f} s）")
             return model, [tuple(c) for c in extra.get("curve", [])]
+        if not os.path.isfile(os.path.join(folder or CKPT, name + ".pt")):
+            warnings.warn(f"checkpoints/{name}.pt 不存在：将重新训练（几分钟）", stacklevel=2)
         if log:
             log(f"  训练 {name}（{steps} 步，T = {T}，种子 {cfg.get('seed', 1)}）……")
     model = build_model(task, cfg)
