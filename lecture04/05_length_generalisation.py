@@ -120,11 +120,13 @@ def plot(res, script, quick):
     bx.plot(np.arange(len(opt) // c) * c + c / 2, opt[: len(opt) // c * c].reshape(-1, c).mean(1), "k--", lw=1,
             label="optimal")
     bx.axvline(T, color="gray", ls=":", lw=1.5)
-    bx.text(T * 1.03, bx.get_ylim()[1] * 0.97, "train length", fontsize=12, color="dimgray", va="top")
+    bx.text(T * 1.03, 0.55, "train length", fontsize=12, color="dimgray", va="bottom",
+            transform=bx.get_xaxis_transform())
     bx.set_xlabel("target position", fontsize=12)
     bx.set_ylabel("loss per chunk of 8 tokens", fontsize=12)
     bx.set_title("Where the loss starts to rise", fontsize=13)
-    bx.legend(fontsize=12, loc="center right")
+    bx.set_ylim(top=bx.get_ylim()[1] * 1.25)                           # 给图例留出顶上的一条
+    bx.legend(fontsize=12, loc="upper center", ncol=3)
     bx.grid(alpha=0.3)
     for a in (ax, bx):
         a.tick_params(labelsize=12)

@@ -976,7 +976,8 @@ def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, prog
         return model, dict(entry, source="checkpoint")
     if quick:
         log(f"  [--quick] 检查点 {name} 不可用（{why}）：只在内存里训 {QUICK_TRAIN.steps} 步，不写文件")
-        model, curve = train_model(CHECKPOINTS[name], QUICK_TRAIN, language(), progress=False)
+        quick_tc = dataclasses.replace(QUICK_TRAIN, seed=train_config(name).seed)
+        model, curve = train_model(CHECKPOINTS[name], quick_tc, language(), progress=False)
         return model, {"source": "quick", "steps": QUICK_TRAIN.steps, "curve": curve}
     warnings.warn(f"检查点 {name} 不可用（{why}）：重新训练（2 核 CPU 上约 2–5 分钟）", stacklevel=2)
     model, entry = train_and_save(name, ckpt_dir, tc, progress=progress, log=log)

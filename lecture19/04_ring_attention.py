@@ -125,7 +125,8 @@ def torchrun_main(N, d, heads):
                     O = torch.empty_like(Q)
                     for r, idx in enumerate(L.shard_index(N, P, layout)):
                         O[..., idx, :] = parts[r].cpu()
-                    err = (O - L.full_attention(Q, K, V, causal)).abs().max().item()
+                    ref = L.full_attention(*(t.to(device) for t in (Q, K, V)), causal).cpu()   # 参考在同一设备上算
+                    err = (O - ref).abs().max().item()
                     comp = sum(r["compute_s"] for r in stats["rounds"])
                     wait = sum(r["wait_s"] for r in stats["rounds"])
                     print(f"{layout:10s} causal={causal!s:5s} 最大差 {err:.1e}  rank 0：计算 {fmt_time(comp)}，"

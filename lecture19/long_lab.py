@@ -653,7 +653,7 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
     有缓存就读，没有（或损坏、配置不符）就训练并缓存。
     【参数】init_from=(model 或 返回 model 的函数, 它的名字)：从这个模型的权重继续训练（扩展上下文）；
         setup(model)：训练前（以及读缓存后）对模型做的修改，例如改 RoPE 的 base 或插值倍数；
-        quick=True：只训练 20 步、每批 8 条（课程最多 10 步），不读也不写缓存（冒烟测试）；
+        quick=True：只训练 20 步、每批 4 条、长度最多 CURRICULUM_T（课程最多 10 步），不读也不写缓存（冒烟测试）；
         eval_fn(model) -> dict：训练完后算一些数（如 NIAH 表），一起记进 manifest。
     【返回】(model, 训练曲线)
     """
@@ -671,6 +671,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
                 log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra.get('steps', steps)} 步，"
                     f"训练用了 {extra.get('seconds', 0):.0f} s）")
             return model, [tuple(c) for c in extra.get("curve", [])]
+        if not os.path.isfile(os.path.join(folder or CKPT, name + ".pt")):
+            warnings.warn(f"checkpoints/{name}.pt 不存在：将重新训练（几分钟）", stacklevel=2)
         if log:
             log(f"  训练 {name}（{steps} 步，T = {T}，种子 {cfg.get('seed', 1)}）……")
     model = build_model(task, cfg)
@@ -680,9 +682,9 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
     if setup:
         setup(model)
     t0 = time.time()
-    if quick:                                           # 冒烟测试：20 步、每批 8 条
-        steps, curriculum, warmup = 20, min(curriculum, 10), min(warmup, 20)
-    curve = train_needle(model, task, steps, T, batch=8 if quick else batch, lr=lr, data_offset=data_offset,
+    if quick:                                           # 冒烟测试：20 步、每批 4 条、长度最多 CURRICULUM_T
+        steps, curriculum, warmup, T = 20, min(curriculum, 10), min(warmup, 20), min(T, CURRICULUM_T)
+    curve = train_needle(model, task, steps, T, batch=4 if quick else batch, lr=lr, data_offset=data_offset,
                          curriculum=curriculum, zone=zone, warmup=warmup,
                          log_every=0 if quick else max(1, steps // 10), log=log, progress=not quick)
     if not quick:

@@ -183,7 +183,8 @@ def test_base_finds_needle_on_fresh_needles():
 def test_corrupt_or_mismatched_checkpoint_is_retrained(tmp_path):
     task = L.NeedleTask()
     kw = dict(steps=3, T=64, warmup=1, folder=str(tmp_path), log=None)
-    m1, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)
+    with pytest.warns(UserWarning, match="不存在"):
+        m1, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                   # 没有缓存：带警告训练
     path = tmp_path / "tiny.pt"
     assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L._sha256(str(path))
     m2, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                       # 命中缓存：同样的权重
