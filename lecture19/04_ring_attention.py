@@ -79,6 +79,12 @@ def real_run(P, N, d, heads):
                      fmt_time(max(st["total_s"] for st in stats))])
     print(L.format_table(["切法", "causal", "与全注意力的最大差", "每进程发送（个数）", "Σ_轮 max 计算",
                           "Σ_轮 max 等通信", "总时间"], rows))
+    stats = res[0][1]                                       # 第一个任务（contiguous、causal）逐轮看
+    rows = [[rnd, " / ".join(str(st["rounds"][rnd]["pairs"]) for st in stats),
+             " / ".join(fmt_time(st["rounds"][rnd]["compute_s"]) for st in stats),
+             " / ".join(fmt_time(st["rounds"][rnd]["wait_s"]) for st in stats)] for rnd in range(P)]
+    print(f"\n{jobs[0]['layout']}、causal 逐轮（各进程用 / 隔开）：")
+    print(L.format_table(["轮", "(q,k) 对", "计算", "等通信"], rows))
     print("发送量、每轮每个进程算的对数都逐项等于 RingLedger 的记账。\"等通信\" = 算完当前块后还要等下一块到达的时间，"
           "通信被计算盖住时接近 0。\n注意：这里每块按稠密矩阵算（部分被掩的块也算满 n×n），所以 striped 的实际计算"
           "并不比 contiguous 少；\nGPU 上的 FlashAttention 核会跳过被掩的小块，时间才和记账里的对数成正比。"

@@ -19,9 +19,12 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
                                   与插值倍数 scale，或不用位置编码（NoPE）；注意力模式可换
     train_needle / niah_grid      训练（AdamW、预热 + 余弦、课程学习、梯度裁剪）与"长度 × 深度"准确率表
     save_model / load_model / get_model   checkpoints/ 里的缓存：state_dict + manifest.json（SHA-256 校验）
+    CHECKPOINTS / get_checkpoint / cached_grid   演示用的模型配置（train_checkpoints.py 训练它们）与 NIAH 表缓存
     RingLedger / ring_attention   环形注意力的单进程模拟（contiguous / striped 两种切法），记账每轮工作量和发送量
-    ring_attention_dist / run_ring   真正的环形注意力：torch.distributed 的点对点收发（gloo / NCCL）
-    flops_per_token / activation_bytes   训练每个 token 的 FLOPs、每层激活显存（Ring Attention 论文表 1）
+    ring_attention_dist / init_distributed / run_ring   真正的环形注意力：torch.distributed 点对点收发
+                                  （本机 gloo 多进程；torchrun + NCCL 时每个进程一块 GPU）
+    flops_per_token               训练每个 token 的 FLOPs（参数部分 + 注意力部分）
+    activation_bytes / max_seq_len   每层激活显存（Ring Attention 论文表 1；用第 18 讲的那一份）
 
 【约定】注意力的输入 (N, d) 或 (..., N, d)；模型的 ids 是 (B, T) 的 long；准确率是比例（0–1）；字节按 BF16。
 【运行】python3 lecture19/long_lab.py      # 自检，几秒
