@@ -211,7 +211,7 @@ def plot(meta, data, fits, quick):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     p = meta["world"]
-    fig, ax = plt.subplots(figsize=(8, 5.2))
+    fig, ax = plt.subplots(figsize=(10, 5.6))
     fine = np.geomspace(SIZES[0], SIZES[-1], 200)
     for c, marker in zip(COLLECTIVES, "os^"):
         n, t = data[c]
@@ -226,7 +226,7 @@ def plot(meta, data, fits, quick):
     ax.set_title(f"NCCL on {p}x {meta['gpu']}: small messages pay latency, large ones reach the link", fontsize=13)
     ax.set_ylim(0, NVLINK4_LINE_RATE / 1e9 * 1.15)
     ax.tick_params(labelsize=12)
-    ax.legend(fontsize=11, loc="center left")
+    ax.legend(fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)   # 图下方：不压数据
     ax.grid(True, alpha=0.3)
     print(f"\n图已保存：{save_figure(fig, __file__, 'busbw', quick=quick)}")
 
