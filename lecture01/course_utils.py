@@ -180,17 +180,23 @@ def check_int(name, value, lo=None, hi=None, where="", whole_float=False, type_e
             NaN、无穷、小数、越界 → ValueError。
             消息：「[where：]name 必须是整数，且 <范围>，收到 <值>」。
     """
+    integral = type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+    ok = integral or (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool))
+    if not ok:
+        raise type_error(_int_message(name, value, lo, hi, where, whole_float, with_type=True))
+    if not integral and not (math.isfinite(value) and float(value).is_integer()):
+        raise ValueError(_int_message(name, value, lo, hi, where, whole_float))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(_int_message(name, value, lo, hi, where, whole_float))
+    return int(value) if integral else value
+
+
+def _int_message(name, value, lo, hi, where, whole_float, with_type=False):
+    """check_int 的报错消息（只在出错时才拼：热路径上的检查不付字符串的钱）。"""
     rng = _range_text(lo, hi)
     allowed = "整数" + ("（也可以是 1e12 这样整数值的浮点数）" if whole_float else "") + (f"，且 {rng}" if rng else "")
-    who = _who(name, where)
-    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if not integral and not (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool)):
-        raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
-    if not integral and not (math.isfinite(value) and float(value).is_integer()):
-        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
-    return int(value) if integral else value
+    got = f"{type(value).__name__} 类型的 {value!r}" if with_type else repr(value)
+    return f"{_who(name, where)} 必须是{allowed}，收到 {got}"
 
 
 def check_real(name, value, lo=None, hi=None, lo_open=False, hi_open=False, where="",
@@ -204,18 +210,25 @@ def check_real(name, value, lo=None, hi=None, lo_open=False, hi_open=False, wher
     【报错】bool、字符串、None 等非数字 → type_error（默认 TypeError）；NaN、（不允许时的）无穷、越界 → ValueError。
             消息：「[where：]name 必须是有限实数，且 <范围>，收到 <值>」。
     """
-    rng = _range_text(lo, hi, lo_open, hi_open)
-    allowed = ("实数（可以是 ±inf）" if allow_inf else "有限实数") + (f"，且 {rng}" if rng else "")
-    who = _who(name, where)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
+    # type(...) is float / int 先判：最常见的情形不走抽象基类的 isinstance（热路径上省几微秒）
+    if type(value) is not float and type(value) is not int and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise type_error(_real_message(name, value, lo, hi, lo_open, hi_open, where, allow_inf, with_type=True))
     v = float(value)
     ok = not math.isnan(v) and (allow_inf or math.isfinite(v))
     ok = ok and (lo is None or (v > lo if lo_open else v >= lo))
     ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
     if not ok:
-        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
+        raise ValueError(_real_message(name, value, lo, hi, lo_open, hi_open, where, allow_inf))
     return v
+
+
+def _real_message(name, value, lo, hi, lo_open, hi_open, where, allow_inf, with_type=False):
+    """check_real 的报错消息（只在出错时才拼）。"""
+    rng = _range_text(lo, hi, lo_open, hi_open)
+    allowed = ("实数（可以是 ±inf）" if allow_inf else "有限实数") + (f"，且 {rng}" if rng else "")
+    got = f"{type(value).__name__} 类型的 {value!r}" if with_type else repr(value)
+    return f"{_who(name, where)} 必须是{allowed}，收到 {got}"
 
 
 def check_bool(name, value, where=""):

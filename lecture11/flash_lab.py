@@ -464,19 +464,22 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
         m = np.full(br, -np.inf)                              # 片上状态：行最大值
         l = np.zeros(br)                                      #           Σ exp(S − m)
         acc = np.zeros((br, dv))                              #           Σ exp(S − m)·V，未归一化
+        keys = 0                                              # 这个 Q 块读了几行 K、V（IO 账在循环后记一笔）
         for j0, j1 in _tiles(Nk, Bc):
             if not _live(causal, off, i1, j0):
                 break                                         # 右边的块更靠后，也全都看不见
-            bc = j1 - j0
-            io.add("K,V", read=bc * (d + dv))
             S = _masked_scores(Qi, K[j0:j1], scale, causal, i0, j0, off)   # [br, bc]
             m_new = np.maximum(m, S.max(axis=1))
-            alpha = np.exp(m - _safe(m_new))                  # 换算因子：旧的 l、acc 对齐到新最大值
-            P = np.exp(S - _safe(m_new)[:, None])             # [br, bc]
+            shift = _safe(m_new)
+            alpha = np.exp(m - shift)                         # 换算因子：旧的 l、acc 对齐到新最大值
+            P = np.exp(S - shift[:, None])                    # [br, bc]
             l = alpha * l + P.sum(axis=1)
             acc = alpha[:, None] * acc + P @ V[j0:j1]         # [br, dv]
             m = m_new
-            io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
+            keys += j1 - j0
+        if keys:                                              # 没有可见 key 的块什么也不读
+            io.add("K,V", read=keys * (d + dv))
+            io.add("QKᵀ,PV", flops=2 * br * keys * (d + dv))
         O[i0:i1], L[i0:i1] = _normalize(acc, m, l)            # 最后才除 l：每行一次除法
         io.add("O", write=br * dv)
         io.add("L", write=br)
@@ -503,25 +506,24 @@ def _fwd_fa1(Q, K, V, Br, Bc, causal, scale):
         Kj, Vj = K[j0:j1], V[j0:j1]
         io.add("K,V", read=bc * (d + dv))
         for i0, i1 in rows:
-            br = i1 - i0
-            io.add("Q", read=br * d)
-            io.add("O", read=br * dv)
-            io.add("l,m", read=2 * br)
             S = _masked_scores(Q[i0:i1], Kj, scale, causal, i0, j0, off)  # [br, bc]
             m_blk = S.max(axis=1)                             # 这一块自己的局部状态 (m̃, l̃, P̃)
             P = np.exp(S - _safe(m_blk)[:, None])
             l_blk = P.sum(axis=1)
-            m_old, l_old = m_hbm[i0:i1], l_hbm[i0:i1]
+            m_old, l_old = m_hbm[i0:i1], l_hbm[i0:i1]         # 从"显存"读进 O_i、l_i、m_i
             m_new = np.maximum(m_old, m_blk)
-            a = np.exp(m_old - _safe(m_new))                  # 旧状态的换算因子
-            b = np.exp(m_blk - _safe(m_new))                  # 新块的换算因子
+            shift = _safe(m_new)
+            a = np.exp(m_old - shift)                         # 旧状态的换算因子
+            b = np.exp(m_blk - shift)                         # 新块的换算因子
             l_new = a * l_old + b * l_blk
             num = (a * l_old)[:, None] * O[i0:i1] + b[:, None] * (P @ Vj)      # [br, dv]
             O[i0:i1] = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
-            m_hbm[i0:i1], l_hbm[i0:i1] = m_new, l_new
-            io.add("O", write=br * dv)
-            io.add("l,m", write=2 * br)
-            io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
+            m_hbm[i0:i1], l_hbm[i0:i1] = m_new, l_new         # 写回"显存"
+        n_rows = sum(i1 - i0 for i0, i1 in rows)              # 这一轮读进、写回的 Q / O / l,m 行数
+        io.add("Q", read=n_rows * d)
+        io.add("O", read=n_rows * dv, write=n_rows * dv)
+        io.add("l,m", read=2 * n_rows, write=2 * n_rows)
+        io.add("QKᵀ,PV", flops=2 * n_rows * bc * (d + dv))
     return O, _lse(m_hbm, l_hbm), io
 
 
