@@ -49,7 +49,6 @@ import dataclasses
 import math
 import os
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -653,66 +652,119 @@ def simulate_continuous(reqs, step, max_batch, chunk=None):
     if chunk is not None:
         chunk = check_int("chunk", chunk, lo=1)
     cap = step.kv_capacity_tokens()
-    n = len(rs)
     need = [r.prompt + r.output for r in rs]
     for r, nd in zip(rs, need):
         if nd > cap:
             raise ValueError(f"请求 {r.rid} 要预留 {nd} 个 token 的 KV，超过容量 {cap}")
-    a1 = step.model.attn_flops_per_token(1)
-    prog = [0] * n                    # 每个请求已经 prefill 了多少个输入 token
-    gen = [0] * n                     # 已经生成了多少个输出 token
-    times = [[] for _ in range(n)]
-    waiting, running = deque(), []
-    t, nxt, done, reserved, iters, occ = 0.0, 0, 0, 0, 0, 0
-    while done < n:
-        while nxt < n and rs[nxt].arrival <= t:
-            waiting.append(nxt)
-            nxt += 1
-        while waiting and len(running) < b_max and reserved + need[waiting[0]] <= cap:
-            k = waiting.popleft()
-            running.append(k)
-            reserved += need[k]
-            rs[k].t_start = t
-        if not running:                       # 空闲：跳到下一个到达（队里有人时上面一定接纳得进）
-            t = max(t, rs[nxt].arrival)
+    run = iteration_schedule([r.arrival for r in rs], [r.prompt for r in rs], [r.output for r in rs], step, b_max,
+                             reserve=need, chunk=chunk)
+    for r, t0, times in zip(rs, run["admit_t"], run["token_times"]):
+        r.t_start, r.token_times = t0, np.array(times)
+        r.t_first, r.t_last, r.t_finish = times[0], times[-1], times[-1]
+    return rs, {"iters": run["iters"], "mean_batch": run["mean_batch"]}
+
+
+def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, chunk=None, t_limit=None,
+                       history=None, ids=None):
+    """
+    迭代级调度的引擎（本讲的 simulate_continuous 和第 6 讲的 run_iteration_level 都只是它的包装）。
+    每次迭代：先到先服务地接纳新请求 → 算一步（decode 各 1 个 token + prefill 的输入块）→ 做完的立刻离开。
+
+    【参数】arrival / prompt / output：每个请求的到达时刻（已排序）、输入 token 数、输出 token 数（≥ 1）；
+        step：StepModel（用 kv_capacity_tokens、mixed_time、model.attn_flops_per_token）；max_batch：每步最多几个请求；
+        reserve：每个请求接纳时预留的 KV token 数（列表）——剩余不够就停止接纳，已接纳的一定能跑完；
+                 None = 不预留，写多少占多少：接纳时只要放得下输入，之后每步每个请求还要再写 1 个；
+                 显存写满时谁都动不了 → 死锁（没有抢占 / 换出；第 7 讲解决）。
+        chunk：None = 输入一次做完；C = 每步的 token 总数（decode + prefill）不超过 C（分块 prefill）。
+               只能和预留一起用（reserve 不是 None）。
+        t_limit：时钟超过它就停；history：给一个列表时每步追加
+                 {"t0", "t1", "prefill", "decode", "reserved", "used"}（请求用 ids 标识，默认是下标）。
+    【返回】字典：admit_t / token_times（每个请求；没接纳是 nan / 空列表）、done、iters、
+        mean_batch（每步的平均请求数）、deadlock、deadlock_t、admit_order、
+        mean_reserved / mean_used / peak_reserved / peak_used
+        （这一步执行时已预留 / 已写入的 KV token 数：写完本步的 KV、还没释放完成者）。
+    调用者负责检查输入（排序、长度、放不放得下）：这里只做调度。
+    """
+    n, ids = len(arrival), list(range(len(arrival))) if ids is None else ids
+    cap = int(step.kv_capacity_tokens())
+    attn_1 = step.model.attn_flops_per_token(1)         # 每个 token 每看一个 key 的注意力 FLOPs
+    prog, gen = [0] * n, [0] * n                        # 已 prefill 的输入 token 数；已生成的输出 token 数
+    admit_t, times = [math.nan] * n, [[] for _ in range(n)]
+    t, arrived, head = 0.0, 0, 0                        # 下标 < arrived 已到达；head…arrived−1 在排队
+    active, reserved, used = [], 0, 0                   # 已接纳未完成（按到达顺序）；已预留 / 已写入的 KV
+    out = {"deadlock": False, "deadlock_t": None, "done": 0, "iters": 0, "admit_order": [],
+           "peak_reserved": 0, "peak_used": 0}
+    occ = res_sum = used_sum = 0
+    while out["done"] < n and (t_limit is None or t <= t_limit):
+        while arrived < n and arrival[arrived] <= t:
+            arrived += 1
+        if not active and head == arrived:              # 系统全空：时钟跳到下一个请求到达
+            t = arrival[arrived]
             continue
-        dec = [k for k in running if prog[k] == rs[k].prompt]
-        ctx = sum(rs[k].prompt + gen[k] for k in dec)
+        # 1. 谁参加这一步：已接纳的（不预留时只有还能再写 1 个 KV 的前几个），再按到达顺序接纳新请求
+        batch = list(active) if reserve is not None else active[:max(0, cap - used)]
+        held = reserved if reserve is not None else used + len(batch)
+        while head < arrived and len(batch) < max_batch:
+            need = reserve[head] if reserve is not None else prompt[head]
+            if held + need > cap:
+                break                                   # 队头放不下：停止接纳，后面的不插队（FCFS）
+            held += need
+            admit_t[head] = t
+            out["admit_order"].append(ids[head])
+            batch.append(head)
+            active.append(head)
+            head += 1
+        if reserve is not None:
+            reserved = held
+        if not batch:                                   # 只可能在不预留时：谁都写不了 KV，也没人会释放
+            out["deadlock"], out["deadlock_t"] = True, t
+            break
+        # 2. 这一步的工作：decode 的各 1 个 token，加上按到达顺序分到的输入块
+        dec = [k for k in batch if prog[k] == prompt[k]]
+        ctx = sum(prompt[k] + gen[k] for k in dec)      # decode 请求各自读的 KV（含这一步新写的那个）
         budget = math.inf if chunk is None else max(chunk - len(dec), 0)
-        pieces, ptok, pattn, pctx = [], 0, 0.0, 0
-        for k in running:
+        pieces, p_tok, p_attn, p_ctx = [], 0, 0.0, 0
+        for k in batch:
+            left = prompt[k] - prog[k]
             if budget <= 0:
                 break
-            left = rs[k].prompt - prog[k]
             if left == 0:
                 continue
             c, o = int(min(left, budget)), prog[k]
             pieces.append((k, c))
-            ptok, pctx, budget = ptok + c, pctx + o, budget - c
-            pattn += a1 * (c * o + c * (c + 1) / 2)     # 这块的第 j 个 token 看 o + j 个 key
-        t += step.mixed_time(len(dec), ctx, ptok, pattn, pctx)
-        iters += 1
-        occ += len(dec) + len(pieces)
+            p_tok, p_ctx, budget = p_tok + c, p_ctx + o, budget - c
+            p_attn += attn_1 * (c * o + c * (c + 1) / 2)   # 这块的第 j 个 token 看 o + j 个 key（因果掩码）
+        t0 = t
+        extra = (p_ctx,) if p_ctx else ()               # 分块时才有"之前的块"：只接受 4 个参数的 step 也能用
+        t += step.mixed_time(len(dec), ctx, p_tok, p_attn, *extra)
+        used += p_tok + len(dec)
+        held = reserved if reserve is not None else used
+        res_sum, used_sum, occ = res_sum + held, used_sum + used, occ + len(dec) + len(pieces)
+        out["peak_reserved"], out["peak_used"] = max(out["peak_reserved"], held), max(out["peak_used"], used)
+        out["iters"] += 1
+        if history is not None:
+            history.append({"t0": t0, "t1": t, "prefill": [ids[k] for k, _ in pieces],
+                            "decode": [ids[k] for k in dec], "reserved": held, "used": used})
+        # 3. 前进：decode 的各得 1 个 token；输入刚做完的请求这一步顺便产生第 1 个 token；做完的立刻释放
         for k in dec:
             gen[k] += 1
             times[k].append(t)
         for k, c in pieces:
             prog[k] += c
-            if prog[k] == rs[k].prompt:            # 输入处理完：这次迭代顺便产生第 1 个输出 token
+            if prog[k] == prompt[k]:
                 gen[k] = 1
                 times[k].append(t)
-        still = []
-        for k in running:
-            if gen[k] >= rs[k].output:
-                r = rs[k]
-                r.token_times = np.array(times[k])
-                r.t_first, r.t_last, r.t_finish = times[k][0], t, t
-                reserved -= need[k]
-                done += 1
-            else:
-                still.append(k)
-        running = still
-    return rs, {"iters": iters, "mean_batch": occ / max(iters, 1)}
+        for k in batch:
+            if gen[k] == output[k]:
+                out["done"] += 1
+                used -= prompt[k] + output[k] - 1       # 它写过的 KV（最后一个 token 不用写）
+                if reserve is not None:
+                    reserved -= reserve[k]
+        active = [k for k in active if gen[k] < output[k]]
+    it = max(out["iters"], 1)
+    out.update(admit_t=admit_t, token_times=times, mean_batch=occ / it,
+               mean_reserved=res_sum / it, mean_used=used_sum / it)
+    return out
 
 
 # =============================================================================

@@ -174,12 +174,10 @@ def orca_workload(n, rate, seed=0, prompt_range=(32, 512), gen_range=(1, 128), m
                                                                   ("gen_range", gen_range)))
     if max_gen is not None:
         max_gen = check_int("max_gen", max_gen, lo=1)
-    rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(1.0, size=n)) / rate          # 间隔 ~ Exp(1)/rate
-    prompts = rng.integers(plo, phi, size=n, endpoint=True)
-    outs = rng.integers(glo, ghi, size=n, endpoint=True)
-    declared = outs if max_gen is None else np.maximum(outs, max_gen)
-    return [Req(i, float(arrival[i]), int(prompts[i]), int(outs[i]), int(declared[i])) for i in range(n)]
+    # 同一个生成器：第 5 讲的 make_requests（泊松到达 + 闭区间均匀长度），这里只把 Request 换成带 max_gen 的 Req
+    base = serving_sim.make_requests(n, rate, ("uniform", plo, phi), ("uniform", glo, ghi), seed=seed)
+    return [Req(r.rid, r.arrival, r.prompt, r.output, r.output if max_gen is None else max(r.output, max_gen))
+            for r in base]
 
 
 def _closed_range(name, r):
@@ -319,81 +317,19 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
     max_seq = check_int("max_seq", max_seq, lo=1)
     if t_limit is not None:
         t_limit = check_real("t_limit", t_limit)
-    slots = int(step.kv_capacity_tokens())
-    _check_fits(reqs, reserve, max_seq, slots)
-    attn_1 = step.model.attn_flops_per_token(1)          # 每个 token 每看一个 key 的注意力 FLOPs
-    n = len(reqs)
-    t = 0.0
-    arrived = head = 0         # reqs[:arrived] 已到达；reqs[head:arrived] 到了但还没接纳（等待队列）
-    active = []                # 已接纳、未完成（按到达顺序——FCFS 接纳保证它们排在等待队列前面）
-    reserved = used = 0        # 已预留 / 已写入的 KV token 数（"none" 模式下两者相同）
-    out = {"deadlock": False, "deadlock_t": None, "done": 0, "iters": 0, "admit_order": [],
-           "peak_reserved": 0, "peak_used": 0}
-    res_sum = used_sum = 0.0
-    while out["done"] < n:
-        if t_limit is not None and t_limit < t:
-            break
-        while arrived < n and reqs[arrived].arrival <= t:
-            arrived += 1
-        if not active and head == arrived:               # 系统全空：时钟跳到下一个请求到达
-            t = reqs[arrived].arrival
-            continue
-        # 1. 已接纳的请求（"none" 模式：剩余空位只够前几个各写 1 个 token）
-        if reserve == "none":
-            batch = active[:max(0, slots - used)]
-            claim = used + len(batch)                    # 这一步结束时会写到多少
-        else:
-            batch = list(active)
-        # 2. 按到达顺序接纳新请求
-        while head < arrived and len(batch) < max_bs:
-            r = reqs[head]
-            need = _kv_need(r, reserve, max_seq)
-            if (claim if reserve == "none" else reserved) + need > slots:
-                break                                    # 队头放不下：停止接纳，后面的不插队
-            if reserve == "none":
-                claim += need
-            else:
-                reserved += need
-            r.admitted, r.admit_t = True, t
-            out["admit_order"].append(r.rid)
-            batch.append(r)
-            active.append(r)
-            head += 1
-        if not batch:                                    # 只可能发生在 "none"：谁都写不了 KV，也没有人会释放
-            out["deadlock"], out["deadlock_t"] = True, t
-            break
-        # 3. 这一步的时间
-        pre = [r for r in batch if not r.gen]             # 第一次参加：整段输入（initiation）
-        dec = [r for r in batch if r.gen]                 # 已经在生成：各 1 个 token（increment）
-        ctx = sum(r.prompt + r.gen for r in dec)         # decode 请求各自读的 KV（含这一步新写的那个）
-        p_toks = sum(r.prompt for r in pre)
-        p_attn = attn_1 * sum(r.prompt * (r.prompt + 1) / 2 for r in pre)   # 因果掩码：第 i 个 token 看 i 个 key
-        t0 = t
-        t += step.mixed_time(len(dec), ctx, p_toks, p_attn)
-        used += p_toks + len(dec)
-        held = used if reserve == "none" else reserved
-        res_sum, used_sum = res_sum + held, used_sum + used
-        out["peak_reserved"] = max(out["peak_reserved"], held)
-        out["peak_used"] = max(out["peak_used"], used)
-        out["iters"] += 1
-        if history is not None:
-            history.append({"t0": t0, "t1": t, "prefill": [r.rid for r in pre], "decode": [r.rid for r in dec],
-                            "reserved": held, "used": used})
-        # 4. 前进一个 token；完成的立刻释放
-        for r in batch:
-            r.gen += 1
-            if r.gen == 1:
-                r.first_tok = t
-            if r.gen == r.output:
-                r.finish = t
-                out["done"] += 1
-                used -= r.prompt + r.output - 1          # 它写过的 KV（最后一个 token 没写）
-                if reserve != "none":
-                    reserved -= _kv_need(r, reserve, max_seq)
-        active = [r for r in active if r.gen < r.output]
-    it = max(out["iters"], 1)
-    out["mean_reserved"], out["mean_used"] = res_sum / it, used_sum / it
-    return out
+    _check_fits(reqs, reserve, max_seq, int(step.kv_capacity_tokens()))
+    # 调度本身只有一份：第 5 讲 serving_sim.iteration_schedule（这里的 "none" 就是它的 reserve=None）
+    need = None if reserve == "none" else [_kv_need(r, reserve, max_seq) for r in reqs]
+    run = serving_sim.iteration_schedule([r.arrival for r in reqs], [r.prompt for r in reqs],
+                                         [r.output for r in reqs], step, max_bs, reserve=need, t_limit=t_limit,
+                                         history=history, ids=[r.rid for r in reqs])
+    for r, t0, times in zip(reqs, run["admit_t"], run["token_times"]):
+        r.admitted, r.admit_t, r.gen = not math.isnan(t0), t0, len(times)
+        r.first_tok = times[0] if times else math.nan
+        r.finish = times[-1] if r.gen == r.output else math.nan
+    keys = ("deadlock", "deadlock_t", "done", "iters", "mean_reserved", "mean_used", "peak_reserved", "peak_used",
+            "admit_order")
+    return {k: run[k] for k in keys}
 
 
 def latency_throughput(reqs, warmup=0.2):

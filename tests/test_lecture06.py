@@ -602,6 +602,22 @@ def test_orca_workload():
         dl.orca_workload(5, 1.0, prompt_range=(10, 5))
 
 
+def test_one_scheduler_behind_two_lectures():
+    """第 5 讲 make_requests / simulate_continuous 与第 6 讲 orca_workload / run_iteration_level 是同一份实现：
+    同一个种子给出同一批请求，Orca 的预留（max_gen = output）下每个请求的完成时刻逐位相同。"""
+    ss = dl.serving_sim
+    step = ss.StepModel(dl.GPT3_13B, dl.A100_40G)
+    for rate in (0.5, 2.0, 8.0):
+        orca = dl.orca_workload(150, rate, seed=9)
+        lec5 = ss.make_requests(150, rate, prompt=("uniform", 32, 512), output=("uniform", 1, 128), seed=9)
+        assert [(r.arrival, r.prompt, r.output) for r in orca] == [(r.arrival, r.prompt, r.output) for r in lec5]
+        info = dl.run_iteration_level(orca, step, 16)
+        done, _ = ss.simulate_continuous(lec5, step, 16)
+        assert info["done"] == len(orca)
+        assert [r.finish for r in orca] == [r.t_finish for r in done]
+        assert [r.first_tok for r in orca] == [r.t_first for r in done]
+
+
 # ---------------------------------------------------------------------------
 # 硬件视角
 # ---------------------------------------------------------------------------
