@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_count, fmt_si, format_table, save_figure  # noqa: E402
 
 GROUPS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
 GROUP_ZH = {"embeddings": "词嵌入", "attention": "注意力", "mlp": "MLP", "norms": "归一化", "lm_head": "lm_head",
@@ -33,7 +33,7 @@ def structure_table(models):
     for m in models:
         rows.append([m.name, m.n_layers, m.d_model, f"{m.n_heads}/{m.n_kv_heads}", m.d_head, m.d_ff,
                      f"{m.vocab:,}", "是" if m.tied else "否"])
-    return M.format_table(["模型", "L", "d", "H/G", "dh", "d_ff", "V", "共享"], rows)
+    return format_table(["模型", "L", "d", "H/G", "dh", "d_ff", "V", "共享"], rows)
 
 
 def params_row(m, pub_name):
@@ -42,15 +42,15 @@ def params_row(m, pub_name):
     n = m.n_params()
     pub, _ = M.PUBLISHED_PARAMS[pub_name]
     tol, _why = M.param_tolerance(pub_name)
-    return ([m.name] + [M.fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
-            + [M.fmt_count(n), M.fmt_count(pub), f"{(n - pub) / pub:+.2%}", f"{tol:.1%}"])
+    return ([m.name] + [fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
+            + [fmt_count(n), fmt_count(pub), f"{(n - pub) / pub:+.2%}", f"{tol:.1%}"])
 
 
 def params_table(models):
     rows = [params_row(m, m.name) for m in models]
     # 对照行：GPT-3 13B 按论文表 2.1 印的 d_model = 5140（不是预设，只为说明官方 13.0B 的来历）
     rows.append(params_row(M.GPT3_13B_AS_PRINTED, M.GPT3_13B.name))
-    return M.format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS] + ["合计", "官方", "差", "容差"], rows)
+    return format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS] + ["合计", "官方", "差", "容差"], rows)
 
 
 def share_table(models):
@@ -59,20 +59,20 @@ def share_table(models):
         g = m.param_groups()
         n = m.n_params()
         rows.append([m.name] + [f"{100 * g[k] / n:.1f}%" for k in GROUPS])
-    return M.format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS], rows)
+    return format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS], rows)
 
 
 def flops_table(models, ctxs):
     rows = []
     for m in models:
-        row = [m.name, M.fmt_count(m.matmul_params()), f"{m.linear_flops_per_token() / (2 * m.n_params()):.3f}"]
+        row = [m.name, fmt_count(m.matmul_params()), f"{m.linear_flops_per_token() / (2 * m.n_params()):.3f}"]
         for c in ctxs:
             f = m.flops_per_token(c)
-            row.append(f"{M.fmt_si(f, 'FLOP')} ({100 * m.attn_flops_per_token(c) / f:.0f}%)")
+            row.append(f"{fmt_si(f, 'FLOP')} ({100 * m.attn_flops_per_token(c) / f:.0f}%)")
         row.append(f"{m.attn_crossover_ctx():,.0f}")
         rows.append(row)
     heads = ["模型", "乘法参数", "FLOPs/2N"] + [f"ctx={c:,}（注意力占比）" for c in ctxs] + ["注意力=矩阵乘法的 ctx"]
-    return M.format_table(heads, rows)
+    return format_table(heads, rows)
 
 
 def plot_groups(models):
@@ -153,7 +153,7 @@ def main():
     for m in (M.LLAMA31_8B, M.LLAMA31_70B, M.LLAMA31_405B):
         assert abs(m.linear_flops_per_token() / (2 * m.n_params()) - 1) < 0.07
 
-    print(f"\n结论：前向 FLOPs/token ≈ 2N（8B：{M.fmt_si(M.LLAMA31_8B.linear_flops_per_token(), 'FLOP')}）；"
+    print(f"\n结论：前向 FLOPs/token ≈ 2N（8B：{fmt_si(M.LLAMA31_8B.linear_flops_per_token(), 'FLOP')}）；"
           f"词嵌入 + lm_head 占比从 1B 的 {emb[0]:.0%} 降到 405B 的 {emb[-1]:.1%}；"
           f"注意力在 8B 模型约 {M.LLAMA31_8B.attn_crossover_ctx():,.0f} 个 token 时追上矩阵乘法。"
           f"GPT-3-13B 官方 {pub13 / 1e9:.1f}B（论文表 2.1）：按论文印的 d=5140 差 {gap_printed:.2%}，"

@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, fmt_si, format_table, save_figure  # noqa: E402
 
 BASE = M.LLAMA31_8B
 VARIANTS = {
@@ -34,16 +34,16 @@ MEM_UTIL = 0.9      # 像 vLLM 的 gpu_memory_utilization 默认值那样留 10%
 def variants_table():
     rows = []
     for label, m in VARIANTS.items():
-        rows.append([label, m.n_kv_heads, m.group, M.fmt_bytes(m.kv_bytes_per_token()),
-                     M.fmt_si(m.attn_flops_per_token(8192), "FLOP"), M.fmt_count(m.n_params())])
-    return M.format_table(["变体", "G", "H/G", "KV/token", "注意力 FLOPs/token@8K", "参数量"], rows)
+        rows.append([label, m.n_kv_heads, m.group, fmt_bytes(m.kv_bytes_per_token()),
+                     fmt_si(m.attn_flops_per_token(8192), "FLOP"), fmt_count(m.n_params())])
+    return format_table(["变体", "G", "H/G", "KV/token", "注意力 FLOPs/token@8K", "参数量"], rows)
 
 
 def grid_table(m, ctxs, batches):
     rows = []
     for b in batches:
-        rows.append([f"batch={b}"] + [M.fmt_bytes(m.kv_cache_bytes(b, c)) for c in ctxs])
-    return M.format_table([f"{m.name} KV"] + [f"ctx={c:,}" for c in ctxs], rows)
+        rows.append([f"batch={b}"] + [fmt_bytes(m.kv_cache_bytes(b, c)) for c in ctxs])
+    return format_table([f"{m.name} KV"] + [f"ctx={c:,}" for c in ctxs], rows)
 
 
 def capacity_table(chips, ctxs):
@@ -51,7 +51,7 @@ def capacity_table(chips, ctxs):
     for label, m in VARIANTS.items():
         for chip in chips:
             rows.append([label, chip.name] + [M.max_batch(m, chip, c, mem_util=MEM_UTIL) for c in ctxs])
-    return M.format_table(["变体", "芯片"] + [f"ctx={c:,}" for c in ctxs], rows)
+    return format_table(["变体", "芯片"] + [f"ctx={c:,}" for c in ctxs], rows)
 
 
 def presets_table():
@@ -59,9 +59,9 @@ def presets_table():
     for m in M.PRESETS.values():
         kind = "MHA" if m.n_kv_heads == m.n_heads else ("MQA" if m.n_kv_heads == 1 else f"GQA-{m.n_kv_heads}")
         per = m.kv_bytes_per_token()
-        rows.append([m.name, kind, M.fmt_bytes(per), M.fmt_bytes(m.kv_cache_bytes(1, 32768)),
-                     M.fmt_bytes(m.weight_bytes()), f"{m.weight_bytes() / per:,.0f}"])
-    return M.format_table(["模型", "注意力", "KV/token", "KV@32K×1", "权重(BF16)", "KV = 权重时的 token 数"], rows)
+        rows.append([m.name, kind, fmt_bytes(per), fmt_bytes(m.kv_cache_bytes(1, 32768)),
+                     fmt_bytes(m.weight_bytes()), f"{m.weight_bytes() / per:,.0f}"])
+    return format_table(["模型", "注意力", "KV/token", "KV@32K×1", "权重(BF16)", "KV = 权重时的 token 数"], rows)
 
 
 def plot(batches=(1, 32)):
@@ -123,8 +123,8 @@ def main():
 
     print(f"\n结论：KV/token 只和 G 有关（MHA:GQA:MQA = 32:8:1），注意力 FLOPs 不变；"
           f"H100 上 8K 上下文能放 MHA {b_mha} 个序列、GQA {b_gqa} 个；"
-          f"GPT-3 175B 每 token {M.fmt_bytes(M.GPT3_175B.kv_bytes_per_token())}，"
-          f"Llama-3.1-405B 只要 {M.fmt_bytes(M.LLAMA31_405B.kv_bytes_per_token())}。")
+          f"GPT-3 175B 每 token {fmt_bytes(M.GPT3_175B.kv_bytes_per_token())}，"
+          f"Llama-3.1-405B 只要 {fmt_bytes(M.LLAMA31_405B.kv_bytes_per_token())}。")
     if not args.no_fig:
         path = plot()
         print(f"图已保存：{os.path.relpath(path)}")

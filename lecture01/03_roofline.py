@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_si, fmt_time, format_table, save_figure  # noqa: E402
 
 MODEL = M.LLAMA31_8B
 CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
@@ -40,8 +40,8 @@ def points_table(pts):
     rows = []
     for label, b, n, ctx in pts:
         f, by = MODEL.step_flops(b, n, ctx), MODEL.step_bytes(b, n, ctx)
-        rows.append([label, M.fmt_si(f, "FLOP"), M.fmt_bytes(by), f"{f / by:,.1f}"])
-    return M.format_table([f"{MODEL.name} 一次前向", "FLOPs", "字节", "强度 FLOP/B"], rows)
+        rows.append([label, fmt_si(f, "FLOP"), fmt_bytes(by), f"{f / by:,.1f}"])
+    return format_table([f"{MODEL.name} 一次前向", "FLOPs", "字节", "强度 FLOP/B"], rows)
 
 
 def chips_table(pts, chips):
@@ -52,9 +52,9 @@ def chips_table(pts, chips):
             frac = chip.attainable_flops(r["intensity"]) / chip.peak_flops()
             first = label == pts[0][0]
             rows.append([chip.name if first else "", f"{chip.ridge_point():.0f}" if first else "", label,
-                         "算力" if r["bound"] == "compute" else "带宽", M.fmt_time(r["time"]), f"{frac:.1%}",
-                         M.fmt_time(r["time"] / (b * n))])
-    return M.format_table(["芯片", "屋脊点", "操作点", "受限于", "roofline 时间", "算力利用上限", "每 token"], rows)
+                         "算力" if r["bound"] == "compute" else "带宽", fmt_time(r["time"]), f"{frac:.1%}",
+                         fmt_time(r["time"] / (b * n))])
+    return format_table(["芯片", "屋脊点", "操作点", "受限于", "roofline 时间", "算力利用上限", "每 token"], rows)
 
 
 def plot(pts, chips):
@@ -91,7 +91,7 @@ def main():
     pts = operating_points(args.quick)
 
     print("== 1. 芯片：峰值、带宽和屋脊点（bf16，稠密）==")
-    print(M.format_table(HW.CHIP_HEADERS, HW.chip_rows(CHIPS)))
+    print(format_table(HW.CHIP_HEADERS, HW.chip_rows(CHIPS)))
     print(f"\n== 2. {MODEL.name} 的操作点：算术强度 = FLOPs / 字节（BF16 权重和 KV）==")
     print(points_table(pts))
     print("\n== 3. 在每块芯片上：受什么限制、roofline 时间（理想下界）==")
@@ -115,7 +115,7 @@ def main():
 
     print(f"\n结论：decode 强度 ≈ 批大小（B=1 时 {MODEL.arithmetic_intensity(1, 1):.2f} FLOP/B），"
           f"远低于屋脊点（{min(c.ridge_point() for c in CHIPS):.0f}–{max(c.ridge_point() for c in CHIPS):.0f}），"
-          f"所以受带宽限制：H100 上 batch 1 每步 {M.fmt_time(t1)}；"
+          f"所以受带宽限制：H100 上 batch 1 每步 {fmt_time(t1)}；"
           f"prefill 8K 强度 {pre[-1]:,.0f}，在所有芯片上都受算力限制。")
     if not args.no_fig:
         path = plot(pts, CHIPS)

@@ -22,6 +22,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, format_table  # noqa: E402
 
 T405 = M.LLAMA31_405B_TRAIN
 # (模型, 训练 token 数, 序列长度, 公布的 GPU·小时 或 None, token 数的出处)
@@ -43,9 +44,9 @@ def flops_table(mfu):
         full = m.train_flops(D, S)
         hours = full / (chip.peak_flops() * mfu) / 3600
         implied = "" if pub_h is None else f"{full / (pub_h * 3600 * chip.peak_flops()):.0%}"
-        rows.append([m.name, M.fmt_count(D), f"{six:.2e}", f"{full:.2e}", f"{full / six - 1:+.1%}",
+        rows.append([m.name, fmt_count(D), f"{six:.2e}", f"{full:.2e}", f"{full / six - 1:+.1%}",
                      f"{hours / 1e6:.2f}M", "" if pub_h is None else f"{pub_h / 1e6:.2f}M", implied])
-    return M.format_table(["模型", "token D", "6·N·D", "含注意力", "差", f"H100·小时@MFU {mfu:.0%}", "公布",
+    return format_table(["模型", "token D", "6·N·D", "含注意力", "差", f"H100·小时@MFU {mfu:.0%}", "公布",
                            "公布对应的有效利用率"], rows)
 
 
@@ -55,13 +56,13 @@ def memory_table(models, micro_batch, seq_len):
         mem = m.train_memory(micro_batch, seq_len)
         mem_rc = m.train_memory(micro_batch, seq_len, recompute=True)
         states = mem["weights"] + mem["grads"] + mem["master"] + mem["adam"]
-        rows.append([m.name, M.fmt_bytes(mem["weights"]), M.fmt_bytes(mem["grads"]),
-                     M.fmt_bytes(mem["master"] + mem["adam"]), M.fmt_bytes(mem["activations"]),
-                     M.fmt_bytes(mem_rc["activations"]), M.fmt_bytes(mem["logits"]), M.fmt_bytes(mem["total"]),
+        rows.append([m.name, fmt_bytes(mem["weights"]), fmt_bytes(mem["grads"]),
+                     fmt_bytes(mem["master"] + mem["adam"]), fmt_bytes(mem["activations"]),
+                     fmt_bytes(mem_rc["activations"]), fmt_bytes(mem["logits"]), fmt_bytes(mem["total"]),
                      math.ceil(states / HW.H100_SXM.mem_cap)])
     heads = ["模型", "权重 BF16", "梯度 BF16", "FP32 主权重+Adam", f"激活 {micro_batch}×{seq_len}", "激活(重计算)",
              "logits FP32", "合计", "只放状态要几张 80GB"]
-    return M.format_table(heads, rows)
+    return format_table(heads, rows)
 
 
 def main():
@@ -111,7 +112,7 @@ def main():
 
     print(f"\n结论：405B 按 6ND 是 {six:.1e} FLOPs；16K 张 H100 在 40% MFU 下约 {r['days']:.0f} 天，"
           f"{r['chip_hours'] / 1e6:.1f}M GPU·小时（公布 {T405['gpu_hours'] / 1e6:.2f}M）；"
-          f"光优化器状态就要 {M.fmt_bytes(states405)}，一张卡放不下，必须切分。")
+          f"光优化器状态就要 {fmt_bytes(states405)}，一张卡放不下，必须切分。")
 
 
 if __name__ == "__main__":

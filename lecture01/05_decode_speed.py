@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, format_table, save_figure  # noqa: E402
 
 MODELS = (M.LLAMA32_1B, M.LLAMA31_8B, M.QWEN25_7B, M.LLAMA31_70B, M.LLAMA31_405B)
 CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
@@ -42,14 +42,14 @@ def chips_needed(m, chip, w_bytes):
 def single_stream_table(models, chips, w_bytes):
     rows = []
     for m in models:
-        row = [m.name, M.fmt_bytes(m.weight_bytes(w_bytes))]
+        row = [m.name, fmt_bytes(m.weight_bytes(w_bytes))]
         for chip in chips:
             k = chips_needed(m, chip, w_bytes)
             # k 张卡按张量并行各读 1/k 的权重：带宽合计 k 倍（忽略通信，第 4 讲再算）
             t = m.step_bytes(1, 1, 0, w_bytes) / (k * chip.mem_bw)
             row.append(f"{1 / t:,.0f}" + ("" if k == 1 else f" ({k}卡)"))
         rows.append(row)
-    return M.format_table(["模型", "权重"] + [c.name for c in chips], rows)
+    return format_table(["模型", "权重"] + [c.name for c in chips], rows)
 
 
 def batch_sweep(m, chip, batches, ctx):
@@ -59,11 +59,11 @@ def batch_sweep(m, chip, batches, ctx):
         r = M.step_time(m, chip, b, 1, ctx)
         total = b / r["time"]
         curve.append((b, total, 1 / r["time"], b <= cap))
-        rows.append([b, f"{r['intensity']:.1f}", "算力" if r["bound"] == "compute" else "带宽", M.fmt_time(r["time"]),
-                     f"{1 / r['time']:,.0f}", f"{total:,.0f}", M.fmt_bytes(m.kv_cache_bytes(b, ctx + 1)),
+        rows.append([b, f"{r['intensity']:.1f}", "算力" if r["bound"] == "compute" else "带宽", fmt_time(r["time"]),
+                     f"{1 / r['time']:,.0f}", f"{total:,.0f}", fmt_bytes(m.kv_cache_bytes(b, ctx + 1)),
                      "是" if b <= cap else "否"])
     heads = ["batch", "强度", "受限于", "每步时间", "每序列 token/s", "总 token/s", "KV", f"{chip.name} 放得下"]
-    return M.format_table(heads, rows), curve, cap
+    return format_table(heads, rows), curve, cap
 
 
 def plot(curves):
@@ -108,8 +108,8 @@ def main():
     m1, h100 = M.LLAMA32_1B, HW.H100_SXM
     t_bound = M.decode_time_per_token(m1, h100)
     print("\n== 2. 对照：Llama-3.2-1B、H100、batch 1、BF16 ==")
-    print(f"   roofline 下界 {M.fmt_time(t_bound)}（读 {M.fmt_bytes(m1.step_bytes(1, 1))}）；"
-          f"按 78% 带宽 {M.fmt_time(t_bound / 0.78)}；按 50% 带宽 {M.fmt_time(t_bound / 0.5)}")
+    print(f"   roofline 下界 {fmt_time(t_bound)}（读 {fmt_bytes(m1.step_bytes(1, 1))}）；"
+          f"按 78% 带宽 {fmt_time(t_bound / 0.78)}；按 50% 带宽 {fmt_time(t_bound / 0.5)}")
     print("   公开数字：megakernel 达到 H100 带宽的 78%、前向 < 1 ms；vLLM / SGLang ≤ 50% [S74,S75,S76]")
 
     m = M.LLAMA31_8B

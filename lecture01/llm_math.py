@@ -46,20 +46,13 @@ from dataclasses import dataclass, fields
 # 格式化小工具的实现在同一文件夹的 course_utils.py；这里照旧导出，llm_math.format_table / fmt_si 等继续可用
 from course_utils import display_width, fmt_bytes, fmt_count, fmt_si, fmt_time, format_table  # noqa: F401
 # 参数检查（check_int / check_real）也在 course_utils：个数参数用 whole_float=True（15.6e12 这样的 token 数也算整数）
-from course_utils import check_int, check_real
+from course_utils import check_bool, check_choice, check_int, check_real
 
 # =============================================================================
 # 第 1 部分：模型结构与公式
 # =============================================================================
 _POSITIVE_INT_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab")
 _NONNEG_INT_FIELDS = ("n_pos", "extra_per_layer", "extra_final")
-
-
-def _flag(name, value):
-    """开关参数必须是 bool（避免 "False" 这样的字符串被当成真）。"""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} 必须是 True 或 False，收到 {type(value).__name__} 类型的 {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -270,7 +263,7 @@ class ModelConfig:
         """
         check_int("n_tokens", n_tokens, lo=0, whole_float=True)
         check_int("seq_len", seq_len, lo=1, whole_float=True)
-        _flag("causal", causal)
+        check_bool("causal", causal)
         avg_ctx = (seq_len + 1) / 2 if causal else seq_len
         return 3 * n_tokens * (self.linear_flops_per_token() + self.attn_flops_per_token(avg_ctx))
 
@@ -295,7 +288,7 @@ class ModelConfig:
         check_int("batch", batch, lo=1, whole_float=True)
         check_int("seq_len", seq_len, lo=1, whole_float=True)
         check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
-        _flag("recompute", recompute)
+        check_bool("recompute", recompute)
         tokens = batch * seq_len
         per_layer = self.activation_elems_per_token_layer()
         elems = (self.n_layers * self.d_model + per_layer) if recompute else self.n_layers * per_layer
@@ -475,8 +468,7 @@ PARAM_TOL_EXCEPTIONS = {
 
 def param_tolerance(name):
     """预设 name 的参数量和 PUBLISHED_PARAMS 允许差多少（相对误差），以及原因（一般情况原因为空串）。"""
-    if name not in PUBLISHED_PARAMS:
-        raise ValueError(f"name 必须是 PUBLISHED_PARAMS 里的名字之一：{', '.join(PUBLISHED_PARAMS)}；收到 {name!r}")
+    check_choice("name", name, PUBLISHED_PARAMS, where="param_tolerance")
     return PARAM_TOL_EXCEPTIONS.get(name, (PARAM_TOL, ""))
 
 

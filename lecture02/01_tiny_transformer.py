@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from llm_math import fmt_si, format_table  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 # 我们的分组名 → llm_math.ModelConfig.param_groups 的键
 GROUP_TO_LLM_MATH = {"词嵌入": "embeddings", "注意力 Wq/Wk/Wv/Wo": "attention", "MLP": "mlp",
@@ -131,7 +131,7 @@ def plot(c_pre, c_dec, n_prompt, path_script):
     ax2.set_ylabel("bytes moved per token (BF16)")
     ax2.set_title("Bytes per token: decode re-reads all weights")
     ax2.legend()
-    return tl.save_figure(fig, path_script, "breakdown")
+    return save_figure(fig, path_script, "breakdown")
 
 
 def main():

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
-from llm_math import format_table  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 D_HEAD = 64
 THETA = 10000.0
@@ -177,7 +177,7 @@ def plot_rope(q, k, path_script):
     ax2.set_xlabel("relative distance m - n")
     ax2.set_ylabel("score / score at distance 0")
     ax2.set_title(f"RoPE long-range decay (q = k = ones, d_head={D_HEAD})")
-    return tl.save_figure(fig, path_script, "rope")
+    return save_figure(fig, path_script, "rope")
 
 
 def plot_leak(D_causal, D_bidir, path_script):
@@ -193,7 +193,7 @@ def plot_leak(D_causal, D_bidir, path_script):
         ax.set_ylabel("output position i")
     fig.colorbar(im, ax=axes[1], label="log10 max |Δ logits|")      # 两图同一色标（vmin/vmax 相同），挂在右图上
     fig.suptitle("How much output position i changes when input token j is replaced")
-    return tl.save_figure(fig, path_script, "leak")
+    return save_figure(fig, path_script, "leak")
 
 
 def main():

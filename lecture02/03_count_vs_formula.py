@@ -25,7 +25,8 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import B200, H100_SXM, H200, MI300X  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_si, format_table  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 CHIPS = (H100_SXM, H200, B200, MI300X)
 BOUND_ZH = {"compute": "算力", "memory": "带宽"}     # Chip.bound 的返回值 → 中文（同第 1 讲的演示）
@@ -152,7 +153,7 @@ def plot(prompt_lens, batches, ctxs, path_script):
     ax1.set_title("Decode: batching helps until the KV cache dominates")
     ax2.set_xlabel("prompt length T (prefill, batch 1)")
     ax2.set_title("Prefill: intensity grows with T")
-    return tl.save_figure(fig, path_script, "intensity")
+    return save_figure(fig, path_script, "intensity")
 
 
 def main():

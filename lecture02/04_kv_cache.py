@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
-from llm_math import LLAMA31_8B, fmt_si, format_table  # noqa: E402
+from llm_math import LLAMA31_8B  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 
 def part_equivalence(params, cfg, prompt, n_new):
@@ -167,7 +168,7 @@ def plot(cached8, fresh8, P8, path_script):
     ax2.legend()
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
-    return tl.save_figure(fig, path_script, "flops")
+    return save_figure(fig, path_script, "flops")
 
 
 def main():

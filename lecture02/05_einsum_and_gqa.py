@@ -23,7 +23,8 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_count, fmt_si, format_table, scaled  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, scaled  # noqa: E402
+from course_utils import fmt_count, fmt_si, format_table, save_figure  # noqa: E402
 
 BPE = 2.0
 
@@ -174,7 +175,7 @@ def plot(batch, ctxs, path_script):
     ax.set_title(f"{LLAMA31_8B.name}, batch {batch}, BF16: KV traffic vs context")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    return tl.save_figure(fig, path_script, "kv_bytes")
+    return save_figure(fig, path_script, "kv_bytes")
 
 
 def main():

@@ -71,7 +71,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_bool, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
@@ -125,8 +125,7 @@ class Config:
             raise ValueError(f"Config.d_head={self.d_head} 必须是偶数：RoPE 按相邻两个数成对旋转")
         check_real("rope_theta", self.rope_theta, lo=1.0, lo_open=True, where="Config")
         check_real("norm_eps", self.norm_eps, lo=0.0, lo_open=True, where="Config")
-        if not isinstance(self.tied, (bool, np.bool_)):
-            raise TypeError(f"Config.tied 必须是 True/False，收到 {self.tied!r}")
+        check_bool("tied", self.tied, where="Config")
 
     @property
     def group(self):
@@ -499,8 +498,7 @@ def _check_attention_shapes(q, k, v, q_pos0, causal):
     if k.shape[0] != B or k.shape[3] != dh or H % k.shape[2]:
         raise ValueError(f"attention_core：q {q.shape} 与 k {k.shape} 不配：批大小与 dh 要相同，"
                          f"H={H} 要是 G={k.shape[2]} 的整数倍")
-    if isinstance(q_pos0, bool) or not isinstance(q_pos0, (int, np.integer)) or q_pos0 < 0:
-        raise ValueError(f"attention_core：q_pos0 必须是非负整数，收到 {q_pos0!r}")
+    check_int("q_pos0", q_pos0, lo=0, where="attention_core", type_error=ValueError)
     if causal and q_pos0 + T > k.shape[1]:
         raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
                          f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
@@ -525,8 +523,7 @@ class KVCache:
     def __init__(self, cfg, batch, max_len=None, dtype=np.float64):
         max_len = cfg.max_seq if max_len is None else max_len
         for name, val in (("batch", batch), ("max_len", max_len)):
-            if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
-                raise ValueError(f"KVCache：{name} 必须是正整数，收到 {val!r}")
+            check_int(name, val, lo=1, where="KVCache", type_error=ValueError)
         shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.d_head)   # [L, B, max_len, G, dh]
         self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
         self.max_len = int(max_len)
@@ -541,9 +538,7 @@ class KVCache:
 
     @length.setter
     def length(self, value):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= self.max_len:
-            raise ValueError(f"KVCache.length 必须是 0…{self.max_len} 的整数，收到 {value!r}")
-        self._length = int(value)
+        self._length = check_int("KVCache.length", value, lo=0, hi=self.max_len, type_error=ValueError)
         self._pending = {}           # 提交（或回滚）之后，没有"写了但未提交"的位置
 
     def write(self, layer, k_new, v_new):
@@ -701,9 +696,8 @@ def _check_forward(params, cfg, tokens, cache, rope_pos0):
     tokens = _check_tokens(tokens, cfg)
     if cache is not None:
         _check_cache(cache, cfg, *tokens.shape)
-    if rope_pos0 is not None and (isinstance(rope_pos0, bool) or not isinstance(rope_pos0, (int, np.integer))
-                                  or rope_pos0 < 0):
-        raise ValueError(f"rope_pos0 必须是非负整数或 None，收到 {rope_pos0!r}")
+    if rope_pos0 is not None:
+        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward", type_error=ValueError)
     return tokens, rope_pos0
 
 
@@ -731,8 +725,7 @@ def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, c
     """
     _check_params(params, cfg)
     prompt = _check_tokens(prompt, cfg)
-    if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
-        raise ValueError(f"n_new 必须是非负整数，收到 {n_new!r}")
+    n_new = check_int("n_new", n_new, lo=0, where="generate", type_error=ValueError)
     B, T0 = prompt.shape
     final_len = T0 + n_new
     if final_len > cfg.max_seq:
@@ -767,8 +760,7 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     返回 {运算名: {"flops", "useful", "w", "kv", "act"}}（没有 calls 列）。
     """
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < (0 if name == "pos0" else 1):
-            raise ValueError(f"analytic_ops：{name} 必须是{'非负' if name == 'pos0' else '正'}整数，收到 {val!r}")
+        check_int(name, val, lo=0 if name == "pos0" else 1, where="analytic_ops", type_error=ValueError)
     bytes_per_elem = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="analytic_ops")
     L, d, f, V = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.vocab
     H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head

@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 
 def part_metrics(step, seed):
@@ -39,7 +40,7 @@ def part_metrics(step, seed):
                      f"{(r.t_finish - r.t_last) * 1e3:.0f}"])
     heads = ["请求 id", "到达 ms", "输入 token", "输出 token", "排队 ms", "TTFT ms", "TPOT ms", "端到端 ms",
              "等整批 ms"]
-    print(ss.format_table(heads, rows))
+    print(format_table(heads, rows))
     print("  TTFT = 排队 + 这一批的 prefill（补齐到批里最长的输入）；")
     print("  TPOT = (最后一个 − 第一个 token) ÷ (输出 − 1)，也就是相邻 token 间隔（ITL）的平均；")
     print("  端到端 = 离开系统 − 到达。静态批处理里短请求要陪长请求跑完（最后一列）。")
@@ -63,7 +64,7 @@ def part_prefill(step, quick):
         t = float(c.total)
         tps.append(L / t)
         rows.append([L, f"{t * 1e3:.2f}", f"{L / t:,.0f}", f"{c.flops / c.bytes:.0f}", str(c.bound)])
-    print(ss.format_table(["输入 token", "时间 ms", "token/s", "强度 FLOP/B", "受限于"], rows))
+    print(format_table(["输入 token", "时间 ms", "token/s", "强度 FLOP/B", "受限于"], rows))
     ridge = step.effective_ridge()
     for L in lens:
         c = step.prefill_cost([L])
@@ -98,7 +99,7 @@ def part_decode(step, quick):
         for b, t, a, m in zip(batches, tot, tc, tm):
             rows.append([ctx, int(b), f"{t * 1e3:.2f}", f"{a * 1e3:.2f}", f"{m * 1e3:.2f}", f"{b / t:,.0f}",
                          "compute" if a >= m else "memory"])
-    print(ss.format_table(["每序列上下文 token", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"],
+    print(format_table(["每序列上下文 token", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"],
                           rows))
     # 批 1：带宽受限；上下文很短时，批 1 → 64 一步的时间几乎不变（读权重的时间被 64 个序列分摊）
     assert sweeps[1][1][0] < sweeps[1][2][0]
@@ -124,7 +125,7 @@ def part_crossover(model, chips):
         lim = (m.linear_flops_per_token() + m.attn_flops_per_token(2048)) / (2049 * st.kv_bytes_per_token)
         assert (b2k is None) == (lim < st.effective_ridge()), (lim, b2k)
         rows[-1].insert(5, f"{lim:.0f}")
-    print(ss.format_table(["芯片", "ridge FLOP/B", "有效 ridge FLOP/B（×mfu/mbu）", "拐点批大小（上下文 1）",
+    print(format_table(["芯片", "ridge FLOP/B", "有效 ridge FLOP/B（×mfu/mbu）", "拐点批大小（上下文 1）",
                            "拐点批大小（上下文 2048）", "强度上限 FLOP/B（上下文 2048）", "KV 放得下几个 2048 序列"],
                           rows))
     print("  上下文 2048 时每个序列要读 2048 个 token 的 KV：批再大，强度也封顶在 每序列 FLOPs ÷ 每序列 KV 字节，")
@@ -147,14 +148,14 @@ def plot(step, batches, sweeps, lens, tps):
     ax[0].set_title(f"decode step, {step.model.name} on {step.chip.name}")
     ax[1].set_ylabel("output tokens / s")
     ax[1].set_title("decode throughput (dotted: effective ridge)")
-    p1 = ss.save_figure(fig, __file__, "decode")
+    p1 = save_figure(fig, __file__, "decode")
     fig, a = plt.subplots(figsize=(5.5, 4))
     a.semilogx(lens, np.array(tps) / 1e3, "o-")
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill throughput (k tokens/s)")
     a.set_title("prefill: saturates once compute-bound")
     a.grid(alpha=0.3)
-    p2 = ss.save_figure(fig, __file__, "prefill")
+    p2 = save_figure(fig, __file__, "prefill")
     print(f"\n图：{p1}\n    {p2}")
 
 

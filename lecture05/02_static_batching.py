@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 
 def part_orca(seed, quick):
@@ -39,7 +40,7 @@ def part_orca(seed, quick):
     table = [[a["max_batch"], a["largest_batch"], f"{a['tok_per_s']:.0f}", f"{a['tpot_p50'] * 1e3:.1f}",
               f"{a['e2e_mean']:.2f}", f"{a['useful_frac']:.0%}", f["largest_batch"], f"{f['tok_per_s']:.0f}"]
              for a, f in zip(need, ft)]
-    print(ss.format_table(["max_batch", "实际批（按需）", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比",
+    print(format_table(["max_batch", "实际批（按需）", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比",
                            "实际批（FT 预留 2048）", "输出 token/s（FT）"], table))
     ft_limit = cap // 2048
     assert ft_limit == 6
@@ -65,7 +66,7 @@ def part_llama(seed, quick):
     print(f"\n=== 2. {step.model.name} @ {step.chip.name}，固定输入 {P}、输出 {O}：KV 的墙在批 {wall} ===")
     Bs = [1, 8, 64, 256, 1024] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     rows = ss.offline_sweep(step, Bs, 1024 if quick else 2048, ("fixed", P), ("fixed", O), seed=seed)
-    print(ss.format_table(["max_batch", "实际批", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比"],
+    print(format_table(["max_batch", "实际批", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比"],
                           [[r["max_batch"], r["largest_batch"], f"{r['tok_per_s']:,.0f}", f"{r['tpot_p50'] * 1e3:.1f}",
                             f"{r['e2e_mean']:.1f}", f"{r['useful_frac']:.0%}"] for r in rows]))
     assert all(r["useful_frac"] == 1.0 for r in rows), "长度全相同时没有补齐和陪跑的浪费"
@@ -106,7 +107,7 @@ def plot(orca, llama, wall):
     ax[1].legend(fontsize=8)
     for a in ax:
         a.grid(alpha=0.3)
-    path = ss.save_figure(fig, __file__, "tradeoff")
+    path = save_figure(fig, __file__, "tradeoff")
     print(f"\n图：{path}")
 
 

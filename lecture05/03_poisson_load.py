@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 PROMPT, OUTPUT = ("uniform", 32, 512), ("uniform", 1, 128)     # Orca §6.2 的合成负载（facts.md §3 [S56]）
 SLO_TTFT, SLO_TPOT = 2.0, 0.05                                  # 本演示选的 SLO（秒），不是某篇论文的数字
@@ -75,7 +76,7 @@ def main():
         rows.append([f"{x:.2f}", f"{x * cap:.2f}", f"{st['req_per_s']:.2f}", f"{st['ttft_p50'] * 1e3:,.0f}",
                      f"{st['ttft_p99'] * 1e3:,.0f}", f"{st['goodput']:.2f}", f"{co['req_per_s']:.2f}",
                      f"{co['ttft_p99'] * 1e3:,.0f}", f"{co['goodput']:.2f}"])
-    print(ss.format_table(["负载 ρ", "到达 req/s", "静态 吞吐 req/s", "静态 TTFT p50 ms", "静态 TTFT p99 ms",
+    print(format_table(["负载 ρ", "到达 req/s", "静态 吞吐 req/s", "静态 TTFT p50 ms", "静态 TTFT p99 ms",
                            "静态 goodput req/s", "迭代级 吞吐 req/s", "迭代级 TTFT p99 ms", "迭代级 goodput req/s"],
                           rows))
 
@@ -87,7 +88,7 @@ def main():
                      f"{m['lam_W']:.2f}", f"{m['rel_err']:.1%}", "稳态" if x <= STABLE else "过载/临界"])
     heads = ["负载 ρ", "L 个请求（全程）", "λW 个请求（全程）", "相对误差（全程）", "L 个请求（中段）",
              "λW 个请求（中段）", "相对误差（中段）", "状态"]
-    print(ss.format_table(heads, rows))
+    print(format_table(heads, rows))
 
     # ---- 关键结论 ----
     for x, r in res.items():
@@ -130,7 +131,7 @@ def plot(res, cap):
         a.legend(fontsize=7)
     ax[0].set_title("GPT-3 13B / A100-40GB, Poisson arrivals")
     ax[1].set_title("throughput vs goodput (SLO-meeting requests/s)")
-    p1 = ss.save_figure(fig, __file__, "latency")
+    p1 = save_figure(fig, __file__, "latency")
 
     x = STABLE
     rs = res[x]["static"]["trace"]
@@ -145,7 +146,7 @@ def plot(res, cap):
     a.set_title(f"Little's law on the simulated trace (static batching, load {x})")
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
-    p2 = ss.save_figure(fig, __file__, "little")
+    p2 = save_figure(fig, __file__, "little")
     print(f"\n图：{p1}\n    {p2}")
 
 

@@ -27,6 +27,7 @@ sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
 from llm_math import LLAMA31_405B  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 TPS = (1, 2, 4, 8)
 CTX = 2048                     # 每个序列的上下文（token）
@@ -41,7 +42,7 @@ def part_fit():
         for chip in (H100_SXM, H200, B200):
             row.append(ss.min_tp(m, chip))
         rows.append(row)
-    print(ss.format_table(["模型", "BF16 权重 GB", "最少卡数 H100 80GB", "最少卡数 H200 141GB", "最少卡数 B200 180GB"],
+    print(format_table(["模型", "BF16 权重 GB", "最少卡数 H100 80GB", "最少卡数 H200 141GB", "最少卡数 B200 180GB"],
                           rows))
     try:
         ss.StepModel(ss.LLAMA31_70B, H100_SXM)
@@ -103,7 +104,7 @@ def part_breakdown(model, chip, batches, section):
             assert c["st"].kv_capacity_tokens() > a["st"].kv_capacity_tokens() * c["tp"] / a["tp"], \
                 "每卡权重变少，KV 容量增长得比 tp 还快"
             assert a["t"] / c["t"] < c["tp"] / a["tp"], "加速比小于卡数之比"
-    print(ss.format_table(["批", "TP", "每卡权重 GB", "KV 容量 k token", "一步 ms", "roofline ms", "all-reduce ms",
+    print(format_table(["批", "TP", "每卡权重 GB", "KV 容量 k token", "一步 ms", "roofline ms", "all-reduce ms",
                            "通信占比", "每用户 token/s", "每卡 token/s"], rows))
     return results
 
@@ -125,7 +126,7 @@ def plot(results, model, chip):
         a.set_title(f"{model.name} on {chip.name}, batch {b}, ctx {CTX}")
         a.grid(alpha=0.3, axis="y")
         a.legend(fontsize=7)
-    path = ss.save_figure(fig, __file__, "breakdown")
+    path = save_figure(fig, __file__, "breakdown")
     print(f"\n图：{path}")
 
 

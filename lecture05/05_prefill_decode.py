@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 N_DEC, CTX, PROMPT = 32, 2048, 4096     # 正在 decode 的序列数、每个的上下文、新来的输入长度
 ARRIVE_AT = 3                          # 新请求在第几次迭代之前到达
@@ -78,7 +79,7 @@ def part_single(step, quick):
     rows.append(["分离（NVLink 传 KV）", f"{base * 1e3:.1f}", 0, f"{(pre + kv / H100_SXM.link_bw) * 1e3:.1f}"])
     rows.append(["分离（跨机网卡传 KV）", f"{base * 1e3:.1f}", 0, f"{(pre + kv / IB_BW) * 1e3:.1f}"])
     print(f"  只有 decode 时每步 {base * 1e3:.2f} ms（{step.decode_cost(N_DEC, N_DEC * CTX).bound} 受限）")
-    print(ss.format_table(["做法", "最大 ITL ms", "被拖慢的步数", "新请求 TTFT ms"], rows))
+    print(format_table(["做法", "最大 ITL ms", "被拖慢的步数", "新请求 TTFT ms"], rows))
     print(f"  KV 大小：{PROMPT} token × {step.kv_bytes_per_token / 1e3:.0f} KB = {kv / 1e6:.0f} MB；"
           f"NVLink {kv / H100_SXM.link_bw * 1e3:.1f} ms，网卡 {kv / IB_BW * 1e3:.1f} ms"
           f"（prefill 本身 {pre * 1e3:.0f} ms）")
@@ -109,7 +110,7 @@ def part_load(step, n, seed):
                      f"{s['ttft_p99'] * 1e3:.0f}", f"{s['tpot_p50'] * 1e3:.1f}", f"{s['tpot_p99'] * 1e3:.1f}",
                      f"{s['itl_p99'] * 1e3:.1f}", f"{info['mean_batch']:.1f}"])
         assert ss.littles_law(rs)["rel_err"] < 1e-9
-    print(ss.format_table(["prefill", "吞吐 req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+    print(format_table(["prefill", "吞吐 req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                            "ITL p99 ms", "平均每步请求数"], rows))
     assert res[512]["itl_p99"] < 0.5 * res[None]["itl_p99"], "分块 prefill 把 ITL 的尾巴压下去"
     assert res[512]["tpot_p99"] < res[None]["tpot_p99"]
@@ -129,7 +130,7 @@ def part_papers():
         ["DistServe 例子（13B，A100，90% SLO）",
          "同卡 1.6 rps；只做 prefill 5.6、只做 decode 10；2P+1D → 每卡 3.3 rps = 2.1×", "[S67]"],
     ]
-    print(ss.format_table(["系统", "报告的结果", "出处"], rows))
+    print(format_table(["系统", "报告的结果", "出处"], rows))
 
 
 def plot(lines, base, res):
@@ -144,7 +145,7 @@ def plot(lines, base, res):
     a.set_title(f"{N_DEC} decoding sequences + one {PROMPT}-token prompt (Llama-3.1-8B / H100)")
     a.legend(fontsize=7)
     a.grid(alpha=0.3)
-    p1 = ss.save_figure(fig, __file__, "itl")
+    p1 = save_figure(fig, __file__, "itl")
 
     names = ["whole" if k is None else f"C={k}" for k in res]
     keys = [("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99")]
@@ -159,7 +160,7 @@ def plot(lines, base, res):
     a.set_title("Poisson load, iteration-level scheduling: chunked prefill")
     a.legend(fontsize=8)
     a.grid(alpha=0.3, axis="y")
-    p2 = ss.save_figure(fig, __file__, "load")
+    p2 = save_figure(fig, __file__, "load")
     print(f"\n图：{p1}\n    {p2}")
 
 

@@ -23,8 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
-from course_utils import save_figure  # noqa: E402
-from llm_math import fmt_bytes, format_table  # noqa: E402
+from course_utils import fmt_bytes, format_table, save_figure  # noqa: E402
 
 # 比较的系统：(图例, 调度方式, max_bs)。Orca 图 10 用的 max_bs 没有查到（facts §3 "unknown"），这里取 8/16/32。
 SYSTEMS = [("FT bs=1", "request", 1), ("FT bs=8", "request", 8),

@@ -25,8 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
-from course_utils import save_figure  # noqa: E402
-from llm_math import fmt_bytes, fmt_si, format_table  # noqa: E402
+from course_utils import fmt_bytes, fmt_si, format_table, save_figure  # noqa: E402
 from transformer_lab import MATMUL_OPS, Config, Counter, config_like, init_params  # noqa: E402
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)

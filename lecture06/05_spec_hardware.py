@@ -26,8 +26,7 @@ sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
 import hw_specs as HW  # noqa: E402
-from course_utils import save_figure  # noqa: E402
-from llm_math import format_table  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 from transformer_lab import Config, config_like, init_params  # noqa: E402
 
 TARGET, DRAFT = dl.LLAMA31_8B, dl.LLAMA32_1B

@@ -69,7 +69,7 @@ from serving_sim import StepModel  # noqa: E402
 from transformer_lab import (KVCache, attention_core, apply_rope, forward, linear, lm_head_matrix,  # noqa: E402
                              rms_norm, rope_angles, silu, softmax)
 import transformer_lab as _tl  # noqa: E402  （逐元素运算的记账常数，和 forward 记得一样）
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 
 # =============================================================================
@@ -312,8 +312,7 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
         永远放不下的请求直接报 ValueError，而不是让队列卡住。
     """
     reqs, max_bs = _start(reqs, max_bs)
-    if reserve not in RESERVE_MODES:
-        raise ValueError(f"reserve 必须是 {RESERVE_MODES} 之一，收到 {reserve!r}")
+    check_choice("reserve", reserve, RESERVE_MODES)
     max_seq = check_int("max_seq", max_seq, lo=1)
     if t_limit is not None:
         t_limit = check_real("t_limit", t_limit)
@@ -552,8 +551,7 @@ def variant_output_dist(p, q, variant="correct"):
         蒙特卡洛的频率对照；测试拿它检验 _verify 的三个分支。
     """
     p, q = _prob_pair(p, q)
-    if variant not in SPEC_VARIANTS:
-        raise ValueError(f"variant 必须是 {SPEC_VARIANTS} 之一，收到 {variant!r}")
+    check_choice("variant", variant, SPEC_VARIANTS)
     if variant == "correct":
         return spec_output_dist(p, q)[0]
     if variant == "resample_p":
@@ -863,8 +861,7 @@ def spec_sample_batch(target, draft, prompt, n_out, gamma, temperature, n_sample
                  "accept_if_p_ge_q"（错误 2：p(d) ≥ q(d) 就接受、否则拒绝，把随机接受换成确定的比较）。
     【返回】[n_samples, n_out] 的 int64 数组：每个样本的前 n_out 个输出 token。
     """
-    if variant not in SPEC_VARIANTS:
-        raise ValueError(f"variant 必须是 {SPEC_VARIANTS} 之一，收到 {variant!r}")
+    check_choice("variant", variant, SPEC_VARIANTS)
     V = _check_pair(target, draft)
     prompt = _tokens("prompt", prompt, V)
     n_out, gamma = check_int("n_out", n_out, lo=1), check_int("gamma", gamma, lo=1)

@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import flash_lab as fl  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 DH = 128                                     # 头维度（Llama-3.1-8B / 70B）
 GPUS = (fl.A100_DEC, fl.H100_DEC, fl.H200_DEC)
@@ -39,13 +40,13 @@ def split_math(rng):
         err_o, err_l = np.abs(o - o_ref).max(), np.abs(lse - lse_ref).max()
         assert err_o < 1e-13 and err_l < 1e-12 and len(parts) == min(n, S)
         rows.append([n, len(parts), f"{err_o:.1e}", f"{err_l:.1e}"])
-    print(fl.format_table(["段数", "非空段", "o 的最大差", "lse 的最大差"], rows))
+    print(format_table(["段数", "非空段", "o 的最大差", "lse 的最大差"], rows))
     o, lse, parts = fl.split_kv_decode(q, K, V, 4)
     w = np.exp(np.stack([ls for _, ls in parts]) - lse)      # [段, R]
     rows = [[s, f"{ls[0]:.3f}", f"{w[s, 0]:.3f}", f"{np.abs(o_s[0] - o_ref[0]).max():.2f}"]
             for s, (o_s, ls) in enumerate(parts)]
     print(f"\n切成 4 段时第 0 个 query 头的各段（合并后 lse = {lse[0]:.3f}）：")
-    print(fl.format_table(["段", "lse_s", "权重 exp(lse_s − lse)", "o_s 和最终 o 的差"], rows))
+    print(format_table(["段", "lse_s", "权重 exp(lse_s − lse)", "o_s 和最终 o 的差"], rows))
     assert np.allclose(w.sum(axis=0), 1.0)
     print("每段的 o_s 单独看离答案很远；按 softmax 质量加权后才对——每段只需多写回 1 个数 lse_s。")
 
@@ -69,7 +70,7 @@ def time_table(configs, contexts):
                              f"{fa2['util']:.0%}", fa2["bound"], s, fd["ctas"], f"{fd['t'] * 1e6:.0f}", fd["bound"],
                              f"{bw:.2f}", f"{fa2['t'] / fd['t']:.1f}×"])
         print(f"\n-- {gpu.name}：{gpu.n_sm} 个 SM，{gpu.tc_flops / 1e12:.0f} TFLOP/s，{gpu.hbm / 1e12:.2f} TB/s --")
-        print(fl.format_table(["B", "Hq/Hkv", "S", "fa2 µs", "CTA", "SM 占用", "受限于", "fd 段数", "CTA",
+        print(format_table(["B", "Hq/Hkv", "S", "fa2 µs", "CTA", "SM 占用", "受限于", "fd 段数", "CTA",
                                "fd µs", "受限于", "fd 有效 TB/s", "加速"], rows))
     return speed
 
@@ -81,7 +82,7 @@ def anatomy(gpu, S):
         r = fl.decode_attention_time(1, 32, 8, S, DH, method, gpu, splits=splits)
         rows.append([label, r["ctas"], f"{r['util']:.0%}", f"{r['t_comp'] * 1e6:.1f}", f"{r['t_mem'] * 1e6:.1f}",
                      r["bound"], f"{r['t'] * 1e6:.1f}"])
-    print(fl.format_table(["方法", "CTA", "SM 占用", "每 CTA 算力 µs", "每 CTA 读 µs", "受限于", "总 µs"], rows))
+    print(format_table(["方法", "CTA", "SM 占用", "每 CTA 算力 µs", "每 CTA 读 µs", "受限于", "总 µs"], rows))
 
 
 def splits_table(gpu, S, batches):
@@ -91,7 +92,7 @@ def splits_table(gpu, S, batches):
         one = fl.decode_attention_time(B, 32, 8, S, DH, "fd", gpu, splits=1)
         rows.append([B, s, r["ctas"], r["waves"], f"{r['util']:.0%}", f"{one['t'] * 1e6:.0f}", f"{r['t'] * 1e6:.0f}"])
         assert r["t"] <= one["t"] and min(r["ctas"], gpu.n_sm) * gpu.sm_bw_cap >= gpu.hbm
-    print(fl.format_table(["B", "最佳段数", "CTA", "波数", "SM 占用", "1 段 µs", "最佳 µs"], rows))
+    print(format_table(["B", "最佳段数", "CTA", "波数", "SM 占用", "1 段 µs", "最佳 µs"], rows))
     need = gpu.hbm / gpu.sm_bw_cap
     print(f"规律：切到在跑的 CTA 能拉满显存带宽为止——每个 CTA 最多 {gpu.sm_bw_cap / 1e9:.0f} GB/s，"
           f"要 {need:.0f} 个以上才够 {gpu.hbm / 1e12:.2f} TB/s；\n"
@@ -120,7 +121,7 @@ def plot(contexts):
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Decode attention per layer (time model): Hq=32, Hkv=8, d={DH}, dashed = FA2-style, "
                  "solid = flash-decoding with best_splits")
-    return fl.save_figure(fig, __file__, "time")
+    return save_figure(fig, __file__, "time")
 
 
 def main():

@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import flash_lab as fl  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 H100 = fl.TimelineParams()                                   # 默认参数就是 H100 SXM
 H200 = replace(H100, hbm=fl.H200_DEC.hbm)                     # 同一颗 GH100，只有显存更快（hw_specs.H200）
@@ -43,7 +44,7 @@ def ops_summary():
         totals.add(total)
         rows.append([label, len(ops), sum(o.ctas == 0 for o in ops), f"{total / 1e9:.3f}",
                      f"{total / H100.hbm * 1e6:.0f}"])
-    print(fl.format_table(["写法", "内核 / 指令数", "其中很小的内核", "读的 GB", "H100 满带宽 µs"], rows))
+    print(format_table(["写法", "内核 / 指令数", "其中很小的内核", "读的 GB", "H100 满带宽 µs"], rows))
     # 和第 1 讲的参数计数对账：权重 n_params·2（tied：嵌入矩阵只当 lm_head 读一次）+ KV cache + RMSNorm 的输入向量
     cfg, eb = fl.LLAMA_1B, fl.LLAMA_1B_ELEM
     weights, kv = cfg.weight_bytes(eb), cfg.kv_cache_bytes(1, 160, eb)
@@ -60,7 +61,7 @@ def ops_summary():
             continue
         waves = math.ceil(o.ctas / H100.n_sm)
         rows.append([o.name, f"{o.bytes / 1e6:.2f} MB", o.ctas, waves, f"{o.ctas / (waves * H100.n_sm):.0%}"])
-    print(fl.format_table(["算子", "读", "CTA", "波数", "SM 平均占用"], rows))
+    print(format_table(["算子", "读", "CTA", "波数", "SM 平均占用"], rows))
     qkv, attn = (o for o in fl.llama_1b_ops(kernels="7")[:7] if o.name in ("qkv+rope", "attention"))
     print(f"qkv 的 {qkv.ctas} 个 CTA 要两波，第二波只用了 {qkv.ctas - H100.n_sm} 个 SM；注意力只有 {attn.ctas} 个 CTA"
           "——都是尾部损失。（很小的内核读的几 KB 算在\"小内核\"的时间里，不算进\"读权重\"。）")
@@ -71,7 +72,7 @@ def breakdown(p):
     rows = [[fl.PART_LABELS[k][0]] + [us(r["parts"][k]) for r in res.values()] for k in fl.PART_LABELS]
     rows.append(["合计 µs"] + [us(r["t"]) for r in res.values()])
     rows.append(["带宽利用率"] + [f"{r['bw_util']:.0%}" for r in res.values()])
-    print(fl.format_table(["时间分解（µs）"] + list(res), rows))
+    print(format_table(["时间分解（µs）"] + list(res), rows))
     for r in res.values():
         assert math.isclose(sum(r["parts"].values()), r["t"], rel_tol=1e-12) and 0 < r["bw_util"] < p.eff + 1e-12
     t = [r["t"] for r in res.values()]
@@ -90,7 +91,7 @@ def launch_sweep(gaps):
             cells += [us(r["t"]), f"{r['bw_util']:.0%}"]
         rows.append(cells)
     heads = ["launch µs"] + [h for label, _, _ in CASES for h in (f"{label} µs", "利用率")]
-    print(fl.format_table(heads, rows))
+    print(format_table(heads, rows))
     for label, layout, mode in CASES:
         ys = curves[label]
         if mode == "kernels":                                 # 斜率 = 内核个数
@@ -110,7 +111,7 @@ def buffer_sweep(bufs):
         r = fl.timeline(ops, "megakernel", replace(H100, smem_buf=b))
         ts.append(r["t"])
         rows.append([f"{b / 1024:.0f}", us(r["t"]), us(r["parts"]["sync"]), f"{r['bw_util']:.0%}"])
-    print(fl.format_table(["预取缓冲 KiB / SM", "总 µs", "没藏住的同步 µs", "利用率"], rows))
+    print(format_table(["预取缓冲 KiB / SM", "总 µs", "没藏住的同步 µs", "利用率"], rows))
     assert all(a >= b - 1e-15 for a, b in zip(ts, ts[1:]))   # 缓冲越大不会越慢
     exposed = len(ops) * (H100.sync + H100.instr_overhead)     # 缓冲 0：每条指令都付一次同步 + 指令开销
     assert bufs[0] == 0 and math.isclose(ts[0], floor + exposed, rel_tol=1e-9)
@@ -129,7 +130,7 @@ def h200_compare():
             util[name, label] = r["bw_util"]
             fixed = r["t"] - r["parts"]["weights"] - r["parts"]["bw_loss"]
             rows.append([name, label, us(r["ideal"]), us(r["t"]), us(fixed), f"{r['bw_util']:.0%}"])
-    print(fl.format_table(["GPU", "写法", "满带宽 µs", "模型 µs", "其中固定开销 µs", "利用率"], rows))
+    print(format_table(["GPU", "写法", "满带宽 µs", "模型 µs", "其中固定开销 µs", "利用率"], rows))
     for label, _, mode in CASES:
         if mode == "kernels":
             assert util["H200", label] < util["H100", label]
@@ -156,7 +157,7 @@ def plot_breakdown(res):
     ax.set_title("Llama-3.2-1B, batch 1, H100: where the time goes (model)")
     ax.legend(fontsize=7, loc="upper right")
     ax.set_ylim(0, max(bottom) * 1.15)
-    return fl.save_figure(fig, __file__, "breakdown")
+    return save_figure(fig, __file__, "breakdown")
 
 
 def plot_sensitivity(gaps, curves, bufs, ts):
@@ -178,7 +179,7 @@ def plot_sensitivity(gaps, curves, bufs, ts):
     ax2.set_xlabel("megakernel prefetch buffer per SM (KiB)")
     ax2.set_title("Sensitivity to the prefetch buffer (H100)")
     ax2.grid(True, alpha=0.3)
-    return fl.save_figure(fig, __file__, "sensitivity")
+    return save_figure(fig, __file__, "sensitivity")
 
 
 def main():

@@ -75,6 +75,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 # 演示共用的表格和存图（实现在 lecture01/course_utils.py，模块级只用标准库；本模块仍然只依赖 numpy）
 from course_utils import figure_path, fmt_count, format_table, save_figure  # noqa: E402,F401
+# 参数检查（第 1 讲起各讲共用一份；本模块自己的组合检查 _attention_inputs 在文件末尾）
+from course_utils import check_array, check_bool, check_choice, check_int, check_real  # noqa: E402
 # 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（facts.md §1）
 from hw_specs import H100_SXM, H200  # noqa: E402
 # Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次（facts.md §2），这里直接用（模块级只用标准库）
@@ -84,62 +86,6 @@ ORDERS = ("fa1", "fa2")                 # flash_fwd 的两种循环顺序
 DECODE_METHODS = ("fa2", "fd")          # decode_attention_time 的两种并行方式
 KERNEL_LAYOUTS = ("12", "7", "fused")   # llama_1b_ops 的三种内核划分
 TIMELINE_MODES = ("kernels", "megakernel")
-
-
-# =============================================================================
-# 0. 输入检查（坏输入要报出参数名和允许的取值，而不是悄悄算出 NaN）
-# =============================================================================
-def _positive_int(x, name):
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} 必须是正整数，收到 {type(x).__name__}：{x!r}")
-    if x < 1:
-        raise ValueError(f"{name} 必须是正整数（≥ 1），收到 {x}")
-    return int(x)
-
-
-def _choice(x, name, allowed):
-    if not isinstance(x, str) or x not in allowed:
-        raise ValueError(f"{name} 只能是 {' / '.join(repr(a) for a in allowed)}，收到 {x!r}")
-    return x
-
-
-def _flag(x, name):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name} 必须是 True / False，收到 {x!r}")
-    return bool(x)
-
-
-def _real_array(x, name, ndim=None, allow_neginf=False):
-    """转成 float64 数组；拒绝复数、NaN、+∞（allow_neginf=False 时也拒绝 −∞）。"""
-    a = np.asarray(x)
-    if a.dtype.kind not in "biuf":
-        raise TypeError(f"{name} 必须是实数数组，收到 dtype={a.dtype}")
-    a = a.astype(np.float64, copy=False)
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name} 必须是 {ndim} 维数组，收到形状 {a.shape}")
-    bad = np.isnan(a) | (a == np.inf) if allow_neginf else ~np.isfinite(a)
-    if bad.any():
-        allowed = "有限值或 −∞" if allow_neginf else "有限值"
-        raise ValueError(f"{name} 只能含{allowed}，发现了 NaN 或 ∞")
-    return a
-
-
-def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):
-    """检查一个头的 Q [N, d]、K [Nk, d]、V [Nk, dv]，返回 float64 的 (Q, K, V, scale)。"""
-    nq, nk, nv = names
-    Q, K, V = (_real_array(a, n, ndim=2) for a, n in zip((Q, K, V), names))
-    if min(Q.shape + K.shape + V.shape) < 1:
-        raise ValueError(f"{nq}、{nk}、{nv} 的每一维都至少为 1，收到 {Q.shape}、{K.shape}、{V.shape}")
-    if Q.shape[1] != K.shape[1]:
-        raise ValueError(f"{nq} [N, d] 和 {nk} [Nk, d] 的 d 必须相同，收到 {Q.shape} 和 {K.shape}")
-    if K.shape[0] != V.shape[0]:
-        raise ValueError(f"{nk} [Nk, d] 和 {nv} [Nk, dv] 的行数必须相同，收到 {K.shape} 和 {V.shape}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(Q.shape[1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(scale):
-        raise ValueError(f"scale 必须是有限实数或 None（None = 1/√d），收到 {scale!r}")
-    return Q, K, V, float(scale)
 
 
 def _safe(m):
@@ -158,7 +104,7 @@ def softmax_3pass(x):
     【参数】x [..., n]（可以含 −∞，表示被掩码的位置）
     【返回】(y, 3)：y 与 x 同形；3 = 读数据的遍数。整行都是 −∞ 的行按本模块约定输出全 0。
     """
-    x = _real_array(x, "x", allow_neginf=True)
+    x = check_array("x", x, allow_neginf=True)
     m = _safe(np.max(x, axis=-1, keepdims=True)) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))  # 第 1 遍
     e = np.exp(x - m)
     total = np.sum(e, axis=-1, keepdims=True)                                                         # 第 2 遍
@@ -177,8 +123,8 @@ def softmax_online(x, block=128):
     【参数】x [..., n]；block：每次读进的元素个数（不必整除 n）
     【返回】(y, 2)。整行 −∞ 的行输出全 0（约定同 softmax_3pass）。
     """
-    x = _real_array(x, "x", allow_neginf=True)
-    block = _positive_int(block, "block")
+    x = check_array("x", x, allow_neginf=True)
+    block = check_int("block", block, lo=1)
     m = np.full(x.shape[:-1], -np.inf)
     l = np.zeros(x.shape[:-1])
     for s in range(0, x.shape[-1], block):                    # 第 1 遍：一块一块地更新 (m, l)
@@ -200,10 +146,10 @@ def partial_state(x, v=None):
     【参数】x [..., n]（可含 −∞）；v [n, dv] 或 None
     【返回】m、l 形状 [...]；o 形状 [..., dv]。空段（n = 0）或整段 −∞：m = −∞、l = 0、o = 0（"什么也没看到"）。
     """
-    x = _real_array(x, "x", allow_neginf=True)
+    x = check_array("x", x, allow_neginf=True)
     n = x.shape[-1]
     if v is not None:
-        v = _real_array(v, "v", ndim=2)
+        v = check_array("v", v, ndim=2)
         if v.shape[0] != n:
             raise ValueError(f"v 的行数必须等于 x 的最后一维 {n}，收到 v 形状 {v.shape}")
     m = x.max(axis=-1) if n else np.full(x.shape[:-1], -np.inf)
@@ -294,7 +240,7 @@ def standard_attention(Q, K, V, causal=False, scale=None):
     【返回】(O, P, io)。P 留给 standard_attention_bwd。没有可见 key 的行：P 的那一行和 O 的那一行都是 0。
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
-    causal = _flag(causal, "causal")
+    causal = check_bool("causal", causal)
     N, d = Q.shape
     Nk, dv = V.shape
     io = IO()
@@ -316,7 +262,7 @@ def naive_attention(Q, K, V, causal=False, scale=None):
     【返回】(O [N, dv], L [N])：L_i = log Σ_{j 可见} exp(S_ij)。没有可见 key 的行：O = 0、L = −∞（本模块的约定）。
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
-    causal = _flag(causal, "causal")
+    causal = check_bool("causal", causal)
     N, Nk = Q.shape[0], K.shape[0]
     O, L = np.zeros((N, V.shape[1])), np.full(N, -np.inf)
     for i in range(N):
@@ -336,7 +282,7 @@ def reference_lse(Q, K, causal=False, scale=None):
 
     flash_fwd 返回的 L 应该等于它；反向传播只需要存这 N 个数。
     """
-    K = _real_array(K, "K", ndim=2)
+    K = check_array("K", K, ndim=2)
     return naive_attention(Q, K, np.zeros((K.shape[0], 1)), causal, scale)[1]   # V 不影响 L
 
 
@@ -356,8 +302,8 @@ def standard_attention_bwd(Q, K, V, P, dO, scale=None):
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
     N, d = Q.shape
     Nk, dv = V.shape
-    P = _real_array(P, "P", ndim=2)
-    dO = _real_array(dO, "dO", ndim=2)
+    P = check_array("P", P, ndim=2)
+    dO = check_array("dO", dO, ndim=2)
     if P.shape != (N, Nk):
         raise ValueError(f"P 的形状必须是 [N, Nk] = {(N, Nk)}，收到 {P.shape}")
     if dO.shape != (N, dv):
@@ -389,8 +335,8 @@ def block_sizes(M, d):
     M = 片上存储（SRAM）能放的元素个数。为什么除以 4d：片上同时要放 Q_i、O_i（Br×d）和 K_j、V_j（Bc×d）
     四块，每块最多 M/4 个元素。Br 再封顶到 d，是论文为了让 Br×Bc 的分数块也放得下（Br·Bc ≤ M/4）。
     """
-    M = _positive_int(M, "M")
-    d = _positive_int(d, "d")
+    M = check_int("M", M, lo=1)
+    d = check_int("d", d, lo=1)
     Bc = math.ceil(M / (4 * d))
     return min(Bc, d), Bc
 
@@ -441,10 +387,10 @@ def flash_fwd(Q, K, V, Br, Bc, causal=False, scale=None, order="fa2"):
     【边界】N、Nk 不必是 Br、Bc 的倍数；N > Nk 也可以。
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
-    Br = _positive_int(Br, "Br")
-    Bc = _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
-    order = _choice(order, "order", ORDERS)
+    Br = check_int("Br", Br, lo=1)
+    Bc = check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
+    order = check_choice("order", order, ORDERS)
     loop = _fwd_fa2 if order == "fa2" else _fwd_fa1
     return loop(Q, K, V, Br, Bc, causal, scale)
 
@@ -544,15 +490,15 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
     N, d = Q.shape
     Nk, dv = V.shape
-    O = _real_array(O, "O", ndim=2)
-    dO = _real_array(dO, "dO", ndim=2)
-    L = _real_array(L, "L", ndim=1, allow_neginf=True)
+    O = check_array("O", O, ndim=2)
+    dO = check_array("dO", dO, ndim=2)
+    L = check_array("L", L, ndim=1, allow_neginf=True)
     for name, arr, want in (("O", O, (N, dv)), ("dO", dO, (N, dv)), ("L", L, (N,))):
         if arr.shape != want:
             raise ValueError(f"{name} 的形状必须是 {want}，收到 {arr.shape}")
-    Br = _positive_int(Br, "Br")
-    Bc = _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
+    Br = check_int("Br", Br, lo=1)
+    Bc = check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
     off = Nk - N
     io = IO()
     D = np.sum(dO * O, axis=1)                                # [N]：预处理内核
@@ -595,9 +541,9 @@ def live_tiles(N, Nk, Br, Bc, causal=True):
     按定义逐对判断（右下角对齐：query q 看得见 key k ⇔ k ≤ Nk − N + q），再按块取"任意一个"——
     不用 flash_fwd 里跳块的边界公式，所以可以拿来核对它。causal=False 时全为 True。
     """
-    N, Nk = _positive_int(N, "N"), _positive_int(Nk, "Nk")
-    Br, Bc = _positive_int(Br, "Br"), _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
+    N, Nk = check_int("N", N, lo=1), check_int("Nk", Nk, lo=1)
+    Br, Bc = check_int("Br", Br, lo=1), check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
     if not causal:
         return np.ones((math.ceil(N / Br), math.ceil(Nk / Bc)), dtype=bool)
     visible = np.arange(Nk)[None, :] <= (Nk - N) + np.arange(N)[:, None]          # [N, Nk]
@@ -623,17 +569,17 @@ def fa_io_formula(N, d, M, order="fa2", *, Nk=None, dv=None, Br=None, Bc=None, c
     量级（dv = d、N = Nk、忽略 l、m）：fa1 ≈ Tc·3Nd，Tc ≈ 4Nd/M → ≈ 12·N²d²/M，即论文的 Θ(N²d²/M)；
     fa2 ≈ Tr·2Nd：Br = Bc = M/4d 时 ≈ 8·N²d²/M，但用论文的块（Br 封顶到 d）时 Tr = N/d，≈ 2N²，和 M 无关。
     """
-    N = _positive_int(N, "N")
-    d = _positive_int(d, "d")
-    order = _choice(order, "order", ORDERS)
-    Nk = N if Nk is None else _positive_int(Nk, "Nk")
-    dv = d if dv is None else _positive_int(dv, "dv")
+    N = check_int("N", N, lo=1)
+    d = check_int("d", d, lo=1)
+    order = check_choice("order", order, ORDERS)
+    Nk = N if Nk is None else check_int("Nk", Nk, lo=1)
+    dv = d if dv is None else check_int("dv", dv, lo=1)
     if (Br is None) != (Bc is None):
         raise ValueError("Br 和 Bc 要么都给、要么都不给（都不给时用 block_sizes(M, d)）")
     if Br is None:
         Br, Bc = block_sizes(M, d)
-    Br, Bc = _positive_int(Br, "Br"), _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
+    Br, Bc = check_int("Br", Br, lo=1), check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
     Tr, Tc = math.ceil(N / Br), math.ceil(Nk / Bc)
     if not causal:
         if order == "fa1":
@@ -669,7 +615,7 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
     【返回】(o [R, dv], lse [R], parts)，parts 是非空段的 [(o_s, lse_s), ...]。
     """
     q, K, V, scale = _attention_inputs(q, K, V, scale, names=("q", "K", "V"))
-    n_splits = _positive_int(n_splits, "n_splits")
+    n_splits = check_int("n_splits", n_splits, lo=1)
     bounds = _even_bounds(K.shape[0], n_splits)
     parts = []
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -734,16 +680,16 @@ def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, bloc
         rows（一个 CTA 里 Tensor Core 按多少行做乘法）、keys（最长的 CTA 读几个 key）
     【没有模拟】L2 复用、各 CTA 负载不均、合并内核自己的读写（每段每头 dv + 1 个数，很小）。只看趋势。
     """
-    B, Hq, Hkv, S, d = (_positive_int(v, n) for v, n in ((B, "B"), (Hq, "Hq"), (Hkv, "Hkv"), (S, "S"), (d, "d")))
+    B, Hq, Hkv, S, d = (check_int(n, v, lo=1) for v, n in ((B, "B"), (Hq, "Hq"), (Hkv, "Hkv"), (S, "S"), (d, "d")))
     if Hq % Hkv:
         raise ValueError(f"Hq 必须是 Hkv 的整数倍（GQA 每组同样多的 query 头），收到 Hq={Hq}、Hkv={Hkv}")
-    method = _choice(method, "method", DECODE_METHODS)
+    method = check_choice("method", method, DECODE_METHODS)
     if not isinstance(gpu, DecodeGPU):
         raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
-    splits = _positive_int(splits, "splits")
-    elem = _positive_int(elem, "elem")
+    splits = check_int("splits", splits, lo=1)
+    elem = check_int("elem", elem, lo=1)
     if block_m is not None:
-        block_m = _positive_int(block_m, "block_m")
+        block_m = check_int("block_m", block_m, lo=1)
     if method == "fa2":
         ctas, rows, keys = B * Hq, block_m or 128, S
         readers = B * Hq                                      # 每个 query 头各读一遍整段 K、V
@@ -771,10 +717,10 @@ def best_splits(B, Hq, Hkv, S, d, gpu=A100_DEC, candidates=(1, 2, 4, 8, 16, 32, 
         （1 段永远是候选）；模型时间相差不到 1% 时取段数少的（合并更省事）。
     【返回】(段数, 对应的 decode_attention_time 结果)
     """
-    B, Hkv, S = _positive_int(B, "B"), _positive_int(Hkv, "Hkv"), _positive_int(S, "S")
+    B, Hkv, S = check_int("B", B, lo=1), check_int("Hkv", Hkv, lo=1), check_int("S", S, lo=1)
     if not isinstance(gpu, DecodeGPU):
         raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
-    cands = sorted({_positive_int(c, "candidates 的元素") for c in candidates} | {1})
+    cands = sorted({check_int("candidates 的元素", c, lo=1) for c in candidates} | {1})
     keep = [c for c in cands if c <= S and (c == 1 or B * Hkv * c <= 4 * gpu.n_sm)]
     res = [(c, decode_attention_time(B, Hq, Hkv, S, d, "fd", gpu, splits=c)) for c in keep]
     fastest = min(r["t"] for _, r in res)
@@ -817,9 +763,9 @@ def llama_1b_ops(context=160, rows_per_cta=16, kernels="7"):
     【ctas】矩阵-向量乘：每个 CTA 负责 rows_per_cta 个输出行；注意力：每个 query 头一个 CTA。
     【context】注意力读的 KV cache 长度。默认 160 = Hazy 的测试（32 个提示 token + 128 个生成 token）。
     """
-    context = _positive_int(context, "context")
-    rows_per_cta = _positive_int(rows_per_cta, "rows_per_cta")
-    kernels = _choice(kernels, "kernels", KERNEL_LAYOUTS)
+    context = check_int("context", context, lo=1)
+    rows_per_cta = check_int("rows_per_cta", rows_per_cta, lo=1)
+    kernels = check_choice("kernels", kernels, KERNEL_LAYOUTS)
     c, eb = LLAMA_1B, LLAMA_1B_ELEM
     d, ffn = c.d_model, c.d_ff
     qkv_rows = c.q_dim + 2 * c.kv_dim                         # Q、K、V 三个投影的输出行数
@@ -862,7 +808,7 @@ def llama_1b_expected_bytes(context=160):
         激活：每个 RMSNorm（每层 2 个 + 最后 1 个）再读一遍长 d_model 的输入向量：(2L + 1)·d·2。
             其余激活（几 KB）按模型的约定算在"小内核"里，不计入字节。
     """
-    context = _positive_int(context, "context")
+    context = check_int("context", context, lo=1)
     c, eb = LLAMA_1B, LLAMA_1B_ELEM
     return (c.weight_bytes(eb) + c.kv_cache_bytes(1, context, eb)
             + (2 * c.n_layers + 1) * c.d_model * eb)
@@ -959,7 +905,7 @@ def timeline(ops, mode, p=TimelineParams()):
         parts（时间分解，键见 PART_LABELS，各项之和 = t）、n_ops
     【没有模拟】L2、计算时间（batch 1 的矩阵-向量乘远低于算力上限）、内核之间的重叠（PDL 等）。
     """
-    mode = _choice(mode, "mode", TIMELINE_MODES)
+    mode = check_choice("mode", mode, TIMELINE_MODES)
     if not isinstance(p, TimelineParams):
         raise TypeError(f"p 必须是 TimelineParams，收到 {type(p).__name__}")
     ops = list(ops)
@@ -973,6 +919,24 @@ def timeline(ops, mode, p=TimelineParams()):
         t, parts = _megakernel_timeline(ops, p, bw_sm)
     ideal = sum(o.bytes for o in ops) / p.hbm
     return {"t": t, "ideal": ideal, "bw_util": ideal / t, "parts": parts, "n_ops": len(ops)}
+
+
+# =============================================================================
+# 输入检查：一个头的 Q、K、V（单个参数用 course_utils 的 check_*）
+# =============================================================================
+def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):
+    """检查一个头的 Q [N, d]、K [Nk, d]、V [Nk, dv]，返回 float64 的 (Q, K, V, scale)。"""
+    nq, nk, nv = names
+    Q, K, V = (check_array(n, a, ndim=2) for a, n in zip((Q, K, V), names))
+    if min(Q.shape + K.shape + V.shape) < 1:
+        raise ValueError(f"{nq}、{nk}、{nv} 的每一维都至少为 1，收到 {Q.shape}、{K.shape}、{V.shape}")
+    if Q.shape[1] != K.shape[1]:
+        raise ValueError(f"{nq} [N, d] 和 {nk} [Nk, d] 的 d 必须相同，收到 {Q.shape} 和 {K.shape}")
+    if K.shape[0] != V.shape[0]:
+        raise ValueError(f"{nk} [Nk, d] 和 {nv} [Nk, dv] 的行数必须相同，收到 {K.shape} 和 {V.shape}")
+    if scale is None:
+        return Q, K, V, 1.0 / math.sqrt(Q.shape[1])
+    return Q, K, V, check_real("scale", scale, type_error=ValueError)   # 有限实数；None = 1/√d
 
 
 # =============================================================================

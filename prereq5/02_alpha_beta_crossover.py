@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, format_table, save_figure  # noqa: E402
 
 MEASURED_RING_BUSBW = 370e9     # NCCL 维护者：8×H100 ring 实测 busbw ≈ 370 GB/s（线速 450 的约 80%）[S40]
 
@@ -40,7 +40,7 @@ def size_table(sizes, p, alpha, bw):
         alg, bus = cs.algbw(n, t), cs.busbw("allreduce", n, t, p)
         rows.append([fmt_bytes(n), fmt_time(ta), fmt_time(tb), fmt_time(t), f"{alg / 1e9:.1f}", f"{bus / 1e9:.1f}",
                      "延迟" if ta > tb else "带宽"])
-    print(cs.format_table(["消息 n", "α 项", "β 项", "总时间", "algbw GB/s", "busbw GB/s", "谁主导"], rows))
+    print(format_table(["消息 n", "α 项", "β 项", "总时间", "algbw GB/s", "busbw GB/s", "谁主导"], rows))
     return total
 
 
@@ -71,7 +71,7 @@ def crossover_table(ps, alpha, bw):
             vals.append(fmt_bytes(cs.crossover_bytes(coll, p, alpha, 1 / bw, algo)))
             assert c.steps > 0 and c.bytes > 0
         rows.append([f"{coll} / {algo}"] + vals)
-    print(cs.format_table(["集合通信 / 算法"] + [f"P={p}" for p in ps], rows))
+    print(format_table(["集合通信 / 算法"] + [f"P={p}" for p in ps], rows))
     ring = [cs.crossover_bytes("allreduce", p, alpha, 1 / bw) for p in ps]
     rab = [cs.crossover_bytes("allreduce", p, alpha, 1 / bw, "rabenseifner") for p in ps]
     assert all(np.isclose(r, p * alpha * bw) for r, p in zip(ring, ps)), "ring：n* ∝ P"
@@ -88,7 +88,7 @@ def nccl_latency_table(ps, alpha):
         row.append(f"{cs.nccl_ring_latency(p, 'LL') / (2 * (p - 1)) * 1e6:.2f}")
         row.append(f"{2 * (p - 1) * alpha * 1e6:.1f}")
         rows.append(row)
-    print(cs.format_table(["P", "LL µs", "LL128 µs", "Simple µs", "LL 每步 µs", "本模块 2(P−1)α µs"], rows,
+    print(format_table(["P", "LL µs", "LL128 µs", "Simple µs", "LL 每步 µs", "本模块 2(P−1)α µs"], rows,
                           [">"] * 6))
     print("NCCL 的模型 = baseLat + 2(P−1)·hopLat（NVLink、ring；[S71]）。本模块没有 baseLat，"
           f"DEFAULT_ALPHA = {cs.DEFAULT_ALPHA * 1e6:g} µs/步 取自 P = 8、LL 协议的平均值：P 小时偏乐观。")

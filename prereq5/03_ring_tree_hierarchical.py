@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, format_table, save_figure  # noqa: E402
 
 AR_ALGOS = cs.ALGORITHMS["allreduce"]
 # 节点间网络：每块 GPU 一张 NDR 400 Gb/s 网卡 = 50 GB/s 单向线速（实测 busbw 46–48 GB/s，[S69]）。
@@ -52,7 +52,7 @@ def simulate_all(ps, rng):
             assert err < 1e-12 and ok, (p, algo, err, got, model)
             rows.append([p, algo, f"{err:.1e}", got.steps, model.steps, got.bytes, f"{model.bytes:.0f}",
                          f"{ledger.total_bytes() / (n * 8):.2f}"])
-    print(cs.format_table(["P", "算法", "误差", "账本步数", "公式步数", "账本字节", "公式字节", "全网字节/n"], rows,
+    print(format_table(["P", "算法", "误差", "账本步数", "公式步数", "账本字节", "公式字节", "全网字节/n"], rows,
                           [">", "<"] + [">"] * 6))
     print("'账本字节' = Σ 每步最大的消息（关键路径）；'全网字节/n' = 所有链路加起来搬了几份 n。")
 
@@ -65,7 +65,7 @@ def node_comparison(sizes, p, alpha, bw):
         best = min(AR_ALGOS, key=lambda a: times[a][i])
         winners.append(best)
         rows.append([fmt_bytes(n)] + [fmt_time(times[a][i]) for a in AR_ALGOS] + [best])
-    print(cs.format_table(["消息"] + list(AR_ALGOS) + ["最快"], rows))
+    print(format_table(["消息"] + list(AR_ALGOS) + ["最快"], rows))
     # 小消息：步数最少的递归倍增赢；大消息：ring 与 Rabenseifner 字节相同（2(P−1)/P·n），Rabenseifner 步数少一点
     assert winners[0] == "rec_doubling"
     assert winners[-1] == "rabenseifner" and times["ring"][-1] / times["rabenseifner"][-1] < 1.01
@@ -95,7 +95,7 @@ def cluster_comparison(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
     flat1, flatg, hier = cluster_times(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e)
     rows = [[fmt_bytes(n), fmt_time(a), fmt_time(b), fmt_time(c), "两级" if c < b else f"{g} 环"]
             for n, a, b, c in zip(sizes, flat1, flatg, hier)]
-    print(cs.format_table(["消息", "扁平单环", f"扁平 {g} 环", "两级", "更快"], rows))
+    print(format_table(["消息", "扁平单环", f"扁平 {g} 环", "两级", "更快"], rows))
     assert np.all(hier < flat1), "两级算法的 α 项和 β 项都比扁平单环小"
     assert hier[0] < flatg[0], "小消息：两级算法走网卡的步数少得多"
     # 交叉点：两条直线 t = a + b·n 的交点（各自的 α 项和 β 项系数）
@@ -131,7 +131,7 @@ def simulate_hierarchical(n_nodes, g, rng):
         rows.append([kind, got.steps, terms[kind].steps, got.bytes, f"{terms[kind].bytes:.0f}"])
     assert err < 1e-12
     print(f"模拟两级 all-reduce（{n_nodes} 节点 × {g} GPU，n = {n}）：误差 {err:.1e}")
-    print(cs.format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
+    print(format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
 
 
 def plot(sizes, times, cluster, n_nodes, g, alpha, bw):

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import fmt_bytes, save_figure  # noqa: E402
+from course_utils import fmt_bytes, format_table, save_figure  # noqa: E402
 
 SKIP = 77
 
@@ -118,7 +118,7 @@ def report(world, err, rows):
                       f"{cs.algbw(n, t) / 1e9:.2f}", f"{cs.busbw('allreduce', n, t, world) / 1e9:.2f}"])
     print(f"\nP = {world}：正确性误差（与 numpy 求和）{err:.1e}")
     assert err < 1e-9, "gloo all-reduce 的结果必须等于 numpy 求和"
-    print(cs.format_table(["消息", "实测 µs", "模型 µs", "模型误差", "algbw GB/s", "busbw GB/s"], table))
+    print(format_table(["消息", "实测 µs", "模型 µs", "模型误差", "algbw GB/s", "busbw GB/s"], table))
     ns = cs.crossover_bytes("allreduce", world, fit.alpha, fit.beta)
     print(f"拟合（ring 模型）：α = {fit.alpha * 1e6:.1f} µs/步，β = 1/({1 / fit.beta / 1e9:.2f} GB/s)，"
           f"交叉点 n* = {fmt_bytes(ns)}，最大相对误差 {fit.max_rel_err:.0%}")

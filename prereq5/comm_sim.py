@@ -65,7 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
@@ -115,20 +115,13 @@ def _check_positive(x, name):
 
 
 def _check_algo(collective, algo):
-    if collective not in ALGORITHMS:
-        raise ValueError(f"collective 只能是 {sorted(ALGORITHMS)} 之一，收到 {collective!r}")
-    known = ALGORITHMS[collective]
-    if algo is None:
-        return known[0]
-    if algo not in known:
-        raise ValueError(f"{collective} 的 algo 只能是 {list(known)} 之一，收到 {algo!r}")
-    return algo
+    """collective 的名字对不对；algo = None 取它的第一个（默认）算法。"""
+    known = ALGORITHMS[check_choice("collective", collective, ALGORITHMS)]
+    return known[0] if algo is None else check_choice(f"{collective} 的 algo", algo, known)
 
 
 def _check_op(op):
-    if op not in REDUCE_OPS:
-        raise ValueError(f"op 只能是 {list(REDUCE_OPS)} 之一，收到 {op!r}")
-    return REDUCE_OPS[op]
+    return REDUCE_OPS[check_choice("op", op, REDUCE_OPS)]
 
 
 def _check_buffers(xs, name="xs", same_len=True):
@@ -822,9 +815,7 @@ _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda 
 
 def bus_factor(collective, p):
     """nccl-tests PERFORMANCE.md [S68]：busbw = algbw × 这个系数。"""
-    if collective not in _BUS_FACTOR:
-        raise ValueError(f"collective 只能是 {sorted(_BUS_FACTOR)} 之一，收到 {collective!r}")
-    return _BUS_FACTOR[collective](check_int("p", p, lo=1))
+    return _BUS_FACTOR[check_choice("collective", collective, sorted(_BUS_FACTOR))](check_int("p", p, lo=1))
 
 
 def algbw(n_bytes, seconds):
@@ -840,10 +831,8 @@ def busbw(collective, n_bytes, seconds, p):
 def nccl_ring_latency(p, protocol="LL", collective="allreduce"):
     """NCCL 调优模型（[S71]）里 NVLink 上 ring 算法的固定延迟（秒）：baseLat + nsteps × hopLat。"""
     p = check_int("p", p, lo=1)
-    if protocol not in NCCL_RING_BASE_US:
-        raise ValueError(f"protocol 只能是 {list(NCCL_RING_BASE_US)} 之一，收到 {protocol!r}")
-    if collective not in ("allreduce", "allgather", "reduce_scatter"):
-        raise ValueError(f"collective 只能是 ['allreduce', 'allgather', 'reduce_scatter'] 之一，收到 {collective!r}")
+    check_choice("protocol", protocol, NCCL_RING_BASE_US)
+    check_choice("collective", collective, ("allreduce", "allgather", "reduce_scatter"))
     nsteps = 2 * (p - 1) if collective == "allreduce" else p - 1
     return (NCCL_RING_BASE_US[protocol] + nsteps * NCCL_NVLINK_HOP_US[protocol]) * 1e-6
 
