@@ -115,7 +115,7 @@ def main():
     models = list(M.PRESETS.values())
     ctxs = CTXS[:3] if args.quick else CTXS
 
-    print("== 1. 结构（facts.md 第 2 节；GPT-2/3 的 d_ff 是等效 SwiGLU 宽度 8d/3）==")
+    print("== 1. 结构（出处见 SOURCES.md 第 2 节；GPT-2/3 的 d_ff 是等效 SwiGLU 宽度 8d/3）==")
     print(structure_table(models))
     print("\n== 2. 参数按组拆开，和官方总数比较 ==")
     print(params_table(models))

@@ -28,7 +28,7 @@ VARIANTS = {
     "GQA (G=8)": BASE,
     "MQA (G=1)": M.scaled(BASE, "8B-MQA", n_kv_heads=1),
 }
-MEM_UTIL = 0.9      # 像 vLLM 的 gpu_memory_utilization 默认值那样留 10% 余量（facts.md 第 3 节 [S61]）
+MEM_UTIL = 0.9      # 像 vLLM 的 gpu_memory_utilization 默认值那样留 10% 余量[S61]
 
 
 def variants_table():

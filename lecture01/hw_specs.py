@@ -25,8 +25,8 @@ CS349E · 第 1 讲共享模块：hw_specs.py —— 今天的加速器：能算
     - 字节用十进制（1 GB = 10⁹ B）。link_bw 是**每个方向**的片间互联（scale-up）带宽：NVLink 的
       "900 GB/s" 是双向合计，每个方向 450 GB/s（NCCL 维护者也称 450 GB/s 为 H100 的线速 [S40]）；
       第 6 讲种子的 A100_40G 用 300e9 表示"600 GB/s 双向"，这里同样的约定。
-    - 每个数字的出处写在 notes 里，标签 [Sxx] 对应 ../shared/facts.md 末尾的来源表；
-      facts.md 标为 unknown 的（例如 TPU 的功耗）这里填 None，不猜。
+    - 每个数字的出处写在 notes 里，标签 [Sxx] 在仓库根目录的 SOURCES.md 里查；
+      来源里查不到的（例如 TPU 的功耗）这里填 None，不猜。
 
 【运行】python3 hw_specs.py     # 自检 + 打印芯片表
 【依赖】只用 Python 标准库（参数检查 check_real 来自同一文件夹的 course_utils.py）。
@@ -143,7 +143,7 @@ class Chip:
 
 
 # =============================================================================
-# 芯片表（数字和出处见 ../shared/facts.md 第 1 节）
+# 芯片表（每个数字的出处写在 notes 里，键见 SOURCES.md 第 1 节）
 # =============================================================================
 H100_SXM = Chip(
     "H100-SXM", "GPU",
@@ -184,7 +184,7 @@ MI300X = Chip(
     notes="AMD Instinct MI300X：BF16/FP16 1307.4 TFLOPS，FP8 2614.9 [S23,S24]，INT8 2614.9 [S24]，"
           "FP32 向量 163.4 [S24]；192 GB HBM3 [S25,S26]，5.3 TB/s [S23,S25]；"
           "Infinity Fabric 7 条链路合计 896 GB/s [S25]（每条 128 GB/s [S27]），"
-          "按双向合计理解，每方向 448（假设，facts.md 未注明方向）；750 W [S25,S28]；2023 年 12 月 [S26]",
+          "按双向合计理解，每方向 448（假设，来源未注明方向）；750 W [S25,S28]；2023 年 12 月 [S26]",
 )
 TPU_V5E = Chip(
     "TPU-v5e", "TPU",
@@ -217,7 +217,7 @@ RTX_4090 = Chip(
     notes="GeForce RTX 4090 [S36,S37]：BF16/FP16（FP32 累加）165.2 TFLOPS（FP16 累加时 330.3），"
           "FP8 330.3（FP32 累加），INT8 660.6，FP32 82.6；24 GB GDDR6X，1008 GB/s；450 W；2022 年 10 月。"
           "没有 NVLink，卡间只能走 PCIe："
-          "link_bw 取 PCIe 4.0 x16 的每方向约 32 GB/s（PCIe 代数 facts.md 未确认 [S38]，这里是假设）",
+          "link_bw 取 PCIe 4.0 x16 的每方向约 32 GB/s（PCIe 代数来源未确认 [S38]，这里是假设）",
 )
 
 CHIPS = {c.name: c for c in (H100_SXM, H100_PCIE, H200, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090)}

@@ -368,7 +368,7 @@ def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
     一块芯片装下权重之后，剩下的显存能同时放几个"上下文 ctx 长"的序列的 KV cache。
 
     【mem_util】只用这么多比例的显存（像 vLLM 的 gpu_memory_utilization，默认 0.9：留 10% 给激活、
-        CUDA 上下文和碎片，facts.md 第 3 节 [S61]）。
+        CUDA 上下文和碎片，[S61]）。
     【返回】整数；权重都放不下时返回 0。
     【边界】ctx 是 ≥ 1 的整数（长度 0 的序列不占 KV，"能放几个"没有意义）；mem_util 在 (0, 1]。
     """
@@ -397,7 +397,7 @@ def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16
 
 
 # =============================================================================
-# 第 3 部分：真实模型的预设（数字见 ../shared/facts.md 第 2 节；出处标签 [Sxx] 同那里的来源表）
+# 第 3 部分：真实模型的预设（出处标签 [Sxx] 见 SOURCES.md 第 2 节）
 # =============================================================================
 # Llama 3.x：Meta llama-models sku_list.py [S41] + Hugging Face config [S42–S45]。RMSNorm、RoPE、SwiGLU、无偏置。
 LLAMA32_1B = ModelConfig("Llama-3.2-1B", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, d_head=64,

@@ -54,7 +54,7 @@ def part_orca(seed, quick):
     assert need[-1]["largest_batch"] < need[-1]["max_batch"]
     assert all(a["useful_frac"] < 1 for a in need[1:]), "长度参差不齐：补齐 + 陪跑一定有浪费"
     print(f"  FT 式预留：每个请求 2048 个 token → 最多 {ft_limit} 个"
-          "（Orca 论文：FT 的 13B 批 ≥ 8 就显存不够，facts.md §3 [S56]）；")
+          "（Orca 论文：FT 的 13B 批 ≥ 8 就显存不够，[S56]）；")
     print("  按需分配能放更多，但静态批处理仍要补齐输入、陪最长的输出跑完，'有效计算占比'一列就是浪费的反面。")
     return need
 

@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
 from course_utils import format_table, save_figure  # noqa: E402
 
-PROMPT, OUTPUT = ("uniform", 32, 512), ("uniform", 1, 128)     # Orca §6.2 的合成负载（facts.md §3 [S56]）
+PROMPT, OUTPUT = ("uniform", 32, 512), ("uniform", 1, 128)     # Orca §6.2 的合成负载[S56]
 SLO_TTFT, SLO_TPOT = 2.0, 0.05                                  # 本演示选的 SLO（秒），不是某篇论文的数字
 STATIC_B, CONT_B = 8, 64
 LOADS = [0.25, 0.5, 0.75, 0.9, 1.2, 2.0, 4.0]                   # 到达率 = 静态批处理能力 × 这些倍数

@@ -10,7 +10,7 @@
   3. prefill/decode 分离：prefill 在另一块卡上做，decode 的 ITL 完全不受影响；代价是把 KV 传过去
      （NVLink 上很快，跨机网卡慢一个数量级），以及两池卡各自的利用率问题；
   4. 泊松负载下的迭代级模拟：整段 prefill vs 分块 prefill 的 ITL 尾巴、TTFT；
-  5. 论文里报告的数字（只引用 facts.md 里有出处的）。
+  5. 论文里报告的数字（只引用 SOURCES.md 里有出处的）。
   图：figures/05_prefill_decode_itl.png、figures/05_prefill_decode_load.png
 
 运行：python3 lecture05/05_prefill_decode.py [--quick] [--seed 0]
@@ -33,7 +33,7 @@ from course_utils import format_table, save_figure  # noqa: E402
 
 N_DEC, CTX, PROMPT = 32, 2048, 4096     # 正在 decode 的序列数、每个的上下文、新来的输入长度
 ARRIVE_AT = 3                          # 新请求在第几次迭代之前到达
-IB_BW = 46e9                           # 跨机：一块 NDR 400 Gb/s 网卡实测 busbw 约 46–48 GB/s（facts.md §4 [S69]）
+IB_BW = 46e9                           # 跨机：一块 NDR 400 Gb/s 网卡实测 busbw 约 46–48 GB/s[S69]
 
 
 def timeline(step, chunk, n_steps=24):
@@ -121,7 +121,7 @@ def part_load(step, n, seed):
 
 
 def part_papers():
-    print("\n=== 5. 论文里的数字（facts.md §3；本模块没有复现它们，只是对照）===")
+    print("\n=== 5. 论文里的数字（出处见最后一列的键，在 SOURCES.md 里查；本模块没有复现它们，只是对照）===")
     rows = [
         ["Sarathi（分块 prefill + decode 搭车）", "decode 吞吐最高 10×，端到端最高 1.33×（LLaMA-13B，A6000）", "[S64]"],
         ["Sarathi", "1.25× 端到端 / 4.25× decode（LLaMA-33B，A100）", "[S64]"],

@@ -32,7 +32,7 @@ CS349E · 第 5 讲实验模块：serving_sim.py —— 推理服务：一步要
        prefill 的注意力按因果掩码算：长度 T 的输入共 T(T+1)/2 个 (query, key) 对。
     A4 字节只算权重、读 KV、写 KV；激活的读写忽略（融合 kernel 让它们大多留在片上）。
     A5 可用显存 = mem_util × 显存容量（默认 0.9：vLLM 的 gpu_memory_utilization 长期默认 0.9，
-       新版本是 0.92，见 facts.md §3 [S59, S61]）；剩下的 10% 留给激活、CUDA 上下文、碎片。
+       新版本是 0.92，见 [S59, S61]）；剩下的 10% 留给激活、CUDA 上下文、碎片。
        KV 容量 = (可用显存 − 权重) ÷ 每 token 的 KV 字节。
     A6 张量并行 tp 块卡：权重、FLOPs、KV 平均分到每块卡（KV 头数少于 tp 时每块卡复制一个 KV 头，例如 vLLM）；
        每层两次 all-reduce（注意力之后、MLP 之后），每次 batch_tokens × d_model × 2 字节，
@@ -72,15 +72,15 @@ GPU_MEM_UTIL = 0.9     # 可用显存比例：vLLM gpu_memory_utilization 的老
 ACT_BYTES = 2.0        # all-reduce 传的激活是 BF16
 
 # Orca / DistServe 实验用的 A100 40GB
-# （facts.md §1a：312 TFLOPS BF16 稠密、1555 GB/s、NVLink3 每方向 300 GB/s [S1, S3]）。
+# （312 TFLOPS BF16 稠密、1555 GB/s、NVLink3 每方向 300 GB/s [S1, S3]）。
 # 第 1 讲的芯片表里没有 A100，这里单独建一个，不改第 1 讲。
 A100_40G = hw_specs.Chip(
     "A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
     mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020,
-    notes="facts.md §1a [S1, S3]：稠密 BF16 312 TFLOPS；NVLink3 600 GB/s 双向 = 每方向 300 GB/s",
+    notes="[S1, S3]：稠密 BF16 312 TFLOPS；NVLink3 600 GB/s 双向 = 每方向 300 GB/s",
 )
 
-# GPT-3 13B（Orca 的实验模型）与 Llama 3.1：用第 1 讲的预设（出处见 llm_math / facts.md §2）。
+# GPT-3 13B（Orca 的实验模型）与 Llama 3.1：用第 1 讲的预设（出处见 llm_math 的注释与 SOURCES.md 第 2 节）。
 GPT3_13B = llm_math.GPT3_13B
 LLAMA31_8B = llm_math.LLAMA31_8B
 LLAMA31_70B = llm_math.LLAMA31_70B

@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 import decode_lab as dl  # noqa: E402
 from course_utils import fmt_bytes, format_table, save_figure  # noqa: E402
 
-# 比较的系统：(图例, 调度方式, max_bs)。Orca 图 10 用的 max_bs 没有查到（facts §3 "unknown"），这里取 8/16/32。
+# 比较的系统：(图例, 调度方式, max_bs)。Orca 图 10 用的 max_bs 没有查到 [S56]，这里取 8/16/32。
 SYSTEMS = [("FT bs=1", "request", 1), ("FT bs=8", "request", 8),
            ("Orca bs=8", "iteration", 8), ("Orca bs=16", "iteration", 16), ("Orca bs=32", "iteration", 32)]
 LATENCY_BUDGET = 0.1      # 每 token 延迟预算（秒），用来比较"同样延迟下的吞吐"
@@ -45,7 +45,7 @@ def part1_memory(step):
     print(format_table(["显存预算", "可用", "权重（BF16）", "KV 容量（token）", f"÷{dl.FT_MAX_SEQ} = 批上限"], rows))
     assert step.kv_capacity_tokens() // dl.FT_MAX_SEQ == 6
     assert full.kv_capacity_tokens() // dl.FT_MAX_SEQ == 8
-    print("   论文：FT 在 13B 上批到 8 就 OOM（facts §3）——真实系统要给激活、通信缓冲和碎片留余量，所以是 6。\n")
+    print("   论文：FT 在 13B 上批到 8 就 OOM [S56]——真实系统要给激活、通信缓冲和碎片留余量，所以是 6。\n")
 
 
 def simulate(kind, max_bs, n, rate, seed, step):

@@ -129,7 +129,7 @@ def part3_formulas():
     assert abs(s - (1 - 0.9 ** 11) / 0.1) < 1e-12          # 独立：c = 0 时就是等比数列和 (1 − α^{γ+1})/(1 − α)
     published = dl.LEVIATHAN_TABLE1[0.9, 10, 0.0]           # Leviathan et al., ICML 2023, 表 1 发表的数
     assert abs(s - published) < 0.005, (s, published)
-    a, g, seen = 0.75, 7, 3.4                              # facts §5 [S78,S79]：T5-XXL / T5-small，WMT EnDe，T = 0
+    a, g, seen = 0.75, 7, 3.4                              # [S78, S79]：T5-XXL / T5-small，WMT EnDe，T = 0
     c_implied = (dl.expected_tokens(a, g) / seen - 1) / g
     assert 0 < c_implied < 0.05
     print(f"   Leviathan et al., ICML 2023, 表 1：α = 0.9、γ = 10、c = 0 → 公式 {s:.2f}×（论文发表 {published}×）。")

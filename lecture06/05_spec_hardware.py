@@ -124,7 +124,7 @@ def part3_tree(ranks, chip, batches, section):
                                          for b, br in zip(batches, best)))
     print("   这个 bigram 草稿的第一名已经很准，同样的节点数下链比宽树划算；真实系统（EAGLE-2）按草稿的置信度"
           "动态长树。")
-    print("   参考（facts §5，真实模型、不能和这里的玩具数字比）：Medusa-1 >2.2×，"
+    print("   参考（[S80–S82]，真实模型、不能和这里的玩具数字比）：Medusa-1 >2.2×，"
           "EAGLE 2.7–3.5×（LLaMA2-Chat 70B）[S80–S82]。\n")
     return table
 

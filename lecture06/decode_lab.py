@@ -95,17 +95,17 @@ def _tokens(name, toks, vocab):
 # §1 调度模拟：请求级（FasterTransformer）vs 迭代级（Orca）
 # =============================================================================
 # Orca 的实验平台与模型：和第 1、5 讲用**同一个对象**（一处定义，数字只在一个地方改）。
-#   A100_40G ：Azure ND96asr A100 v4 上的 A100-SXM4-40GB（facts §3 [S56]）；312 TFLOPS BF16 稠密、1,555 GB/s、
-#              40 GB HBM2（facts §1a [S1,S3]）。第 1 讲的芯片表里没有 A100，它定义在第 5 讲的 serving_sim 里。
-#   GPT3_13B ：Orca 表 1 的 13B（40 层、隐藏维 5120、单卡；MHA、头维 128；facts §2 [S46]）。第 1 讲的预设把 GPT-3 的
+#   A100_40G ：Azure ND96asr A100 v4 上的 A100-SXM4-40GB[S56]；312 TFLOPS BF16 稠密、1,555 GB/s、
+#              40 GB HBM2[S1, S3]。第 1 讲的芯片表里没有 A100，它定义在第 5 讲的 serving_sim 里。
+#   GPT3_13B ：Orca 表 1 的 13B（40 层、隐藏维 5120、单卡；MHA、头维 128；[S46]）。第 1 讲的预设把 GPT-3 的
 #              d→4d→d MLP 换成参数量相同的 SwiGLU（d_ff = 13653），并计入 qkv 偏置和 2048 个学到的位置向量。
-#   LLAMA32_1B：Llama 3.2 1B（facts §2 [S41,S42]）：和 Llama 3.1 8B / 70B 共用分词器（词表 128256），常作草稿模型。
+#   LLAMA32_1B：Llama 3.2 1B[S41, S42]：和 Llama 3.1 8B / 70B 共用分词器（词表 128256），常作草稿模型。
 A100_40G = serving_sim.A100_40G
 GPT3_13B = llm_math.GPT3_13B
 LLAMA32_1B = llm_math.LLAMA32_1B
 LLAMA31_8B = llm_math.LLAMA31_8B
 LLAMA31_70B = llm_math.LLAMA31_70B
-FT_MAX_SEQ = 2048          # FasterTransformer 按模型最大长度给每个请求预留 KV（facts §3：max seq len 2048）
+FT_MAX_SEQ = 2048          # FasterTransformer 按模型最大长度给每个请求预留 KV（Orca 的最大长度 2048 [S56]）
 
 
 @dataclass
@@ -116,7 +116,7 @@ class Req:
     【输入字段】rid 编号；arrival 到达时刻（秒）；prompt 输入 token 数；
         output   ：实际要生成的 token 数（≥ 1；第 1 个由处理输入的那次迭代产出）；
         max_gen  ：请求声明的生成上限（≥ output）。Orca 按 prompt + max_gen 预留 KV；Orca 的实验强制生成到上限，
-                   即 output = max_gen（facts §3）。
+                   即 output = max_gen [S56]。
     【模拟写入的字段】gen 已生成数；admitted 是否已接纳（已占 KV）；admit_t 第一次被放进一步的时刻；
         first_tok 第一个 token 算出来的时刻；finish 最后一个 token 算出来的时刻（没完成时是 nan）。
     【为什么 output 和 max_gen 分开】真实请求常常提前遇到 EOS：声明 128、实际 20。按声明预留的 KV 有一大半白占着
@@ -158,7 +158,7 @@ class Req:
 
 def orca_workload(n, rate, seed=0, prompt_range=(32, 512), gen_range=(1, 128), max_gen=None):
     """
-    Orca 论文 §6 的合成负载（facts §3 [S56,S58]）：输入长度 ~ U{32..512}，生成长度 ~ U{1..128}，泊松到达。
+    Orca 论文 §6 的合成负载[S56, S58]：输入长度 ~ U{32..512}，生成长度 ~ U{1..128}，泊松到达。
 
     【参数】n 请求数；rate 平均每秒到达几个（泊松过程的强度）；seed 随机种子；
         prompt_range / gen_range：闭区间 [lo, hi] 上的离散均匀分布；
@@ -212,7 +212,7 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
 
     【三个代价】
         1. 显存：FasterTransformer 给每个请求预留 max_seq 个 token 的 KV，不管它实际多长，所以
-           B ≤ ⌊KV 容量 / max_seq⌋。GPT-3 13B 在 A100 40GB 上是 6 —— 论文说 FT 在 13B 上批到 8 就 OOM（facts §3）。
+           B ≤ ⌊KV 容量 / max_seq⌋。GPT-3 13B 在 A100 40GB 上是 6 —— 论文说 FT 在 13B 上批到 8 就 OOM [S56]。
         2. 补齐：第一次迭代把这一批的输入都补到最长的那个 L_max，按 [B, L_max] 一起算。
         3. 白算与陪跑：之后每次迭代全批 B 行一起 decode，直到最长的输出 O_max 生成完；
            早结束的请求那几行在空转，它的结果也要等整批结束才一起返回。

@@ -196,7 +196,7 @@ def main():
           f"同步 {H100.sync * 1e6:.1f} µs，指令开销 {H100.instr_overhead * 1e6:.1f} µs，"
           f"预取缓冲 {H100.smem_buf / 1024:.0f} KiB。")
     res = breakdown(H100)
-    print("对照 Hazy Research 的测量（facts.md §5）：vLLM、SGLang 最多用到 H100 带宽的 50%，他们的 megakernel 78%。"
+    print("对照 Hazy Research 的测量[S74]：vLLM、SGLang 最多用到 H100 带宽的 50%，他们的 megakernel 78%。"
           "\n模型偏乐观（没算计算时间、L2、负载不均），但排序和量级一致：固定开销才是 batch 1 decode 的敌人。")
 
     gaps = (0.0, 1.3e-6, 2.1e-6, 4e-6) if args.quick else (0.0, 0.5e-6, 1.0e-6, 1.3e-6, 2.1e-6, 3e-6, 4e-6)

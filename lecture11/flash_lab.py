@@ -77,9 +77,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from course_utils import figure_path, fmt_count, format_table, save_figure  # noqa: E402,F401
 # 参数检查（第 1 讲起各讲共用一份；本模块自己的组合检查 _attention_inputs 在文件末尾）
 from course_utils import check_array, check_bool, check_choice, check_int, check_real  # noqa: E402
-# 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（facts.md §1）
+# 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（出处在那里的 notes）
 from hw_specs import H100_SXM, H200  # noqa: E402
-# Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次（facts.md §2），这里直接用（模块级只用标准库）
+# Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次 [S41, S42]，这里直接用（模块级只用标准库）
 from llm_math import LLAMA32_1B, PUBLISHED_PARAMS  # noqa: E402
 
 ORDERS = ("fa1", "fa2")                 # flash_fwd 的两种循环顺序
@@ -637,7 +637,7 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
 @dataclass(frozen=True)
 class DecodeGPU:
     """
-    decode 注意力时间模型里的一块 GPU。前四项是规格（facts.md §1，稠密 FP16/BF16），后三项是**假设**：
+    decode 注意力时间模型里的一块 GPU。前四项是规格（[S1, S5, S9]，稠密 FP16/BF16），后三项是**假设**：
 
         name、n_sm（SM 个数）、tc_flops（Tensor Core 峰值 FLOP/s）、hbm（显存带宽，字节/秒）
         tc_eff：注意力内核能拿到的 Tensor Core 峰值比例。假设 0.7（FlashAttention-2 论文：A100 前向达到峰值的
@@ -655,7 +655,7 @@ class DecodeGPU:
     launch: float = 5e-6
 
 
-A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB（facts.md §1；hw_specs 里没有 A100）
+A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB [S1]（hw_specs 里没有 A100）
 # H100 SXM5 与 H200 SXM：同一颗 GH100（132 个 SM），H200 只是 HBM3e 更快；峰值与带宽取自 hw_specs
 H100_DEC = DecodeGPU("H100", 132, H100_SXM.peak_flops("bf16"), H100_SXM.mem_bw)
 H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
@@ -817,7 +817,7 @@ def llama_1b_expected_bytes(context=160):
 @dataclass(frozen=True)
 class TimelineParams:
     """
-    时间线模型的参数（默认 H100 SXM）。规格来自 facts.md；标了"假设"的是本模型的选择，改了重算就能看敏感性。
+    时间线模型的参数（默认 H100 SXM）。规格来自 hw_specs（出处见那里）；标了"假设"的是本模型的选择，改了重算就能看敏感性。
 
         n_sm、hbm：SM 个数、显存带宽（字节/秒；默认 = hw_specs.H100_SXM.mem_bw）
         eff：长时间连续读能达到的带宽比例。假设 0.9。

@@ -7,7 +7,7 @@
      小消息几乎全是延迟，大消息几乎全是带宽；algbw 和 busbw（nccl-tests 的定义）随大小怎样变化。
   2. 交叉点 n*（α 项 = β 项）：ring all-reduce 的 n* = P·α·B，随 P 线性增长；在 n* 处 busbw 恰好是链路带宽的一半。
   3. 各种集合通信 / 算法的 n*：步数少的算法（树、递归倍增）交叉点小得多。
-  4. α 从哪里来：NCCL 调优代码里的延迟常数（facts.md §4 [S71]），和本模块 DEFAULT_ALPHA 的比较。
+  4. α 从哪里来：NCCL 调优代码里的延迟常数[S71]，和本模块 DEFAULT_ALPHA 的比较。
   5. 两张图：prereq5/figures/02_alpha_beta_crossover_time.png（时间分解）、
      prereq5/figures/02_alpha_beta_crossover_busbw.png（busbw / 链路带宽 随消息大小，P = 2、8、64）。
 

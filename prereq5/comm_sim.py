@@ -39,7 +39,7 @@ comm_sim.py —— 预备课 5 的实验模块：集合通信（collective commu
 
 【约定】
     单位一律是字节（bytes）、秒（s）、字节/秒（bytes/s）。P（代码里 p）= 参与的设备数。
-    n = 消息大小，取 nccl-tests 的口径（facts.md §4 [S68]、[S73]）：
+    n = 消息大小，取 nccl-tests 的口径（[S68]、[S73]）：
         all-reduce / reduce-scatter / broadcast：每个设备的完整输入向量的字节数；
         all-gather：拼起来之后的总字节数；all-to-all：每个设备要发出的全部字节（含留给自己的那一块）。
     α = 每一步的固定延迟（秒），β = 每字节的时间（秒/字节）= 1 / 链路单向带宽。
@@ -70,7 +70,7 @@ from course_utils import check_choice, check_int, check_real  # noqa: E402  参�
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
 # =====================================================================
-# NCCL 的调优代码（src/graph/tuning.cc，2023–24 版，facts.md §4 [S71]）把一次 ring 集合通信的延迟建模成
+# NCCL 的调优代码（src/graph/tuning.cc，2023–24 版，[S71]）把一次 ring 集合通信的延迟建模成
 #     baseLat + nsteps × hopLat，all-reduce 的 nsteps = 2(P−1)，all-gather / reduce-scatter 为 P−1。
 # 下面是 NVLink 上 ring 算法的常数（微秒），三种协议：LL（小消息）、LL128（中等）、Simple（大消息）。
 NCCL_RING_BASE_US = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}      # [S71] baseLat, Ring
@@ -649,7 +649,7 @@ SIMULATORS = {
 # =====================================================================
 # 8. α-β 代价模型：Cost(步数, 关键路径字节数)
 # =====================================================================
-# 公式见 facts.md §4 的表（Thakur, Rabenseifner, Gropp 2005 [S73]），γ（归约计算）忽略。
+# 公式见（Thakur, Rabenseifner, Gropp 2005 [S73]），γ（归约计算）忽略。
 # 非 2 的幂的 rec_doubling / rabenseifner 按上面的"折叠"写：多 2 步、多 2n 字节。
 def _fold_extra(p, n):
     return (2, 2 * n) if p != _floor_pow2(p) else (0, 0 * n)
@@ -780,7 +780,7 @@ def tp_allreduce_time(n_bytes, tp, link_bw, alpha=DEFAULT_ALPHA, algo="ring"):
     n_bytes：每块芯片上完整张量的字节数（例如 B·T·d·2，bf16）；tp：组里的芯片数（tp == 1 → 0.0）；
     link_bw：芯片的 scale-up 带宽，**单向**，字节/秒（hw_specs.Chip.link_bw 的口径：A100 300e9，H100/H200 450e9）；
     alpha：每步延迟（秒），默认 DEFAULT_ALPHA；algo：ALGORITHMS["allreduce"] 之一。
-    这是线速下的理想值：NCCL 实测 ring 的 busbw 约为线速的 80%（H100：~370 / 450 GB/s，facts.md §4 [S40]），
+    这是线速下的理想值：NCCL 实测 ring 的 busbw 约为线速的 80%（H100：~370 / 450 GB/s，[S40]），
     想打折就传 link_bw × 效率。
     """
     tp = check_int("tp", tp, lo=1)

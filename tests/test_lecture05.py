@@ -165,7 +165,7 @@ def test_bad_inputs_raise_with_names():
 
 def test_kv_heads_replicated_when_tp_exceeds_kv_heads():
     """405B（8 个 KV 头）切 16 块 H100：每块卡复制 1 个 KV 头，不是 0.5 个。参考值全部从公开的结构参数手算。"""
-    L, d, H, G, dh, f, V = 126, 16384, 128, 8, 128, 53248, 128256    # Llama-3.1-405B（facts.md §2）
+    L, d, H, G, dh, f, V = 126, 16384, 128, 8, 128, 53248, 128256    # Llama-3.1-405B[S41]
     # 每层 q、o + k、v + MLP 三个矩阵 + 2 个 norm；再加词嵌入 + lm_head（不共享）+ 末层 norm
     n_params = L * (2 * d * H * dh + 2 * d * G * dh + 3 * d * f + 2 * d) + 2 * V * d + d
     usable = 0.9 * 80e9                                               # H100 80 GB 的 90%
