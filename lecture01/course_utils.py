@@ -1,32 +1,25 @@
 """
-=============================================================================
-CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印表格、写数字、存图的那几行
-=============================================================================
+course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数字、存图、参数检查
 
-【这是什么】
-    各讲的演示脚本都要做同样几件小事：把结果排成中英文混排也对齐的表格、把大数字写成 "16 GFLOP"
-    "8.03B" "2.5 ms" 这样好读的样子、把 matplotlib 图存到 <讲次>/figures/ 下。这些小工具以前在
-    llm_math、comm_sim、serving_sim、flash_lab、transformer_lab 里各写了一份，细节还略有不同
-    （有的按 unicodedata 算中文宽度，有的按码位粗估；有的有分隔线，有的没有）。现在只在这里写一份。
+【问题】每个演示都要把结果排成中英文混排也对齐的表格、把大数字写成 "16 GFLOP" "8.03B" "2.5 ms" 这样好读的样子、
+    把 matplotlib 图存到 <讲次>/figures/；每个实验模块都要检查参数，坏输入要报出参数名和允许的取值。
+    这些只写一份，就在这里。后面的讲次本来就把 lecture01 放进 sys.path，不需要新的导入路径：
+        sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+        from course_utils import format_table, save_figure
 
-【为什么放在 lecture01】
-    后面的讲次本来就通过 sys.path 垫片导入 lecture01（`sys.path.insert(0, <讲次>/../lecture01)`，
-    再 `import llm_math`），所以放在这里不用新增任何导入路径。各实验模块照旧把这些名字导出
-    （如 llm_math.format_table、flash_lab.figure_path、transformer_lab.save_figure），老的调用处不用改。
+【里面有什么】
+    display_width(text) / format_table(headers, rows, align=None)   显示宽度（全角字占 2 格）；对齐的文本表格
+    fmt_si / fmt_count / fmt_bytes / fmt_time                       数字 → 带单位前缀的短字符串
+    figure_path(script, what, quick=False) / save_figure(fig, script, what, quick=…)
+                                    存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
+    check_int / check_real / check_bool / check_choice / check_array
+                                    参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
 
-【主要内容】
-    display_width(text)                       终端显示宽度：东亚全角 / 宽字符（W、F）占 2 格
-    format_table(headers, rows, align=None)   对齐的文本表格：表头、虚线分隔行、数据行
-    fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
-    figure_path(script, what, quick=False)    <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
-    save_figure(fig, script, what, quick=…)   紧凑排版、存到 figure_path、关闭图，返回路径
-    check_int / check_real / check_bool       参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
-    check_choice / check_array                取值列表；实数数组（float64，NaN / ∞ 报错）
-                                              （以前 llm_math、hw_specs、transformer_lab、serving_sim、decode_lab、
-                                              comm_sim 各写了一份，名字、消息、边界各不相同）
+【约定】字节用十进制（1 kB = 1000 B）；图里的文字用英文（学生机器上常缺中文字形）；检查函数返回转换后的值
+    （如 numpy 整数 → int、数组 → float64），只在出错时才拼报错消息（热路径上很便宜）。
 
 【运行】python3 lecture01/course_utils.py     # 自检（不到 1 秒）
-【依赖】模块级只用 Python 标准库；matplotlib 只在 save_figure 里、真的存图时才导入（flash_lab 等保持只依赖 numpy）。
+【依赖】模块级只用标准库；numpy 只在 check_array 里、matplotlib 只在真的存图时才导入。
 """
 
 import math

@@ -1,35 +1,27 @@
 """
-=============================================================================
-CS349E · 第 1 讲共享模块：hw_specs.py —— 今天的加速器：能算多快、能搬多快、能装多少
-=============================================================================
+hw_specs.py —— 第 1 讲：今天的加速器能算多快、能搬多快、能装多少
 
-【这个模块回答什么问题】
-    llm_math 告诉我们一个 token 要做多少运算、搬多少字节；要换算成"多少秒"，还需要芯片的三个数：
-        - 峰值算力 peak（FLOP/s，按精度分：bf16、fp8、int8……）；
-        - 显存带宽 mem_bw（byte/s）：每秒能从显存（HBM / GDDR）搬多少字节到计算单元；
-        - 显存容量 mem_cap（byte）：能装下多少权重和 KV cache。
-    两者之比 peak / mem_bw 叫 ridge point（"屋脊点"，FLOP/byte）：一段计算的算术强度高于它就受算力限制，
-    低于它就受带宽限制。今天的芯片的 ridge point（bf16）在 160（RTX 4090）到 560（TPU v6e）之间，
-    而 batch 1 的 decode 强度只有 ≈ 1——
+【问题】llm_math 算出一个 token 要做多少运算、搬多少字节；换算成"多少秒"还要芯片的三个数：
+    峰值算力 peak（FLOP/s，按精度分）、显存带宽 mem_bw（byte/s）、显存容量 mem_cap（byte）。
+    peak / mem_bw 叫 ridge point（"屋脊点"，FLOP/byte）：算术强度高于它受算力限制，低于它受带宽限制。
+    今天芯片的 ridge point（bf16）在 160（RTX 4090）到 560（TPU v6e）之间，而 batch 1 的 decode 强度只有 ≈ 1——
     这就是第 1 讲最重要的一句话："decode 是在搬数据，不是在算"。
 
-【主要内容】
-    Chip            一块芯片的规格 + peak_flops / ridge_point / roofline_time 等方法
-    芯片表           H100_SXM、H100_PCIE、H200、B200、MI300X、TPU_V5E、TPU_V5P、TPU_V6E、RTX_4090；CHIPS（名字 → 芯片）
-    （A100 不在这里：第 6 讲为了复现 Orca 的实验平台自己定义 A100_40G，避免改动本讲脚本的输出。）
+【里面有什么】
+    Chip     一块芯片的规格 + peak_flops / ridge_point / roofline_time 等方法
+    芯片表    H100_SXM、H100_PCIE、H200、B200、MI300X、TPU_V5E、TPU_V5P、TPU_V6E、RTX_4090；CHIPS（名字 → 芯片）
+             （A100 在第 5 讲：serving_sim.A100_40G，Orca 的实验平台）
 
 【约定】
-    - 算力全是**稠密**（dense）数字：NVIDIA 数据手册常印带 2:4 稀疏的数字（带星号），稠密 = 稀疏 / 2。
-    - peak 的键一律小写："bf16"、"fp16"、"fp8"、"int8"（单位其实是 OP/s）、"fp32"（非 Tensor Core）、"fp4"。
-      某个精度芯片不支持（或厂商没公布）就不出现在字典里。
-    - 字节用十进制（1 GB = 10⁹ B）。link_bw 是**每个方向**的片间互联（scale-up）带宽：NVLink 的
-      "900 GB/s" 是双向合计，每个方向 450 GB/s（NCCL 维护者也称 450 GB/s 为 H100 的线速 [S40]）；
-      第 6 讲种子的 A100_40G 用 300e9 表示"600 GB/s 双向"，这里同样的约定。
-    - 每个数字的出处写在 notes 里，标签 [Sxx] 在仓库根目录的 SOURCES.md 里查；
-      来源里查不到的（例如 TPU 的功耗）这里填 None，不猜。
+    - 算力全是稠密（dense）数字：NVIDIA 手册常印带 2:4 稀疏的数字（带星号），稠密 = 稀疏 / 2。
+    - peak 的键小写："bf16"、"fp16"、"fp8"、"int8"（单位是 OP/s）、"fp32"（非 Tensor Core）、"fp4"；
+      芯片不支持或厂商没公布的精度不出现在字典里。
+    - 字节用十进制（1 GB = 10⁹ B）。link_bw 是**每个方向**的片间（scale-up）带宽：NVLink 的 "900 GB/s"
+      是双向合计，每个方向 450 GB/s（A100 的 "600 GB/s" 就是每方向 300e9）。
+    - 每个数字的出处写在 notes 里，键（如 [S5]）在仓库根目录的 SOURCES.md 里查；查不到的（如 TPU 功耗）填 None。
 
-【运行】python3 hw_specs.py     # 自检 + 打印芯片表
-【依赖】只用 Python 标准库（参数检查 check_real 来自同一文件夹的 course_utils.py）。
+【运行】python3 lecture01/hw_specs.py     # 自检 + 打印芯片表
+【依赖】只用 Python 标准库（参数检查来自同一文件夹的 course_utils.py）。
 """
 
 from dataclasses import dataclass, field
@@ -294,7 +286,7 @@ def _selftest():
     _expect_value_error(lambda: c.attainable_flops(float("nan")), "intensity")
     _expect_value_error(lambda: c.bound(1, float("nan")), "nbytes")
     _expect_value_error(lambda: c.link_time(-1.0), "nbytes")
-    # 5) 第 6 讲种子的写法能用（关键字参数、A100 的约定）
+    # 5) 第 6 讲 decode_lab 的写法能用（关键字参数、A100 的约定）
     a100 = Chip("A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
                 mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020, notes="test")
     assert a100.peak_flops("bf16") == 312e12 and round(a100.ridge_point()) == 201

@@ -1,43 +1,28 @@
 """
-=============================================================================
-CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花多少？
-=============================================================================
+llm_math.py —— 第 1 讲：一个 token 到底要花多少？（不运行模型，只用公式）
 
-【这个模块回答什么问题】
-    给定一个 decoder-only Transformer 的结构（层数、宽度、头数……），不运行它，只用公式算出：
-        - 参数量：按组拆开（词嵌入 / 注意力 / MLP / 归一化 / lm_head），和官方公布的总数对得上；
-        - 每个 token 的运算量（FLOPs）：矩阵乘法部分 2·N，加上随上下文长度线性增长的注意力部分；
-        - 每个 token 的 KV cache 字节数：只和 KV 头数 G 有关，和 query 头数 H 无关（GQA / MQA 省的就是这个）；
-        - 训练：总运算量（6·N·D + 注意力项）、显存（权重 / 梯度 / Adam 状态 / 激活的估算）、在 N 张卡上要训多久；
-        - 推理：一次前向的运算量和读取字节数、算术强度（arithmetic intensity，FLOP/byte），
-          以及在某个芯片上的 roofline 时间 —— prefill（一次处理整段提示）和 decode（一次一个 token）为什么差这么多。
-    后面的讲次都以这里为"账本"：第 2 讲的 transformer_lab 真的运行模型、逐次数 FLOPs，再和这里的公式对账；
-    第 5、6 讲的服务模拟用这里的公式估计每一步的时间。
+【问题】给定一个 decoder-only Transformer 的结构（L 层、宽 d、H 个 query 头、G 个 KV 头、每头 dh、MLP 宽 f、词表 V），
+    参数量是多少、和官方数字对得上吗？每个 token 要多少 FLOPs、多少字节的 KV cache？训练要多少算力、显存、时间？
+    推理时 prefill（一次处理整段提示）和 decode（一次一个 token）的算术强度差多少、在某块芯片上要多久？
+    后面的讲次都以这里为"账本"：第 2 讲真的运行模型、逐次记账再来对账；第 5、6 讲用它估每一步的时间。
 
-【主要内容】
-    ModelConfig                结构参数 + 全部公式（参数量、FLOPs、KV 字节、训练显存、前向一步的代价）
+【里面有什么】
+    ModelConfig        结构 + 全部公式：按组的参数量、FLOPs/token、KV 字节/token、训练显存、一次前向的代价
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
-                               把"账本"和芯片（hw_specs.Chip）结合起来
-    预设：LLAMA32_1B … GPT3_175B、PRESETS（名字 → 配置）、PUBLISHED_PARAMS（官方公布的参数量和出处）
-          PARAM_TOL / PARAM_TOL_EXCEPTIONS / param_tolerance（和官方数字比较的容差）、
-          GPT3_13B_AS_PRINTED（论文印的 d=5140）
-    格式化小工具：fmt_count / fmt_bytes / fmt_si / fmt_time / format_table（演示脚本共用；实现在 course_utils.py）
+                       把账本和芯片（hw_specs.Chip）结合起来：roofline 时间
+    LLAMA32_1B … GPT3_175B、PRESETS、PUBLISHED_PARAMS、param_tolerance
+                       真实模型的预设、官方公布的参数量和比较容差（出处键见 SOURCES.md）
 
 【约定】
-    - 一次乘加 = 2 FLOPs；x[M, K]·W[K, N] 的 FLOPs = 2·M·K·N。
-    - 字节用十进制：1 GB = 10⁹ 字节（和芯片手册一致）。bytes_per_elem 默认 2（BF16）。
-    - 模型结构按 Llama 风格：RMSNorm（每层两个，只有缩放权重）、RoPE（没有参数）、GQA、SwiGLU MLP（3 个矩阵，
-      参数 3·d·d_ff）。记号：L 层、宽度 d、H 个 query 头、G 个 KV 头、每头 dh 维、MLP 中间维 d_ff（记作 f）、词表 V。
-    - GPT-2 / GPT-3 的 MLP 是两个矩阵 d×4d、4d×d（GELU），参数 8d²；这里把它写成"等效 SwiGLU"：
-      d_ff = 8d/3，使 3·d·d_ff = 8d²，参数量和 FLOPs 都相同（第 6 讲的种子对 GPT-3 13B 也这么做）。
-      它们的偏置、LayerNorm 的偏置和可学习位置编码用可选字段 qkv_bias / n_pos / extra_per_layer / extra_final 记上。
-    - "矩阵乘法参数"（matmul_params）= 每个 token 真正要乘一遍的权重：注意力 4 个投影 + MLP 3 个矩阵 + lm_head。
-      词嵌入是查表（不乘），但 lm_head 即使和词嵌入共享（tied），乘法也照做，所以照样算。
-    - 逐元素运算（归一化、RoPE、softmax、激活函数）的 FLOPs 不计：它们比矩阵乘法小两三个数量级（第 2 讲会数出来）。
+    - 一次乘加 = 2 FLOPs：x[M, K]·W[K, N] 是 2·M·K·N FLOPs。字节用十进制（1 GB = 10⁹），bytes_per_elem 默认 2（BF16）。
+    - 结构按 Llama：RMSNorm（只有缩放）、RoPE（没有参数）、GQA、SwiGLU（3 个矩阵，3·d·f 个参数）。
+      GPT-2/3 的两矩阵 GELU MLP（8d² 个参数）写成参数量、FLOPs 都相同的"等效 SwiGLU"：f = 8d/3；
+      它们的偏置、LayerNorm 偏置、可学习位置编码记在 qkv_bias / n_pos / extra_per_layer / extra_final 里。
+    - matmul_params = 每个 token 真正乘一遍的权重：注意力 4 个投影 + MLP + lm_head（和词嵌入共享也照样乘）。
+    - 逐元素运算（归一化、RoPE、softmax、激活）的 FLOPs 不计：比矩阵乘小两三个数量级（第 2 讲会数出来）。
 
-【运行】python3 llm_math.py     # 自检：参数量 = 官方数字（1% 以内；GPT-3-13B 是写明原因的 1.5%，
-                                #       见 PARAM_TOL_EXCEPTIONS）、各个恒等式、坏输入报错
-【依赖】只用 Python 标准库（第 1 讲的演示另外用 numpy / matplotlib）。
+【运行】python3 lecture01/llm_math.py    # 自检：预设的参数量 = 官方数字（1% 内）、各个恒等式、坏输入报错
+【依赖】只用 Python 标准库（同一文件夹的 course_utils.py）。
 """
 
 import math
@@ -426,9 +411,9 @@ GPT2_SMALL = ModelConfig("GPT-2-small", n_layers=12, d_model=768, n_heads=12, n_
                          d_ff=2048, vocab=50257, tied=True, qkv_bias=True, n_pos=1024, extra_per_layer=8 * 768,
                          extra_final=768)
 # GPT-3：Brown et al. 2020 表 2.1 [S46]，架构"同 GPT-2"（偏置、LayerNorm、可学习位置 2048；词表 50257 是推断的；
-# 论文没说 lm_head 是否共享，这里按 GPT-2 取共享，和第 6 讲种子一致）。等效 SwiGLU：d_ff = 8d/3。
+# 论文没说 lm_head 是否共享，这里按 GPT-2 取共享，和第 6 讲 decode_lab 的用法一致）。等效 SwiGLU：d_ff = 8d/3。
 #   13B：论文表里 d_model 印的是 5140，但 40 个头 × 128 = 5120（Orca 表 1 也写 5120），这里用 5120；
-#   8·5120/3 不是整数，取 13653（第 6 讲种子同样取法，MLP 参数少 5120 个/层，可忽略）。
+#   8·5120/3 不是整数，取 13653（MLP 参数少 5120 个/层，可忽略）。
 #   代价：按 5120 算出 12.85B，比论文印的 13.0B 少 1.1%，超出 1% 的容差 —— 见 PARAM_TOL_EXCEPTIONS。
 #   注意：GPT-3 交替使用稠密和局部带状稀疏注意力，注意力 FLOPs 的公式对它是上界。
 GPT3_13B = ModelConfig("GPT-3-13B", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_head=128,

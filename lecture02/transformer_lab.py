@@ -1,63 +1,30 @@
 """
-CS349E 第 2 讲 · transformer_lab.py：会给自己记账的 numpy Transformer
-======================================================================
+transformer_lab.py —— 第 2 讲：会给自己记账的 numpy Transformer
 
-【这一讲回答的问题】
-    第 1 讲的 llm_math.py 只用公式估算"每个 token 多少 FLOPs、多少字节、KV cache 多大"。
-    公式会写错，也会悄悄省略一些东西。这里我们真的搭一个 Llama 风格的 decoder-only 模型（纯 numpy），
-    让它在每次矩阵乘法、每次读写 KV cache 时把账记下来，再逐项对照公式：
-        · 实际做了多少浮点运算（FLOPs），其中多少是"有用的"；
-        · 读了多少字节权重、读写了多少字节 KV cache、搬了多少字节激活。
+【问题】第 1 讲的 llm_math 只用公式估算每个 token 多少 FLOPs、多少字节、KV cache 多大；公式会写错，也会悄悄漏项。
+    这里真的搭一个 Llama 风格的 decoder-only 模型（纯 numpy），让它在每次矩阵乘、每次读写 KV cache 时记账，
+    再逐项和公式对照：实际做了多少 FLOPs、其中多少有用；读了多少字节的权重、KV cache、激活。
     第 3 讲（量化）、第 4 讲（张量并行）、第 5/6 讲（服务与解码）都导入本模块。
 
-【主要内容】
-    Config / TINY / config_like      模型结构（字段同 llm_math.ModelConfig，外加运行时字段）
-    init_params / count_params        随机参数（不训练：这一讲只关心"算了什么"）与参数计数
-    Counter / OP_GROUPS / ops_table   账本：按运算名累计；按组合并；打印对齐的表
-    param_groups / save_figure        演示共用：参数按用途分组；存图到 figures/
-    linear / rms_norm / rope_angles / apply_rope / softmax / silu / attention_core   积木
-    KVCache / forward / generate      带 KV cache 的前向与贪心生成
-    analytic_ops / sum_rows / phase_costs   不运行模型、纯公式的同一本账（可用于 8B/70B 这种跑不动的模型）
-    einsum_flops                      einsum 记号下的 FLOPs 规则
-
-【数据流（一层，pre-norm + 残差）】
+【一层的数据流】（pre-norm + 残差；L 层之后：最终 RMSNorm ─► lm_head ─► logits[vocab]）
     x ─► RMSNorm ─► q,k,v = h·Wq, h·Wk, h·Wv ─► RoPE(q,k) ─► 因果 GQA 注意力 ─► ·Wo ─► 加回 x
       ─► RMSNorm ─► (SiLU(h·Wg) ⊙ h·Wu)·Wd ─► 加回 x
-    L 层之后：最终 RMSNorm ─► lm_head ─► logits[vocab]
 
-【约定】
-    形状：tokens [B, T]；激活 [B, T, d]；q [B, T, H, dh]；k, v [B, S, G, dh]（G = n_kv_heads，S = 键的个数）。
-    权重一律 W[输入维, 输出维]，y = x·W（与第 1 讲的 W[D, F] 同一记号）。
-    记账的规则：
-      · 矩阵乘 x[M, K]·W[K, N]：FLOPs = 2MKN（一次乘加 = 2 次运算）；权重 KN 个数；激活 MK + MN 个数（读入、写出）。
-      · 注意力核心按"一个融合内核"记（FlashAttention 式，分数矩阵不落显存，见第 11 讲）：
-        FLOPs = 4·B·T·S·H·dh（QKᵀ 与 PV 两次乘法）；KV = 把用到的 K、V 各读一遍；激活 = 读 q、写输出。
-        useful 只算因果掩码允许的 (query, key) 对——numpy 把整块 T×S 都算了再掩掉，所以 flops ≥ useful。
-      · 逐元素运算（norm、rope、softmax、swiglu、残差）按"每个元素几次运算"粗估（常数见下），
-        llm_math 的公式不含它们，它们在总量里也很小。
-      · 字节 = 元素个数 × bytes_per_elem（默认 2 = BF16），与 numpy 实际的 float64 无关。
-        算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。
+【里面有什么】
+    Config / TINY / config_like / init_params / count_params   结构（字段同 llm_math.ModelConfig）与随机参数（不训练）
+    linear / rms_norm / rope_angles / apply_rope / softmax / silu / attention_core   积木
+    KVCache / forward / generate                    带 KV cache 的前向与贪心生成
+    Counter / ops_table / analytic_ops / phase_costs / einsum_flops   账本；同一本账的闭式公式；einsum 的 FLOPs 规则
+
+【约定】形状：tokens [B, T]；激活 [B, T, d]；q [B, T, H, dh]；k, v [B, S, G, dh]（G = KV 头数，S = 键的个数）；
+    权重 W[输入维, 输出维]，y = x·W。记账：矩阵乘 x[M, K]·W[K, N] 记 2MKN FLOPs、权重 KN、激活 MK + MN 个元素；
+    注意力核心按一个融合内核记（分数不落显存，第 11 讲）：4·B·T·S·H·dh FLOPs，useful 只算因果掩码允许的对；
+    逐元素运算按"每元素几次"粗估。字节 = 元素数 × bytes_per_elem（默认 2 = BF16），与 numpy 的 float64 无关；
+    算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。坏输入一律 ValueError / TypeError。
 
 【运行】python3 lecture02/transformer_lab.py
-        自检：参数量 = llm_math 公式；带 / 不带 KV cache 的贪心生成一致；Counter = analytic_ops（逐项逐列）；
-        矩阵乘 FLOPs = T × linear_flops_per_token()；einsum 规则；attention_core / apply_rope 对照独立参考实现。
-【依赖】numpy；../lecture01/llm_math.py（ModelConfig）、../lecture01/course_utils.py
-        （format_table、fmt_si、save_figure、check_int / check_real）。
-
-【和原版相比有意的改动】
-    · 坏输入（token 越界——numpy 会把负数下标悄悄绕回去、形状与配置不符、cache 溢出、读还没写的位置）
-      一律抛 ValueError/TypeError，而不是给出错误结果。
-    · silu 的 sigmoid 按符号分两支（只对 −|x| 取 exp），x 很负时不再触发 exp 溢出警告；
-      softmax 遇到整行 −∞ 或 NaN 时报错，而不是返回 NaN。
-    · analytic_ops 对因果掩码允许的对数用闭式公式（不在 Python 里循环 T 次），并多了 causal / use_rope 两个可选参数，
-      和 forward 的同名开关对应（默认值与原版一致）。
-    · einsum_flops：只有一个操作数的纯求和（如 "ij->i"）按 1 次/元素计，不再乘 2；
-      并检查操作数个数、输出字母是否出现在输入里。
-    · attention_core 在因果模式下要求 q_pos0 + T ≤ S（每个查询自己的键必须在场），否则报错——
-      原版会默默给出一个没有意义的结果。前向里总有 q_pos0 = S − T，不受影响。
-    · KVCache.length 是带检查的属性（仍可直接赋值，第 6 讲回滚草稿就这么用），read 不许读还没写过的位置。
-    · generate(n_new=0) 直接返回提示、不做任何前向（原版会白做一次 prefill）。
-    · 新增演示共用的 param_groups、merge_rows、ops_table、phase_costs、save_figure；原有接口不变。
+        # 自检：参数量 = 公式；带 / 不带 cache 的生成一致；Counter = analytic_ops；attention / RoPE = 独立参考
+【依赖】numpy；../lecture01/ 的 llm_math（ModelConfig）与 course_utils。
 """
 
 import math

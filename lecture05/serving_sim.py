@@ -1,48 +1,31 @@
 """
-=============================================================================
-CS349E · 第 5 讲实验模块：serving_sim.py —— 推理服务：一步要多久、一批放几个、排队排多久
-=============================================================================
+serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几个、排队排多久
 
-【这个模块回答什么问题】
-    一个 LLM 推理服务收到一串请求（什么时候到、输入多长、要生成多少），在给定的模型和芯片上：
-      - 引擎的"一步"（一次前向）要多久？什么时候受限于算力，什么时候受限于显存带宽？
-      - 把请求攒成一批一起跑，吞吐（tokens/s）和延迟（TTFT、TPOT）怎样此消彼长？批能有多大（KV cache 的墙）？
-      - 请求随机到达（泊松过程）时，排队让延迟变成多少？满足 SLO 的"有效吞吐"（goodput）是多少？
-      - 张量并行（TP）把权重和 KV 切到几块卡上，省了显存、快了多少、又花了多少时间在 all-reduce 上？
-    读完你会：用 roofline 给一步前向估时；会算 TTFT / TPOT / ITL / 端到端延迟 / 吞吐 / goodput；
-    知道静态批处理为什么浪费；在模拟出来的轨迹上亲手验证 Little 定律 L = λW。
+【问题】一串请求（什么时候到、输入多长、要生成多少）在给定的模型和芯片上：引擎的一步要多久，受算力还是带宽限制？
+    攒批让吞吐（tokens/s）和延迟（TTFT、TPOT）怎样此消彼长、批最大多大（KV cache 的墙）？请求随机到达时排队让延迟
+    变成多少、满足 SLO 的有效吞吐（goodput）是多少？张量并行（TP）省了多少显存、快了多少、在 all-reduce 上花了多少？
 
-【主要内容】
-    第 1 部分 时间模型：StepCost（一步的 FLOPs、字节、三项时间）、StepModel（prefill / decode / 混合一步的时间，
-              KV 容量，张量并行的 all-reduce）。第 6 讲的 decode_lab 直接用这里的 StepModel。
-    第 2 部分 请求与指标：Request、make_requests（泊松到达 + 长度分布，带种子）、summarize（各种指标与 goodput）、
-              occupancy / time_average / littles_law（Little 定律）。
-    第 3 部分 调度模拟：simulate_static（静态批处理：一批跑完才换下一批，FasterTransformer 式）、
-              simulate_continuous（一个简单的迭代级调度，可选分块 prefill；第 6 讲细讲 Orca）。
-    第 4 部分 给演示用的小工具：crossover_batch、min_tp、offline_sweep；
-              format_table、figure_path、save_figure（从 lecture01/course_utils 导入）。
+【里面有什么】
+    时间模型    StepCost、StepModel（prefill / decode / 混合一步的时间、KV 容量、TP 的 all-reduce）、A100_40G
+    请求与指标  Request、make_requests（泊松到达 + 长度分布）、summarize（TTFT / TPOT / 吞吐 / goodput）、littles_law
+    调度模拟    simulate_static（静态批处理，FasterTransformer 式）、simulate_continuous（迭代级，可选分块 prefill）；
+               两者之下的 iteration_schedule 是迭代级调度的引擎，第 6 讲的 Orca 模拟也用它
+    演示工具    crossover_batch、min_tp、offline_sweep
 
-【时间模型的假设（全部在这里，改参数就能改假设）】
-    A1 一步的时间 = max(FLOPs ÷ (峰值 × mfu), 字节 ÷ (带宽 × mbu)) + 通信 + 固定开销 overhead。
-       默认 mfu = 0.6（达到峰值算力的 60%）、mbu = 0.8（达到峰值带宽的 80%）、overhead = 1 ms
-       （调度、采样、kernel 启动等每步都要付的钱）。这三个是**假设值**，不是测量值。
-    A2 权重与 KV 默认 BF16（每个元素 2 字节）；每一步把全部矩阵乘法权重从显存读一遍（lm_head 也读，
-       共享词嵌入时也要读，llm_math.matmul_params() 的口径）。
-    A3 FLOPs 只算矩阵乘法（2·参数量/token）和注意力（llm_math.attn_flops_per_token），忽略 norm、激活函数。
-       prefill 的注意力按因果掩码算：长度 T 的输入共 T(T+1)/2 个 (query, key) 对。
-    A4 字节只算权重、读 KV、写 KV；激活的读写忽略（融合 kernel 让它们大多留在片上）。
-    A5 可用显存 = mem_util × 显存容量（默认 0.9：vLLM 的 gpu_memory_utilization 长期默认 0.9，
-       新版本是 0.92，见 [S59, S61]）；剩下的 10% 留给激活、CUDA 上下文、碎片。
+【时间模型的假设】（都是参数，改了就能看结论怎么变；不是测量值）
+    A1 一步 = max(FLOPs ÷ (峰值 × mfu), 字节 ÷ (带宽 × mbu)) + 通信 + overhead；默认 mfu 0.6、mbu 0.8、1 ms。
+    A2 权重与 KV 默认 BF16；每步把全部矩阵乘权重读一遍（llm_math.matmul_params，lm_head 也算）。
+    A3 FLOPs 只算矩阵乘（2·参数/token）和注意力；prefill 按因果掩码，长度 T 共 T(T+1)/2 个 (query, key) 对。
+    A4 字节只算权重、读 KV、写 KV；激活的读写忽略（融合内核让它们留在片上）。
+    A5 可用显存 = mem_util × 容量（默认 0.9，vLLM gpu_memory_utilization 的老默认 [S59, S61]）；
        KV 容量 = (可用显存 − 权重) ÷ 每 token 的 KV 字节。
-    A6 张量并行 tp 块卡：权重、FLOPs、KV 平均分到每块卡（KV 头数少于 tp 时每块卡复制一个 KV 头，例如 vLLM）；
-       每层两次 all-reduce（注意力之后、MLP 之后），每次 batch_tokens × d_model × 2 字节，
-       用 prereq5/comm_sim.tp_allreduce_time 计时；通信和计算**不重叠**（保守）。
-    A7 时间模型本身不检查显存放不放得下；模拟器（第 3 部分）在接纳请求时检查。
+    A6 TP：权重、FLOPs、KV 平均分到每卡（KV 头少于 tp 时每卡复制 1 个）；每层两次 all-reduce，
+       用 prereq5/comm_sim.tp_allreduce_time 计时，和计算不重叠（保守）。
+    A7 时间模型不检查放不放得下；模拟器在接纳请求时检查。
 
 【单位】时间：秒；数据量：字节；算力：FLOP/s；带宽：字节/秒；长度：token 个数。
-
 【运行】python3 lecture05/serving_sim.py      # 自检（约 1 秒）
-【依赖】numpy；../lecture01（llm_math、hw_specs、course_utils）、../prereq5（comm_sim）。都只读。
+【依赖】numpy；../lecture01（llm_math、hw_specs、course_utils）、../prereq5（comm_sim）。
 """
 
 import dataclasses

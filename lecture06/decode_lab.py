@@ -1,54 +1,31 @@
 """
-CS349E 第 6 讲 · decode_lab.py —— 让 decode 的每一步做更多有用功：迭代级调度、选择性批处理、投机解码
+decode_lab.py —— 第 6 讲：让 decode 的每一步做更多有用功（迭代级调度、选择性批处理、投机解码）
 
-【这一讲回答的问题】
-    decode 每一步只给每个序列产出 1 个 token，却要把所有权重从 HBM 搬一遍：算术强度约等于"这一步里
-    有几个 token"，远低于 GPU 的算力/带宽拐点（第 1 讲）。要让一步做更多有用功，只有两个方向：
-      A. 一步里放更多**请求**。难处：请求随时到达、长短不一、处在不同阶段（有的在读输入，有的在生成）。
-         → Orca（Yu et al., OSDI'22）：迭代级调度（iteration-level scheduling）+ 选择性批处理（selective batching）。
-      B. 一步里为同一个请求验证更多 **token**。难处：第 t+1 个 token 依赖第 t 个。
-         → 投机解码（Leviathan, Kalman, Matias, ICML'23；Chen et al. 2023）：便宜的草稿模型先猜 γ 个，
-           目标模型一次前向全部验证；修正过的拒绝采样保证输出分布和目标模型自己采样**完全相同**。
+【问题】decode 每步只给每个序列产出 1 个 token，却要把全部权重从 HBM 搬一遍：算术强度 ≈ 这一步里有几个 token，
+    远低于 GPU 的拐点（第 1 讲）。让一步做更多有用功只有两个方向：
+      A. 一步里放更多**请求**——请求随时到达、长短不一、阶段不同 → Orca（Yu et al., OSDI '22）：
+         迭代级调度 + 选择性批处理。
+      B. 一步里为同一个请求验证更多 **token**——第 t+1 个依赖第 t 个 → 投机解码（Leviathan et al., ICML '23；
+         Chen et al. 2023）：草稿模型先猜 γ 个，目标模型一次验证；修正过的拒绝采样让输出分布和目标模型**完全相同**。
 
-【主要内容】
-    §1 调度模拟：A100_40G、GPT3_13B、LLAMA32_1B、Req、orca_workload、
-        run_request_level（FasterTransformer 式：一批跑完才接下一批）、
-        run_iteration_level（Orca 算法 1：每次迭代重新选请求；KV 预留三种模式、死锁检测）、latency_throughput。
-    §2 选择性批处理：ragged_forward —— 长短不一的请求拼成一个 [ΣT_i, d] 的张量过线性层，只有注意力按请求拆开；
-        在第 2 讲的 numpy Transformer 上真算，和"每个请求单独算"逐位比较。
-    §3 投机解码：adjust / residual / spec_output_dist / sample_rows（采样的零件和精确分布）、
-        variant_output_dist（两个**错误**规则的精确分布，看它们偏在哪里）、
-        TransformerLM / NGramLM（同一套"带 cache、能回滚"的接口）、speculative_generate、autoregressive_generate、
-        spec_sample_batch（上万个独立样本一起跑，含两个错误变体做对照）、
-        exact_continuation_dist / chi_square_gof / chi2_sf（蒙特卡洛检验用的卡方检验，自己实现，不依赖 scipy）、
-        Leviathan 的公式 expected_tokens / walltime_speedup / ops_factor / best_gamma。
-    §4 硬件视角：verify_time（一次前向验证 n 个 token 的 roofline 时间）、spec_round / best_round（批大小、上下文
-        对加速比的影响）、fits_in_memory（这个批大小和上下文放不放得下）、draft_ranks / tree_nodes /
-        tree_accept_lengths / tree_round（树形验证在贪心解码下的精确接受长度与加速比）。
-    tiny_pair：自检、演示、测试共用的一对小 Transformer（目标 + "早退"草稿）。
+【里面有什么】
+    §1 调度：Req、orca_workload、run_request_level（FasterTransformer 式）、run_iteration_level（Orca 算法 1：
+       三种 KV 预留、死锁检测；引擎是第 5 讲的 serving_sim.iteration_schedule）、latency_throughput
+    §2 选择性批处理：ragged_forward —— 长短不一的请求拼成 [ΣT_i, d] 过线性层，只有注意力按请求拆开
+    §3 投机解码：adjust / residual / spec_output_dist / sample_rows、TransformerLM / NGramLM、speculative_generate、
+       spec_sample_batch、exact_continuation_dist / chi_square_gof、expected_tokens / walltime_speedup / best_gamma
+    §4 硬件视角：verify_time、spec_round / best_round、fits_in_memory、tree_round（树形验证）；tiny_pair（小模型对）
 
-【约定】
-    时间：秒；长度：token 数；字节：10^9 = 1 GB。
-    概率分布：最后一维和为 1 的 float64 数组 [..., V]。"调整后的分布"指温度 / top-k 处理之后的分布（adjust）。
-    随机性：一律由调用者传入 np.random.Generator，所以每个结果都可以复现。
-    调度函数会**改写**传入的 Req（gen、finish 等字段）；每次模拟开始时先把这些字段清零，所以同一组请求可以重复模拟。
+【约定】时间：秒；长度：token 数；1 GB = 10⁹ 字节。概率分布 = 最后一维和为 1 的 float64 数组 [..., V]。
+    随机性一律由调用者传入 np.random.Generator（结果可复现）。调度函数会改写传入的 Req（开始时先清零，可重复模拟）。
+【假设】（改它们会改数字，不改结论的方向）
+    H1 每步时间 = roofline + 固定开销（第 5 讲 StepModel 的默认值）；H2 只模拟一块 GPU；H3 调度不花时间；
+    H4 KV 按 token 精确分配、没有碎片（第 7 讲的事）；H5 Leviathan：各草稿 token 以概率 α 独立被接受、
+    验证 γ+1 个和 decode 1 个一样快（§4 换成 roofline）；H6 spec_round：批里同一个 γ，草稿和目标串行。
+    投机解码的正确性检验用没训练过的小模型：接受率只说明机制，不代表真实模型。
 
-【时间模型的假设（都是假设，不是测量；改它们会改结论的数字，不会改结论的方向）】
-    H1 每步时间 = roofline：max(FLOPs / (峰值 × MFU), 字节 / (带宽 × MBU)) + 每步固定开销。
-       调度模拟用第 5 讲 serving_sim.StepModel 的默认值：MFU 0.6、MBU 0.8、1 ms、90% 显存可用。
-    H2 只模拟一块 GPU；Orca 论文里的张量并行 / 流水线并行只在讲义里讨论。
-    H3 调度本身不花时间；到达的请求下一次迭代就能被选中。
-    H4 KV 按 token 精确分配，没有碎片（分页和碎片是第 7 讲的事）。
-    H5 Leviathan 的公式假设：每个草稿 token 被接受的概率都是 α、彼此独立；目标模型验证 γ+1 个 token 和
-       decode 1 个 token 一样快。§4 把第二条换成 roofline，于是批大时它不再成立。
-    H6 spec_round：批里每个序列用同一个 γ、接受与否彼此独立；草稿和目标模型在同一块 GPU 上串行执行。
-    投机解码的正确性检验用随机初始化的小模型（没训练过）：接受率只说明机制，不代表真实模型的数字。
-
-【运行】python3 lecture06/decode_lab.py      # 自检，不到 1 秒（2 核 CPU 实测约 0.3 s）
-【依赖】numpy；lecture01（llm_math 的模型预设；hw_specs 的芯片，经 serving_sim）、lecture02（transformer_lab）、
-       lecture05（serving_sim.StepModel 与 A100_40G，它又用 prereq5/comm_sim）。都只读。
-【和原版的差别】A100_40G、GPT3_13B、LLAMA32_1B 不再各写一份，直接引用第 1、5 讲的同名对象（数字相同；
-       GPT3_13B 多计了偏置和位置向量，参数量 12.85B，FT 批上限仍是 6）。各函数的差别写在各自的 docstring 里。
+【运行】python3 lecture06/decode_lab.py      # 自检，不到 1 秒
+【依赖】numpy；lecture01（llm_math、hw_specs）、lecture02（transformer_lab）、lecture05（serving_sim）、prereq5（comm_sim）。
 """
 
 import itertools
@@ -307,9 +284,7 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
     【返回】字典：deadlock、deadlock_t、done（完成数）、iters（迭代数）、
         mean_reserved / mean_used（按迭代平均：这一步执行时已预留 / 已写入的 KV token 数）、
         peak_reserved / peak_used、admit_order（接纳的先后，rid 列表）。
-    【和原版的差别】mean_reserved / mean_used 取"这一步执行时"（写完本步的 KV、还没释放完成者）的值，
-        原版取释放之后的值；前者才是这一步真正占着的显存。另外：同一组 Req 可以重复模拟（开始时清零）；
-        永远放不下的请求直接报 ValueError，而不是让队列卡住。
+    【报错】永远放不下的请求（单独占满整块 GPU 也不够）→ ValueError，而不是让它永远堵在队头。
     """
     reqs, max_bs = _start(reqs, max_bs)
     check_choice("reserve", reserve, RESERVE_MODES)
@@ -567,8 +542,8 @@ def sample_rows(probs, rng):
 
     【参数】probs [N, V]（非负，每行和 > 0；不要求恰好为 1）；rng：np.random.Generator
     【返回】[N] 的 int64 数组。
-    【和原版的差别】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
-        原版会截到 V − 1，可能抽到一个概率为 0 的 token；这里永远不会。
+    【为什么这样截】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
+        只截到 V − 1 可能抽到一个概率为 0 的 token；这样永远不会。
     """
     P = np.asarray(probs, dtype=np.float64)
     if P.ndim != 2 or P.shape[1] == 0:

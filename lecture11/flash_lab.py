@@ -1,66 +1,32 @@
 """
-CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-decoding 和 megakernel 算一遍
+flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding 和 megakernel 算一遍
 
-【这一讲回答的问题】
-    注意力的数学只有一行 O = softmax(QKᵀ/√d)·V。为什么 FlashAttention 能快好几倍，而 FLOPs 一点没少？
-    答案是"换算法顺序，少搬数据"。本模块把三件事都做成可以运行、可以核对的代码：
-      1. FlashAttention：分块 + 在线 softmax，N×Nk 的分数矩阵从不落到显存；反向只存每行一个 log-sum-exp，
-         需要 P 的时候在片上重算。
-      2. flash-decoding：decode 时只有 1 个 query，沿 query 切不出并行度；改为沿 KV 长度切段，
-         各段给出 (局部输出, lse)，最后按权重合并。
-      3. megakernel：batch 1 的一次 decode 要启动上百个小内核，内核之间的空档占了可观的时间；
-         把整次前向放进一个常驻内核，权重可以跨算子提前读。
-    前两件是精确计算（和标准注意力对到 1e-12 以内），并且数出每种写法读写显存的元素个数；
-    后面的速度问题用时间模型估计——模型里每个假设都是一个有名字的参数，可以改了再算。
+【问题】注意力的数学只有一行 O = softmax(QKᵀ/√d)·V。为什么 FlashAttention 能快好几倍，而 FLOPs 一点没少？
+    答案是"换算法顺序，少搬数据"。本模块把三件事做成能运行、能核对的代码：
+      1. FlashAttention：分块 + 在线 softmax，N×Nk 的分数矩阵从不落到显存；
+         反向只存每行一个 log-sum-exp，在片上重算 P。
+      2. flash-decoding：decode 只有 1 个 query，沿 query 切不出并行度；
+         改为沿 KV 切段，各段的 (输出, lse) 再按权重合并。
+      3. megakernel：batch 1 的一次 decode 要启动上百个小内核；把整次前向放进一个常驻内核，权重可以跨算子提前读。
+    前两件是精确计算（和标准注意力对到 1e-12 以内），并数出每种写法读写显存的元素个数；
+    速度问题用时间模型估计——每个假设都是一个有名字的参数，可以改了再算。
 
-【你会学到】
-    - 在线 softmax 的"换算因子" exp(m_旧 − m_新)，以及局部状态 (m, l, o) 的合并为什么满足结合律；
-    - FlashAttention-1 与 -2 的两种循环顺序各自反复读写的是哪块数据（IO 计数 = 公式）；
-    - 反向传播用重算代替存储：多一次矩阵乘法（反向 ≈ 前向的 2.5 倍 FLOPs），却省掉 N×Nk 的读写；
-    - decode 注意力什么时候受算力限制、什么时候受带宽限制，切多少段最好；
-    - 一次 decode 的时间花在哪：读权重、启动间隙、等第一批数据、最后一波没占满的 SM……
-
-【主要内容】
+【里面有什么】（每一步都和前一步核对：naive → standard → fa1 / fa2 → Triton 版 triton_flash.py）
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
-    §2 标准注意力与计数：IO、standard_attention、standard_attention_bwd；
-       参考实现 naive_attention（逐行按定义，返回 (O, L)）与 reference_lse（= 它的 L）
+    §2 参考与标准注意力：naive_attention（逐行按定义）、reference_lse、standard_attention(_bwd)、IO（读写计数）
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula
     §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits
-    §5 megakernel：Op、LLAMA_1B（= llm_math.LLAMA32_1B）、llama_1b_ops、llama_1b_expected_bytes、
-        TimelineParams、timeline、PART_LABELS
-    演示共用：format_table、fmt_count、figure_path、save_figure（从 ../lecture01/course_utils.py 导入）
-    §6 _selftest()
+    §5 megakernel：Op、LLAMA_1B、llama_1b_ops、llama_1b_expected_bytes、TimelineParams、timeline、PART_LABELS
 
-【约定】
-    - 单个注意力头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d。内部一律换成 float64 计算。
-    - causal=True 按右下角对齐：第 i 个 query 处在位置 Nk − N + i，只能看位置 ≤ 它的 key。
-      N = Nk 时就是普通的下三角；N < Nk 时等于"前面已经缓存了 Nk − N 个 token"（flash-attn ≥ 2.1 的约定，
-      和 PyTorch SDPA 的 is_causal 左上角对齐不同）。
-    - 没有任何可见 key 的行（只会在 causal 且 N > Nk 时出现，前 N − Nk 行）：本模块**约定**输出 0、
-      lse = −∞、梯度 0。标准写法和分块写法、前向和反向都守这个约定（原课程模块在这里会得到 NaN）。
-    - 显存读写按**元素个数**计，乘以每个元素的字节数才是字节；FLOPs 只算矩阵乘法（1 次乘加 = 2 FLOPs）。
-    - 时间模型的单位：秒、字节、字节/秒、FLOP/秒。
-
-【和原课程模块的不同（有意为之）】公开的名字、参数、返回值和原模块一致（原模块的自检放在本模块的位置上照样通过）。
-    - 没有可见 key 的行、整行 −∞ 的 softmax、空段的 partial_state：原模块给 NaN，这里按上面的约定给 0 / −∞，
-      这样 causal 且 N > Nk 时前向、反向、标准、分块全部一致，没有 NaN 悄悄流下去。
-    - standard_attention_bwd 的读写计数：原模块少数了一次 N·dv（dO 在 D、dV、dP 三个内核里各读一次，O 读一次）；
-      这里按内核逐个记账（io.notes）。
-    - llama_1b_ops("fused") 把 RMSNorm 读的字节并进融合指令，三种切法读的总字节完全相同（原模块少了约 0.3 MB）。
-    - timeline 的 parts 用英文键（"weights"、"launch"……），中文说明和图例放在 PART_LABELS；原模块直接用中文做键。
-    - 新增：naive_attention、reference_lse、H200_DEC、LLAMA_1B、IO.add / notes、
-      fa_io_formula 的 Nk / dv / Br / Bc 关键字参数、
-      live_tiles 与 fa_io_formula 的 causal 关键字参数（按逐对可见性数出的活块）、
-      llama_1b_expected_bytes（由第 1 讲的参数计数推出的字节）、
-      decode_attention_time 结果里的 "bytes"、"rows"、"keys"，timeline 结果里的 "n_ops"，以及坏输入的检查。
-    - LLAMA_1B 就是 lecture01/llm_math.py 的 LLAMA32_1B（ModelConfig），不另抄一份配置；
-      H100_DEC / H200_DEC 和 TimelineParams 的算力、带宽取自 lecture01/hw_specs.py（A100 不在那张表里，这里写出来）。
-    - decode_attention_time("fd") 的 splits > S 时只数非空段的 CTA（和 split_kv_decode 一致）；
-      splits ≤ S 时 CTA 数和原模块相同。
+【约定】一个头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d；内部一律 float64。
+    causal=True 右下角对齐：第 i 个 query 在位置 Nk − N + i，只看位置 ≤ 它的 key（flash-attn ≥ 2.1 的约定，
+    和 PyTorch SDPA 的 is_causal 左上角对齐不同）。没有可见 key 的行（causal 且 N > Nk 的前 N − Nk 行）：
+    输出 0、lse = −∞、梯度 0。显存读写按**元素个数**计；FLOPs 只算矩阵乘（1 次乘加 = 2 FLOPs）。
+    时间模型的单位：秒、字节、字节/秒、FLOP/秒。
 
 【运行】python3 lecture11/flash_lab.py      # 自检，2 核 CPU 上约 1 秒
-【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs（都只用标准库）。
-        演示脚本 lecture11/01_*.py … 05_*.py 建立在本模块之上。
+【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs。
+        演示 lecture11/01_*.py … 05_*.py 建立在它之上。
 """
 
 import math
@@ -817,7 +783,8 @@ def llama_1b_expected_bytes(context=160):
 @dataclass(frozen=True)
 class TimelineParams:
     """
-    时间线模型的参数（默认 H100 SXM）。规格来自 hw_specs（出处见那里）；标了"假设"的是本模型的选择，改了重算就能看敏感性。
+    时间线模型的参数（默认 H100 SXM）。规格来自 hw_specs（出处见那里）；
+    标了"假设"的是本模型的选择，改了重算就能看敏感性。
 
         n_sm、hbm：SM 个数、显存带宽（字节/秒；默认 = hw_specs.H100_SXM.mem_bw）
         eff：长时间连续读能达到的带宽比例。假设 0.9。

@@ -1,56 +1,30 @@
 """
-comm_sim.py —— 预备课 5 的实验模块：集合通信（collective communication）的模拟与 α-β 代价模型
-=====================================================================================
+comm_sim.py —— 预备课 5：集合通信一步一步怎么搬数据、要多久（α-β 模型）
 
-【这个模块回答的问题】
-    张量并行（TP）、数据并行、专家并行都要在多块芯片之间"合并"或"交换"数据：all-reduce、all-gather、
-    reduce-scatter、broadcast、all-to-all。这些操作到底怎样一步一步地搬数据？每块芯片发了多少字节、
-    走了几步？一次 all-reduce 要多久——什么时候由延迟 α 决定，什么时候由带宽 β 决定？
-    本模块把答案写成能运行、能对账的代码：
-      (1) 模拟：P 个"设备"各拿一个 numpy 数组，按算法一步一步地把块（chunk）发给别的设备；
-          结果和 numpy 直接算（求和 / 拼接 / 转置）逐元素比较；一本账（Ledger）记下每一步、每条链路发了多少字节。
-      (2) 代价模型：每种集合通信、每种算法的 α-β 公式（Thakur、Rabenseifner、Gropp 2005 的表），
-          写成"步数 × α + 关键路径字节数 × β"。账本数出来的步数和字节数 **恰好等于** 公式里的两个系数——
-          这是模块的核心检验。
+【问题】张量并行、数据并行、专家并行都要在芯片之间合并或交换数据：all-reduce、all-gather、reduce-scatter、
+    broadcast、all-to-all。每块芯片发多少字节、走几步？一次 all-reduce 什么时候由延迟 α 决定、什么时候由带宽 β 决定？
+    (1) 模拟：P 个"设备"各拿一个 numpy 数组，按算法一步步把块发给别的设备；结果和 numpy 直接算（求和 / 拼接 / 转置）
+        逐元素比较；账本 Ledger 记下每一步、每条链路发了多少字节。
+    (2) 代价模型：每种算法的 α-β 公式"步数 × α + 关键路径字节 × β"（Thakur、Rabenseifner、Gropp 2005 [S73]）。
+        账本数出来的步数和字节数**恰好等于**公式的两个系数——这是本模块的核心检验。
+    结论先看：ring all-reduce = reduce-scatter + all-gather，每个设备发 2(P−1)/P·n 字节（P 再大也不超过 2n）；
+    树 / 递归倍增只要 ⌈lg P⌉ 步，但每步发整条消息；Rabenseifner 两者兼得；两级 all-reduce 节点间只走 1/G 的数据。
 
-【你会学到】
-    - 环形（ring）all-reduce = reduce-scatter + all-gather，每个设备发 2(P−1)/P·n 字节：P 再大也不超过 2n；
-    - 树形 / 递归倍增只要 ⌈lg P⌉ 步（延迟小），但每步发整条消息（带宽项大 lg P 倍）；
-      Rabenseifner（递归减半 + 递归倍增）两者兼得；
-    - 两级（hierarchical）all-reduce：节点内走 NVLink，节点间只走 1/G 的数据；
-    - nccl-tests 的 algbw 与 busbw：busbw = algbw × 2(P−1)/P（all-reduce），和算法无关地衡量"链路用了多少"；
-    - 交叉点 n*：α 项 = β 项的消息大小；比它小的消息受延迟支配，此时 busbw 只有链路带宽的一半。
+【里面有什么】
+    Message / Ledger                                   账本（cost()、time(alpha, beta)、bytes_sent()）
+    ring_* / rec_* / rabenseifner_all_reduce / tree_* / scatter_allgather_broadcast / pairwise_all_to_all /
+    hierarchical_all_reduce / SIMULATORS               模拟，都返回 (每个设备的结果, Ledger)
+    Cost / cost_terms / allreduce_time … / crossover_bytes   代价模型；n* = α 项等于 β 项的消息大小
+    bus_factor / algbw / busbw / nccl_ring_latency     nccl-tests 的口径 [S68]，NCCL 自己的延迟常数 [S71]
+    tp_allreduce_time / fit_alpha_beta                 第 5 讲用的 TP all-reduce 时间；从实测数据拟合 α、β
 
-【本文件提供】
-    账本：Message、Ledger（cost()、time(alpha, beta)、bytes_sent() 等）
-    模拟（都返回 (每个设备的结果列表, Ledger)）：
-        ring_reduce_scatter、ring_all_gather、ring_all_reduce（可记录每一步的状态 trace）、
-        rec_halving_reduce_scatter、rec_doubling_all_gather（P 须是 2 的幂）、
-        rec_doubling_all_reduce、rabenseifner_all_reduce、tree_all_reduce（任意 P：非 2 的幂时先"折叠"多出的设备）、
-        tree_broadcast、scatter_allgather_broadcast、pairwise_all_to_all、hierarchical_all_reduce；
-        SIMULATORS[(集合通信, 算法)] → 对应的模拟函数
-    代价模型：Cost(steps, bytes)；cost_terms / allreduce_terms / ... ；
-        allreduce_time、allgather_time、reduce_scatter_time、broadcast_time、alltoall_time、
-        hierarchical_allreduce_terms / hierarchical_allreduce_time、crossover_bytes
-    给第 5 讲 serving_sim 用的：tp_allreduce_time(n_bytes, tp, link_bw, alpha=DEFAULT_ALPHA, algo="ring")
-    nccl-tests 的定义：bus_factor、algbw、busbw；NCCL 自己的延迟常数：nccl_ring_latency
-    测量拟合：fit_alpha_beta（加权最小二乘，从"消息大小—时间"数据拟合 α、β；演示 05 用 gloo 实测）
-    演示共用：format_table（中英文混排也对齐的表格；从 lecture01/course_utils.py 导入）
-
-【约定】
-    单位一律是字节（bytes）、秒（s）、字节/秒（bytes/s）。P（代码里 p）= 参与的设备数。
-    n = 消息大小，取 nccl-tests 的口径（[S68]、[S73]）：
-        all-reduce / reduce-scatter / broadcast：每个设备的完整输入向量的字节数；
-        all-gather：拼起来之后的总字节数；all-to-all：每个设备要发出的全部字节（含留给自己的那一块）。
-    α = 每一步的固定延迟（秒），β = 每字节的时间（秒/字节）= 1 / 链路单向带宽。
-    一步（step）：每个设备最多发一条、收一条消息（单端口、全双工）；一步的时间 = α + β × 这一步最大的消息。
-    模型里 n/P 按实数算；模拟里数组用 np.array_split 切块，n 不能被 P 整除时块长相差 1，
-    此时账本的"总字节数"仍然精确等于公式，关键路径字节数只多出不到一个块。
-    忽略：归约的计算时间（γ 项）、拥塞、协议开销（NCCL 实测约为线速的 80%，见 DEFAULT_ALPHA 的注释）。
+【约定】单位：字节、秒、字节/秒；P = 设备数。n = nccl-tests 的消息大小：all-reduce / reduce-scatter / broadcast
+    是每个设备的完整输入；all-gather 是拼起来的总大小；all-to-all 是每个设备发出的全部字节。α = 每步固定延迟，
+    β = 1 / 链路单向带宽。一步 = 每个设备最多发一条、收一条（单端口、全双工），时间 = α + β × 这一步最大的消息。
+    n 不能被 P 整除时块长差 1：总字节仍等于公式，关键路径只多不到一个块。忽略归约计算（γ）、拥塞、协议开销。
 
 【运行】python3 prereq5/comm_sim.py    # 自检（2 核 CPU 上不到 1 秒）
-【依赖】只用 numpy，以及 ../lecture01/course_utils.py（format_table；只用标准库）。
-        演示 05 另外用 torch.distributed 的 gloo 后端，在演示里导入。
+【依赖】numpy；../lecture01/course_utils.py。演示 05 另外用 torch.distributed 的 gloo 后端。
 """
 
 import math

@@ -183,11 +183,11 @@ def test_gpt3_13b_published_number_and_documented_gap():
     assert "[S46]" in src and "13.0B" in src
     assert round(pub / 1e9, 1) == 13.0                    # 论文表 2.1 印的就是 13.0B，不能为了凑代码改掉
     # 论文同一行印的 d_model = 5140：在 1% 内复现 13.0B
-    printed = gpt2_style_params(40, 5140, 50257, 2048)
+    printed = gpt2_style_params(L=40, d=5140, vocab=50257, n_pos=2048)
     assert abs(printed - pub) / pub < 0.01
     assert abs(LM.GPT3_13B_AS_PRINTED.n_params() - printed) <= 3 * 40 * 5140     # 只差等效 d_ff 的取整
     # 我们的预设用 40 × 128 = 5120：超出 1%，但在单独写明的 1.5% 以内
-    ours = gpt2_style_params(40, 5120, 50257, 2048)
+    ours = gpt2_style_params(L=40, d=5120, vocab=50257, n_pos=2048)
     assert abs(LM.GPT3_13B.n_params() - ours) <= 3 * 40 * 5120
     gap = (pub - LM.GPT3_13B.n_params()) / pub
     tol, why = LM.param_tolerance("GPT-3-13B")

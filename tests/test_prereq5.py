@@ -209,8 +209,9 @@ def test_busbw_definitions_match_nccl_tests():
 def test_vectorized_sizes_match_scalar_calls():
     sizes = np.array([0.0, 1e3, 7.5e6, 2e9])
     for algo in AR_ALGOS:
-        vec = cs.allreduce_time(sizes, 6, 1e-6, 1e-10, algo)
-        assert np.allclose(vec, [cs.allreduce_time(float(s), 6, 1e-6, 1e-10, algo) for s in sizes], rtol=1e-15)
+        vec = cs.allreduce_time(sizes, p=6, alpha=1e-6, beta=1e-10, algo=algo)
+        assert np.allclose(vec, [cs.allreduce_time(float(s), p=6, alpha=1e-6, beta=1e-10,
+                                                   algo=algo) for s in sizes], rtol=1e-15)
 
 
 # ---------------------------------------------------------------- 第 5 讲用的接口
@@ -235,9 +236,9 @@ def test_tp_allreduce_time_interface():
     (lambda: cs.tp_allreduce_time(-1.0, 8, 450e9), "n_bytes"),
     (lambda: cs.tp_allreduce_time(-1.0, 1, 450e9), "n_bytes"),
     (lambda: cs.tp_allreduce_time(1e6, 8, 450e9, algo="nvls"), "ring"),
-    (lambda: cs.allreduce_time(1e6, 4, -1e-6, 1e-9), "alpha"),
-    (lambda: cs.allreduce_time(float("nan"), 4, 1e-6, 1e-9), "n_bytes"),
-    (lambda: cs.allgather_time(1e6, 6, 1e-6, 1e-9, algo="rec_doubling"), "2 的幂"),
+    (lambda: cs.allreduce_time(n_bytes=1e6, p=4, alpha=-1e-6, beta=1e-9), "alpha"),
+    (lambda: cs.allreduce_time(float("nan"), p=4, alpha=1e-6, beta=1e-9), "n_bytes"),
+    (lambda: cs.allgather_time(n_bytes=1e6, p=6, alpha=1e-6, beta=1e-9, algo="rec_doubling"), "2 的幂"),
     (lambda: cs.reduce_scatter_terms(1e6, 3, "rec_halving"), "2 的幂"),
     (lambda: cs.rec_halving_reduce_scatter(rand_bufs(0, 6, 12)), "2 的幂"),
     (lambda: cs.cost_terms("gather", 1e6, 4), "allreduce"),
@@ -248,7 +249,7 @@ def test_tp_allreduce_time_interface():
     (lambda: cs.ring_all_reduce([np.ones(3)], op="prod"), "sum"),
     (lambda: cs.tree_broadcast(np.ones(3), 4, root=4), "root"),
     (lambda: cs.hierarchical_all_reduce(rand_bufs(0, 6, 12), 4), "gpus_per_node"),
-    (lambda: cs.crossover_bytes("allreduce", 1, 1e-6, 1e-9), "p"),
+    (lambda: cs.crossover_bytes("allreduce", p=1, alpha=1e-6, beta=1e-9), "p"),
     (lambda: cs.fit_alpha_beta([1e3, 1e3], [1e-5, 2e-5], p=2), "不同"),
 ])
 def test_bad_inputs_raise_with_named_argument(call, match):
@@ -258,11 +259,11 @@ def test_bad_inputs_raise_with_named_argument(call, match):
 
 def test_type_errors():
     with pytest.raises(TypeError, match="p"):
-        cs.allreduce_time(1e6, 4.0, 1e-6, 1e-9)
+        cs.allreduce_time(n_bytes=1e6, p=4.0, alpha=1e-6, beta=1e-9)
     with pytest.raises(TypeError, match="xs"):
         cs.ring_all_reduce(np.ones((4, 3)))
     with pytest.raises(TypeError, match="n_bytes"):
-        cs.allreduce_time("1e6", 4, 1e-6, 1e-9)
+        cs.allreduce_time("1e6", p=4, alpha=1e-6, beta=1e-9)
 
 
 # ---------------------------------------------------------------- 拟合与表格
