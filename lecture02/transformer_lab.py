@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
-from course_utils import check_bool, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_array, check_bool, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
@@ -363,11 +363,11 @@ def rope_angles(positions, d_head, theta=10000.0):
     if isinstance(d_head, bool) or not isinstance(d_head, (int, np.integer)) or d_head < 2 or d_head % 2:
         raise ValueError(f"rope_angles：d_head 必须是 ≥ 2 的偶数，收到 {d_head!r}")
     theta = check_real("theta", theta, lo=1.0, lo_open=True, where="rope_angles")
-    pos = np.asarray(positions, dtype=np.float64)
+    pos = np.asarray(positions)
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {pos.shape}")
-    if not np.isfinite(pos).all():
-        raise ValueError("rope_angles：positions 必须全是有限数（不能含 NaN / ±∞）")
+    if pos.dtype.kind not in "iu":                                 # 整数位置（forward 里总是）天然有限
+        pos = check_array("positions", pos, where="rope_angles")    # 其余：实数、有限（NaN / ±∞ 报错）
     freqs = theta ** (np.arange(d_head // 2) * (-2.0 / d_head))      # [dh/2]
     angles = pos[:, None] * freqs                                      # [T, dh/2]
     return np.cos(angles), np.sin(angles)

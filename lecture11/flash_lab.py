@@ -188,7 +188,7 @@ def _visible(qpos, kpos):
 def _masked_scores(Q, K, scale, causal, q0=0, k0=0, offset=0):
     """Q 的一块（从第 q0 行起）对 K 的一块（从第 k0 行起）的分数；causal 时看不见的位置填 −∞。"""
     S = (Q @ K.T) * scale                                     # [br, bc]
-    if causal:
+    if causal and offset + q0 < k0 + K.shape[0] - 1:          # 只有跨对角线的块里有看不见的位置，才需要掩码
         qpos = offset + q0 + np.arange(Q.shape[0])
         kpos = k0 + np.arange(K.shape[0])
         S = np.where(_visible(qpos, kpos), S, -np.inf)
@@ -369,6 +369,7 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
     io = IO()
     O = np.zeros((N, dv))
     L = np.zeros(N)
+    k_tiles = _tiles(Nk, Bc)                                  # K、V 的块：每个 Q 块都按这个顺序走一遍
     for i0, i1 in _tiles(N, Br):
         br = i1 - i0
         Qi = Q[i0:i1]
@@ -377,7 +378,7 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
         l = np.zeros(br)                                      #           Σ exp(S − m)
         acc = np.zeros((br, dv))                              #           Σ exp(S − m)·V，未归一化
         keys = 0                                              # 这个 Q 块读了几行 K、V（IO 账在循环后记一笔）
-        for j0, j1 in _tiles(Nk, Bc):
+        for j0, j1 in k_tiles:
             if not _live(causal, off, i1, j0):
                 break                                         # 右边的块更靠后，也全都看不见
             S = _masked_scores(Qi, K[j0:j1], scale, causal, i0, j0, off)   # [br, bc]
