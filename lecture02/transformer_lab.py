@@ -199,30 +199,6 @@ def param_groups(params):
             "RMSNorm 增益": int(norms), "lm_head": int(head)}
 
 
-def _check_params(params, cfg):
-    """前向之前核对参数形状与 cfg 一致：形状不符时 numpy 常常照样能广播出一个错误的结果。"""
-    d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
-    want = {"attn_norm": (d,), "wq": (d, hd), "wk": (d, kvd), "wv": (d, kvd), "wo": (hd, d),
-            "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
-    if params["embed"].shape != (cfg.vocab, d):
-        raise ValueError(f"params['embed'] 形状 {params['embed'].shape} 与 cfg 不符，应为 (vocab, d_model) = "
-                         f"{(cfg.vocab, d)}")
-    if len(params["layers"]) != cfg.n_layers:
-        raise ValueError(f"params 有 {len(params['layers'])} 层，cfg.n_layers = {cfg.n_layers}")
-    for i, layer in enumerate(params["layers"]):
-        for key, shape in want.items():
-            if key not in layer or layer[key].shape != shape:
-                got = layer[key].shape if key in layer else "缺失"
-                raise ValueError(f"params['layers'][{i}]['{key}'] 形状 {got}，按 cfg 应为 {shape}")
-    if params["final_norm"].shape != (d,):
-        raise ValueError(f"params['final_norm'] 形状 {params['final_norm'].shape}，应为 {(d,)}")
-    head = params["lm_head"]
-    if (head is None) != bool(cfg.tied):
-        raise ValueError(f"cfg.tied={cfg.tied}，但 params['lm_head'] {'是' if head is None else '不是'} None")
-    if head is not None and head.shape != (d, cfg.vocab):
-        raise ValueError(f"params['lm_head'] 形状 {head.shape}，应为 (d_model, vocab) = {(d, cfg.vocab)}")
-
-
 # =============================================================================
 # 账本
 # =============================================================================
@@ -457,20 +433,6 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
     return out.reshape(B, T, H * dh)                                           # [B, T, H·dh]
 
 
-def _check_attention_shapes(q, k, v, q_pos0, causal):
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
-        raise ValueError(f"attention_core：q 应为 [B, T, H, dh]，k、v 应为同形状的 [B, S, G, dh]；"
-                         f"收到 q {q.shape}、k {k.shape}、v {v.shape}")
-    B, T, H, dh = q.shape
-    if k.shape[0] != B or k.shape[3] != dh or H % k.shape[2]:
-        raise ValueError(f"attention_core：q {q.shape} 与 k {k.shape} 不配：批大小与 dh 要相同，"
-                         f"H={H} 要是 G={k.shape[2]} 的整数倍")
-    check_int("q_pos0", q_pos0, lo=0, where="attention_core", type_error=ValueError)
-    if causal and q_pos0 + T > k.shape[1]:
-        raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
-                         f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
-
-
 # =============================================================================
 # KV cache
 # =============================================================================
@@ -542,19 +504,6 @@ class KVCache:
 # =============================================================================
 # 前向与生成
 # =============================================================================
-def _check_tokens(tokens, cfg):
-    """tokens 必须是 [B, T] 的整数数组、取值在 [0, vocab)：numpy 会把 −1 悄悄当成最后一个词。"""
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
-        raise ValueError(f"tokens 必须是形状 [B, T]（B, T ≥ 1）的二维数组，收到形状 {tokens.shape}")
-    if tokens.dtype == np.bool_ or not np.issubdtype(tokens.dtype, np.integer):
-        raise TypeError(f"tokens 必须是整数数组，收到 dtype={tokens.dtype}")
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= cfg.vocab:
-        raise ValueError(f"token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
-    return tokens
-
-
 def _matmul(x, W, op, layer, counter, linear_fn):
     """前向里所有"x·W"都走这里：默认用 linear；给了 linear_fn 就用它算（例如量化乘法），账照普通矩阵乘记。"""
     if linear_fn is None:
@@ -655,28 +604,6 @@ def _forward(params, cfg, tokens, cache=None, counter=None, last_only=False, lin
     if return_hidden:
         return logits, hidden
     return logits
-
-
-def _check_forward(params, cfg, tokens, cache, rope_pos0):
-    """forward 的全部输入检查；返回 (整数 tokens, rope_pos0)。"""
-    _check_params(params, cfg)
-    tokens = _check_tokens(tokens, cfg)
-    if cache is not None:
-        _check_cache(cache, cfg, *tokens.shape)
-    if rope_pos0 is not None:
-        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward", type_error=ValueError)
-    return tokens, rope_pos0
-
-
-def _check_cache(cache, cfg, B, T):
-    L, cb, _, G, dh = cache.k.shape
-    if (L, G, dh) != (cfg.n_layers, cfg.n_kv_heads, cfg.d_head):
-        raise ValueError(f"cache 的 (层数, G, dh) = {(L, G, dh)} 与 cfg 的 "
-                         f"{(cfg.n_layers, cfg.n_kv_heads, cfg.d_head)} 不符")
-    if cb != B:
-        raise ValueError(f"tokens 的批大小 {B} 与 cache 的批大小 {cb} 不同")
-    if cache.length + T > cache.max_len:
-        raise ValueError(f"KV cache 溢出：已有 {cache.length} 个位置，再来 {T} 个超过 max_len={cache.max_len}")
 
 
 def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, counter_decode=None):
@@ -827,6 +754,82 @@ def einsum_flops(spec, *shapes):
     n_index = math.prod(sizes.values())
     contracted = set(sizes) - set(out)
     return 2 * n_index if contracted and len(operands) >= 2 else n_index
+
+
+# =============================================================================
+# 输入检查（放在教学代码之后：每个公开函数开头一行 _check_*，然后是数学）
+# =============================================================================
+def _check_params(params, cfg):
+    """前向之前核对参数形状与 cfg 一致：形状不符时 numpy 常常照样能广播出一个错误的结果。"""
+    d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
+    want = {"attn_norm": (d,), "wq": (d, hd), "wk": (d, kvd), "wv": (d, kvd), "wo": (hd, d),
+            "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+    if params["embed"].shape != (cfg.vocab, d):
+        raise ValueError(f"params['embed'] 形状 {params['embed'].shape} 与 cfg 不符，应为 (vocab, d_model) = "
+                         f"{(cfg.vocab, d)}")
+    if len(params["layers"]) != cfg.n_layers:
+        raise ValueError(f"params 有 {len(params['layers'])} 层，cfg.n_layers = {cfg.n_layers}")
+    for i, layer in enumerate(params["layers"]):
+        for key, shape in want.items():
+            if key not in layer or layer[key].shape != shape:
+                got = layer[key].shape if key in layer else "缺失"
+                raise ValueError(f"params['layers'][{i}]['{key}'] 形状 {got}，按 cfg 应为 {shape}")
+    if params["final_norm"].shape != (d,):
+        raise ValueError(f"params['final_norm'] 形状 {params['final_norm'].shape}，应为 {(d,)}")
+    head = params["lm_head"]
+    if (head is None) != bool(cfg.tied):
+        raise ValueError(f"cfg.tied={cfg.tied}，但 params['lm_head'] {'是' if head is None else '不是'} None")
+    if head is not None and head.shape != (d, cfg.vocab):
+        raise ValueError(f"params['lm_head'] 形状 {head.shape}，应为 (d_model, vocab) = {(d, cfg.vocab)}")
+
+
+def _check_attention_shapes(q, k, v, q_pos0, causal):
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise ValueError(f"attention_core：q 应为 [B, T, H, dh]，k、v 应为同形状的 [B, S, G, dh]；"
+                         f"收到 q {q.shape}、k {k.shape}、v {v.shape}")
+    B, T, H, dh = q.shape
+    if k.shape[0] != B or k.shape[3] != dh or H % k.shape[2]:
+        raise ValueError(f"attention_core：q {q.shape} 与 k {k.shape} 不配：批大小与 dh 要相同，"
+                         f"H={H} 要是 G={k.shape[2]} 的整数倍")
+    check_int("q_pos0", q_pos0, lo=0, where="attention_core", type_error=ValueError)
+    if causal and q_pos0 + T > k.shape[1]:
+        raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
+                         f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
+
+
+def _check_tokens(tokens, cfg):
+    """tokens 必须是 [B, T] 的整数数组、取值在 [0, vocab)：numpy 会把 −1 悄悄当成最后一个词。"""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens 必须是形状 [B, T]（B, T ≥ 1）的二维数组，收到形状 {tokens.shape}")
+    if tokens.dtype == np.bool_ or not np.issubdtype(tokens.dtype, np.integer):
+        raise TypeError(f"tokens 必须是整数数组，收到 dtype={tokens.dtype}")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= cfg.vocab:
+        raise ValueError(f"token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
+    return tokens
+
+
+def _check_forward(params, cfg, tokens, cache, rope_pos0):
+    """forward 的全部输入检查；返回 (整数 tokens, rope_pos0)。"""
+    _check_params(params, cfg)
+    tokens = _check_tokens(tokens, cfg)
+    if cache is not None:
+        _check_cache(cache, cfg, *tokens.shape)
+    if rope_pos0 is not None:
+        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward", type_error=ValueError)
+    return tokens, rope_pos0
+
+
+def _check_cache(cache, cfg, B, T):
+    L, cb, _, G, dh = cache.k.shape
+    if (L, G, dh) != (cfg.n_layers, cfg.n_kv_heads, cfg.d_head):
+        raise ValueError(f"cache 的 (层数, G, dh) = {(L, G, dh)} 与 cfg 的 "
+                         f"{(cfg.n_layers, cfg.n_kv_heads, cfg.d_head)} 不符")
+    if cb != B:
+        raise ValueError(f"tokens 的批大小 {B} 与 cache 的批大小 {cb} 不同")
+    if cache.length + T > cache.max_len:
+        raise ValueError(f"KV cache 溢出：已有 {cache.length} 个位置，再来 {T} 个超过 max_len={cache.max_len}")
 
 
 # =============================================================================

@@ -70,21 +70,6 @@ LLAMA31_70B = llm_math.LLAMA31_70B
 
 
 # =============================================================================
-# 小工具：参数检查（坏输入要报清楚是哪个参数、允许什么）
-# =============================================================================
-def _count_array(name, v, lo=0):
-    """整数或整数数组（元素 ≥ lo）→ int64 数组。"""
-    a = np.asarray(v)
-    if a.size == 0:
-        return a.astype(np.int64)
-    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"{name} 必须是整数或整数数组，收到 dtype {a.dtype}")
-    if a.size and a.min() < lo:
-        raise ValueError(f"{name} 的每个元素必须 ≥ {lo}，最小的是 {a.min()}")
-    return a.astype(np.int64)
-
-
-# =============================================================================
 # 第 1 部分：一步前向的时间模型
 # =============================================================================
 class CapacityError(ValueError):
@@ -805,6 +790,21 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
                      "tpot_p50": s["tpot_p50"], "e2e_mean": s["e2e_mean"], "ttft_mean": s["ttft_mean"],
                      "useful_frac": info["useful_tokens"] / info["slot_tokens"]})
     return rows
+
+
+# =============================================================================
+# 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
+# =============================================================================
+def _count_array(name, v, lo=0):
+    """整数或整数数组（元素 ≥ lo）→ int64 数组。"""
+    a = np.asarray(v)
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} 必须是整数或整数数组，收到 dtype {a.dtype}")
+    if a.size and a.min() < lo:
+        raise ValueError(f"{name} 的每个元素必须 ≥ {lo}，最小的是 {a.min()}")
+    return a.astype(np.int64)
 
 
 # =============================================================================

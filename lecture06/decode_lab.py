@@ -50,25 +50,6 @@ from course_utils import check_choice, check_int, check_real  # noqa: E402  参�
 
 
 # =============================================================================
-# 输入检查（坏输入要大声报错，不能悄悄给出错误答案）
-# =============================================================================
-def _temperature(t):
-    return check_real("temperature", t, lo=0.0)
-
-
-def _tokens(name, toks, vocab):
-    """一维整数 token 数组，长度 ≥ 1，取值在 [0, vocab)。"""
-    a = np.asarray(toks)
-    if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"{name} 必须是非空的一维 token 序列，收到形状 {a.shape}")
-    if not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"{name} 的元素必须是整数 token，收到 dtype {a.dtype}")
-    if a.min() < 0 or a.max() >= vocab:
-        raise ValueError(f"{name} 的 token 必须在 [0, {vocab}) 里，收到范围 [{a.min()}, {a.max()}]")
-    return a.astype(np.int64)
-
-
-# =============================================================================
 # §1 调度模拟：请求级（FasterTransformer）vs 迭代级（Orca）
 # =============================================================================
 # Orca 的实验平台与模型：和第 1、5 讲用**同一个对象**（一处定义，数字只在一个地方改）。
@@ -1178,6 +1159,25 @@ def tree_accept_lengths(ranks, branching):
     window = np.lib.stride_tricks.sliding_window_view(ranks, D)[:starts]   # [starts, D]：window[t, d] = ranks[t+d]
     hit = window < k[None, :]
     return np.cumprod(hit, axis=1).sum(axis=1), tree_nodes(k)
+
+
+# =============================================================================
+# 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
+# =============================================================================
+def _temperature(t):
+    return check_real("temperature", t, lo=0.0)
+
+
+def _tokens(name, toks, vocab):
+    """一维整数 token 数组，长度 ≥ 1，取值在 [0, vocab)。"""
+    a = np.asarray(toks)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name} 必须是非空的一维 token 序列，收到形状 {a.shape}")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} 的元素必须是整数 token，收到 dtype {a.dtype}")
+    if a.min() < 0 or a.max() >= vocab:
+        raise ValueError(f"{name} 的 token 必须在 [0, {vocab}) 里，收到范围 [{a.min()}, {a.max()}]")
+    return a.astype(np.int64)
 
 
 # =============================================================================

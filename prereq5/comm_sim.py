@@ -68,70 +68,7 @@ REDUCE_OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
 # =====================================================================
-# 1. 参数检查（坏输入 → 写明参数名和允许取值的异常）
-# =====================================================================
-# 设备数之类的整数：check_int(name, p, lo=1)；标量实数：check_real（都在 lecture01/course_utils.py）
-def _check_nonneg(x, name):
-    """标量（交给 check_real）或 numpy 数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
-    if not isinstance(x, np.ndarray):
-        return check_real(name, x, lo=0.0)
-    arr = np.asarray(x, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(f"{name} 必须是有限的非负数（≥ 0），收到 {x}")
-    return float(arr) if arr.ndim == 0 else arr
-
-
-def _check_positive(x, name):
-    v = _check_nonneg(x, name)
-    if np.any(np.asarray(v) <= 0):
-        raise ValueError(f"{name} 必须 > 0，收到 {x}")
-    return v
-
-
-def _check_algo(collective, algo):
-    """collective 的名字对不对；algo = None 取它的第一个（默认）算法。"""
-    known = ALGORITHMS[check_choice("collective", collective, ALGORITHMS)]
-    return known[0] if algo is None else check_choice(f"{collective} 的 algo", algo, known)
-
-
-def _check_op(op):
-    return REDUCE_OPS[check_choice("op", op, REDUCE_OPS)]
-
-
-def _check_buffers(xs, name="xs", same_len=True):
-    """xs：每个设备一个一维 numpy 数组。返回副本列表（模拟不改动调用者的数组）。"""
-    if not isinstance(xs, (list, tuple)):
-        raise TypeError(f"{name} 必须是列表（每个设备一个 numpy 数组），收到 {type(xs).__name__}")
-    if len(xs) < 1:
-        raise ValueError(f"{name} 至少要有 1 个设备（P ≥ 1），收到空列表")
-    for i, x in enumerate(xs):
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name}[{i}] 必须是 numpy 数组，收到 {type(x).__name__}")
-        if x.ndim != 1:
-            raise ValueError(f"{name}[{i}] 必须是一维数组（形状 (n,)），收到形状 {x.shape}")
-    if len({x.dtype for x in xs}) > 1:
-        raise ValueError(f"{name} 里所有数组的 dtype 必须相同，收到 {sorted({str(x.dtype) for x in xs})}")
-    if same_len and len({x.shape[0] for x in xs}) > 1:
-        raise ValueError(f"{name} 里所有数组的长度必须相同，收到 {[x.shape[0] for x in xs]}")
-    return [x.copy() for x in xs]
-
-
-def _require_pow2(p, what):
-    if p & (p - 1):
-        raise ValueError(f"{what} 要求 P 是 2 的幂（1, 2, 4, 8, …），收到 P = {p}；"
-                         f"非 2 的幂请用 algo='ring'，或用会折叠多余设备的 rec_doubling / rabenseifner all-reduce")
-
-
-def _ceil_lg(p):
-    return (p - 1).bit_length()          # ⌈log2 p⌉；p = 1 → 0
-
-
-def _floor_pow2(p):
-    return 1 << (p.bit_length() - 1)     # 不超过 p 的最大 2 的幂
-
-
-# =====================================================================
-# 2. 账本：每一步、每条链路发了多少字节
+# 1. 账本：每一步、每条链路发了多少字节
 # =====================================================================
 @dataclass(frozen=True)
 class Message:
@@ -250,7 +187,7 @@ def _trace(trace, phase, step, bufs):
 
 
 # =====================================================================
-# 3. 环形算法（ring）：reduce-scatter、all-gather、all-reduce
+# 2. 环形算法（ring）：reduce-scatter、all-gather、all-reduce
 # =====================================================================
 # 设备 r 把自己的向量切成 g 块；第 s 步，组里位置 i 的设备把块 (i − s − 1) mod g 发给下一个设备 i + 1，
 # 对方把它加到自己的同一块上。块 c 从设备 c + 1 出发，绕环走 g − 1 步后停在设备 c：设备 c 拿到块 c 的总和。
@@ -334,7 +271,7 @@ def ring_all_reduce(xs, op="sum", trace=None):
 
 
 # =====================================================================
-# 4. 递归减半 / 递归倍增（P 为 2 的幂；all-reduce 对任意 P 先折叠）
+# 3. 递归减半 / 递归倍增（P 为 2 的幂；all-reduce 对任意 P 先折叠）
 # =====================================================================
 def _rec_halving_steps(bufs, ranks, ledger, op):
     """bufs[r]：设备 r 的 q 块列表（q = len(ranks) 是 2 的幂）。结束时位置 i 的设备拥有块 i 的归约结果。"""
@@ -463,7 +400,7 @@ def rabenseifner_all_reduce(xs, op="sum"):
 
 
 # =====================================================================
-# 5. 树：二项树 reduce + broadcast、broadcast 的两种算法
+# 4. 树：二项树 reduce + broadcast、broadcast 的两种算法
 # =====================================================================
 def _binomial_reduce(xs, ranks, ledger, op):
     """向 ranks[0] 归约：距离 m = 1, 2, 4, … 的设备把部分和发给左边的伙伴。⌈lg q⌉ 步。"""
@@ -546,7 +483,7 @@ def scatter_allgather_broadcast(x, p, root=0):
 
 
 # =====================================================================
-# 6. all-to-all：成对交换
+# 5. all-to-all：成对交换
 # =====================================================================
 def pairwise_all_to_all(xs):
     """
@@ -570,7 +507,7 @@ def pairwise_all_to_all(xs):
 
 
 # =====================================================================
-# 7. 两级（hierarchical）all-reduce：节点内 NVLink + 节点间网络
+# 6. 两级（hierarchical）all-reduce：节点内 NVLink + 节点间网络
 # =====================================================================
 def hierarchical_all_reduce(xs, gpus_per_node, op="sum"):
     """
@@ -621,7 +558,7 @@ SIMULATORS = {
 
 
 # =====================================================================
-# 8. α-β 代价模型：Cost(步数, 关键路径字节数)
+# 7. α-β 代价模型：Cost(步数, 关键路径字节数)
 # =====================================================================
 # 公式见（Thakur, Rabenseifner, Gropp 2005 [S73]），γ（归约计算）忽略。
 # 非 2 的幂的 rec_doubling / rabenseifner 按上面的"折叠"写：多 2 步、多 2n 字节。
@@ -780,7 +717,7 @@ def crossover_bytes(collective, p, alpha, beta, algo=None):
 
 
 # =====================================================================
-# 9. nccl-tests 的 algbw / busbw，NCCL 延迟，α-β 拟合
+# 8. nccl-tests 的 algbw / busbw，NCCL 延迟，α-β 拟合
 # =====================================================================
 _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
                "allgather": lambda p: (p - 1) / p, "alltoall": lambda p: (p - 1) / p,
@@ -838,6 +775,69 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
         raise ValueError(f"p = {p}：没有通信，无法拟合（需要 p ≥ 2）")
     rel = np.max(np.abs(a + b * n - t) / t)
     return Fit(alpha=a / c.steps, beta=b / c.bytes, intercept=float(a), slope=float(b), max_rel_err=float(rel))
+
+
+# =====================================================================
+# 9. 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
+# =====================================================================
+# 设备数之类的整数：check_int(name, p, lo=1)；标量实数：check_real（都在 lecture01/course_utils.py）
+def _check_nonneg(x, name):
+    """标量（交给 check_real）或 numpy 数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
+    if not isinstance(x, np.ndarray):
+        return check_real(name, x, lo=0.0)
+    arr = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name} 必须是有限的非负数（≥ 0），收到 {x}")
+    return float(arr) if arr.ndim == 0 else arr
+
+
+def _check_positive(x, name):
+    v = _check_nonneg(x, name)
+    if np.any(np.asarray(v) <= 0):
+        raise ValueError(f"{name} 必须 > 0，收到 {x}")
+    return v
+
+
+def _check_algo(collective, algo):
+    """collective 的名字对不对；algo = None 取它的第一个（默认）算法。"""
+    known = ALGORITHMS[check_choice("collective", collective, ALGORITHMS)]
+    return known[0] if algo is None else check_choice(f"{collective} 的 algo", algo, known)
+
+
+def _check_op(op):
+    return REDUCE_OPS[check_choice("op", op, REDUCE_OPS)]
+
+
+def _check_buffers(xs, name="xs", same_len=True):
+    """xs：每个设备一个一维 numpy 数组。返回副本列表（模拟不改动调用者的数组）。"""
+    if not isinstance(xs, (list, tuple)):
+        raise TypeError(f"{name} 必须是列表（每个设备一个 numpy 数组），收到 {type(xs).__name__}")
+    if len(xs) < 1:
+        raise ValueError(f"{name} 至少要有 1 个设备（P ≥ 1），收到空列表")
+    for i, x in enumerate(xs):
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}[{i}] 必须是 numpy 数组，收到 {type(x).__name__}")
+        if x.ndim != 1:
+            raise ValueError(f"{name}[{i}] 必须是一维数组（形状 (n,)），收到形状 {x.shape}")
+    if len({x.dtype for x in xs}) > 1:
+        raise ValueError(f"{name} 里所有数组的 dtype 必须相同，收到 {sorted({str(x.dtype) for x in xs})}")
+    if same_len and len({x.shape[0] for x in xs}) > 1:
+        raise ValueError(f"{name} 里所有数组的长度必须相同，收到 {[x.shape[0] for x in xs]}")
+    return [x.copy() for x in xs]
+
+
+def _require_pow2(p, what):
+    if p & (p - 1):
+        raise ValueError(f"{what} 要求 P 是 2 的幂（1, 2, 4, 8, …），收到 P = {p}；"
+                         f"非 2 的幂请用 algo='ring'，或用会折叠多余设备的 rec_doubling / rabenseifner all-reduce")
+
+
+def _ceil_lg(p):
+    return (p - 1).bit_length()          # ⌈log2 p⌉；p = 1 → 0
+
+
+def _floor_pow2(p):
+    return 1 << (p.bit_length() - 1)     # 不超过 p 的最大 2 的幂
 
 
 # =====================================================================
