@@ -411,20 +411,23 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         q_pos0 第一个查询的位置；causal=True 时查询 i 只看位置 ≤ q_pos0+i 的键。
                前向里总有 q_pos0 = S − T，即掩码"右下对齐"（同 flash-attn ≥ 2.1，不同于 PyTorch SDPA 的 is_causal）。
     返回 [B, T, H·dh]。
-    GQA：H 个头分成 G 组，每组 R = H/G 个头共用一份 K/V。把 q 变形成 [B, T, G, R, dh] 后，
-        一次 einsum 就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
+    GQA：H 个头分成 G 组，每组 R = H/G 个头共用一份 K/V。把 q 变形成 [B, G, R, T, dh]、K 加一个长度 1 的轴
+        [B, G, 1, dh, S]，一次批量矩阵乘就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
     记账：见模块开头；softmax 另记一行，只有运算没有字节（融合内核里分数留在片上）。
     """
     _check_attention_shapes(q, k, v, q_pos0, causal)
     B, T, H, dh = q.shape
     _, S, G, _ = k.shape
-    qg = q.reshape(B, T, G, H // G, dh)                                        # [B, T, G, R, dh]
-    scores = np.einsum("btgrd,bsgd->bgrts", qg, k) * (1.0 / math.sqrt(dh))    # [B, G, R, T, S]
+    # 两次乘法就是 einsum("btgrd,bsgd->bgrts", ·) 和 einsum("bgrts,bsgd->btgrd", ·)；写成批量矩阵乘（@）是因为
+    # numpy 的 @ 走 BLAS，比 einsum 的通用循环快 2–15 倍（prefill、上千个样本的批里差得最多）。
+    qg = q.reshape(B, T, G, H // G, dh).transpose(0, 2, 3, 1, 4)              # [B, G, R, T, dh]
+    kt = k.transpose(0, 2, 3, 1)[:, :, None]                                   # [B, G, 1, dh, S]
+    scores = (qg @ kt) * (1.0 / math.sqrt(dh))                                 # [B, G, R, T, S]
     if causal:
         visible = np.arange(S)[None, :] <= (q_pos0 + np.arange(T))[:, None]   # [T, S]
         scores = np.where(visible, scores, -np.inf)
     probs = softmax(scores, axis=-1)
-    out = np.einsum("bgrts,bsgd->btgrd", probs, v)                             # [B, T, G, R, dh]
+    out = (probs @ v.transpose(0, 2, 1, 3)[:, :, None]).transpose(0, 3, 1, 2, 4)   # [B, T, G, R, dh]
     if counter is not None:
         pairs = _causal_pairs(T, S, q_pos0) if causal else T * S
         counter.add("attn_core", flops=4 * B * T * S * H * dh, useful=4 * B * pairs * H * dh,
