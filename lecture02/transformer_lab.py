@@ -423,7 +423,7 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
     qg = q.reshape(B, T, G, H // G, dh).transpose(0, 2, 3, 1, 4)              # [B, G, R, T, dh]
     kt = k.transpose(0, 2, 3, 1)[:, :, None]                                   # [B, G, 1, dh, S]
     scores = (qg @ kt) * (1.0 / math.sqrt(dh))                                 # [B, G, R, T, S]
-    if causal:
+    if causal and q_pos0 < S - 1:                     # decode（一个查询在最后）看得见全部键，不用掩码
         visible = np.arange(S)[None, :] <= (q_pos0 + np.arange(T))[:, None]   # [T, S]
         scores = np.where(visible, scores, -np.inf)
     probs = softmax(scores, axis=-1)
