@@ -653,6 +653,8 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
         （这一步执行时已预留 / 已写入的 KV token 数：写完本步的 KV、还没释放完成者）。
     调用者负责检查输入（排序、长度、放不放得下）：这里只做调度。
     """
+    if chunk is not None and reserve is None:
+        raise ValueError("iteration_schedule：分块 prefill（chunk）只能和 KV 预留（reserve）一起用")
     n, ids = len(arrival), list(range(len(arrival))) if ids is None else ids
     cap = int(step.kv_capacity_tokens())
     attn_1 = step.model.attn_flops_per_token(1)         # 每个 token 每看一个 key 的注意力 FLOPs
@@ -691,17 +693,7 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
         dec = [k for k in batch if prog[k] == prompt[k]]
         ctx = sum(prompt[k] + gen[k] for k in dec)      # decode 请求各自读的 KV（含这一步新写的那个）
         budget = math.inf if chunk is None else max(chunk - len(dec), 0)
-        pieces, p_tok, p_attn, p_ctx = [], 0, 0.0, 0
-        for k in batch:
-            left = prompt[k] - prog[k]
-            if budget <= 0:
-                break
-            if left == 0:
-                continue
-            c, o = int(min(left, budget)), prog[k]
-            pieces.append((k, c))
-            p_tok, p_ctx, budget = p_tok + c, p_ctx + o, budget - c
-            p_attn += attn_1 * (c * o + c * (c + 1) / 2)   # 这块的第 j 个 token 看 o + j 个 key（因果掩码）
+        pieces, p_tok, p_attn, p_ctx = _prefill_pieces(batch, prompt, prog, budget, attn_1)
         t0 = t
         extra = (p_ctx,) if p_ctx else ()               # 分块时才有"之前的块"：只接受 4 个参数的 step 也能用
         t += step.mixed_time(len(dec), ctx, p_tok, p_attn, *extra)
@@ -733,6 +725,23 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
     out.update(admit_t=admit_t, token_times=times, mean_batch=occ / it,
                mean_reserved=res_sum / it, mean_used=used_sum / it)
     return out
+
+
+def _prefill_pieces(batch, prompt, prog, budget, attn_1):
+    """按到达顺序给还在 prefill 的请求分输入块，直到 budget 用完。
+    返回 (块列表 [(下标, token 数)], 总 token 数, 注意力 FLOPs, 这些块之前已 prefill 的 token 数之和)。"""
+    pieces, p_tok, p_attn, p_ctx = [], 0, 0.0, 0
+    for k in batch:
+        left = prompt[k] - prog[k]
+        if budget <= 0:
+            break
+        if left == 0:
+            continue
+        c, o = int(min(left, budget)), prog[k]
+        pieces.append((k, c))
+        p_tok, p_ctx, budget = p_tok + c, p_ctx + o, budget - c
+        p_attn += attn_1 * (c * o + c * (c + 1) / 2)       # 这块的第 j 个 token 看 o + j 个 key（因果掩码）
+    return pieces, p_tok, p_attn, p_ctx
 
 
 # =============================================================================

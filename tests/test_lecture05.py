@@ -364,6 +364,8 @@ def test_simulator_errors_and_kv_wall():
         ss.simulate_static(reqs, STEP, 2.5)
     with pytest.raises(ValueError, match="max_batch"):
         ss.simulate_continuous(reqs, STEP, 0)
+    with pytest.raises(ValueError, match="chunk"):                  # 不预留时没有定义分块 prefill
+        ss.iteration_schedule([0.0], [5], [1], STEP, max_batch=4, reserve=None, chunk=3)
 
 
 def test_offline_sweep_matches_direct_simulation():
