@@ -1,4 +1,5 @@
-"""lecture11/triton_flash.py 的测试：Triton 解释器（CPU，fp32，小尺寸）对照 float64 参考；GPU 用例在有 CUDA 时跑。
+"""lecture11/triton_flash.py 的测试：v1 最小内核和 v2 完整内核，Triton 解释器（CPU，fp32，小尺寸）对照 float64 参考；
+GPU 用例在有 CUDA 时跑。
 
 解释器必须在定义内核之前打开，启动内核时 Triton 还会再读一次：加载模块时临时设置 TRITON_INTERPRET=1，
 加载完恢复原值；本文件的每个测试运行期间再由 autouse fixture 设上（不影响同一进程里的其他测试文件）。
@@ -52,33 +53,39 @@ BLOCKS = {
 
 
 @pytest.fixture(params=list(BLOCKS))
-def blocks(request, monkeypatch):
-    """把 _fixed_config 换成另一组块大小（解释器里 _launch 总是走固定配置）。"""
+def blocks(request):
+    """另一组块大小，作为 Launch(blocks=...) 传给内核（解释器里 _launch 总是走固定配置）。"""
     cfg = BLOCKS[request.param]
     if cfg is None:
         assert tf._fixed_config("fwd", 16, F32)[:2] == (16, 32) and tf._fixed_config("dkdv", 16, F32)[:2] == (32, 16)
-    else:
-        monkeypatch.setattr(tf, "_fixed_config", lambda kind, block_d, dtype: cfg[kind])
-    return request.param
+        return tf.Launch()
+    return tf.Launch(blocks=cfg)
 
 
-def _assert_close(case):
-    ours = tf.run_ours(case)
+def _case(name, gen, batch=1, nq=20, nk=20, hq=2, hk=1, d=16, dtype=F32, **features):
+    """make_case 的简写：CPU、默认 fp32，其余用关键字。"""
+    return tf.make_case(name, batch=batch, nq=nq, nk=nk, hq=hq, hk=hk, d=d, dtype=dtype, device="cpu", gen=gen,
+                        **features)
+
+
+def _assert_close(case, launch=None, kernel="full"):
+    ours = tf.run_ours(case, kernel, launch)
     ref = tf.run_reference(case)
     errs = tf.field_errors(ours, ref)
+    print(case["name"], errs)                     # 先打印误差再断言
     bad = {f: e for f, e in errs.items() if not e < TOL}
     assert not bad, f"{case['name']}: 误差 {bad}"
     return ours, ref
 
 
-@pytest.mark.parametrize("nq,nk,hq,hk,d,causal", [
-    (29, 29, 2, 2, 64, False),      # 等长、GQA 1
-    (13, 50, 4, 2, 40, True),       # Nq < Nk、GQA 2、d 非 2 的幂
-    (47, 18, 4, 1, 16, True),       # Nq > Nk（前 29 行没有 key）、MQA
-    (33, 41, 4, 1, 80, False),      # GQA 4、d = 80
+@pytest.mark.parametrize("shape", [
+    dict(nq=29, nk=29, hq=2, hk=2, d=64),                 # 等长、GQA 1
+    dict(nq=13, nk=50, hq=4, hk=2, d=40, causal=True),    # Nq < Nk、GQA 2、d 非 2 的幂
+    dict(nq=47, nk=18, hq=4, hk=1, d=16, causal=True),    # Nq > Nk（前 29 行没有 key）、MQA
+    dict(nq=33, nk=41, hq=4, hk=1, d=80),                 # GQA 4、d = 80
 ])
-def test_matches_float64(gen, blocks, nq, nk, hq, hk, d, causal):
-    _assert_close(tf.make_case("shape", 2, nq, nk, hq, hk, d, F32, "cpu", gen, causal=causal))
+def test_matches_float64(gen, blocks, shape):
+    _assert_close(_case("shape", gen, batch=2, **shape), blocks)
 
 
 @pytest.mark.parametrize("kw", [
@@ -90,10 +97,10 @@ def test_matches_float64(gen, blocks, nq, nk, hq, hk, d, causal):
     dict(bias=True),
 ])
 def test_features_match_float64(gen, blocks, kw):
-    _assert_close(tf.make_case(str(kw), 1, 37, 44, 2, 1, 40, F32, "cpu", gen, **kw))
+    _assert_close(_case(str(kw), gen, nq=37, nk=44, d=40, **kw), blocks)
 
 
-# 三段循环的边界（_key_range / _query_range 里的 ±1）只在 Nk − Nq 落在特定余数上时才起作用：
+# 三段循环的边界（_tile_range 里的 ±1；反向的 dK/dV 交换 q/k 调用同一个函数）只在 Nk − Nq 落在特定余数上时才起作用：
 # Nq = 17，Nk = 8…74（Nk − Nq = −9…57，超过一个 key 块宽 32）打包成一次 varlen 调用，每段都有自己的 Nk − Nq。
 SWEEP_NK = list(range(8, 75))
 
@@ -105,14 +112,14 @@ SWEEP_NK = list(range(8, 75))
     (False, (20, 20)),     # 两侧窗口
 ])
 def test_block_boundary_sweep(gen, blocks, causal, window):
-    case = tf.make_case(f"sweep {causal} {window}", 0, 0, 0, 1, 1, 16, F32, "cpu", gen, causal=causal,
-                        window=window, varlen_q=[17] * len(SWEEP_NK), varlen_k=SWEEP_NK)
-    _assert_close(case)
+    case = _case(f"sweep {causal} {window}", gen, batch=0, nq=0, nk=0, hq=1, hk=1, causal=causal, window=window,
+                 varlen_q=[17] * len(SWEEP_NK), varlen_k=SWEEP_NK)
+    _assert_close(case, blocks)
 
 
 def test_alibi_slopes_per_batch(gen):
     """[B, Hq] 的斜率：每个 batch 用自己的一行（斜率差别大，读错 batch 的行误差 ≫ 容差）。"""
-    case = tf.make_case("alibi [B, Hq]", 2, 21, 30, 2, 1, 16, F32, "cpu", gen, causal=True, alibi=True)
+    case = _case("alibi [B, Hq]", gen, batch=2, nq=21, nk=30, causal=True, alibi=True)
     case["slopes"] = torch.rand(2, 2, generator=gen) * 2.0
     _assert_close(case)
 
@@ -120,14 +127,14 @@ def test_alibi_slopes_per_batch(gen):
 @pytest.mark.parametrize("shape", [(2, 2), (1, 1), (2, 1), (1, 2)])
 def test_bias_shapes(gen, shape):
     """bias [B 或 1, Hq 或 1, Nq, Nk]：逐 batch、逐头和广播都和参考一致（前向 + 反向）。"""
-    case = tf.make_case(f"bias {shape}", 2, 19, 26, 2, 1, 16, F32, "cpu", gen)
+    case = _case(f"bias {shape}", gen, batch=2, nq=19, nk=26)
     case["bias"] = torch.randn(*shape, 19, 26, generator=gen) * 2.0
     _assert_close(case)
 
 
 def test_varlen_with_empty_and_single_sequences(gen):
     lens_q, lens_k = [0, 1, 21, 1, 34], [4, 1, 30, 0, 34]
-    case = tf.make_case("varlen", 0, 0, 0, 4, 2, 24, F32, "cpu", gen, causal=True, varlen_q=lens_q, varlen_k=lens_k)
+    case = _case("varlen", gen, batch=0, nq=0, nk=0, hq=4, hk=2, d=24, causal=True, varlen_q=lens_q, varlen_k=lens_k)
     ours, _ = _assert_close(case)
     # 第 4 段 Nk = 0：这一行输出 0、LSE = −inf、dQ = 0
     row = sum(lens_q[:3])
@@ -152,7 +159,7 @@ def test_varlen_equals_dense_per_sequence(gen):
 def test_empty_rows_are_zero_not_nan(gen):
     """causal 且 Nq > Nk：前 Nq − Nk 行看不到任何 key，输出 0、LSE −inf，梯度有限。"""
     nq, nk = 40, 16
-    case = tf.make_case("empty rows", 1, nq, nk, 2, 2, 16, F32, "cpu", gen, causal=True)
+    case = _case("empty rows", gen, nq=nq, nk=nk, hq=2, hk=2, causal=True)
     out, lse, dq, dk, dv = tf.run_ours(case)
     e = nq - nk                                                  # 空行数
     assert torch.equal(out[0, :e], torch.zeros_like(out[0, :e]))
@@ -213,7 +220,7 @@ def test_dropout_statistics_and_reproducibility(gen):
 
 
 def test_dropout_backward_matches_reference(gen):
-    _assert_close(tf.make_case("dropout", 2, 23, 31, 4, 2, 16, F32, "cpu", gen, causal=True, dropout_p=0.25))
+    _assert_close(_case("dropout", gen, batch=2, nq=23, nk=31, hq=4, hk=2, causal=True, dropout_p=0.25))
 
 
 def test_noncontiguous_inputs(gen):
@@ -283,7 +290,7 @@ def test_bad_cu_seqlens(cu, exc, word):
 
 def test_float16_on_interpreter(gen):
     """fp16 在解释器里和 float64 参考的误差不超过 PyTorch 自己 fp16 注意力误差的 2 倍（GPU 检查的同一判据）。"""
-    case = tf.make_case("fp16", 1, 29, 37, 2, 1, 40, torch.float16, "cpu", gen, causal=True)
+    case = _case("fp16", gen, nq=29, nk=37, d=40, dtype=torch.float16, causal=True)
     ref = tf.run_reference(case)
     errs = tf.field_errors(tf.run_ours(case), ref)
     torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
@@ -345,9 +352,150 @@ def test_cpu_without_interpreter_gives_clear_error():
     assert "ERR" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
 
 
+# ---------------------------------------------------------------- v1：最小内核
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, n=37, heads=2, d=64, causal=False),
+    dict(batch=1, n=45, heads=3, d=16, causal=True),
+    dict(batch=2, n=70, heads=1, d=32, causal=True),     # 跨好几个 Q 块和 key 块，最后一块不满
+    dict(batch=1, n=5, heads=2, d=128, causal=False),    # 比一个块还短
+])
+def test_minimal_matches_float64(gen, shape):
+    n, heads = shape["n"], shape["heads"]
+    case = _case("v1", gen, batch=shape["batch"], nq=n, nk=n, hq=heads, hk=heads, d=shape["d"],
+                 causal=shape["causal"])
+    _assert_close(case, kernel="minimal")
+
+
+def test_minimal_matches_flash_lab_naive(gen):
+    """v1 和 flash_lab.naive_attention（numpy 逐行参考）一致：同一个参考链的起点。"""
+    fl = load_lab("lecture11", "flash_lab")
+    q, k, v = (torch.randn(1, 33, 1, 32, generator=gen) for _ in range(3))
+    out, lse = tf.mini_attention(q, k, v, causal=True)
+    O, L = fl.naive_attention(q[0, :, 0].double().numpy(), k[0, :, 0].double().numpy(), v[0, :, 0].double().numpy(),
+                              causal=True)
+    print("max |Δout|", (out[0, :, 0].double() - torch.from_numpy(O)).abs().max().item())
+    assert torch.allclose(out[0, :, 0].double(), torch.from_numpy(O), atol=1e-5)
+    assert torch.allclose(lse[0, 0].double(), torch.from_numpy(L), atol=1e-5)
+
+
+def test_minimal_equals_full_kernel(gen):
+    """两版算的是同一个函数：同样的输入，v1 和 v2 的输出在 fp32 舍入误差内一致。"""
+    q, k, v = (torch.randn(2, 29, 2, 16, generator=gen) for _ in range(3))
+    for causal in (False, True):
+        mini, lse_mini = tf.mini_attention(q, k, v, causal=causal)
+        full, lse_full = tf.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        assert torch.allclose(mini, full, atol=1e-6) and torch.allclose(lse_mini, lse_full, atol=1e-5)
+
+
+@pytest.mark.parametrize("make,exc,word", [
+    (lambda: tf.mini_attention(*_qkv(nk=9)), ValueError, "形状相同"),
+    (lambda: tf.mini_attention(*_qkv(hk=1)), ValueError, "形状相同"),
+    (lambda: tf.mini_attention(*_qkv(d=40)), ValueError, "head dim"),
+    (lambda: tf.mini_attention(*_qkv(nq=0, nk=0)), ValueError, "N"),
+    (lambda: tf.mini_attention(*_qkv(), causal="yes"), TypeError, "causal"),
+    (lambda: tf.mini_attention(*_qkv(), softmax_scale=0), ValueError, "softmax_scale"),
+])
+def test_minimal_bad_inputs_raise(make, exc, word):
+    with pytest.raises(exc, match=word):
+        make()
+
+
+# ---------------------------------------------------------------- 开关、检查函数、脚本入口
+@pytest.mark.parametrize("flag", ["causal", "return_lse", "enable_profiling", "return_encoded_softmax"])
+@pytest.mark.parametrize("value", ["yes", "False", 1, None])
+def test_flags_must_be_bool(flag, value):
+    """`causal='yes'` 以前被当成 True（字符串是真值）：每个开关只收 True / False。"""
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(TypeError, match=flag):
+        tf.flash_attn_func(*_qkv(), **{flag: value})
+    with pytest.raises(TypeError, match=flag):
+        tf.flash_attn_varlen_func(*(t[0] for t in _qkv()), cu, cu, 8, 8, **{flag: value})
+
+
+def test_poison_launch_finds_every_output_written(gen):
+    """Launch(poison=True)：输出和梯度先填 NaN；结果和正常启动逐位相同，说明内核写满了每个元素。"""
+    case = _case("poison", gen, batch=2, nq=23, nk=37, hq=4, hk=2, d=40, causal=True)
+    plain = tf.run_ours(case)
+    poisoned = tf.run_ours(case, launch=tf.Launch(poison=True))
+    assert all(torch.equal(a, b) for a, b in zip(plain, poisoned))
+    with pytest.raises(TypeError, match="launch"):
+        tf.flash_attn_func(*_qkv(), launch={"poison": True})
+
+
+def test_check_cpu_prints_seed_and_replays(capsys):
+    """check_cpu 打印种子；同一个种子造出同一组输入（失败可以复现）。"""
+    tf.check_cpu("minimal", seed=12345, verbose=False)
+    assert "种子 12345" in capsys.readouterr().out
+    a = tf.cpu_cases(torch.Generator().manual_seed(7), "minimal")
+    b = tf.cpu_cases(torch.Generator().manual_seed(7), "minimal")
+    assert all(torch.equal(x["q"], y["q"]) and torch.equal(x["do"], y["do"]) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="kernel"):
+        tf.check_cpu("fast")
+
+
+def test_script_without_torch_skips():
+    """没有 torch：当脚本运行打印一行 SKIP（说怎么安装）、退出码 77。"""
+    code = ("import sys, runpy; sys.modules['torch'] = None\n"
+            "runpy.run_path('lecture11/triton_flash.py', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 77, out.stdout + out.stderr
+    assert out.stdout.startswith("SKIP: 没有安装 torch") and "make setup" in out.stdout, out.stdout
+    assert len(out.stdout.strip().splitlines()) == 1 and not out.stderr
+
+
+def test_dense_cu_seqlens_cached():
+    """等长 batch 的 cu_seqlens 每个 (B, N, 设备) 只建一次（热路径上不再每次 arange）；值是 [0, N, 2N, …]。"""
+    a = tf._cu_dense(3, 7, torch.device("cpu"))
+    assert a is tf._cu_dense(3, 7, torch.device("cpu"))
+    assert a.tolist() == [0, 7, 14, 21] and a.dtype == torch.int32
+    assert tf._cu_dense(3, 8, torch.device("cpu")).tolist() == [0, 8, 16, 24]
+
+
+def test_plan_recorded_on_second_sighting(monkeypatch):
+    """一个形状第二次出现才记 _Plan；缓存满了整体清空（形状一直在变时不无限增长）。"""
+    monkeypatch.setattr(tf, "_SEEN", set())
+    monkeypatch.setattr(tf, "_PLANS", {})
+    monkeypatch.setattr(tf, "_MAX_PLANS", 3)
+    assert not tf._should_record(None)
+    assert not tf._should_record("a") and tf._should_record("a")
+    tf._PLANS["a"] = False                      # 记过（哪怕失败）就不再记
+    assert not tf._should_record("a")
+    for key in "bcd":
+        tf._should_record(key)
+    assert len(tf._SEEN) <= 3 and "a" not in tf._PLANS
+
+
+def test_no_fast_path_in_interpreter(gen):
+    """解释器里没有编译好的内核：_plan_key 返回 None，调用照常走 Triton 的启动路径。"""
+    q, k, v = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(3))
+    opts = tf._check_dense(q, k, v, 0.0, None, True, None, None, (-1, -1), False, None, False, False, None)
+    assert tf._plan_key(q, k, v, opts) is None
+
+
+GPU_FAST_PATH = """
+import sys, torch; sys.path.insert(0, 'lecture11'); import triton_flash as tf
+q, k, v = (torch.randn(2, 300, 8, 64, device='cuda', dtype=torch.bfloat16) for _ in range(3))
+slow = tf.flash_attn_func(q, k, v, causal=True)
+tf.flash_attn_func(q, k, v, causal=True)          # 第二次见到这个形状：记下 _Plan
+n = tf._Plan.launches
+fast = tf.flash_attn_func(q, k, v, causal=True)
+assert tf._Plan.launches == n + 1, 'fast path not used'
+assert torch.equal(slow, fast), (slow - fast).abs().max()
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA GPU（快速路径只在编译好的内核上有）")
+def test_gpu_fast_path_is_bitwise_equal():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", GPU_FAST_PATH], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA GPU（bf16/fp16 真实尺寸的检查）")
-def test_gpu_checks():
-    code = "import sys; sys.path.insert(0, 'lecture11'); import triton_flash as tf; tf.check_gpu(verbose=False)"
+@pytest.mark.parametrize("kernel", tf.KERNELS)
+def test_gpu_checks(kernel):
+    code = ("import sys; sys.path.insert(0, 'lecture11'); import triton_flash as tf; "
+            f"tf.check_gpu({kernel!r}, verbose=False)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
