@@ -45,7 +45,7 @@ def single_stream_table(models, chips, w_bytes):
         row = [m.name, M.fmt_bytes(m.weight_bytes(w_bytes))]
         for chip in chips:
             k = chips_needed(m, chip, w_bytes)
-            # k 张卡按张量并行各读 1/k 的权重：带宽合计 k 倍（忽略通信，第 4 讲再算）
+            # k 张卡按张量并行各读 1/k 的权重：带宽合计 k 倍（忽略通信；通信见 prereq5/04、第 5 讲演示 04）
             t = m.step_bytes(1, 1, 0, w_bytes) / (k * chip.mem_bw)
             row.append(f"{1 / t:,.0f}" + ("" if k == 1 else f" ({k}卡)"))
         rows.append(row)
@@ -103,7 +103,7 @@ def main():
     print(single_stream_table(MODELS, CHIPS, 2.0))
     print("   FP8 / INT8 权重（1 字节）：")
     print(single_stream_table(MODELS, CHIPS, 1.0))
-    print("   （\"(k卡)\"：一张卡放不下，k 张卡各读 1/k 的权重；通信时间没算，第 4 讲再说。）")
+    print("   （\"(k卡)\"：一张卡放不下，k 张卡各读 1/k 的权重；通信时间没算，见 prereq5/04 和第 5 讲演示 04。）")
 
     m1, h100 = M.LLAMA32_1B, HW.H100_SXM
     t_bound = M.decode_time_per_token(m1, h100)

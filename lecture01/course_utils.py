@@ -19,7 +19,8 @@ CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印�
     format_table(headers, rows, align=None)   对齐的文本表格：表头、虚线分隔行、数据行
     fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
     figure_path(script, what, quick=False)    <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
-    save_figure(fig, script, what, quick=…)   紧凑排版、存到 figure_path、关闭图，返回路径
+    pyplot()                                  Agg 后端 + 投影用的字号（FIG_RC，所有文字 ≥ MIN_FONT_PT = 12 磅）
+    save_figure(fig, script, what, quick=…)   检查字号、紧凑排版、存到 figure_path、关闭图，返回路径
     check_int / check_real / check_bool       参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
     check_choice / check_array                取值列表；实数数组（float64，NaN / ∞ 报错）
                                               （以前 llm_math、hw_specs、transformer_lab、serving_sim、decode_lab、
@@ -138,12 +139,48 @@ def figure_path(script, what, quick=False):
     return os.path.join(folder, f"{stem}_{what}.png")
 
 
+# 投影用的图：所有文字至少 MIN_FONT_PT 磅（按存下来的尺寸；bbox_inches="tight" 不缩放文字）。
+# 演示脚本用 pyplot() 取 matplotlib.pyplot：Agg 后端 + 这组默认字号；save_figure 再检查一遍，
+# 有字小于 MIN_FONT_PT 就报错（而不是存一张投影时看不清的图）。
+MIN_FONT_PT = 12
+FIG_RC = {"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "xtick.labelsize": 12,
+          "ytick.labelsize": 12, "legend.fontsize": 12, "legend.title_fontsize": 12, "figure.titlesize": 14,
+          "legend.framealpha": 0.9}
+
+
+def pyplot():
+    """Agg 后端（从不 show()）+ 课程的字号（FIG_RC），返回 matplotlib.pyplot。演示脚本画图前调用一次。"""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update(FIG_RC)
+    return plt
+
+
+def small_texts(fig, min_pt=MIN_FONT_PT):
+    """图里看得见、非空、字号小于 min_pt 磅的文字：[(文字, 磅数)]。save_figure 用它拒绝投影时看不清的图。"""
+    from matplotlib.text import Text
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and t.get_fontsize() < min_pt - 1e-9:
+            out.append((t.get_text(), t.get_fontsize()))
+    return out
+
+
 def save_figure(fig, script, what, dpi=120, quick=False):
     """
     把 matplotlib 图存到 figure_path(script, what, quick)：先 tight_layout，再按 bbox_inches="tight" 存，
-    然后关闭这张图，返回路径。演示脚本用 matplotlib.use("Agg")，从不 show()；传 quick=args.quick，
+    然后关闭这张图，返回路径。演示脚本用 pyplot()（Agg，从不 show()）；传 quick=args.quick，
     小规模的图就进 figures/quick/，不覆盖完整图。
+    【报错】图里有小于 MIN_FONT_PT 磅的文字 → ValueError（列出前几个）：投影时看不清。
     """
+    tiny = small_texts(fig)
+    if tiny:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        shown = ", ".join(f"{t[:20]!r} {sz:g} pt" for t, sz in tiny[:5])
+        raise ValueError(f"图 {what!r} 有 {len(tiny)} 处文字小于 {MIN_FONT_PT} 磅（投影看不清）：{shown}；"
+                         f"用 course_utils.pyplot() 的默认字号，别传更小的 fontsize")
     path = figure_path(script, what, quick)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
@@ -175,9 +212,10 @@ def check_int(name, value, lo=None, hi=None, where="", whole_float=False, type_e
 
     【允许】Python int、numpy 整数（返回 int(value)）；whole_float=True 时还允许整数值的有限浮点数
             （训练 token 数常写成 15.6e12；这时原样返回那个浮点数，不改调用者的算术）。
-    【报错】bool、字符串、None、（whole_float=False 时的）浮点数 → type_error（默认 TypeError；
+    【报错】全课程一个约定（和 Python 自己的 range(2.5) 一样）：**不是整数**——bool、字符串、None、
+            （whole_float=False 时的）浮点数、（whole_float=True 时的）2.5 这样的小数——→ type_error（默认 TypeError；
             个别老接口对一切坏值都报 ValueError，就传 type_error=ValueError）；
-            NaN、无穷、小数、越界 → ValueError。
+            是整数但越界、NaN、无穷 → ValueError。
             消息：「[where：]name 必须是整数，且 <范围>，收到 <值>」。
     """
     rng = _range_text(lo, hi)
@@ -186,8 +224,10 @@ def check_int(name, value, lo=None, hi=None, where="", whole_float=False, type_e
     integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not integral and not (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool)):
         raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
-    if not integral and not (math.isfinite(value) and float(value).is_integer()):
+    if not integral and not math.isfinite(value):
         raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
+    if not integral and not float(value).is_integer():      # 2.5 个序列：不是整数 → 和 2.5（float 类型）同一种错
+        raise type_error(f"{who} 必须是{allowed}，收到 {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
     return int(value) if integral else value
@@ -320,7 +360,8 @@ def _selftest():
     assert check_real("p", 1.0, lo=0.0, hi=1.0) == 1.0
     for call, exc, text in ((lambda: check_int("batch", True), TypeError, "batch"),
                             (lambda: check_int("batch", 2.0), TypeError, "batch"),
-                            (lambda: check_int("batch", 2.5, whole_float=True), ValueError, "batch"),
+                            (lambda: check_int("batch", 2.5, whole_float=True), TypeError, "batch"),
+                            (lambda: check_int("batch", math.nan, whole_float=True), ValueError, "batch"),
                             (lambda: check_int("batch", 0, lo=1, where="f"), ValueError,
                              "f：batch 必须是整数，且 ≥ 1，收到 0"),
                             (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),

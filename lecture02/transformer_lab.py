@@ -8,7 +8,7 @@ CS349E 第 2 讲 · transformer_lab.py：会给自己记账的 numpy Transformer
     让它在每次矩阵乘法、每次读写 KV cache 时把账记下来，再逐项对照公式：
         · 实际做了多少浮点运算（FLOPs），其中多少是"有用的"；
         · 读了多少字节权重、读写了多少字节 KV cache、搬了多少字节激活。
-    第 3 讲（量化）、第 4 讲（张量并行）、第 5/6 讲（服务与解码）都导入本模块。
+    第 5/6 讲（服务与解码）导入本模块；量化和张量并行在本课程之外（TP 的通信见 prereq5/04、第 5 讲演示 04）。
 
 【主要内容】
     Config / TINY / config_like      模型结构（字段同 llm_math.ModelConfig，外加运行时字段）
@@ -168,7 +168,7 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
       · 线性层 W[n_in, n_out] ~ N(0, 1/n_in)：输出方差 ≈ 输入方差。
       · 写回残差流的 Wo、W_down 再乘 1/√(2L)：2L 个分支叠加后残差流的方差不随层数增长。
       · lm_head ~ N(0, logit_std²/d)：logits 的标准差约 logit_std，输出分布不是近似均匀的
-        （第 3 讲要比较量化前后的分布，均匀分布看不出差别）。
+        （要比较量化前后的分布时，均匀分布看不出差别；量化本身在本课程之外）。
     返回 {"embed": [V, d], "layers": [每层 dict], "final_norm": [d], "lm_head": [d, V] 或 None（tied）}；
     每层 dict 的键：attn_norm, wq [d, H·dh], wk [d, G·dh], wv [d, G·dh], wo [H·dh, d], mlp_norm,
     w_gate [d, d_ff], w_up [d, d_ff], w_down [d_ff, d]。
@@ -517,7 +517,7 @@ class KVCache:
         再 read(layer, length+T) 取出全部；整次前向结束后 length += T。
     length 可以直接改小（投机解码回滚草稿，第 6 讲），之后的写入会覆盖旧数据；但不能越过 [0, max_len]。
     越界写（溢出）、读还没写过的位置、形状与 cache 不符都抛 ValueError——真实引擎遇到容量不足会
-        换出、重算或拒绝请求（第 7 讲），绝不会默默算错。
+        换出、重算或拒绝请求（分页与抢占在本课程之外，见 vLLM 论文 [S60]），绝不会默默算错。
     """
 
     def __init__(self, cfg, batch, max_len=None, dtype=np.float64):
@@ -651,7 +651,7 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
         cache       KVCache 或 None；批大小、层数、G、dh 要与 cfg / tokens 一致，剩余容量要放得下 T
         counter     Counter 或 None
         last_only   只对最后一个位置算 lm_head（生成时只要最后一个 logits，省掉 (T−1)/T 的 lm_head）
-        linear_fn   可选的 linear_fn(x, W, op, layer) → y，替换所有"x·W"（第 3 讲插入量化乘法）；
+        linear_fn   可选的 linear_fn(x, W, op, layer) → y，替换所有"x·W"（例如插入量化乘法；量化在本课程之外）；
                     layer 是层号，lm_head 为 None；记账仍按普通矩阵乘
         use_rope    False：不加位置编码（02 演示：没有位置信息会怎样）
         causal      False：双向注意力（02 演示：未来信息泄漏）

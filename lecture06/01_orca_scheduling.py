@@ -117,7 +117,7 @@ def part3_reserve(step, n, seed, rates, max_bs, history_rate):
     print(f"   KV 容量 {cap:,} 个 token。按 max_seq 预留：最多 {cap // dl.FT_MAX_SEQ} 个请求同时在跑，显存大半空着；"
           f"按 max_gen：声明比实际长，仍有一截白占；\n   不预留：接纳时只看输入放不放得下，重载下 "
           f"{dead['deadlock_t']:.2f} s 时显存写满、{dead['done']} 个请求完成后再也没有进展"
-          "——第 7 讲用分页 + 抢占解决。\n")
+          "——vLLM 用分页 + 抢占解决（[S60]，本课程之外）。\n")
     return histories, cap
 
 

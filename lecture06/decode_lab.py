@@ -38,7 +38,7 @@ CS349E 第 6 讲 · decode_lab.py —— 让 decode 的每一步做更多有用�
        调度模拟用第 5 讲 serving_sim.StepModel 的默认值：MFU 0.6、MBU 0.8、1 ms、90% 显存可用。
     H2 只模拟一块 GPU；Orca 论文里的张量并行 / 流水线并行只在讲义里讨论。
     H3 调度本身不花时间；到达的请求下一次迭代就能被选中。
-    H4 KV 按 token 精确分配，没有碎片（分页和碎片是第 7 讲的事）。
+    H4 KV 按 token 精确分配，没有碎片（分页和碎片在本课程之外：vLLM 论文 [S60]）。
     H5 Leviathan 的公式假设：每个草稿 token 被接受的概率都是 α、彼此独立；目标模型验证 γ+1 个 token 和
        decode 1 个 token 一样快。§4 把第二条换成 roofline，于是批大时它不再成立。
     H6 spec_round：批里每个序列用同一个 γ、接受与否彼此独立；草稿和目标模型在同一块 GPU 上串行执行。
@@ -296,8 +296,8 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
                    （算法 1 第 23–25 行）。已接纳的请求一定能跑完，不会死锁；代价是声明远大于实际时白占显存。
         "max_seq"：每个请求预留 max_seq（像 FasterTransformer 那样）——调度变聪明了，显存管理还是粗放的。
         "none"   ：不预留，写多少占多少；接纳时只要放得下输入。显存写满之后，每个正在生成的请求下一步还要再写
-                   1 个 token 的 KV，可能谁都动不了 → **死锁**（没有抢占 / 换出时）。第 7 讲的 PagedAttention +
-                   抢占就是来解决这个的。
+                   1 个 token 的 KV，可能谁都动不了 → **死锁**（没有抢占 / 换出时）。PagedAttention +
+                   抢占（vLLM [S60]，本课程之外）就是来解决这个的。
     【一次迭代】
         1. 已接纳的请求全部参加（"none" 模式下只有还能写 1 个 KV 的那些能动）；
         2. 按到达顺序接纳新请求，直到批满或 KV 不够——遇到第一个放不下的就停，后面的也不插队（FCFS）；
@@ -660,7 +660,7 @@ class TransformerLM:
         sample(prompt, n_seq, n_new, temperature, rng)：一次采 n_seq 条续写 [n_seq, n_new]（批量 KV cache）；
             prompt 可以是一维（共用）或 [n_seq, Lp]（每条一个）；temperature = 0 就是批量贪心生成。
     【回滚为什么只改一个数】KVCache 总是从 length 往后写：把 length 改小，后面的旧数据就作废，
-        下次写会覆盖。真实引擎的分页 KV 也是这样，只改块表里的长度（第 7 讲）。
+        下次写会覆盖。真实引擎的分页 KV 也是这样，只改块表里的长度（vLLM [S60]，本课程之外）。
     """
 
     def __init__(self, params, cfg, name="model"):

@@ -516,7 +516,8 @@ def _int_ok(v, lo, hi, whole_float):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return "type"
     if isinstance(v, float) and not (whole_float and math.isfinite(v) and v == int(v)):
-        return "type" if not whole_float else "value"
+        # 课程约定：不是整数（float 类型，或 whole_float 时的 2.5）→ TypeError；NaN / ∞ → ValueError
+        return "value" if whole_float and not math.isfinite(v) else "type"
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         return "value"
     return "ok"
