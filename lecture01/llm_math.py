@@ -370,14 +370,14 @@ FIT_RULES = {
 }
 
 
-def tp_layout_problem(model, n):
-    """n 张卡能不能按张量并行切这个模型：能切返回 None，不能切返回原因（一句话）。"""
+def tp_layout_problem(model, n, name="n"):
+    """n 张卡能不能按张量并行切这个模型：能切返回 None，不能切返回原因（一句话；name 是消息里卡数的名字）。"""
     if model.n_heads % n:
-        return f"n={n} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
+        return f"{name}={n} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
     G = model.n_kv_heads
     if G % n and n % G:
-        return (f"n={n} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分到各卡、要么每 n/G 块卡复制同一个头；"
-                f"允许的 n 是 {G} 的约数或倍数）")
+        return (f"{name}={n} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分到各卡、要么每 {name}/G 块卡复制"
+                f"同一个头；允许的 {name} 是 {G} 的约数或倍数）")
     return None
 
 
