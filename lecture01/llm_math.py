@@ -491,9 +491,11 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     """
     check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
     check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
+    check_model_chip(model, chip)
+    flops = model.step_flops(batch, n_new, ctx)                      # 先查 batch、n_new、ctx（消息写它们的名字）
+    nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
     f = fit(model, chip, n_chips, batch, ctx + n_new, w_bytes, kv_bytes, mem_util, rule)
-    flops = model.step_flops(batch, n_new, ctx) / f.n_chips
-    nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes) / f.n_chips
+    flops, nbytes = flops / f.n_chips, nbytes / f.n_chips
     t_c = flops / (chip.peak_flops(prec) * mfu)
     t_m = nbytes / (chip.mem_bw * mbu)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,

@@ -71,7 +71,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_bool, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
@@ -125,8 +125,7 @@ class Config:
             raise ValueError(f"Config.d_head={self.d_head} 必须是偶数：RoPE 按相邻两个数成对旋转")
         check_real("rope_theta", self.rope_theta, lo=1.0, lo_open=True, where="Config")
         check_real("norm_eps", self.norm_eps, lo=0.0, lo_open=True, where="Config")
-        if not isinstance(self.tied, (bool, np.bool_)):
-            raise TypeError(f"Config.tied 必须是 True/False，收到 {self.tied!r}")
+        object.__setattr__(self, "tied", check_bool("tied", self.tied, where="Config"))
 
     @property
     def group(self):
@@ -471,6 +470,7 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         一次 einsum 就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
     记账：见模块开头；softmax 另记一行，只有运算没有字节（融合内核里分数留在片上）。
     """
+    causal = check_bool("causal", causal, where="attention_core")
     _check_attention_shapes(q, k, v, q_pos0, causal)
     B, T, H, dh = q.shape
     _, S, G, _ = k.shape
@@ -662,15 +662,21 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
     """
     _check_params(params, cfg)
     tokens = _check_tokens(tokens, cfg)
+    for name, flag in (("last_only", last_only), ("use_rope", use_rope), ("causal", causal),
+                       ("return_hidden", return_hidden)):
+        check_bool(name, flag, where="forward")
     B, T = tokens.shape
     pos0 = 0
     if cache is not None:
         _check_cache(cache, cfg, B, T)
         pos0 = cache.length
+    if pos0 + T > cfg.max_seq:           # 和 generate 同一条上限：模型只为 max_seq 个位置设计（RoPE、缓存、掩码）
+        raise ValueError(f"位置 {pos0} + {T} 个 token = {pos0 + T} 超过 cfg.max_seq={cfg.max_seq}"
+                         f"（generate 也拒绝；要更长就用更大的 max_seq 建 Config）")
     if rope_pos0 is None:
         rope_pos0 = pos0
-    elif isinstance(rope_pos0, bool) or not isinstance(rope_pos0, (int, np.integer)) or rope_pos0 < 0:
-        raise ValueError(f"rope_pos0 必须是非负整数或 None，收到 {rope_pos0!r}")
+    else:
+        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward")
     rope = rope_angles(np.arange(rope_pos0, rope_pos0 + T), cfg.d_head, cfg.rope_theta) if use_rope else None
 
     x = params["embed"][tokens]                                                        # [B, T, d]
@@ -715,8 +721,8 @@ def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, c
     prompt 长度 + n_new 不能超过 cfg.max_seq。
     """
     prompt = _check_tokens(prompt, cfg)
-    if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
-        raise ValueError(f"n_new 必须是非负整数，收到 {n_new!r}")
+    n_new = check_int("n_new", n_new, lo=0, where="generate")
+    check_bool("use_cache", use_cache, where="generate")
     B, T0 = prompt.shape
     final_len = T0 + n_new
     if final_len > cfg.max_seq:
@@ -750,8 +756,10 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     返回 {运算名: {"flops", "useful", "w", "kv", "act"}}（没有 calls 列）。
     """
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < (0 if name == "pos0" else 1):
-            raise ValueError(f"analytic_ops：{name} 必须是{'非负' if name == 'pos0' else '正'}整数，收到 {val!r}")
+        check_int(name, val, lo=0 if name == "pos0" else 1, where="analytic_ops")
+    for name, flag in (("last_only", last_only), ("with_cache", with_cache), ("causal", causal),
+                       ("use_rope", use_rope)):
+        check_bool(name, flag, where="analytic_ops")
     bytes_per_elem = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="analytic_ops")
     L, d, f, V = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.vocab
     H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head

@@ -598,6 +598,11 @@ def residual(p, q):
     【参数】p、q [..., V]：每一行和为 1（±1e-9）、非负有限；q 的一行也可以全为 0。否则 ValueError。
     """
     p, q = _prob_pair(p, q, q_may_be_empty=True)
+    return _residual(p, q)
+
+
+def _residual(p, q):
+    """residual 的计算部分（p、q 已经检查过、是 float64；调用者已按原始 dtype 查过归一化）。"""
     over = np.maximum(p - q, 0.0)
     mass = over.sum(axis=-1, keepdims=True)
     return np.where(mass > 0, over / np.where(mass > 0, mass, 1.0), p)
@@ -619,7 +624,7 @@ def spec_output_dist(p, q):
         accept = np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 0.0)
     via_draft = q * accept
     beta = via_draft.sum(axis=-1)
-    return via_draft + (1.0 - beta)[..., None] * residual(p, q), beta
+    return via_draft + (1.0 - beta)[..., None] * _residual(p, q), beta
 
 
 def variant_output_dist(p, q, variant="correct"):
@@ -641,7 +646,7 @@ def variant_output_dist(p, q, variant="correct"):
         beta = np.minimum(p, q).sum(axis=-1, keepdims=True)
         return np.minimum(p, q) + (1.0 - beta) * p
     kept = np.where(p >= q, q, 0.0)                       # 确定性接受：p(x) ≥ q(x) 的草稿全收
-    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * residual(p, q)
+    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * _residual(p, q)
 
 
 def sample_rows(probs, rng):

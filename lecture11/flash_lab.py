@@ -75,6 +75,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 # 演示共用的表格和存图（实现在 lecture01/course_utils.py，模块级只用标准库；本模块仍然只依赖 numpy）
 from course_utils import figure_path, fmt_count, format_table, save_figure  # noqa: E402,F401
+from course_utils import check_bool  # noqa: E402  开关参数（全课程同一个检查）
 # 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（facts.md §1）
 from hw_specs import H100_SXM, H200  # noqa: E402
 # Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次（facts.md §2），这里直接用（模块级只用标准库）
@@ -104,9 +105,8 @@ def _choice(x, name, allowed):
 
 
 def _flag(x, name):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name} 必须是 True / False，收到 {x!r}")
-    return bool(x)
+    """开关参数：全课程同一个检查 course_utils.check_bool（字符串 'False' 是真值，必须拒绝）。"""
+    return check_bool(name, x)
 
 
 def _real_array(x, name, ndim=None, allow_neginf=False):
@@ -228,6 +228,15 @@ def merge_states(a, b):
     (ma, la, oa), (mb, lb, ob) = a, b
     if (oa is None) != (ob is None):
         raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
+    ma, la, mb, lb = (np.asarray(x, dtype=np.float64) for x in (ma, la, mb, lb))
+    if not (ma.shape == la.shape == mb.shape == lb.shape):       # 不让 numpy 悄悄广播成别的形状
+        raise ValueError(f"merge_states：m_a、l_a、m_b、l_b 的形状必须相同，收到 {ma.shape}、{la.shape}、"
+                         f"{mb.shape}、{lb.shape}")
+    if oa is not None:
+        oa, ob = np.asarray(oa, dtype=np.float64), np.asarray(ob, dtype=np.float64)
+        if oa.shape != ob.shape or oa.shape[:-1] != ma.shape:
+            raise ValueError(f"merge_states：o_a、o_b 的形状必须是 m 的形状 {ma.shape} + [dv]，"
+                             f"收到 {oa.shape}、{ob.shape}")
     m = np.maximum(ma, mb)
     alpha = np.exp(ma - _safe(m))                             # 把 a 换算到新基准 m；m_a = −∞ 时为 0
     beta = np.exp(mb - _safe(m))
