@@ -520,4 +520,4 @@ def test_forward_rejects_more_than_max_seq_and_string_flags():
         with pytest.raises(TypeError, match=next(iter(kw))):
             tl.forward(params, cfg, toks[:, :4], **kw)
     with pytest.raises(TypeError, match="n_new"):                       # 不是整数 → TypeError（课程约定）
-        tl.generate(params, cfg, toks[0, :4], 2.5)
+        tl.generate(params, cfg, toks[:, :4], 2.5)
