@@ -40,10 +40,11 @@ def params_row(m, pub_name):
     """一行：m 的各组参数、合计，和 PUBLISHED_PARAMS[pub_name] 的官方数字比较（差、容差）。"""
     g = m.param_groups()
     n = m.n_params()
-    pub, _ = M.PUBLISHED_PARAMS[pub_name]
+    pub, exact = M.published_count(pub_name)          # 有精确计数就和精确计数比（不和四舍五入的 1.23B 比）
     tol, _why = M.param_tolerance(pub_name)
     return ([m.name] + [M.fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
-            + [M.fmt_count(n), M.fmt_count(pub), f"{(n - pub) / pub:+.2%}", f"{tol:.1%}"])
+            + [f"{n:,}", f"{pub:,.0f}" + ("（精确）" if exact else "（公布，四舍五入）"), f"{(n - pub) / pub:+.2%}",
+               f"{tol:.1%}"])
 
 
 def params_table(models):
@@ -132,7 +133,8 @@ def main():
     for m in models:
         g = m.param_groups()
         assert sum(g.values()) == m.n_params()
-        pub = M.PUBLISHED_PARAMS[m.name][0]
+        pub, exact = M.published_count(m.name)
+        assert not exact or m.n_params() == pub, m.name               # 有精确计数的：逐个相等
         tol, why = M.param_tolerance(m.name)
         assert abs(m.n_params() - pub) / pub < tol, m.name
         assert tol == M.PARAM_TOL or why, m.name                      # 放宽容差必须写明原因

@@ -612,6 +612,21 @@ PUBLISHED_PARAMS = {
     "GPT-3-175B": (175.0e9, "Brown et al. 2020 表 2.1：175.0B"),
 }
 
+# 有逐个元素的精确计数（Hugging Face safetensors 的元数据，出处同上）的预设：比较时用它，不用四舍五入的
+# "1.23B"——表里印 1.23B 而下面一行写着 1,235,814,400，学生会问到底该跟哪个比。
+EXACT_PARAMS = {
+    "Llama-3.2-1B": 1_235_814_400, "Llama-3.1-8B": 8_030_261_248, "Llama-3.1-70B": 70_553_706_496,
+    "Llama-3.1-405B": 405_853_388_800, "Mistral-7B": 7_241_732_096, "Qwen2.5-7B": 7_615_616_512,
+    "GPT-2-small": 124_439_808,
+}
+
+
+def published_count(name):
+    """预设 name 的官方参数量：有精确计数时用精确计数，否则用公布的四舍五入数字。返回 (数, 是否精确)。"""
+    param_tolerance(name)                   # 检查名字
+    return (EXACT_PARAMS[name], True) if name in EXACT_PARAMS else (PUBLISHED_PARAMS[name][0], False)
+
+
 # 预设参数量和官方数字的容差：一般 1%；个别预设有说得清的已知差距，用单独的、写明原因的容差
 PARAM_TOL = 0.01
 PARAM_TOL_EXCEPTIONS = {
@@ -679,12 +694,11 @@ def _selftest():
             worst = max(worst, err)
         assert err < tol, (name, n, pub, err)
     assert set(PUBLISHED_PARAMS) == set(PRESETS)
-    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）
-    assert LLAMA32_1B.n_params() == 1_235_814_400
-    assert GPT2_SMALL.n_params() == 124_439_808
-    assert MISTRAL_7B.n_params() == 7_241_732_096
-    assert LLAMA31_8B.n_params() == 8_030_261_248 and LLAMA31_70B.n_params() == 70_553_706_496
-    assert LLAMA31_405B.n_params() == 405_853_388_800 and QWEN25_7B.n_params() == 7_615_616_512
+    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）：逐个相等；四舍五入的官方数字和它一致
+    for name, exact in EXACT_PARAMS.items():
+        assert PRESETS[name].n_params() == exact, name
+        assert published_count(name) == (exact, True)
+        assert abs(exact - PUBLISHED_PARAMS[name][0]) / exact < 0.006, name        # 1.23B vs 1,235,814,400
     # GPT-3 13B：论文印的 13.0B 来自同一行印的 d_model = 5140。用 GPT-2 结构逐项数（12·d² 权重 + 13·d 偏置和
     # LayerNorm 每层，最后的 LayerNorm 2·d，词嵌入和位置编码 (V + 2048)·d），5140 在 1% 内复现 13.0B
     pub13 = PUBLISHED_PARAMS["GPT-3-13B"][0]
