@@ -86,7 +86,7 @@ def plot(pts, chips, quick=False):
         seen[k] += 1
         strip.annotate(f"T={n}" if k == "prefill" else f"B={b}", (ai, row), xytext=(0, 9 if up else -9),
                        textcoords="offset points", ha="center", va="bottom" if up else "top", color=color)
-    for k, (row, marker, color, text) in kinds.items():
+    for _k, (_row, marker, color, text) in kinds.items():
         ax.plot([], [], marker, color=color, ms=9, label=f"{text} (on H100 roof)")
     strip.set_yticks([kinds[k][0] for k in kinds], [kinds[k][3] for k in kinds])
     strip.set_ylim(-0.9, 3.9)

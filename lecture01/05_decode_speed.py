@@ -16,7 +16,6 @@
 图：lecture01/figures/05_decode_speed_batch.png
 """
 import argparse
-import math
 import os
 import sys
 
@@ -111,7 +110,8 @@ def plot(curves, quick=False):
     ax1.set_xlabel("batch size")
     ax1.set_ylabel("total decode tokens/s (roofline bound)")
     ax1.set_title("Llama-3.1-8B throughput (dotted: KV fills memory)")
-    ax1.annotate("batching is nearly free\nuntil the ridge or the KV wall", xy=(16, curves[next(iter(curves))][0][4][1]),
+    first = curves[next(iter(curves))][0]
+    ax1.annotate("batching is nearly free\nuntil the ridge or the KV wall", xy=(16, first[4][1]),
                  xytext=(1.2, 2e4), arrowprops=dict(arrowstyle="->"))
     ax2.set_xlabel("batch size")
     ax2.set_ylabel("tokens/s per sequence")

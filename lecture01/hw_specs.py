@@ -153,7 +153,7 @@ class Chip:
         return min(self.peak_flops(prec), intensity * self.mem_bw)
 
     def link_time(self, nbytes):
-        """单方向把 nbytes 发给另一块芯片的时间下界（秒）：nbytes / link_bw（不计延迟；α-β 模型见 prereq5/comm_sim）。"""
+        """单方向把 nbytes 发给另一块芯片的时间下界（秒）：nbytes / link_bw（不计延迟；α-β 模型见 prereq5）。"""
         check_real("nbytes", nbytes, lo=0.0)
         return nbytes / self.link_bw
 
@@ -278,13 +278,15 @@ def chip_rows(chips=None, prec="bf16"):
     for c in (chips or CHIPS.values()):
         has = prec in c.peak
         rows.append([c.name, f"{c.peak[prec] / 1e12:.0f}" if has else "—", f"{c.mem_bw / 1e12:.2f}",
-                     f"{c.mem_cap / 1e9:.0f}", f"{c.alloc_bytes / 1e9:.1f}" + ("*" if c.mem_alloc_how.startswith("m") else ""),
+                     f"{c.mem_cap / 1e9:.0f}",
+                     f"{c.alloc_bytes / 1e9:.1f}" + ("*" if c.mem_alloc_how.startswith("m") else ""),
                      f"{c.ridge_point(prec):.0f}" if has else "—",
                      f"{c.link_bw / 1e9:.0f}", "?" if c.power_w is None else f"{c.power_w:.0f}", str(c.year)])
     return rows
 
 
-CHIP_HEADERS = ["芯片", "峰值 TFLOP/s", "带宽 TB/s", "显存 GB(手册)", "可分配 GB(*实测)", "屋脊点 FLOP/B", "互联 GB/s(单向)", "功耗 W", "年份"]
+CHIP_HEADERS = ["芯片", "峰值 TFLOP/s", "带宽 TB/s", "显存 GB(手册)", "可分配 GB(*实测)",
+                "屋脊点 FLOP/B", "互联 GB/s(单向)", "功耗 W", "年份"]
 
 
 # =============================================================================

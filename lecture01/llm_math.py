@@ -334,7 +334,7 @@ def scaled(cfg, name=None, **changes):
 
 
 # =============================================================================
-# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；这里只用 chip.peak_flops(prec)、chip.mem_bw 和显存字段）
+# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；只用 chip.peak_flops(prec)、chip.mem_bw 和显存字段）
 # =============================================================================
 MEM_UTIL = 0.9     # 只用可分配显存的这个比例：vLLM gpu_memory_utilization 的老默认值 [S61]（新版 0.92 [S59]）
 
@@ -344,7 +344,7 @@ class CapacityError(ValueError):
 
 
 def check_model_chip(model, chip):
-    """model 要像 ModelConfig、chip 要像 hw_specs.Chip；不像（例如 chip='H100' 这样的名字）→ TypeError，说清该传什么。"""
+    """model 要像 ModelConfig、chip 要像 hw_specs.Chip；不像（例如 chip='H100' 这样的名字）→ TypeError。"""
     if not all(hasattr(model, a) for a in ("weight_bytes", "kv_bytes_per_token", "step_flops", "n_kv_heads")):
         raise TypeError(f"model 必须是 llm_math.ModelConfig（例如 llm_math.LLAMA31_8B），收到 {type(model).__name__}")
     missing = [a for a in ("peak_flops", "mem_bw", "mem_cap") if not hasattr(chip, a)]

@@ -102,10 +102,9 @@ def dominant(counter, key):
     return max(merged, key=lambda g: merged[g][key])
 
 
-def plot(c_pre, c_dec, n_prompt, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(c_pre, c_dec, n_prompt, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     groups = list(tl.OP_GROUPS)
     labels = ["embed", "q/k/v/o proj", "attn core", "KV write", "MLP", "lm_head", "elementwise"]
@@ -131,7 +130,7 @@ def plot(c_pre, c_dec, n_prompt, path_script):
     ax2.set_ylabel("bytes moved per token (BF16)")
     ax2.set_title("Bytes per token: decode re-reads all weights")
     ax2.legend()
-    return tl.save_figure(fig, path_script, "breakdown")
+    return tl.save_figure(fig, path_script, "breakdown", quick=quick)
 
 
 def main():
@@ -179,7 +178,7 @@ def main():
     assert abs(s_pre["flops_tok"] / s_dec["flops_tok"] - 1) < 0.5     # 每 token 的 FLOPs 同一量级
 
     if not a.no_fig:
-        print(f"\n图：{plot(c_pre, c_dec, n_prompt, __file__)}")
+        print(f"\n图：{plot(c_pre, c_dec, n_prompt, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

@@ -155,10 +155,9 @@ def part_leak(rng, params, cfg, T):
     return D_causal, D_bidir
 
 
-def plot_rope(q, k, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_rope(q, k, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     n = 64
     mm, nn = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
@@ -177,13 +176,12 @@ def plot_rope(q, k, path_script):
     ax2.set_xlabel("relative distance m - n")
     ax2.set_ylabel("score / score at distance 0")
     ax2.set_title(f"RoPE long-range decay (q = k = ones, d_head={D_HEAD})")
-    return tl.save_figure(fig, path_script, "rope")
+    return tl.save_figure(fig, path_script, "rope", quick=quick)
 
 
-def plot_leak(D_causal, D_bidir, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_leak(D_causal, D_bidir, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, D, name in zip(axes, (D_causal, D_bidir), ("causal", "bidirectional")):
@@ -193,7 +191,7 @@ def plot_leak(D_causal, D_bidir, path_script):
         ax.set_ylabel("output position i")
     fig.colorbar(im, ax=axes[1], label="log10 max |Δ logits|")      # 两图同一色标（vmin/vmax 相同），挂在右图上
     fig.suptitle("How much output position i changes when input token j is replaced")
-    return tl.save_figure(fig, path_script, "leak")
+    return tl.save_figure(fig, path_script, "leak", quick=quick)
 
 
 def main():
@@ -213,8 +211,8 @@ def main():
     part_permutation(rng, params, cfg, T)
     D_causal, D_bidir = part_leak(rng, params, cfg, T)
     if not a.no_fig:
-        print(f"\n图：{plot_rope(q, k, __file__)}")
-        print(f"图：{plot_leak(D_causal, D_bidir, __file__)}")
+        print(f"\n图：{plot_rope(q, k, __file__, quick=a.quick)}")
+        print(f"图：{plot_leak(D_causal, D_bidir, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

@@ -146,10 +146,9 @@ def part_position_bug(params, cfg, rng, n_prompt, n_new):
     print("  真实引擎（vLLM 等）显式传 position ids；批里每个请求的位置不同（第 6 讲 ragged batching），更容易写错。")
 
 
-def plot(cached8, fresh8, P8, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(cached8, fresh8, P8, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     N = np.arange(1, len(cached8) + 1)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
@@ -167,7 +166,7 @@ def plot(cached8, fresh8, P8, path_script):
     ax2.legend()
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
-    return tl.save_figure(fig, path_script, "flops")
+    return tl.save_figure(fig, path_script, "flops", quick=quick)
 
 
 def main():
@@ -188,7 +187,7 @@ def main():
     part_wallclock(params, cfg, rng, n_new if a.quick else 2 * n_new, repeats)
     part_position_bug(params, cfg, rng, 12, n_new)
     if not a.no_fig:
-        print(f"\n图：{plot(cached8, fresh8, P8, __file__)}")
+        print(f"\n图：{plot(cached8, fresh8, P8, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

@@ -16,15 +16,14 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
 
 
@@ -131,7 +130,7 @@ def part_crossover(model, chips):
     print("  低于有效 ridge 就永远是带宽受限；而且显存（最后一列）早就满了——长上下文的 decode 基本都受带宽限制。")
 
 
-def plot(step, batches, sweeps, lens, tps):
+def plot(step, batches, sweeps, lens, tps, quick=False):
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for ctx, ls in ((1, "-"), (2048, "--")):
         tot, tc, tm = sweeps[ctx]
@@ -142,19 +141,19 @@ def plot(step, batches, sweeps, lens, tps):
         a.axvline(step.effective_ridge(), color="gray", lw=0.8, ls=":")
         a.set_xlabel("batch size")
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+        a.legend()
     ax[0].set_ylabel("time per decode step (ms)")
     ax[0].set_title(f"decode step, {step.model.name} on {step.chip.name}")
     ax[1].set_ylabel("output tokens / s")
     ax[1].set_title("decode throughput (dotted: effective ridge)")
-    p1 = ss.save_figure(fig, __file__, "decode")
+    p1 = ss.save_figure(fig, __file__, "decode", quick=quick)
     fig, a = plt.subplots(figsize=(5.5, 4))
     a.semilogx(lens, np.array(tps) / 1e3, "o-")
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill throughput (k tokens/s)")
     a.set_title("prefill: saturates once compute-bound")
     a.grid(alpha=0.3)
-    p2 = ss.save_figure(fig, __file__, "prefill")
+    p2 = ss.save_figure(fig, __file__, "prefill", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 
@@ -170,7 +169,7 @@ def main():
     lens, tps = part_prefill(step, args.quick)
     batches, sweeps = part_decode(step, args.quick)
     part_crossover(ss.LLAMA31_8B, [H100_SXM, H200, B200])
-    plot(step, batches, sweeps, lens, tps)
+    plot(step, batches, sweeps, lens, tps, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import H100_SXM  # noqa: E402
 
 
@@ -80,7 +79,7 @@ def part_llama(seed, quick):
     return rows, wall
 
 
-def plot(orca, llama, wall):
+def plot(orca, llama, wall, quick=False):
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for rows, name in ((orca, "GPT-3 13B / A100-40GB, U(32,512)/U(1,128)"), (llama, "Llama-3.1-8B / H100, 1024/256")):
         x = [r["tpot_p50"] * 1e3 for r in rows]
@@ -91,22 +90,22 @@ def plot(orca, llama, wall):
             if (round(xi, 3), round(yi, 1)) in seen:        # 撞墙后的点重合：只标第一个
                 continue
             seen.add((round(xi, 3), round(yi, 1)))
-            ax[0].annotate(str(r["max_batch"]), (xi, yi), fontsize=7, xytext=(3, -8), textcoords="offset points")
+            ax[0].annotate(str(r["max_batch"]), (xi, yi), xytext=(3, -8), textcoords="offset points")
     ax[0].set_xlabel("median TPOT (ms)")
     ax[0].set_ylabel("throughput (output tokens/s)")
     ax[0].set_yscale("log")
     ax[0].set_title("throughput vs latency (labels: max_batch)")
-    ax[0].legend(fontsize=7)
+    ax[0].legend()
     Bs = [r["max_batch"] for r in llama]
     ax[1].loglog(Bs, [r["tok_per_s"] for r in llama], "o-", label="throughput")
     ax[1].loglog(Bs, [r["largest_batch"] for r in llama], "s--", label="actual batch")
     ax[1].axvline(wall, color="red", lw=1, ls=":", label=f"KV wall ({wall})")
     ax[1].set_xlabel("max_batch")
     ax[1].set_title("Llama-3.1-8B / H100: the KV-capacity wall")
-    ax[1].legend(fontsize=8)
+    ax[1].legend()
     for a in ax:
         a.grid(alpha=0.3)
-    path = ss.save_figure(fig, __file__, "tradeoff")
+    path = ss.save_figure(fig, __file__, "tradeoff", quick=quick)
     print(f"\n图：{path}")
 
 
@@ -118,7 +117,7 @@ def main():
     print(f"seed = {args.seed}；静态批处理：一批跑完才接下一批（FasterTransformer 式）\n")
     orca = part_orca(args.seed, args.quick)
     llama, wall = part_llama(args.seed, args.quick)
-    plot(orca, llama, wall)
+    plot(orca, llama, wall, quick=args.quick)
 
 
 if __name__ == "__main__":

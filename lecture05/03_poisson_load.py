@@ -18,14 +18,13 @@ import math
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 
 PROMPT, OUTPUT = ("uniform", 32, 512), ("uniform", 1, 128)     # Orca §6.2 的合成负载（facts.md §3 [S56]）
 SLO_TTFT, SLO_TPOT = 2.0, 0.05                                  # 本演示选的 SLO（秒），不是某篇论文的数字
@@ -108,10 +107,10 @@ def main():
           f"{st[-1]['ttft_p50'] / st[0]['ttft_p50']:.0f} 倍，吞吐封顶在 {st[-1]['req_per_s']:.2f} req/s，"
           f"goodput 从最高 {max(s['goodput'] for s in st):.2f} 掉到 {st[-1]['goodput']:.2f} req/s；")
     print("      迭代级调度不用等整批、也不补齐，同样的负载下 goodput 不低于静态批处理（第 6 讲看它为什么快）。")
-    plot(res, cap)
+    plot(res, cap, quick=args.quick)
 
 
-def plot(res, cap):
+def plot(res, cap, quick=False):
     rates = [x * cap for x in LOADS]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for name, c in (("static", "C0"), ("continuous", "C1")):
@@ -127,10 +126,10 @@ def plot(res, cap):
         a.axvline(cap, color="red", lw=0.8, ls=":")
         a.set_xlabel("arrival rate (req/s); red: static capacity")
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        a.legend()
     ax[0].set_title("GPT-3 13B / A100-40GB, Poisson arrivals")
     ax[1].set_title("throughput vs goodput (SLO-meeting requests/s)")
-    p1 = ss.save_figure(fig, __file__, "latency")
+    p1 = ss.save_figure(fig, __file__, "latency", quick=quick)
 
     x = STABLE
     rs = res[x]["static"]["trace"]
@@ -143,9 +142,9 @@ def plot(res, cap):
     a.set_xlabel("time (s)")
     a.set_ylabel("N(t)")
     a.set_title(f"Little's law on the simulated trace (static batching, load {x})")
-    a.legend(fontsize=8)
+    a.legend()
     a.grid(alpha=0.3)
-    p2 = ss.save_figure(fig, __file__, "little")
+    p2 = ss.save_figure(fig, __file__, "little", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 

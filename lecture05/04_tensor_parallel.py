@@ -16,15 +16,14 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
 from llm_math import LLAMA31_405B  # noqa: E402
 
@@ -108,7 +107,7 @@ def part_breakdown(model, chip, batches, section):
     return results
 
 
-def plot(results, model, chip):
+def plot(results, model, chip, quick=False):
     bs = sorted(results)
     fig, ax = plt.subplots(1, len(bs), figsize=(5 * len(bs), 4), squeeze=False)
     for a, b in zip(ax[0], bs):
@@ -124,8 +123,8 @@ def plot(results, model, chip):
         a.set_ylabel("time per decode step (ms)")
         a.set_title(f"{model.name} on {chip.name}, batch {b}, ctx {CTX}")
         a.grid(alpha=0.3, axis="y")
-        a.legend(fontsize=7)
-    path = ss.save_figure(fig, __file__, "breakdown")
+        a.legend()
+    path = ss.save_figure(fig, __file__, "breakdown", quick=quick)
     print(f"\n图：{path}")
 
 
@@ -142,7 +141,7 @@ def main():
     r8 = [r for r in res[1] if r is not None and r["tp"] == 8][0]
     print(f"\n结论：70B、批 1 时 TP8 一步 {r8['t'] * 1e3:.1f} ms，其中 all-reduce 占 {r8['comm'] / r8['t']:.0%}、"
           f"固定开销占 {r8['ovh'] / r8['t']:.0%}——这两项不随 tp 缩短，所以 TP 买的是延迟和显存，不是每卡效率。")
-    plot(res, ss.LLAMA31_70B, H100_SXM)
+    plot(res, ss.LLAMA31_70B, H100_SXM, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,14 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import H100_SXM  # noqa: E402
 
 N_DEC, CTX, PROMPT = 32, 2048, 4096     # 正在 decode 的序列数、每个的上下文、新来的输入长度
@@ -132,7 +131,7 @@ def part_papers():
     print(ss.format_table(["系统", "报告的结果", "出处"], rows))
 
 
-def plot(lines, base, res):
+def plot(lines, base, res, quick=False):
     fig, a = plt.subplots(figsize=(8, 4))
     for name, dts in lines.items():
         t = np.concatenate([[0.0], np.cumsum(dts)])
@@ -142,9 +141,9 @@ def plot(lines, base, res):
     a.set_xlabel("time (ms)")
     a.set_ylabel("inter-token latency of running requests (ms)")
     a.set_title(f"{N_DEC} decoding sequences + one {PROMPT}-token prompt (Llama-3.1-8B / H100)")
-    a.legend(fontsize=7)
+    a.legend()
     a.grid(alpha=0.3)
-    p1 = ss.save_figure(fig, __file__, "itl")
+    p1 = ss.save_figure(fig, __file__, "itl", quick=quick)
 
     names = ["whole" if k is None else f"C={k}" for k in res]
     keys = [("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99")]
@@ -157,9 +156,9 @@ def plot(lines, base, res):
     a.set_yscale("log")
     a.set_ylabel("ms")
     a.set_title("Poisson load, iteration-level scheduling: chunked prefill")
-    a.legend(fontsize=8)
+    a.legend()
     a.grid(alpha=0.3, axis="y")
-    p2 = ss.save_figure(fig, __file__, "load")
+    p2 = ss.save_figure(fig, __file__, "load", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 
@@ -173,7 +172,7 @@ def main():
     lines, base = part_single(step, args.quick)
     res = part_load(step, 400 if args.quick else 2000, args.seed)
     part_papers()
-    plot(lines, base, res)
+    plot(lines, base, res, quick=args.quick)
 
 
 if __name__ == "__main__":

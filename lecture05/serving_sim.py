@@ -920,7 +920,8 @@ def _selftest():
     rc, _ = simulate_continuous(reqs, sm, 16, chunk=256)
     _check_trace(rc)
     dt = time.perf_counter() - t_begin
-    print(f"serving_sim 自检通过：KV 容量 = 参考（13B@A100 按 2048 预留：FT 假设推出 7 个，种子的 0.9 × 40 GB 规则 6 个）、时间 = 逐矩阵参考、roofline 拐点 "
+    print(f"serving_sim 自检通过：KV 容量 = 参考（13B@A100 按 2048 预留：FT 假设推出 7 个，"
+          f"种子的 0.9 × 40 GB 规则 6 个）、时间 = 逐矩阵参考、roofline 拐点 "
           f"{bx} ≈ ridge {st.effective_ridge():.0f}、TP 一致、两个模拟器不变式 + Little 定律（{dt:.2f} s）")
 
 

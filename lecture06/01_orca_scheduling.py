@@ -121,10 +121,9 @@ def part3_reserve(step, n, seed, rates, max_bs, history_rate):
     return histories, cap
 
 
-def plot_curves(curves):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_curves(curves, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name, pts in curves.items():
         thr = [p[1] for p in pts]
@@ -136,14 +135,13 @@ def plot_curves(curves):
     ax.set_ylabel("median normalized latency (ms / token)")
     ax.set_title("GPT-3 13B on A100-40GB, Orca synthetic workload (simulated)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    return save_figure(fig, __file__, "latency_throughput")
+    ax.legend()
+    return save_figure(fig, __file__, "latency_throughput", quick=quick)
 
 
-def plot_memory(histories, cap):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_memory(histories, cap, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
     for ax, mode in zip(axes, ("max_seq", "max_gen", "none")):
         hist, res = histories[mode]
@@ -158,8 +156,8 @@ def plot_memory(histories, cap):
         ax.set_title(title)
         ax.set_xlabel("time (s)")
     axes[0].set_ylabel("KV tokens")
-    axes[0].legend(fontsize=8)
-    return save_figure(fig, __file__, "kv_memory")
+    axes[0].legend()
+    return save_figure(fig, __file__, "kv_memory", quick=quick)
 
 
 def main():
@@ -179,8 +177,8 @@ def main():
     print(f"结论：一批跑完才换下一批，既浪费显存（按最大长度预留）又浪费算力（补齐、陪跑）；每次迭代重新选请求，"
           f"同样的硬件吞吐高数倍。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        p1 = plot_curves(curves)
-        p2 = plot_memory(histories, cap)
+        p1 = plot_curves(curves, quick=args.quick)
+        p2 = plot_memory(histories, cap, quick=args.quick)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

@@ -141,10 +141,9 @@ def part3_formulas():
           f"（定理 3.11，取 ĉ ≈ c）。\n")
 
 
-def plot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     gammas = np.arange(1, 21)
     for a in (0.6, 0.7, 0.8, 0.9):
@@ -156,17 +155,17 @@ def plot():
     ax1.set_xlabel("gamma (draft tokens per round)")
     ax1.set_ylabel("expected wall-time speedup")
     ax1.set_title("Theorem 3.8 at c = 0.05 (dot = best gamma)")
-    ax1.legend(fontsize=8)
+    ax1.legend()
     alphas = np.linspace(0.3, 0.98, 70)
     for c in (0.01, 0.05, 0.1, 0.2):
         ax2.plot(alphas, [dl.best_gamma(float(a), c)[0] for a in alphas], label=f"c = {c}")
     ax2.set_xlabel("alpha (acceptance rate)")
     ax2.set_ylabel("best gamma")
     ax2.set_title("Optimal gamma (Leviathan Fig. 3 style)")
-    ax2.legend(fontsize=8)
+    ax2.legend()
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    return save_figure(fig, __file__, "gamma")
+    return save_figure(fig, __file__, "gamma", quick=quick)
 
 
 def main():
@@ -189,7 +188,7 @@ def main():
     print(f"结论：草稿越像目标（α 越大）、越便宜（c 越小），最优 γ 越大、加速越多；输出分布不变（演示 3）。"
           f"（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        path = plot()
+        path = plot(quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

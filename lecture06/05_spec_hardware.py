@@ -130,10 +130,9 @@ def part3_tree(ranks, chip, batches, section):
     return table
 
 
-def plot_speedup(all_curves):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_speedup(all_curves, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(all_curves), figsize=(11, 4.2), sharey=True)
     for ax, (chip, curves) in zip(axes, all_curves.items()):
         for ctx, pts in curves.items():
@@ -148,14 +147,13 @@ def plot_speedup(all_curves):
         ax.set_title(f"{chip}: best-gamma speedup, alpha = {ALPHA}")
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("speedup over plain decode (dotted = does not fit)")
-    axes[0].legend(fontsize=8)
-    return save_figure(fig, __file__, "speedup")
+    axes[0].legend()
+    return save_figure(fig, __file__, "speedup", quick=quick)
 
 
-def plot_tree(table, batches):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_tree(table, batches, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     nodes = [v[0] for v in table.values()]
     acc = [v[1] for v in table.values()]
@@ -166,7 +164,7 @@ def plot_tree(table, batches):
     ax1.set_xlabel("draft tokens verified per round (nodes)")
     ax1.set_ylabel("mean accepted length (greedy)")
     ax1.set_title("Static tree: acceptance vs size")
-    ax1.legend(fontsize=8)
+    ax1.legend()
     for i, b in enumerate(batches):
         ax2.plot(nodes, [v[2][i] for v in table.values()], "o", label=f"batch {b}")
     ax2.set_xscale("log")
@@ -174,10 +172,10 @@ def plot_tree(table, batches):
     ax2.set_xlabel("nodes")
     ax2.set_ylabel("speedup (free draft heads, H100, ctx 1024)")
     ax2.set_title("Bigger trees pay off only at small batch")
-    ax2.legend(fontsize=8)
+    ax2.legend()
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    return save_figure(fig, __file__, "tree")
+    return save_figure(fig, __file__, "tree", quick=quick)
 
 
 def main():
@@ -196,8 +194,8 @@ def main():
     print("结论：投机解码拿闲着的算力换更少的权重读取。批小（或上下文长、受 KV 带宽限制）时算力是闲的，加速接近公式；"
           f"批大、上下文短时算力不闲，验证要按 γ+1 倍付钱，加速消失。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        p1 = plot_speedup(all_curves)
-        p2 = plot_tree(table, batches)
+        p1 = plot_speedup(all_curves, quick=args.quick)
+        p2 = plot_tree(table, batches, quick=args.quick)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

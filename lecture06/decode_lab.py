@@ -558,7 +558,8 @@ def prob_tol(dtype, n):
 
 
 def _prob_rows(name, a, allow_zero=False, dtype=np.float64):
-    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（± prob_tol(dtype, 行长)）；allow_zero 时也允许整行为 0。
+    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（± prob_tol(dtype, 行长)）；
+    allow_zero 时也允许整行为 0。
     dtype 是调用者传进来的原始精度（a 已经转成 float64，容差按原始精度给）。"""
     if (a < 0).any() or not np.isfinite(a).all():
         raise ValueError(f"{name} 必须是概率：每个元素有限且 ≥ 0，收到 {a!r}")
@@ -659,7 +660,8 @@ def sample_rows(probs, rng):
         原版会截到 V − 1，可能抽到一个概率为 0 的 token；这里永远不会。
     """
     if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），收到 {type(rng).__name__} {rng!r}")
+        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
+                        f"收到 {type(rng).__name__} {rng!r}")
     P = np.asarray(probs, dtype=np.float64)
     if P.ndim != 2 or P.shape[1] == 0:
         raise ValueError(f"probs 必须是 [N, V] 的二维数组，收到形状 {P.shape}")
@@ -1378,7 +1380,8 @@ def _selftest():
         assert got == greedy, f"贪心投机解码必须和贪心解码逐 token 相同（草稿 {d.name}，γ = {g}）"
         assert st["target_cache_len"] == len(prompt) + sum(a + 1 for a in st["accepted"]) - 1
     # 5. 调度：FasterTransformer 在 13B / A100-40GB 上的批上限：由写明的假设推出 7（ft_batch_cap；论文：8 就 OOM），
-    #    按 2048 预留的 KV 容量（0.9 × 可分配显存）也是 7；种子的 A100（只有手册的 40 GB）给 6。迭代级模拟全部完成且 FCFS
+    #    按 2048 预留的 KV 容量（0.9 × 可分配显存）也是 7；种子的 A100（只有手册的 40 GB）给 6。
+    #    迭代级模拟全部完成且 FCFS
     assert (GPT3_13B.n_layers, GPT3_13B.d_model, GPT3_13B.n_kv_heads) == (40, 5120, 40)       # Orca 表 1
     assert A100_40G.mem_cap == 40e9 and LLAMA32_1B.vocab == LLAMA31_8B.vocab                   # 同一个分词器
     sm = StepModel(GPT3_13B, A100_40G)

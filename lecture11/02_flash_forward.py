@@ -153,10 +153,9 @@ def causal_skipping(rng, N, blocks):
           "——被掩码的只有右上角的小三角。")
 
 
-def plot(Ns, curves, N_m, Ms, std_m, fa1_m):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(Ns, curves, N_m, Ms, std_m, fa1_m, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for k, (label, ys) in enumerate(curves.items()):
@@ -164,7 +163,7 @@ def plot(Ns, curves, N_m, Ms, std_m, fa1_m):
     ax1.set_xlabel("sequence length N")
     ax1.set_ylabel("HBM reads + writes (elements)")
     ax1.set_title(f"IO vs N (d={D}, M={M_SRAM})")
-    ax1.legend(fontsize=8)
+    ax1.legend()
     ax1.grid(True, which="both", alpha=0.3)
     ax2.loglog(Ms, [std_m] * len(Ms), "-", color="C0", label="standard: Θ(Nd + N²)")
     ax2.loglog(Ms, fa1_m, "o-", color="C1", label="FlashAttention (fa1)")
@@ -172,9 +171,9 @@ def plot(Ns, curves, N_m, Ms, std_m, fa1_m):
     ax2.loglog(Ms, guide, "--", color="0.5", label="12·N²d²/M")
     ax2.set_xlabel("on-chip memory M (elements)")
     ax2.set_title(f"IO vs on-chip memory (N={N_m}, d={D})")
-    ax2.legend(fontsize=8)
+    ax2.legend()
     ax2.grid(True, which="both", alpha=0.3)
-    return fl.save_figure(fig, __file__, "io")
+    return fl.save_figure(fig, __file__, "io", quick=quick)
 
 
 def main():
@@ -203,7 +202,7 @@ def main():
     print("\n结论：FlashAttention 不减少 FLOPs，减少的是显存读写——N×N 的 S、P 不落地，读写从 Θ(Nd + N²) 降到 "
           "Θ(N²d²/M)；fa2 把 Q 块放在外层，既能并行又只写一次 O；causal 再省下约一半的块。")
     if not args.no_fig:
-        path = plot(list(Ns), curves, N_m, Ms, std_m, fa1_m)
+        path = plot(list(Ns), curves, N_m, Ms, std_m, fa1_m, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -115,10 +115,9 @@ def roofline(res, gpus):
           "真实内核达不到峰值，但结论一样：标准写法被 N×N 的读写拖住。）")
 
 
-def plot(res):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(res, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     labels = ["std fwd", "std bwd", "flash fwd", "flash bwd"]
@@ -137,9 +136,9 @@ def plot(res):
     ax2.set_xlabel("sequence length N")
     ax2.set_ylabel("elements")
     ax2.set_title(f"Backward HBM reads + writes (d={D})")
-    ax2.legend(fontsize=8)
+    ax2.legend()
     ax2.grid(True, which="both", alpha=0.3)
-    return fl.save_figure(fig, __file__, "cost")
+    return fl.save_figure(fig, __file__, "cost", quick=quick)
 
 
 def main():
@@ -163,7 +162,7 @@ def main():
     print("\n结论：反向用 L 重算 P，多 25% 的反向 FLOPs（2.5× 而不是 2×），换来前后向之间只存 N 个数、"
           "反向读写少几倍；在带宽受限的区间，这笔交换让时间更短。")
     if not args.no_fig:
-        path = plot(res)
+        path = plot(res, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

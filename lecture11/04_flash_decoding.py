@@ -98,10 +98,9 @@ def splits_table(gpu, S, batches):
           "B·Hkv 已经够多时就不再切（1 段），再切只多一个合并内核。")
 
 
-def plot(contexts):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(contexts, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
     for ax, gpu in zip(axes, GPUS):
@@ -117,10 +116,10 @@ def plot(contexts):
         ax.set_xlabel("context length S")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("modelled time per layer (us)")
-    axes[0].legend(fontsize=7)
+    axes[0].legend()
     fig.suptitle(f"Decode attention per layer (time model): Hq=32, Hkv=8, d={DH}, dashed = FA2-style, "
                  "solid = flash-decoding with best_splits")
-    return fl.save_figure(fig, __file__, "time")
+    return fl.save_figure(fig, __file__, "time", quick=quick)
 
 
 def main():
@@ -161,7 +160,7 @@ def main():
     print("\n结论：decode 时 query 只有 1 行，并行度必须从 KV 长度里找；每段多存一个 lse 就能精确合并。"
           "batch 小、上下文长、GQA 时收益最大；batch 大的 MHA 几乎没有收益。")
     if not args.no_fig:
-        path = plot([2 ** k for k in range(10, 18)])
+        path = plot([2 ** k for k in range(10, 18)], quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -95,7 +95,7 @@ def nccl_latency_table(ps, alpha):
     assert abs(cs.nccl_ring_latency(8, "LL") / 14 / cs.DEFAULT_ALPHA - 1) < 0.2
 
 
-def plot_time(sizes, p, alpha, bw, ns, plt):
+def plot_time(sizes, p, alpha, bw, ns, plt, quick=False):
     terms = cs.allreduce_terms(sizes, p)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.loglog(sizes, np.full_like(sizes, terms.steps * alpha), "--", label=r"$\alpha$ term: 2(P-1)$\alpha$")
@@ -108,10 +108,10 @@ def plot_time(sizes, p, alpha, bw, ns, plt):
     ax.set_title(f"Ring all-reduce, P={p}, alpha={alpha * 1e6:g} us, B={bw / 1e9:g} GB/s")
     ax.legend()
     ax.grid(True, which="major", alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110, quick=quick)}")
 
 
-def plot_busbw(sizes, alpha, bw, plt):
+def plot_busbw(sizes, alpha, bw, plt, quick=False):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for p in (2, 8, 64):
         t = cs.allreduce_time(sizes, p, alpha, 1 / bw)
@@ -124,7 +124,7 @@ def plot_busbw(sizes, alpha, bw, plt):
     ax.set_ylim(0, 1.05)
     ax.legend(loc="lower right")
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110, quick=quick)}")
 
 
 def main():
@@ -155,12 +155,11 @@ def main():
           f"是线速的 {MEASURED_RING_BUSBW / bw:.0%}（协议开销）；NVLS（交换机内归约）能到 ≈ 480 GB/s。"
           "本模块的模型按线速算，想贴近实测就把带宽乘 0.8。")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from course_utils import pyplot
+    plt = pyplot()
     fine = np.logspace(2, 10, 60 if args.quick else 200)
-    plot_time(fine, p, alpha, bw, ns, plt)
-    plot_busbw(fine, alpha, bw, plt)
+    plot_time(fine, p, alpha, bw, ns, plt, quick=args.quick)
+    plot_busbw(fine, alpha, bw, plt, quick=args.quick)
 
 
 if __name__ == "__main__":

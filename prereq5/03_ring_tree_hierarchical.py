@@ -134,10 +134,9 @@ def simulate_hierarchical(n_nodes, g, rng):
     print(cs.format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
 
 
-def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(sizes, times, cluster, n_nodes, g, alpha, bw, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for a in AR_ALGOS:
         ax.loglog(sizes, times[a], label=a)
@@ -146,7 +145,7 @@ def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
     ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, alpha {alpha * 1e6:g} us)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110, quick=quick)}")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, t in zip(("flat ring (1 ring)", f"flat ring ({g} rings, n/{g} each)", "hierarchical"), cluster):
         ax.loglog(sizes, t, label=label)
@@ -155,7 +154,7 @@ def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
     ax.set_title(f"All-reduce on {n_nodes} nodes x {g} GPUs (NIC {NIC_BW / 1e9:g} GB/s per GPU)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110, quick=quick)}")
 
 
 def main():
@@ -186,7 +185,7 @@ def main():
     fine = np.logspace(3, 10, 40 if args.quick else 120)
     node_t = {a: cs.allreduce_time(fine, 8, alpha, 1 / bw, a) for a in AR_ALGOS}
     cl = cluster_times(fine, args.nodes, g, alpha, bw, ALPHA_NET, NIC_BW)
-    plot(fine, node_t, cl, args.nodes, g, alpha, bw)
+    plot(fine, node_t, cl, args.nodes, g, alpha, bw, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -133,10 +133,9 @@ def report(world, err, rows):
     return nbytes, secs, fit
 
 
-def plot(results):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(results, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for world, (nbytes, secs, fit) in results.items():
         fine = np.geomspace(nbytes[0], nbytes[-1], 100)
@@ -146,9 +145,9 @@ def plot(results):
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("all-reduce time (s)")
     ax.set_title("torch.distributed gloo all-reduce on this CPU")
-    ax.legend(fontsize=8)
+    ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"\n图已保存：{save_figure(fig, __file__, 'fit', dpi=110)}")
+    print(f"\n图已保存：{save_figure(fig, __file__, 'fit', dpi=110, quick=quick)}")
 
 
 def main():
@@ -173,7 +172,7 @@ def main():
         err, rows = measure(world, n_elems, reps, args.seed, timeout_s=60 if args.quick else 240)
         print(f"（{world} 个进程用时 {time.perf_counter() - t0:.1f} s）")
         results[world] = report(world, err, rows)
-    plot(results)
+    plot(results, quick=args.quick)
 
 
 if __name__ == "__main__":
