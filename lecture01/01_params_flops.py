@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import pyplot, save_figure  # noqa: E402
 
 GROUPS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
 GROUP_ZH = {"embeddings": "词嵌入", "attention": "注意力", "mlp": "MLP", "norms": "归一化", "lm_head": "lm_head",
@@ -76,12 +76,9 @@ def flops_table(models, ctxs):
     return M.format_table(heads, rows)
 
 
-def plot_groups(models):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
+def plot_groups(models, quick=False):
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6.5), gridspec_kw={"width_ratios": [1.1, 1]})
     colors = {"embeddings": "#4c72b0", "attention": "#dd8452", "mlp": "#55a868", "norms": "#c44e52",
               "lm_head": "#8172b3", "other": "#937860"}
     names = [m.name for m in models]
@@ -93,19 +90,24 @@ def plot_groups(models):
     ax1.set_xlabel("fraction of parameters")
     ax1.set_xlim(0, 1)
     ax1.invert_yaxis()
-    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8)
-    ax1.set_title("Where the parameters are")
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    ax1.set_title("Where the parameters are: MLP grows, embeddings shrink")
 
     ctx = [2 ** i for i in range(8, 18)]
     for m in models:
-        if m.name.startswith(("Llama", "GPT-3")):
-            ax2.loglog(ctx, [m.flops_per_token(c) for c in ctx], label=m.name)
+        if m.name.startswith(("Llama-3.1", "GPT-3")):
+            ax2.loglog(ctx, [m.flops_per_token(c) for c in ctx], lw=2, label=m.name)
+    m8 = M.LLAMA31_8B
+    x8 = m8.attn_crossover_ctx()
+    ax2.annotate(f"8B: attention = matmuls\nat {x8 / 1000:.0f}K tokens", xy=(x8, m8.flops_per_token(x8)),
+                 xytext=(300, 5e9), arrowprops=dict(arrowstyle="->"))
+    ax2.set_ylim(3e9, None)
     ax2.set_xlabel("context length (tokens)")
     ax2.set_ylabel("forward FLOPs per token")
     ax2.set_title("FLOPs/token = 2·N_matmul + 4·L·H·dh·ctx")
-    ax2.legend(fontsize=8, loc="upper left")
+    ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax2.grid(True, which="both", alpha=0.3)
-    return save_figure(fig, __file__, "groups")
+    return save_figure(fig, __file__, "groups", quick=quick)
 
 
 def main():
@@ -161,7 +163,7 @@ def main():
           f"GPT-3-13B 官方 {pub13 / 1e9:.1f}B（论文表 2.1）：按论文印的 d=5140 差 {gap_printed:.2%}，"
           f"按 40×128 = 5120 差 {gap_ours:.2%}。")
     if not args.no_fig:
-        path = plot_groups(models)
+        path = plot_groups(models, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -5,7 +5,7 @@
   1. 离线负载（所有请求 t = 0 到达）下扫 max_batch：吞吐（输出 token/s）和 TPOT、端到端延迟一起涨——
      吞吐与延迟的交换；
   2. KV 的墙：批大小被"显存里放得下几个序列的 KV"截断，再调大 max_batch 也没用；
-     FasterTransformer 按最大长度 2048 给每个请求预留 KV，GPT-3 13B 在 A100 40GB 上只能放 6 个（Orca 论文的观察）；
+     FasterTransformer 按最大长度 2048 给每个请求预留 KV，GPT-3 13B 在 A100 40GB 上只能放 7 个（Orca 论文：批到 8 就 OOM）；
   3. 补齐和陪跑的浪费：输入补齐到批里最长的，输出跑到批里最长的——长度参差不齐时有效计算只占一部分。
   图：figures/02_static_batching_tradeoff.png
 
@@ -41,7 +41,8 @@ def part_orca(seed, quick):
     print(ss.format_table(["max_batch", "实际批（按需）", "输出 token/s", "TPOT p50 ms", "平均端到端 s", "有效计算占比",
                            "实际批（FT 预留 2048）", "输出 token/s（FT）"], table))
     ft_limit = cap // 2048
-    assert ft_limit == 6
+    ftc = ss.ft_batch_cap(step.model, step.chip)          # 同一个上限由写明的假设推出（权重、KV、FT 工作区）
+    assert ft_limit == ftc["cap"] == 7 < 8
     assert all(f["largest_batch"] == min(f["max_batch"], ft_limit) for f in ft), \
         "FT 式预留：批大小 = min(max_batch, 容量 // 2048)"
     assert all(a["largest_batch"] >= f["largest_batch"] for a, f in zip(need, ft))
@@ -51,8 +52,11 @@ def part_orca(seed, quick):
     assert all(a["largest_batch"] >= min(a["max_batch"], worst) for a in need)
     assert need[-1]["largest_batch"] < need[-1]["max_batch"]
     assert all(a["useful_frac"] < 1 for a in need[1:]), "长度参差不齐：补齐 + 陪跑一定有浪费"
-    print(f"  FT 式预留：每个请求 2048 个 token → 最多 {ft_limit} 个"
-          "（Orca 论文：FT 的 13B 批 ≥ 8 就显存不够，facts.md §3 [S56]）；")
+    print(f"  FT 式预留：每个请求 2048 个 token → 最多 {ft_limit} 个（可用 = 90% × 可分配 "
+          f"{step.chip.alloc_bytes / 1e9:.1f} GB，推出的）；按 FT 自己的账（可分配 − 1 GB 运行时 − 权重，"
+          f"每序列 KV {ftc['kv_per_seq'] / 1e9:.2f} GB + 工作区 {ftc['work_per_seq'] / 1e9:.2f} GB）"
+          f"也是 {ftc['cap']} 个"
+          "（Orca 论文：FT 的 13B 批 ≥ 8 就显存不够 [S56]；第 6 讲种子按 90% × 40 GB 得 6）；")
     print("  按需分配能放更多，但静态批处理仍要补齐输入、陪最长的输出跑完，'有效计算占比'一列就是浪费的反面。")
     return need
 

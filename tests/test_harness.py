@@ -40,6 +40,12 @@ def test_item(item):
     if status == "skip":
         pytest.skip(f"{item.label}: {info}")
     assert status == "ok", f"{item.label} 失败（{dt:.1f} s）：\n{info}"
+    if item.kind == "demo":
+        # --quick 的小图进 figures/quick/，不覆盖 make figures 生成的完整图（issue 10）
+        import re
+        written = re.findall(r"[\w./\\-]+\.png", info)
+        full = [p for p in written if "quick" not in p.replace("\\", "/").split("/")]
+        assert not full, f"{item.label} --quick 把图写到了完整图的位置：{full}"
 
 
 def test_lab_module_must_call_selftest(tmp_path):
