@@ -165,9 +165,9 @@ def plot_rope(q, k, path_script, quick=False):
     dist = np.unique(np.round(np.logspace(0, 4.5, 300)).astype(int))
     ones = np.ones(D_HEAD)
     decay = rope_scores(ones, ones, dist, np.zeros_like(dist)) / rope_scores(ones, ones, [0], [0])[0]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
     im = ax1.imshow(grid, cmap="RdBu_r")
-    fig.colorbar(im, ax=ax1)
+    fig.colorbar(im, ax=ax1, label="score q(m)·k(n)")
     ax1.set_xlabel("key position n")
     ax1.set_ylabel("query position m")
     ax1.set_title("RoPE score q(m)·k(n)\n(constant along diagonals)")
@@ -190,6 +190,8 @@ def plot_leak(D_causal, D_bidir, path_script, quick=False):
         ax.set_xlabel("changed token j")
         ax.set_ylabel("output position i")
     fig.colorbar(im, ax=axes[1], label="log10 max |Δ logits|")      # 两图同一色标（vmin/vmax 相同），挂在右图上
+    n = D_causal.shape[0]
+    axes[0].text(0.95 * n, 0.2 * n, "exactly 0:\nthe future\nnever leaks", color="white", ha="right", va="top")
     fig.suptitle("How much output position i changes when input token j is replaced")
     return tl.save_figure(fig, path_script, "leak", quick=quick)
 

@@ -130,7 +130,7 @@ def plot(prompt_lens, batches, ctxs, path_script, quick=False):
     from course_utils import pyplot
     plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6.5), sharey=True)
     colors = ("tab:blue", "tab:orange")
     for m, style in zip(MODELS, ("-", "--")):
         for ctx, color in zip(ctxs, colors):
@@ -141,11 +141,12 @@ def plot(prompt_lens, batches, ctxs, path_script, quick=False):
     ridges = [c.ridge_point() for c in CHIPS]
     for ax in (ax1, ax2):
         ax.axhspan(min(ridges), max(ridges), color="gray", alpha=0.25, lw=0)
-        ax.text(0.02, max(ridges) * 1.1, "ridge points (BF16): " + ", ".join(f"{c.name} {c.ridge_point():.0f}"
-                                                                            for c in CHIPS),
+        ax.text(0.02, max(ridges) * 1.15, f"chip ridge points {min(ridges):.0f}–{max(ridges):.0f} FLOP/B "
+                f"({', '.join(c.name for c in CHIPS)})" if ax is ax1 else "ridge band",
                 transform=ax.get_yaxis_transform())
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="lower right")
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)    # 图例放在图下：不挡 ctx 32K 的低曲线
+    ax2.legend(loc="lower right")
     ax1.set_xlabel("decode batch size")
     ax1.set_ylabel("arithmetic intensity (FLOP / byte, BF16)")
     ax1.set_title("Decode: batching helps until the KV cache dominates")
