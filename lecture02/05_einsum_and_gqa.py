@@ -165,17 +165,22 @@ def plot(batch, ctxs, path_script, quick=False):
     from course_utils import pyplot
     plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 6))
     for m, style in zip(variants(LLAMA31_8B), ("-", "--", ":")):
-        total = [tl.phase_costs(m, batch, 1, int(c), BPE, last_only=True)["bytes"] for c in ctxs]
-        ax.loglog(ctxs, total, style, label=f"{m.name.split()[-1]} (G={m.n_kv_heads})")
-    ax.axhline(LLAMA31_8B.matmul_params() * BPE, color="gray", lw=0.8)
-    ax.text(ctxs[0], LLAMA31_8B.matmul_params() * BPE * 1.1, "weights alone", color="gray")
-    ax.set_xlabel("context length")
-    ax.set_ylabel("bytes moved per decode step")
+        total = np.array([tl.phase_costs(m, batch, 1, int(c), BPE, last_only=True)["bytes"] for c in ctxs]) / 1e9
+        ok = np.array([max_batch(m, H100_SXM, int(c), w_bytes=BPE, kv_bytes=BPE) >= batch for c in ctxs])
+        line, = ax.loglog(ctxs, total, style, lw=2.5, label=f"{m.name.split()[-1]} (G={m.n_kv_heads})")
+        if not ok.all():                       # 从这里起 batch 个序列的 KV 放不进一张 H100（llm_math.max_batch）
+            i = int(np.argmin(ok))
+            ax.plot(ctxs[i], total[i], "X", ms=12, color=line.get_color())
+    ax.plot([], [], "X", ms=12, color="gray",
+            label=f"from here: {batch} sequences' KV\nno longer fit one {H100_SXM.name}")
+    ax.axhline(LLAMA31_8B.matmul_params() * BPE / 1e9, color="gray", lw=1.5, label="weights alone")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("GB moved per decode step")
     ax.set_title(f"{LLAMA31_8B.name}, batch {batch}, BF16: KV traffic vs context")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left")
     return tl.save_figure(fig, path_script, "kv_bytes", quick=quick)
 
 
