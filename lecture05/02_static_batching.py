@@ -84,7 +84,7 @@ def part_llama(seed, quick):
 
 
 def plot(orca, llama, wall, quick=False):
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ax = plt.subplots(1, 2, figsize=(15, 6))
     for rows, name in ((orca, "GPT-3 13B / A100-40GB, U(32,512)/U(1,128)"), (llama, "Llama-3.1-8B / H100, 1024/256")):
         x = [r["tpot_p50"] * 1e3 for r in rows]
         y = [r["tok_per_s"] for r in rows]
@@ -94,19 +94,20 @@ def plot(orca, llama, wall, quick=False):
             if (round(xi, 3), round(yi, 1)) in seen:        # 撞墙后的点重合：只标第一个
                 continue
             seen.add((round(xi, 3), round(yi, 1)))
-            ax[0].annotate(str(r["max_batch"]), (xi, yi), xytext=(3, -8), textcoords="offset points")
+            ax[0].annotate(str(r["max_batch"]), (xi, yi), xytext=(7, 0), textcoords="offset points", va="center")
     ax[0].set_xlabel("median TPOT (ms)")
     ax[0].set_ylabel("throughput (output tokens/s)")
     ax[0].set_yscale("log")
     ax[0].set_title("throughput vs latency (labels: max_batch)")
-    ax[0].legend()
+    ax[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.14))      # 图下：不挡 13B 的 1、2 两点
     Bs = [r["max_batch"] for r in llama]
     ax[1].loglog(Bs, [r["tok_per_s"] for r in llama], "o-", label="throughput")
     ax[1].loglog(Bs, [r["largest_batch"] for r in llama], "s--", label="actual batch")
     ax[1].axvline(wall, color="red", lw=1, ls=":", label=f"KV wall ({wall})")
     ax[1].set_xlabel("max_batch")
+    ax[1].set_ylabel("tokens/s (circles)  or  sequences (squares)")
     ax[1].set_title("Llama-3.1-8B / H100: the KV-capacity wall")
-    ax[1].legend()
+    ax[1].legend(loc="upper left")
     for a in ax:
         a.grid(alpha=0.3)
     path = ss.save_figure(fig, __file__, "tradeoff", quick=quick)

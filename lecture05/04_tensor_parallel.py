@@ -125,7 +125,7 @@ def part_breakdown(model, chip, batches, section):
 
 def plot(results, model, chip, quick=False):
     bs = sorted(results)
-    fig, ax = plt.subplots(1, len(bs), figsize=(5 * len(bs), 4), squeeze=False)
+    fig, ax = plt.subplots(1, len(bs), figsize=(7 * len(bs), 6), squeeze=False)
     for a, b in zip(ax[0], bs):
         ok = [r for r in results[b] if r is not None and not r.get("kv_full")]
         x = np.arange(len(ok))
@@ -135,11 +135,18 @@ def plot(results, model, chip, quick=False):
         a.bar(x, roof, label="roofline (max of compute, memory)")
         a.bar(x, comm, bottom=roof, label="all-reduce (2 per layer)")
         a.bar(x, ovh, bottom=roof + comm, label="fixed overhead")
+        for xi, r, top in zip(x, ok, roof + comm + ovh):      # 通信 + 开销的占比：随 tp 上升（不缩短的那两块）
+            a.text(xi, top * 1.02, f"{(r['comm'] + r['ovh']) / r['t']:.0%} not shrinking", ha="center")
         a.set_xticks(x, [f"TP{r['tp']}" for r in ok])
+        a.set_ylim(0, 1.15 * (roof + comm + ovh).max())
         a.set_ylabel("time per decode step (ms)")
-        a.set_title(f"{model.name} on {chip.name}, batch {b}, ctx {CTX}")
+        skipped = [f"TP{r['tp']}" for r in results[b] if r is not None and r.get("kv_full")]
+        skipped += [f"TP{tp}" for tp, r in zip(TPS, results[b]) if r is None]
+        a.set_title(f"batch {b}, ctx {CTX}" + (f" ({', '.join(sorted(skipped))}: does not fit)" if skipped else ""))
         a.grid(alpha=0.3, axis="y")
-        a.legend()
+    fig.suptitle(f"{model.name} on {chip.name}: TP shortens the roofline part only")
+    handles, labels = ax[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.06))
     path = ss.save_figure(fig, __file__, "breakdown", quick=quick)
     print(f"\n图：{path}")
 
