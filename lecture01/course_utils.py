@@ -20,6 +20,7 @@ CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印�
     fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
     figure_path(script, what, quick=False)    <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
     pyplot()                                  Agg 后端 + 投影用的字号（FIG_RC，所有文字 ≥ MIN_FONT_PT = 12 磅）
+    merge_identical(series)                   完全重合的曲线合成一条、图例写 "A = B"
     save_figure(fig, script, what, quick=…)   检查字号、紧凑排版、存到 figure_path、关闭图，返回路径
     check_int / check_real / check_bool       参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
     check_choice / check_array                取值列表；实数数组（float64，NaN / ∞ 报错）
@@ -155,6 +156,19 @@ def pyplot():
     import matplotlib.pyplot as plt
     plt.rcParams.update(FIG_RC)
     return plt
+
+
+def merge_identical(series):
+    """
+    [(标签, xs, ys)] → 同样的列表，但 (xs, ys) 完全相同的几条合成一条、标签写成 "A = B"（保持第一次出现的顺序）。
+
+    为什么：两条曲线一模一样时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
+    """
+    merged = {}
+    for label, xs, ys in series:
+        key = (tuple(float(v) for v in xs), tuple(float(v) for v in ys))
+        merged.setdefault(key, []).append(label)
+    return [(" = ".join(labels), list(k[0]), list(k[1])) for k, labels in merged.items()]
 
 
 def small_texts(fig, min_pt=MIN_FONT_PT):
@@ -399,6 +413,8 @@ def _selftest():
             assert text in str(e), (text, e)
         else:
             raise AssertionError(f"应当报错：{text}")
+    got = merge_identical([("a", [1, 2], [3, 4]), ("b", [1, 2], [5, 6]), ("c", [1, 2], [3, 4])])
+    assert [g[0] for g in got] == ["a = c", "b"], got
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "07_demo.py")
         assert figure_path(script, "c", quick=True) == os.path.join(tmp, "figures", "quick", "07_demo_c.png")

@@ -5,7 +5,8 @@
   1. 离线负载（所有请求 t = 0 到达）下扫 max_batch：吞吐（输出 token/s）和 TPOT、端到端延迟一起涨——
      吞吐与延迟的交换；
   2. KV 的墙：批大小被"显存里放得下几个序列的 KV"截断，再调大 max_batch 也没用；
-     FasterTransformer 按最大长度 2048 给每个请求预留 KV，GPT-3 13B 在 A100 40GB 上只能放 7 个（Orca 论文：批到 8 就 OOM）；
+     FasterTransformer 按最大长度 2048 给每个请求预留 KV，GPT-3 13B 在 A100 40GB 上只能放 7 个
+     （Orca 论文：批到 8 就 OOM）；
   3. 补齐和陪跑的浪费：输入补齐到批里最长的，输出跑到批里最长的——长度参差不齐时有效计算只占一部分。
   图：figures/02_static_batching_tradeoff.png
 

@@ -62,7 +62,7 @@ import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
-from course_utils import figure_path, format_table, save_figure  # noqa: E402,F401  演示共用（实现在 lecture01/course_utils.py）
+from course_utils import figure_path, format_table, merge_identical, save_figure  # noqa: E402,F401  演示共用
 from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----

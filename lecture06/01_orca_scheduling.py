@@ -48,7 +48,8 @@ def part1_memory(step):
             ("同上，但不算工作区（对照）", ft["alloc"] - ft["runtime"], ft["cap_kv_only"])):
         rows.append([label, fmt_bytes(budget), fmt_bytes(m.weight_bytes(2.0)), cap])
     print(f"== 1. FasterTransformer 的批上限：{m.name} 在 {chip.name} 上，每个请求预留 {dl.FT_MAX_SEQ} 个 token ==")
-    print(f"   每 token 的 KV = 2 · {m.n_layers} 层 · {m.n_kv_heads} 头 · {m.d_head} 维 · 2 字节 = {fmt_bytes(kv_tok)}；"
+    print(f"   每 token 的 KV = 2 · {m.n_layers} 层 · {m.n_kv_heads} 头 · {m.d_head} 维 · 2 字节 = "
+          f"{fmt_bytes(kv_tok)}；"
           f"每序列 {fmt_bytes(ft['kv_per_seq'])}")
     print(f"   FT 的工作区（每序列，按 {dl.FT_MAX_SEQ} token 预分配）：没融合的注意力分数 [H, S, S] + 10·d·S 个激活，"
           f"FP16 共 {fmt_bytes(ft['work_per_seq'])}")
@@ -86,7 +87,8 @@ def part2_curves(step, n, rates, seed):
         rows.append(row)
     print("   每格：吞吐 req/s / 每 token 延迟中位数 ms")
     print(format_table(["到达率 req/s"] + [s[0] for s in SYSTEMS], rows))
-    print(f"   FT bs=8 实际只能用 {dl.ft_batch_cap(step.model, step.chip)['cap']}；补齐 + 陪跑白算的 token 位置占 {min(waste):.0%}–{max(waste):.0%}。")
+    print(f"   FT bs=8 实际只能用 {dl.ft_batch_cap(step.model, step.chip)['cap']}；"
+          f"补齐 + 陪跑白算的 token 位置占 {min(waste):.0%}–{max(waste):.0%}。")
     best = {name: max([thr for _, thr, med, _ in pts if med <= LATENCY_BUDGET], default=0.0)
             for name, pts in curves.items()}
     print(f"   每 token 中位延迟 ≤ {LATENCY_BUDGET * 1e3:.0f} ms 时能达到的最大吞吐：" +
