@@ -112,7 +112,7 @@ def main():
 
 def plot(res, cap, quick=False):
     rates = [x * cap for x in LOADS]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ax = plt.subplots(1, 2, figsize=(15, 6.5))
     for name, c in (("static", "C0"), ("continuous", "C1")):
         ax[0].semilogy(rates, [res[x][name]["ttft_p50"] for x in LOADS], c + "o-", label=f"{name} p50")
         ax[0].semilogy(rates, [res[x][name]["ttft_p99"] for x in LOADS], c + "s--", label=f"{name} p99")
@@ -123,10 +123,12 @@ def plot(res, cap, quick=False):
     ax[1].plot(rates, rates, "k:", lw=0.8, label="offered load")
     ax[1].set_ylabel("requests / s")
     for a in ax:
-        a.axvline(cap, color="red", lw=0.8, ls=":")
+        a.axvline(cap, color="red", lw=1.2, ls=":")
         a.set_xlabel("arrival rate (req/s); red: static capacity")
         a.grid(alpha=0.3)
-        a.legend()
+        a.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)     # 图下：不挡曲线和 SLO 线
+    ax[1].annotate("static saturates at its capacity;\ngoodput collapses", xy=(cap * 1.6, 2.45),
+                   xytext=(cap * 2.3, 0.7), arrowprops=dict(arrowstyle="->"))
     ax[0].set_title("GPT-3 13B / A100-40GB, Poisson arrivals")
     ax[1].set_title("throughput vs goodput (SLO-meeting requests/s)")
     p1 = ss.save_figure(fig, __file__, "latency", quick=quick)
@@ -135,14 +137,14 @@ def plot(res, cap, quick=False):
     rs = res[x]["static"]["trace"]
     times, counts = ss.occupancy(rs)
     lw = res[x]["static"]["little_all"]
-    fig, a = plt.subplots(figsize=(8, 3.5))
-    a.step(times, counts, where="post", lw=0.8, label="N(t): requests in system")
+    fig, a = plt.subplots(figsize=(12, 5.5))
+    a.step(times, counts, where="post", lw=1, label="N(t): requests in system")
     a.axhline(lw["L"], color="C1", label=f"time average L = {lw['L']:.2f}")
-    a.axhline(lw["lam_W"], color="C2", ls="--", label=f"lambda*W = {lw['lam_W']:.2f}")
+    a.axhline(lw["lam_W"], color="C2", ls="--", label=f"λ·W = {lw['lam_W']:.2f}")
     a.set_xlabel("time (s)")
-    a.set_ylabel("N(t)")
+    a.set_ylabel("requests in system N(t)")
     a.set_title(f"Little's law on the simulated trace (static batching, load {x})")
-    a.legend()
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a.grid(alpha=0.3)
     p2 = ss.save_figure(fig, __file__, "little", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
