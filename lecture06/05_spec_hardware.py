@@ -139,7 +139,7 @@ def part3_tree(ranks, chip, batches, section):
 def plot_speedup(all_curves, quick=False):
     from course_utils import pyplot
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(all_curves), figsize=(11, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(all_curves), figsize=(15, 6), sharey=True)
     for ax, (chip, curves) in zip(axes, all_curves.items()):
         for ctx, pts in curves.items():
             ok = [p for p in pts if p[3]]                      # 放不下的 (批, 上下文) 不画：没有加速比可言
@@ -147,17 +147,21 @@ def plot_speedup(all_curves, quick=False):
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
-        ax.set_title(f"{chip}: best-gamma speedup, alpha = {ALPHA}")
+        ax.set_title(f"{chip}: best-γ speedup, α = {ALPHA}")
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("speedup over plain decode")
-    axes[0].legend()
+    axes[0].annotate("big batch, short context:\ncompute is busy, no speedup", xy=(2 ** 10, 1.0),
+                     xytext=(2 ** 3, 1.15), arrowprops=dict(arrowstyle="->"))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, bbox_to_anchor=(0.5, -0.07),
+               title="lines end where target + draft no longer fit the card")
     return save_figure(fig, __file__, "speedup", quick=quick)
 
 
 def plot_tree(table, batches, quick=False):
     from course_utils import pyplot
     plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     nodes = [v[0] for v in table.values()]
     acc = [v[1] for v in table.values()]
     chain = [set(br) == {1} for br in table]
@@ -173,9 +177,9 @@ def plot_tree(table, batches, quick=False):
     ax2.set_xscale("log")
     ax2.axhline(1.0, color="gray", lw=0.8)
     ax2.set_xlabel("nodes")
-    ax2.set_ylabel("speedup (free draft heads, H100, ctx 1024)")
-    ax2.set_title("Bigger trees pay off only at small batch")
-    ax2.legend()
+    ax2.set_ylabel("speedup (free draft heads)")
+    ax2.set_title("H100, ctx 1024: big trees pay off only at small batch")
+    ax2.legend(loc="lower left")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
     return save_figure(fig, __file__, "tree", quick=quick)
