@@ -111,19 +111,20 @@ def plot(trace, x, block, quick=False):
     from course_utils import pyplot
     plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(np.arange(len(x)), x, ".", ms=3, color="0.6", label="x")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    ax1.plot(np.arange(len(x)), x, ".", ms=6, color="0.5", label="scores x")
     ends = [min((k + 1) * block, len(x)) - 1 for k, *_ in trace]
-    ax1.step(ends, [t[3] for t in trace], where="post", color="C0", label="running max m")
+    ax1.step(ends, [t[3] for t in trace], where="post", color="C0", lw=2, label="running max m")
     for k, *_rest in trace:
         ax1.axvline(k * block, color="0.85", lw=0.5)
     ax1.set_xlabel("position in the row")
+    ax1.set_ylabel("score x (one row of QKᵀ)")
     ax1.set_title("Online softmax reads the row block by block")
-    ax1.legend()
+    ax1.legend(loc="lower right")
     ax2.bar([t[0] for t in trace[1:]], [t[4] for t in trace[1:]], color="C1")
     ax2.set_xlim(-0.5, len(trace) - 0.5)
     ax2.set_xlabel("block (block 0 has no previous state)")
-    ax2.set_ylabel("exp(m_old - m_new)")
+    ax2.set_ylabel("rescale factor exp(m_old − m_new)")
     ax2.set_title("Rescaling factor (< 1 when the max grows)")
     return fl.save_figure(fig, __file__, "rescale", quick=quick)
 
