@@ -105,7 +105,7 @@ def plot_time(sizes, p, alpha, bw, ns, plt, quick=False):
     ax.text(ns * 1.1, terms.steps * alpha * 0.3, f"n* = {fmt_bytes(ns)}", color="gray")
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"Ring all-reduce, P={p}, alpha={alpha * 1e6:g} us, B={bw / 1e9:g} GB/s")
+    ax.set_title(f"Ring all-reduce, P={p}, α={alpha * 1e6:g} µs, B={bw / 1e9:g} GB/s")
     ax.legend()
     ax.grid(True, which="major", alpha=0.3)
     print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110, quick=quick)}")

@@ -142,7 +142,7 @@ def plot(sizes, times, cluster, n_nodes, g, alpha, bw, quick=False):
         ax.loglog(sizes, times[a], label=a)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, alpha {alpha * 1e6:g} us)")
+    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, α {alpha * 1e6:g} µs)")
     ax.legend()
     ax.grid(True, alpha=0.3)
     print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110, quick=quick)}")

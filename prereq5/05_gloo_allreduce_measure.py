@@ -141,7 +141,7 @@ def plot(results, quick=False):
         fine = np.geomspace(nbytes[0], nbytes[-1], 100)
         ax.loglog(nbytes, secs, "o", label=f"gloo measured, P={world}")
         ax.loglog(fine, cs.allreduce_time(fine, world, fit.alpha, fit.beta), "-", color=ax.lines[-1].get_color(),
-                  label=f"alpha-beta fit: {fit.alpha * 1e6:.0f} us, {1 / fit.beta / 1e9:.1f} GB/s")
+                  label=f"α-β fit: α = {fit.alpha * 1e6:.0f} µs, {1 / fit.beta / 1e9:.1f} GB/s")
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("all-reduce time (s)")
     ax.set_title("torch.distributed gloo all-reduce on this CPU")
