@@ -120,7 +120,13 @@ def plot_grid(trace, p, quick=False):
         ax.set_xticks(range(p), [f"c{c}" for c in range(p)])
         ax.set_yticks(range(p), [f"dev{r}" for r in range(p)])
         ax.axis("on")
-    fig.suptitle(f"Ring all-reduce, P={p}: number of devices summed into each chunk")
+    fig.suptitle(f"Ring all-reduce, P={p}: how many devices are summed into each chunk "
+                 "(rows: devices, columns: chunks)")
+    spare = list(axes.flat)[k:]                    # 用空着的格子写结论
+    if spare:
+        spare[0].text(0.0, 0.5, f"after 2(P−1) = {2 * (p - 1)} steps\nevery device holds the full sum;\n"
+                      f"each step every device sends\nn/P bytes to its neighbour", va="center",
+                      transform=spare[0].transAxes)
     print(f"\n图已保存：{save_figure(fig, __file__, 'grid', dpi=110, quick=quick)}")
 
 
