@@ -314,3 +314,17 @@ def test_fit_alpha_beta_rejects_decreasing_times_and_non_integer_counts():
     lm = load_lab("lecture01", "llm_math")
     with pytest.raises(TypeError, match="d_model"):
         lm.ModelConfig("x", n_layers=2, d_model=2.5, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
+
+
+def test_gloo_demo_never_oversubscribes_cores():
+    # issue 10：2 核上跑 4 个进程测的是调度（α 翻倍、拟合误差 ~47%）；演示只用不超过核数的进程数
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "prereq5", "05_gloo_allreduce_measure.py")
+    spec = importlib.util.spec_from_file_location("gloo_demo_05", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.process_counts((2, 4), 2) == ([2], [4])
+    assert demo.process_counts((2, 4), 16) == ([2, 4], [])
+    assert demo.process_counts((4,), 1) == ([2], [4])
+    assert 1 <= demo.usable_cores()
