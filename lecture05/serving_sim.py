@@ -37,7 +37,8 @@ CS349E · 第 5 讲实验模块：serving_sim.py —— 推理服务：一步要
     A6 张量并行 tp 块卡：权重、FLOPs、KV 平均分到每块卡（KV 头数少于 tp 时每块卡复制一个 KV 头，例如 vLLM）；
        每层两次 all-reduce（注意力之后、MLP 之后），每次 batch_tokens × d_model × 2 字节，
        用 prereq5/comm_sim.tp_allreduce_time 计时；通信和计算**不重叠**（保守）。
-    A7 时间模型本身不检查显存放不放得下；模拟器（第 3 部分）在接纳请求时检查。
+    A7 构造 StepModel 时检查权重放不放得下（llm_math.fit，全课程一条规则）；decode_cost 拒绝超过 KV 容量的
+       上下文（CapacityError，不给一个看起来正常的时间）；模拟器（第 3 部分）在接纳请求时检查。
 
 【单位】时间：秒；数据量：字节；算力：FLOP/s；带宽：字节/秒；长度：token 个数。
 
