@@ -11,7 +11,8 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     display_width(text) / format_table(headers, rows, align=None)   显示宽度（全角字占 2 格）；对齐的文本表格
     fmt_si / fmt_count / fmt_bytes / fmt_time                       数字 → 带单位前缀的短字符串
     figure_path(script, what, quick=False) / save_figure(fig, script, what, quick=…)
-                                    存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
+                                    存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png；先查字号
+    pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
     check_int / check_real / check_bool / check_choice / check_array
                                     参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
 
@@ -131,14 +132,65 @@ def figure_path(script, what, quick=False):
     return os.path.join(folder, f"{stem}_{what}.png")
 
 
-def save_figure(fig, script, what, dpi=120, quick=False):
+# 投影用的图：所有文字至少 MIN_FONT_PT 磅（按存下来的尺寸；bbox_inches="tight" 不缩放文字）。
+# 演示脚本用 pyplot() 取 matplotlib.pyplot：Agg 后端 + 这组默认字号；save_figure 再检查一遍，
+# 有字小于 MIN_FONT_PT 就报错（而不是存一张投影时看不清的图）。
+MIN_FONT_PT = 12
+FIG_RC = {"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "xtick.labelsize": 12,
+          "ytick.labelsize": 12, "legend.fontsize": 12, "legend.title_fontsize": 12, "figure.titlesize": 14,
+          "legend.framealpha": 0.9}
+
+
+def pyplot():
+    """Agg 后端（从不 show()）+ 课程的字号（FIG_RC），返回 matplotlib.pyplot。演示脚本画图前调用一次。"""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update(FIG_RC)
+    return plt
+
+
+def merge_identical(series):
     """
-    把 matplotlib 图存到 figure_path(script, what, quick)：先 tight_layout，再按 bbox_inches="tight" 存，
-    然后关闭这张图，返回路径。演示脚本用 matplotlib.use("Agg")，从不 show()；传 quick=args.quick，
-    小规模的图就进 figures/quick/，不覆盖完整图。
+    [(标签, xs, ys)] → 同样的列表，但 (xs, ys) 完全相同的几条合成一条、标签写成 "A = B"（保持第一次出现的顺序）。
+
+    为什么：两条曲线一模一样时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
     """
-    path = figure_path(script, what, quick)
-    fig.tight_layout()
+    merged = {}
+    for label, xs, ys in series:
+        key = (tuple(float(v) for v in xs), tuple(float(v) for v in ys))
+        merged.setdefault(key, []).append(label)
+    return [(" = ".join(labels), list(k[0]), list(k[1])) for k, labels in merged.items()]
+
+
+def small_texts(fig, min_pt=MIN_FONT_PT):
+    """图里看得见、非空、字号小于 min_pt 磅的文字：[(文字, 磅数)]。save_figure 用它拒绝投影时看不清的图。"""
+    from matplotlib.text import Text
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and t.get_fontsize() < min_pt - 1e-9:
+            out.append((t.get_text(), t.get_fontsize()))
+    return out
+
+
+def save_figure(fig, script, what, dpi=120, quick=False, path=None):
+    """
+    把 matplotlib 图存到 figure_path(script, what, quick)：先排版（tight_layout；图自己设了排版引擎就用它的），
+    再按 bbox_inches="tight" 存，然后关闭这张图，返回路径。演示脚本用 pyplot()（Agg，从不 show()）；
+    传 quick=args.quick，小规模的图就进 figures/quick/，不覆盖完整图。
+    path：完整图另存到这个路径（例如和测量 JSON 放在一起的结果图）；quick=True 时不用它，照样进 figures/quick/。
+    【报错】图里有小于 MIN_FONT_PT 磅的文字 → ValueError（列出前几个）：投影时看不清。
+    """
+    tiny = small_texts(fig)
+    if tiny:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        shown = ", ".join(f"{t[:20]!r} {sz:g} pt" for t, sz in tiny[:5])
+        raise ValueError(f"图 {what!r} 有 {len(tiny)} 处文字小于 {MIN_FONT_PT} 磅（投影看不清）：{shown}；"
+                         f"用 course_utils.pyplot() 的默认字号，别传更小的 fontsize")
+    path = figure_path(script, what, quick) if quick or path is None else path
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     import matplotlib.pyplot as plt   # 只在真的存图时才需要 matplotlib
     plt.close(fig)
@@ -168,17 +220,20 @@ def check_int(name, value, lo=None, hi=None, where="", whole_float=False, type_e
 
     【允许】Python int、numpy 整数（返回 int(value)）；whole_float=True 时还允许整数值的有限浮点数
             （训练 token 数常写成 15.6e12；这时原样返回那个浮点数，不改调用者的算术）。
-    【报错】bool、字符串、None、（whole_float=False 时的）浮点数 → type_error（默认 TypeError；
+    【报错】全课程一个约定（和 Python 自己的 range(2.5) 一样）：**不是整数**——bool、字符串、None、
+            （whole_float=False 时的）浮点数、（whole_float=True 时的）2.5 这样的小数——→ type_error（默认 TypeError；
             个别老接口对一切坏值都报 ValueError，就传 type_error=ValueError）；
-            NaN、无穷、小数、越界 → ValueError。
+            是整数但越界、NaN、无穷 → ValueError。
             消息：「[where：]name 必须是整数，且 <范围>，收到 <值>」。
     """
     integral = type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
     ok = integral or (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool))
     if not ok:
         raise type_error(_int_message(name, value, lo, hi, where, whole_float, with_type=True))
-    if not integral and not (math.isfinite(value) and float(value).is_integer()):
+    if not integral and not math.isfinite(value):
         raise ValueError(_int_message(name, value, lo, hi, where, whole_float))
+    if not integral and not float(value).is_integer():      # 2.5 个序列：不是整数 → 和 2.5（float 类型）同一种错
+        raise type_error(_int_message(name, value, lo, hi, where, whole_float))
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ValueError(_int_message(name, value, lo, hi, where, whole_float))
     return int(value) if integral else value
@@ -326,7 +381,8 @@ def _selftest():
     assert check_real("p", 1.0, lo=0.0, hi=1.0) == 1.0
     for call, exc, text in ((lambda: check_int("batch", True), TypeError, "batch"),
                             (lambda: check_int("batch", 2.0), TypeError, "batch"),
-                            (lambda: check_int("batch", 2.5, whole_float=True), ValueError, "batch"),
+                            (lambda: check_int("batch", 2.5, whole_float=True), TypeError, "batch"),
+                            (lambda: check_int("batch", math.nan, whole_float=True), ValueError, "batch"),
                             (lambda: check_int("batch", 0, lo=1, where="f"), ValueError,
                              "f：batch 必须是整数，且 ≥ 1，收到 0"),
                             (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),
@@ -364,6 +420,8 @@ def _selftest():
             assert text in str(e), (text, e)
         else:
             raise AssertionError(f"应当报错：{text}")
+    got = merge_identical([("a", [1, 2], [3, 4]), ("b", [1, 2], [5, 6]), ("c", [1, 2], [3, 4])])
+    assert [g[0] for g in got] == ["a = c", "b"], got
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "07_demo.py")
         assert figure_path(script, "c", quick=True) == os.path.join(tmp, "figures", "quick", "07_demo_c.png")

@@ -9,7 +9,9 @@ llm_math.py —— 第 1 讲：一个 token 到底要花多少？（不运行模
 【里面有什么】
     ModelConfig        结构 + 全部公式：按组的参数量、FLOPs/token、KV 字节/token、训练显存、一次前向的代价
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
-                       把账本和芯片（hw_specs.Chip）结合起来：roofline 时间
+                       把账本和芯片（hw_specs.Chip）结合起来：roofline 时间；放不下时报 CapacityError
+    fit / chips_needed / FIT_RULES
+                       全课程唯一的"放不放得下、要几张卡"规则（按可分配显存 alloc_bytes × MEM_UTIL）
     LLAMA32_1B … GPT3_175B、PRESETS、PUBLISHED_PARAMS、param_tolerance
                        真实模型的预设、官方公布的参数量和比较容差（出处键见 SOURCES.md）
 
@@ -61,8 +63,8 @@ class ModelConfig:
         extra_per_layer ：每层还有多少"其它"参数
                           （例如 GPT-2 的输出投影偏置 d、MLP 偏置 4d + d、两个 LayerNorm 偏置 2d，共 8d）
         extra_final     ：层外还有多少"其它"参数（例如 GPT-2 最后一个 LayerNorm 的偏置 d）
-    【边界】整数字段必须为正；n_heads 必须能被 n_kv_heads 整除（每组 K/V 服务 H/G 个 query 头）。
-        不满足时创建即报 ValueError。
+    【边界】整数字段必须为正（不是整数 → TypeError，≤ 0 → ValueError）；tied、qkv_bias 必须是 True / False
+        （TypeError）；n_heads 必须能被 n_kv_heads 整除（每组 K/V 服务 H/G 个 query 头），否则 ValueError。
     【Python 小知识】frozen=True 让对象不可修改（可以放进 set、当 dict 的键）；
         __post_init__ 在自动生成的 __init__ 之后运行。
     """
@@ -81,10 +83,12 @@ class ModelConfig:
     extra_final: int = 0
 
     def __post_init__(self):
-        # 结构字段的一切坏值（含 bool、2.5）都报 ValueError（老接口的约定），所以 type_error=ValueError
+        # 课程约定（course_utils.check_int）：不是整数（2.5、"8"、True）→ TypeError；越界 → ValueError
         for f in _POSITIVE_INT_FIELDS + _NONNEG_INT_FIELDS:
             lo = 1 if f in _POSITIVE_INT_FIELDS else 0
-            object.__setattr__(self, f, check_int(f, getattr(self, f), lo=lo, where=self.name, type_error=ValueError))
+            object.__setattr__(self, f, check_int(f, getattr(self, f), lo=lo, where=self.name))
+        for f in ("tied", "qkv_bias"):            # "False" 是真值：不检查的话 tied='False' 会被当成共享
+            object.__setattr__(self, f, check_bool(f, getattr(self, f), where=self.name))
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"{self.name}: n_heads={self.n_heads} 不能被 n_kv_heads={self.n_kv_heads} 整除"
                              f"（每组 K/V 头要服务整数个 query 头）")
@@ -248,7 +252,7 @@ class ModelConfig:
         """
         check_int("n_tokens", n_tokens, lo=0, whole_float=True)
         check_int("seq_len", seq_len, lo=1, whole_float=True)
-        check_bool("causal", causal)
+        check_bool("causal", causal, where="train_flops")
         avg_ctx = (seq_len + 1) / 2 if causal else seq_len
         return 3 * n_tokens * (self.linear_flops_per_token() + self.attn_flops_per_token(avg_ctx))
 
@@ -273,7 +277,7 @@ class ModelConfig:
         check_int("batch", batch, lo=1, whole_float=True)
         check_int("seq_len", seq_len, lo=1, whole_float=True)
         check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
-        check_bool("recompute", recompute)
+        check_bool("recompute", recompute, where="activation_bytes")
         tokens = batch * seq_len
         per_layer = self.activation_elems_per_token_layer()
         elems = (self.n_layers * self.d_model + per_layer) if recompute else self.n_layers * per_layer
@@ -317,54 +321,206 @@ def scaled(cfg, name=None, **changes):
 
 
 # =============================================================================
-# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；这里只用 chip.peak_flops(prec) 和 chip.mem_bw）
+# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；只用 chip.peak_flops(prec)、chip.mem_bw 和显存字段）
 # =============================================================================
-def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_bytes=2.0, mfu=1.0, mbu=1.0):
+MEM_UTIL = 0.9     # 只用可分配显存的这个比例：vLLM gpu_memory_utilization 的老默认值 [S61]（新版 0.92 [S59]）
+
+
+class CapacityError(ValueError):
+    """显存放不下（权重放不下，或放下权重后 KV 放不下）。全课程同一个异常；是 ValueError 的子类。"""
+
+
+def check_model_chip(model, chip):
+    """model 要像 ModelConfig、chip 要像 hw_specs.Chip；不像（例如 chip='H100' 这样的名字）→ TypeError。"""
+    if not all(hasattr(model, a) for a in ("weight_bytes", "kv_bytes_per_token", "step_flops", "n_kv_heads")):
+        raise TypeError(f"model 必须是 llm_math.ModelConfig（例如 llm_math.LLAMA31_8B），收到 {type(model).__name__}")
+    missing = [a for a in ("peak_flops", "mem_bw", "mem_cap") if not hasattr(chip, a)]
+    if missing:
+        raise TypeError(f"chip 必须是 hw_specs.Chip（例如 hw_specs.H100_SXM；缺少 {', '.join(missing)}），"
+                        f"收到 {type(chip).__name__} {chip!r}")
+
+
+def allocatable_bytes(chip):
+    """
+    一块芯片上程序能分配的字节：hw_specs.Chip 的 alloc_bytes（H200 实测、其余按规则推出）；
+    没有这个字段的芯片（例如原课程第 6 讲模块自己定义的 A100）退回手册的 mem_cap。
+    """
+    alloc = getattr(chip, "alloc_bytes", None)
+    return float(chip.mem_cap if alloc is None else alloc)
+
+
+# "放不放得下 / 要几张卡" 的两条规则（全课程只用 fit / chips_needed 判断，表格打印用的是哪条）
+FIT_RULES = {
+    "tp": "张量并行：卡数 n 整除 query 头数 H，且与 KV 头数 G 一个整除另一个（G < n 时每卡复制 1 个 KV 头）；"
+          "每卡 权重/n + 本卡的 KV ≤ mem_util × 可分配显存",
+    "bytes": "只按字节：权重和 KV 平分到 n 张卡（不管头数能不能整除，是下限）；每卡同上",
+}
+
+
+def tp_layout_problem(model, n, name="n"):
+    """n 张卡能不能按张量并行切这个模型：能切返回 None，不能切返回原因（一句话；name 是消息里卡数的名字）。"""
+    if model.n_heads % n:
+        return f"{name}={n} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
+    G = model.n_kv_heads
+    if G % n and n % G:
+        return (f"{name}={n} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分到各卡、要么每 {name}/G 块卡复制"
+                f"同一个头；允许的 {name} 是 {G} 的约数或倍数）")
+    return None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """
+    fit / chips_needed 的结果（字节都是**每张卡**的）。
+
+    fits：放得下吗；n_chips、rule：几张卡、按哪条规则（FIT_RULES）；why：放不下的原因（放得下时为空串）；
+    usable = mem_util × 可分配显存；weights、kv：这张卡上的权重和 KV（batch 个序列 × ctx 个 token）；
+    kv_per_token：这张卡上每个 token 的 KV；kv_tokens：放下权重后还能放多少个 token 的 KV（≥ 0）。
+    """
+    fits: bool
+    n_chips: int
+    rule: str
+    usable: float
+    weights: float
+    kv: float
+    kv_per_token: float
+    kv_tokens: int
+    why: str = ""
+
+    @property
+    def need(self):
+        """这张卡要放的字节：权重 + KV。"""
+        return self.weights + self.kv
+
+
+def _fit_kw(w_bytes, kv_bytes, mem_util, rule):
+    check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
+    check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
+    check_real("mem_util", mem_util, lo=0.0, lo_open=True, hi=1.0)
+    if rule not in FIT_RULES:
+        raise ValueError(f"rule 只能是 {' / '.join(map(repr, FIT_RULES))}，收到 {rule!r}")
+
+
+def fit(model, chip, n_chips=1, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, rule="tp"):
+    """
+    n_chips 张卡能不能放下 model 的权重加上 batch 个序列、每个 ctx 个 token 的 KV。全课程"放不放得下"都问它。
+
+    【规则】rule="tp"（默认，真实部署）或 "bytes"（只按字节的下限），见 FIT_RULES。
+    【返回】Fit（fits=False 时 why 写出原因；数字照样算好，表格可以把"放不下"和数字一起打印）。
+    【边界】n_chips ≥ 1、batch ≥ 0、ctx ≥ 0 是整数；w_bytes、kv_bytes > 0；mem_util 在 (0, 1]。
+    """
+    check_model_chip(model, chip)
+    n = check_int("n_chips", n_chips, lo=1, whole_float=True)
+    batch = check_int("batch", batch, lo=0, whole_float=True)
+    ctx = check_int("ctx", ctx, lo=0, whole_float=True)
+    _fit_kw(w_bytes, kv_bytes, mem_util, rule)
+    usable = mem_util * allocatable_bytes(chip)
+    weights = model.weight_bytes(w_bytes) / n
+    if rule == "tp":
+        kv_heads = max(model.n_kv_heads // n, 1)              # G < n：每卡复制 1 个头，KV 不再随 n 变小
+        kv_tok = 2 * model.n_layers * kv_heads * model.d_head * kv_bytes
+        why = tp_layout_problem(model, n) or ""
+    else:
+        kv_tok = model.kv_bytes_per_token(kv_bytes) / n
+        why = ""
+    kv = batch * ctx * kv_tok
+    free = usable - weights
+    kv_tokens = int(free // kv_tok) if free > 0 else 0
+    where = f"{getattr(chip, 'name', 'chip')} × {n}"
+    if not why and weights > usable:
+        why = (f"{model.name} 在 {where} 上每卡权重 {weights / 1e9:.1f} GB > 可用 {usable / 1e9:.1f} GB"
+               f"（{mem_util:g} × 可分配 {allocatable_bytes(chip) / 1e9:.1f} GB）")
+    elif not why and weights + kv > usable:
+        why = (f"{model.name} 在 {where} 上每卡权重 {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB"
+               f"（{batch} 个序列 × {ctx} token）> 可用 {usable / 1e9:.1f} GB")
+    return Fit(fits=not why, n_chips=n, rule=rule, usable=usable, weights=weights, kv=kv, kv_per_token=kv_tok,
+               kv_tokens=kv_tokens, why=why)
+
+
+def chips_needed(model, chip, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, rule="tp",
+                 max_chips=1024):
+    """
+    最少几张卡放得下（fit 的规则）：返回那个 n 的 Fit；到 max_chips 都放不下时返回 n = max_chips 的 Fit（fits=False）。
+
+    【例】Llama-3.1-405B（BF16，只放权重）：rule="bytes" 要 11 张 H100，rule="tp" 要 16 张
+        （128 个头，11、12 都不整除）。第 1 讲演示 05、第 5 讲演示 04 都用这一个函数。
+    """
+    max_chips = check_int("max_chips", max_chips, lo=1)
+    for n in range(1, max_chips + 1):
+        f = fit(model, chip, n, batch, ctx, w_bytes, kv_bytes, mem_util, rule)
+        if f.fits:
+            return f
+    return f
+
+
+def fit_rows(fits):
+    """[(标签, Fit)] → format_table 的行：标签、规则、卡数、放得下、每卡权重 GB、KV GB、可用 GB、原因。"""
+    return [[label, f.rule, f.n_chips, "是" if f.fits else "否", f"{f.weights / 1e9:.1f}", f"{f.kv / 1e9:.1f}",
+             f"{f.usable / 1e9:.1f}", f.why or "—"] for label, f in fits]
+
+
+FIT_HEADERS = ["配置", "规则", "卡数", "放得下", "每卡权重 GB", "每卡 KV GB", "每卡可用 GB", "放不下的原因"]
+
+
+def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_bytes=2.0, mfu=1.0, mbu=1.0,
+              n_chips=1, mem_util=MEM_UTIL, rule="tp"):
     """
     roofline 估计：一次前向的时间 = max(运算时间, 搬数据时间)。
 
-    【参数】model：ModelConfig；chip：有 peak_flops(prec) 和 mem_bw 的对象；batch、n_new、ctx：见 step_flops；
-        mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）
-    【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound"}，bound 为 "compute" 或 "memory"
+    【参数】model：ModelConfig；chip：有 peak_flops(prec)、mem_bw、mem_cap 的对象；batch、n_new、ctx：见 step_flops；
+        mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）；
+        n_chips：几张卡按张量并行分摊 FLOPs 和字节（理想切分，**不计通信**：见 prereq5/04、第 5 讲演示 04）。
+    【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound", "fits", "fit"}：
+        bound 为 "compute" 或 "memory"；fits / fit 是 fit(model, chip, n_chips, batch, ctx + n_new, …) ——
+        放不下的配置照样给出时间，**打印它的表格必须同时打印 fits**（decode_time_per_token 等只返回一个数的函数
+        遇到放不下直接抛 CapacityError）。flops、bytes 是每张卡的。
     【边界】mfu、mbu 必须在 (0, 1]；batch、n_new、ctx、w_bytes、kv_bytes 的要求见 step_flops / step_bytes。
     """
     check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
     check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
-    flops = model.step_flops(batch, n_new, ctx)
+    check_model_chip(model, chip)
+    flops = model.step_flops(batch, n_new, ctx)                      # 先查 batch、n_new、ctx（消息写它们的名字）
     nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
+    f = fit(model, chip, n_chips, batch, ctx + n_new, w_bytes, kv_bytes, mem_util, rule)
+    flops, nbytes = flops / f.n_chips, nbytes / f.n_chips
     t_c = flops / (chip.peak_flops(prec) * mfu)
     t_m = nbytes / (chip.mem_bw * mbu)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,
-            "time": max(t_c, t_m), "bound": "compute" if t_c >= t_m else "memory"}
+            "time": max(t_c, t_m), "bound": "compute" if t_c >= t_m else "memory", "fits": f.fits, "fit": f}
+
+
+def _fitting_step(model, chip, batch, ctx, kw):
+    r = step_time(model, chip, batch, 1, ctx, **kw)
+    if not r["fits"]:
+        raise CapacityError(r["fit"].why + "；用 chips_needed 找要几张卡，再传 n_chips")
+    return r
 
 
 def decode_time_per_token(model, chip, batch=1, ctx=0, **kw):
-    """decode 一步（批里每个序列各出 1 个 token）的 roofline 时间（秒）。kw 传给 step_time。"""
-    return step_time(model, chip, batch, 1, ctx, **kw)["time"]
+    """decode 一步（批里每个序列各出 1 个 token）的 roofline 时间（秒）。kw 传给 step_time。放不下 → CapacityError。"""
+    return _fitting_step(model, chip, batch, ctx, kw)["time"]
 
 
 def decode_tokens_per_s(model, chip, batch=1, ctx=0, **kw):
-    """decode 的总吞吐（token/s，批里所有序列加起来）= batch / 每步时间。单个序列的速度是它除以 batch。"""
-    return batch / decode_time_per_token(model, chip, batch, ctx, **kw)
-
-
-def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
     """
-    一块芯片装下权重之后，剩下的显存能同时放几个"上下文 ctx 长"的序列的 KV cache。
+    decode 的总吞吐（token/s，批里所有序列加起来）= batch / 每步时间。单个序列的速度是它除以 batch。
+    放不下（例如 405B 在一张 H100 上）→ CapacityError，而不是一个看起来正常的数。
+    """
+    return batch / _fitting_step(model, chip, batch, ctx, kw)["time"]
 
-    【mem_util】只用这么多比例的显存（像 vLLM 的 gpu_memory_utilization，默认 0.9：留 10% 给激活、
-        CUDA 上下文和碎片，[S61]）。
+
+def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, n_chips=1, rule="tp"):
+    """
+    芯片装下权重之后，剩下的显存能同时放几个"上下文 ctx 长"的序列的 KV cache（就是 fit 的 kv_tokens // ctx）。
+
+    【mem_util】只用可分配显存（allocatable_bytes）的这个比例（像 vLLM 的 gpu_memory_utilization，默认 0.9：
+        留 10% 给激活、CUDA 上下文和碎片 [S61]）。
     【返回】整数；权重都放不下时返回 0。
     【边界】ctx 是 ≥ 1 的整数（长度 0 的序列不占 KV，"能放几个"没有意义）；mem_util 在 (0, 1]。
     """
-    check_int("ctx", ctx, lo=1, whole_float=True)
-    check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
-    check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
-    check_real("mem_util", mem_util, lo=0.0, lo_open=True, hi=1.0)
-    free = mem_util * chip.mem_cap - model.weight_bytes(w_bytes)
-    if free <= 0:
-        return 0
-    return int(free // model.kv_cache_bytes(1, ctx, kv_bytes))
+    ctx = check_int("ctx", ctx, lo=1, whole_float=True)
+    f = fit(model, chip, n_chips, 0, 0, w_bytes, kv_bytes, mem_util, rule)
+    return f.kv_tokens // int(ctx) if f.fits else 0
 
 
 def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16"):
@@ -374,6 +530,7 @@ def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16
     【返回】{"flops", "seconds", "days", "chip_hours"}
     【边界】只算"有效运算"的时间：不含故障重启、检查点、评测等停顿（真实的 GPU·小时会更多）。
     """
+    check_model_chip(model, chip)
     check_int("n_chips", n_chips, lo=1, whole_float=True)
     check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
     flops = model.train_flops(n_tokens, seq_len)
@@ -442,6 +599,21 @@ PUBLISHED_PARAMS = {
     "GPT-3-175B": (175.0e9, "Brown et al. 2020 表 2.1：175.0B"),
 }
 
+# 有逐个元素的精确计数（Hugging Face safetensors 的元数据，出处同上）的预设：比较时用它，不用四舍五入的
+# "1.23B"——表里印 1.23B 而下面一行写着 1,235,814,400，学生会问到底该跟哪个比。
+EXACT_PARAMS = {
+    "Llama-3.2-1B": 1_235_814_400, "Llama-3.1-8B": 8_030_261_248, "Llama-3.1-70B": 70_553_706_496,
+    "Llama-3.1-405B": 405_853_388_800, "Mistral-7B": 7_241_732_096, "Qwen2.5-7B": 7_615_616_512,
+    "GPT-2-small": 124_439_808,
+}
+
+
+def published_count(name):
+    """预设 name 的官方参数量：有精确计数时用精确计数，否则用公布的四舍五入数字。返回 (数, 是否精确)。"""
+    param_tolerance(name)                   # 检查名字
+    return (EXACT_PARAMS[name], True) if name in EXACT_PARAMS else (PUBLISHED_PARAMS[name][0], False)
+
+
 # 预设参数量和官方数字的容差：一般 1%；个别预设有说得清的已知差距，用单独的、写明原因的容差
 PARAM_TOL = 0.01
 PARAM_TOL_EXCEPTIONS = {
@@ -508,12 +680,11 @@ def _selftest():
             worst = max(worst, err)
         assert err < tol, (name, n, pub, err)
     assert set(PUBLISHED_PARAMS) == set(PRESETS)
-    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）
-    assert LLAMA32_1B.n_params() == 1_235_814_400
-    assert GPT2_SMALL.n_params() == 124_439_808
-    assert MISTRAL_7B.n_params() == 7_241_732_096
-    assert LLAMA31_8B.n_params() == 8_030_261_248 and LLAMA31_70B.n_params() == 70_553_706_496
-    assert LLAMA31_405B.n_params() == 405_853_388_800 and QWEN25_7B.n_params() == 7_615_616_512
+    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）：逐个相等；四舍五入的官方数字和它一致
+    for name, exact in EXACT_PARAMS.items():
+        assert PRESETS[name].n_params() == exact, name
+        assert published_count(name) == (exact, True)
+        assert abs(exact - PUBLISHED_PARAMS[name][0]) / exact < 0.006, name        # 1.23B vs 1,235,814,400
     # GPT-3 13B：论文印的 13.0B 来自同一行印的 d_model = 5140。用 GPT-2 结构逐项数（12·d² 权重 + 13·d 偏置和
     # LayerNorm 每层，最后的 LayerNorm 2·d，词嵌入和位置编码 (V + 2048)·d），5140 在 1% 内复现 13.0B
     pub13 = PUBLISHED_PARAMS["GPT-3-13B"][0]
@@ -572,9 +743,22 @@ def _selftest():
     assert r["bound"] == "memory" and math.isclose(r["time"], r["bytes"] / 1e12)
     r = step_time(LLAMA31_8B, _Chip, 1, 8192)
     assert r["bound"] == "compute" and math.isclose(r["time"], r["flops"] / 1e15)
-    free = 0.9 * 80e9 - LLAMA31_8B.weight_bytes()
+    free = 0.9 * 80e9 - LLAMA31_8B.weight_bytes()           # _Chip 没有 alloc_bytes：退回 mem_cap
     assert max_batch(LLAMA31_8B, _Chip, 8192) == int(free // (8192 * LLAMA31_8B.kv_bytes_per_token()))
     assert max_batch(LLAMA31_405B, _Chip, 8192) == 0
+    # 放不下的配置：step_time 标 fits=False，只返回一个数的函数抛 CapacityError
+    assert not step_time(LLAMA31_405B, _Chip, 1, 1)["fits"] and step_time(LLAMA31_8B, _Chip, 1, 1)["fits"]
+    try:
+        decode_tokens_per_s(LLAMA31_405B, _Chip)
+        raise AssertionError("405B 放不进一张 80 GB 的卡，应当报 CapacityError")
+    except CapacityError as e:
+        assert "405B" in str(e)
+    # 要几张卡：按字节是下限；按张量并行还要整除头数
+    nb = chips_needed(LLAMA31_405B, _Chip, rule="bytes").n_chips
+    nt = chips_needed(LLAMA31_405B, _Chip).n_chips
+    assert nb == math.ceil(LLAMA31_405B.weight_bytes() / (0.9 * 80e9))             # 只放权重（ctx=0）
+    assert nt >= nb and LLAMA31_405B.n_heads % nt == 0 and tp_layout_problem(LLAMA31_405B, nt) is None
+    assert not fit(LLAMA31_405B, _Chip, 12).fits and "整除" in fit(LLAMA31_405B, _Chip, 12).why
     tt = train_time(LLAMA31_8B, 1e12, _Chip, n_chips=100, mfu=0.5, seq_len=4096)
     assert math.isclose(tt["chip_hours"], tt["flops"] / (1e15 * 0.5) / 3600)
 
@@ -585,13 +769,15 @@ def _selftest():
     assert LLAMA31_8B.activation_bytes(2, 1024, recompute=True) < LLAMA31_8B.activation_bytes(2, 1024)
 
     # 7) 坏输入
-    bad = [dict(n_heads=32, n_kv_heads=5), dict(n_layers=0), dict(d_model=-1), dict(vocab=2.5), dict(n_pos=-1)]
-    for kw in bad:
+    bad = [(dict(n_heads=32, n_kv_heads=5), ValueError), (dict(n_layers=0), ValueError),
+           (dict(d_model=-1), ValueError), (dict(vocab=2.5), TypeError), (dict(n_pos=-1), ValueError),
+           (dict(tied="False"), TypeError), (dict(qkv_bias=1), TypeError)]
+    for kw, exc in bad:
         args = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
         args.update(kw)
         try:
             ModelConfig("bad", **args)
-        except ValueError as e:
+        except exc as e:
             if "n_kv_heads" in kw:
                 assert "32" in str(e) and "5" in str(e)
         else:
@@ -602,9 +788,11 @@ def _selftest():
         (lambda: m8.attn_flops_per_token(float("nan")), ValueError, "ctx"),
         (lambda: m8.kv_bytes_per_token(0), ValueError, "bytes_per_elem"),
         (lambda: m8.kv_cache_bytes(float("nan"), 3), ValueError, "batch"),
-        (lambda: m8.kv_cache_bytes(2.5, 10), ValueError, "batch"),
+        (lambda: m8.kv_cache_bytes(2.5, 10), TypeError, "batch"),
         (lambda: m8.step_flops(0, 1), ValueError, "batch"),
-        (lambda: m8.step_flops(1.5, 1), ValueError, "batch"),
+        (lambda: m8.step_flops(1.5, 1), TypeError, "batch"),
+        (lambda: step_time(m8, "H100", 1, 1), TypeError, "chip"),
+        (lambda: fit(m8, _Chip, rule="heads"), ValueError, "rule"),
         (lambda: m8.step_flops(1, 1, "a"), TypeError, "ctx"),
         (lambda: m8.step_bytes(1, 1, w_bytes=-2), ValueError, "w_bytes"),
         (lambda: m8.train_flops(float("nan"), 10), ValueError, "n_tokens"),

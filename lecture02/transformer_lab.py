@@ -4,7 +4,7 @@ transformer_lab.py —— 第 2 讲：会给自己记账的 numpy Transformer
 【问题】第 1 讲的 llm_math 只用公式估算每个 token 多少 FLOPs、多少字节、KV cache 多大；公式会写错，也会悄悄漏项。
     这里真的搭一个 Llama 风格的 decoder-only 模型（纯 numpy），让它在每次矩阵乘、每次读写 KV cache 时记账，
     再逐项和公式对照：实际做了多少 FLOPs、其中多少有用；读了多少字节的权重、KV cache、激活。
-    第 3 讲（量化）、第 4 讲（张量并行）、第 5/6 讲（服务与解码）都导入本模块。
+    第 5/6 讲（服务与解码）导入本模块；量化和张量并行在本课程之外（TP 的通信见 prereq5/04、第 5 讲演示 04）。
 
 【一层的数据流】（pre-norm + 残差；L 层之后：最终 RMSNorm ─► lm_head ─► logits[vocab]）
     x ─► RMSNorm ─► q,k,v = h·Wq, h·Wk, h·Wv ─► RoPE(q,k) ─► 因果 GQA 注意力 ─► ·Wo ─► 加回 x
@@ -92,7 +92,7 @@ class Config:
             raise ValueError(f"Config.d_head={self.d_head} 必须是偶数：RoPE 按相邻两个数成对旋转")
         check_real("rope_theta", self.rope_theta, lo=1.0, lo_open=True, where="Config")
         check_real("norm_eps", self.norm_eps, lo=0.0, lo_open=True, where="Config")
-        check_bool("tied", self.tied, where="Config")
+        object.__setattr__(self, "tied", check_bool("tied", self.tied, where="Config"))
 
     @property
     def group(self):
@@ -134,7 +134,7 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
       · 线性层 W[n_in, n_out] ~ N(0, 1/n_in)：输出方差 ≈ 输入方差。
       · 写回残差流的 Wo、W_down 再乘 1/√(2L)：2L 个分支叠加后残差流的方差不随层数增长。
       · lm_head ~ N(0, logit_std²/d)：logits 的标准差约 logit_std，输出分布不是近似均匀的
-        （第 3 讲要比较量化前后的分布，均匀分布看不出差别）。
+        （要比较量化前后的分布时，均匀分布看不出差别；量化本身在本课程之外）。
     返回 {"embed": [V, d], "layers": [每层 dict], "final_norm": [d], "lm_head": [d, V] 或 None（tied）}；
     每层 dict 的键：attn_norm, wq [d, H·dh], wk [d, G·dh], wv [d, G·dh], wo [H·dh, d], mlp_norm,
     w_gate [d, d_ff], w_up [d, d_ff], w_down [d_ff, d]。
@@ -415,7 +415,7 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         [B, G, 1, dh, S]，一次批量矩阵乘就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
     记账：见模块开头；softmax 另记一行，只有运算没有字节（融合内核里分数留在片上）。
     """
-    _check_attention_shapes(q, k, v, q_pos0, causal)
+    causal = _check_attention_shapes(q, k, v, q_pos0, causal)
     B, T, H, dh = q.shape
     _, S, G, _ = k.shape
     # 两次乘法就是 einsum("btgrd,bsgd->bgrts", ·) 和 einsum("bgrts,bsgd->btgrd", ·)；写成批量矩阵乘（@）是因为
@@ -449,7 +449,7 @@ class KVCache:
         再 read(layer, length+T) 取出全部；整次前向结束后 length += T。
     length 可以直接改小（投机解码回滚草稿，第 6 讲），之后的写入会覆盖旧数据；但不能越过 [0, max_len]。
     越界写（溢出）、读还没写过的位置、形状与 cache 不符都抛 ValueError——真实引擎遇到容量不足会
-        换出、重算或拒绝请求（第 7 讲），绝不会默默算错。
+        换出、重算或拒绝请求（分页与抢占在本课程之外，见 vLLM 论文 [S60]），绝不会默默算错。
     """
 
     def __init__(self, cfg, batch, max_len=None, dtype=np.float64):
@@ -567,7 +567,7 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
         cache       KVCache 或 None；批大小、层数、G、dh 要与 cfg / tokens 一致，剩余容量要放得下 T
         counter     Counter 或 None
         last_only   只对最后一个位置算 lm_head（生成时只要最后一个 logits，省掉 (T−1)/T 的 lm_head）
-        linear_fn   可选的 linear_fn(x, W, op, layer) → y，替换所有"x·W"（第 3 讲插入量化乘法）；
+        linear_fn   可选的 linear_fn(x, W, op, layer) → y，替换所有"x·W"（例如插入量化乘法；量化在本课程之外）；
                     layer 是层号，lm_head 为 None；记账仍按普通矩阵乘
         use_rope    False：不加位置编码（02 演示：没有位置信息会怎样）
         causal      False：双向注意力（02 演示：未来信息泄漏）
@@ -576,7 +576,9 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
                     04 演示用它复现"位置编号写错"的 bug。注意它只影响 RoPE，不影响掩码。
     返回 logits [B, T, vocab]（last_only 时 [B, 1, vocab]）；return_hidden 时 (logits, hidden)。
     """
-    tokens, rope_pos0 = _check_forward(params, cfg, tokens, cache, rope_pos0)
+    tokens, rope_pos0 = _check_forward(params, cfg, tokens, cache, rope_pos0,
+                                       last_only=last_only, use_rope=use_rope, causal=causal,
+                                       return_hidden=return_hidden)
     return _forward(params, cfg, tokens, cache=cache, counter=counter, last_only=last_only, linear_fn=linear_fn,
                     use_rope=use_rope, causal=causal, return_hidden=return_hidden, rope_pos0=rope_pos0)
 
@@ -622,7 +624,8 @@ def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, c
     """
     _check_params(params, cfg)
     prompt = _check_tokens(prompt, cfg)
-    n_new = check_int("n_new", n_new, lo=0, where="generate", type_error=ValueError)
+    n_new = check_int("n_new", n_new, lo=0, where="generate")
+    check_bool("use_cache", use_cache, where="generate")
     B, T0 = prompt.shape
     final_len = T0 + n_new
     if final_len > cfg.max_seq:
@@ -657,7 +660,10 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     返回 {运算名: {"flops", "useful", "w", "kv", "act"}}（没有 calls 列）。
     """
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
-        check_int(name, val, lo=0 if name == "pos0" else 1, where="analytic_ops", type_error=ValueError)
+        check_int(name, val, lo=0 if name == "pos0" else 1, where="analytic_ops")
+    for name, flag in (("last_only", last_only), ("with_cache", with_cache), ("causal", causal),
+                       ("use_rope", use_rope)):
+        check_bool(name, flag, where="analytic_ops")
     bytes_per_elem = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="analytic_ops")
     L, d, f, V = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.vocab
     H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
@@ -787,6 +793,8 @@ def _check_params(params, cfg):
 
 
 def _check_attention_shapes(q, k, v, q_pos0, causal):
+    """attention_core 的输入检查；返回检查过的 causal（bool）。"""
+    causal = check_bool("causal", causal, where="attention_core")
     if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
         raise ValueError(f"attention_core：q 应为 [B, T, H, dh]，k、v 应为同形状的 [B, S, G, dh]；"
                          f"收到 q {q.shape}、k {k.shape}、v {v.shape}")
@@ -798,6 +806,7 @@ def _check_attention_shapes(q, k, v, q_pos0, causal):
     if causal and q_pos0 + T > k.shape[1]:
         raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
                          f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
+    return causal
 
 
 def _check_tokens(tokens, cfg):
@@ -813,14 +822,22 @@ def _check_tokens(tokens, cfg):
     return tokens
 
 
-def _check_forward(params, cfg, tokens, cache, rope_pos0):
-    """forward 的全部输入检查；返回 (整数 tokens, rope_pos0)。"""
+def _check_forward(params, cfg, tokens, cache, rope_pos0, **flags):
+    """forward 的全部输入检查（flags：last_only / use_rope / causal / return_hidden）；返回 (tokens, rope_pos0)。"""
     _check_params(params, cfg)
     tokens = _check_tokens(tokens, cfg)
+    for name, flag in flags.items():
+        check_bool(name, flag, where="forward")
+    T = tokens.shape[1]
+    pos0 = 0
     if cache is not None:
         _check_cache(cache, cfg, *tokens.shape)
+        pos0 = cache.length
+    if pos0 + T > cfg.max_seq:           # 和 generate 同一条上限：模型只为 max_seq 个位置设计（RoPE、缓存、掩码）
+        raise ValueError(f"位置 {pos0} + {T} 个 token = {pos0 + T} 超过 cfg.max_seq={cfg.max_seq}"
+                         f"（generate 也拒绝；要更长就用更大的 max_seq 建 Config）")
     if rope_pos0 is not None:
-        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward", type_error=ValueError)
+        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward")
     return tokens, rope_pos0
 
 

@@ -16,15 +16,14 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
 from course_utils import format_table, save_figure  # noqa: E402
 
@@ -78,9 +77,15 @@ def part_prefill(step, quick):
 
 
 def decode_sweep(step, batches, ctx):
-    """每个 batch 的 decode 一步：(总时间, t_compute, t_memory)。"""
+    """每个 batch 的 decode 一步：(总时间, t_compute, t_memory)。KV 放不下的批（b × ctx > KV 容量）记 NaN：
+    decode_cost 对它们报 CapacityError，表里写"放不下"，图上不画。"""
     tot, tc, tm = [], [], []
     for b in batches:
+        if int(b) * ctx > step.kv_capacity_tokens():
+            tot.append(np.nan)
+            tc.append(np.nan)
+            tm.append(np.nan)
+            continue
         c = step.decode_cost(int(b), int(b) * ctx)
         tot.append(float(c.total))
         tc.append(float(c.t_compute))
@@ -97,6 +102,10 @@ def part_decode(step, quick):
         tot, tc, tm = decode_sweep(step, batches, ctx)
         sweeps[ctx] = (tot, tc, tm)
         for b, t, a, m in zip(batches, tot, tc, tm):
+            if np.isnan(t):
+                need = f"{int(b) * ctx:,} > {step.kv_capacity_tokens():,} token"
+                rows.append([ctx, int(b), "KV 放不下", "-", "-", "-", need])
+                continue
             rows.append([ctx, int(b), f"{t * 1e3:.2f}", f"{a * 1e3:.2f}", f"{m * 1e3:.2f}", f"{b / t:,.0f}",
                          "compute" if a >= m else "memory"])
     print(format_table(["每序列上下文 token", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"],
@@ -132,30 +141,34 @@ def part_crossover(model, chips):
     print("  低于有效 ridge 就永远是带宽受限；而且显存（最后一列）早就满了——长上下文的 decode 基本都受带宽限制。")
 
 
-def plot(step, batches, sweeps, lens, tps):
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+def plot(step, batches, sweeps, lens, tps, quick=False):
+    fig, ax = plt.subplots(1, 2, figsize=(14, 5.5))
     for ctx, ls in ((1, "-"), (2048, "--")):
         tot, tc, tm = sweeps[ctx]
         ax[0].loglog(batches, tc * 1e3, "C0" + ls, label=f"compute (ctx {ctx})")
         ax[0].loglog(batches, tm * 1e3, "C1" + ls, label=f"memory (ctx {ctx})")
         ax[1].loglog(batches, batches / tot, "C2" + ls, label=f"ctx {ctx}")
     for a in ax:
-        a.axvline(step.effective_ridge(), color="gray", lw=0.8, ls=":")
+        a.axvline(step.effective_ridge(), color="gray", lw=1, ls=":")
         a.set_xlabel("batch size")
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
     ax[0].set_ylabel("time per decode step (ms)")
     ax[0].set_title(f"decode step, {step.model.name} on {step.chip.name}")
     ax[1].set_ylabel("output tokens / s")
     ax[1].set_title("decode throughput (dotted: effective ridge)")
-    p1 = save_figure(fig, __file__, "decode")
-    fig, a = plt.subplots(figsize=(5.5, 4))
+    ax[0].legend(loc="upper left")
+    ax[1].legend(loc="lower right")
+    ax[1].annotate("ctx 2048 stops where the\nKV cache fills memory", xy=(batches[~np.isnan(sweeps[2048][0])][-1],
+                   (batches / sweeps[2048][0])[~np.isnan(sweeps[2048][0])][-1]), xytext=(1.5, 1.5e4),
+                   arrowprops=dict(arrowstyle="->"))
+    p1 = save_figure(fig, __file__, "decode", quick=quick)
+    fig, a = plt.subplots(figsize=(7.5, 5))
     a.semilogx(lens, np.array(tps) / 1e3, "o-")
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill throughput (k tokens/s)")
     a.set_title("prefill: saturates once compute-bound")
     a.grid(alpha=0.3)
-    p2 = save_figure(fig, __file__, "prefill")
+    p2 = save_figure(fig, __file__, "prefill", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 
@@ -171,7 +184,7 @@ def main():
     lens, tps = part_prefill(step, args.quick)
     batches, sweeps = part_decode(step, args.quick)
     part_crossover(ss.LLAMA31_8B, [H100_SXM, H200, B200])
-    plot(step, batches, sweeps, lens, tps)
+    plot(step, batches, sweeps, lens, tps, quick=args.quick)
 
 
 if __name__ == "__main__":

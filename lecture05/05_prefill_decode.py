@@ -19,15 +19,14 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import H100_SXM  # noqa: E402
 from course_utils import format_table, save_figure  # noqa: E402
 
@@ -133,34 +132,41 @@ def part_papers():
     print(format_table(["系统", "报告的结果", "出处"], rows))
 
 
-def plot(lines, base, res):
-    fig, a = plt.subplots(figsize=(8, 4))
-    for name, dts in lines.items():
-        t = np.concatenate([[0.0], np.cumsum(dts)])
-        a.step(t[1:] * 1e3, dts * 1e3, where="pre", label=name)
-    a.axhline(base * 1e3, color="gray", ls=":", label="decode-only step")
+def plot(lines, base, res, quick=False):
+    fig, a = plt.subplots(figsize=(12, 6))
+    # chunk = 4096 和整段 prompt 是同一条曲线：合成一条（course_utils.merge_identical），图例不列看不见的线
+    series = [(name, np.cumsum(dts) * 1e3, dts * 1e3) for name, dts in lines.items()]
+    for name, t, y in ss.merge_identical(series):
+        whole = name.startswith("whole")      # 整段 prompt 和 chunk 4096 几乎重合：整段画成黑色虚线、压在上面
+        a.step(t, y, where="pre", lw=2.5 if whole else 2, ls="--" if whole else "-",
+               color="black" if whole else None, zorder=3 if whole else 2, label=name)
+    a.axhline(base * 1e3, color="gray", ls=":", lw=1.5, label="decode-only step")
     a.set_yscale("log")
     a.set_xlabel("time (ms)")
-    a.set_ylabel("inter-token latency of running requests (ms)")
+    a.set_ylabel("inter-token latency (ms)")
     a.set_title(f"{N_DEC} decoding sequences + one {PROMPT}-token prompt (Llama-3.1-8B / H100)")
-    a.legend(fontsize=7)
+    a.annotate("smaller chunks: shorter stalls,\nbut the prompt finishes later", xy=(150, base * 1e3 * 1.5),
+               xytext=(170, 40), arrowprops=dict(arrowstyle="->"))
+    a.annotate("chunk 256: barely above\nthe decode-only step", xy=(200, base * 1e3 * 1.02), xytext=(230, 13),
+               arrowprops=dict(arrowstyle="->"))
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a.grid(alpha=0.3)
-    p1 = save_figure(fig, __file__, "itl")
+    p1 = save_figure(fig, __file__, "itl", quick=quick)
 
     names = ["whole" if k is None else f"C={k}" for k in res]
     keys = [("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99")]
-    fig, a = plt.subplots(figsize=(8, 4))
+    fig, a = plt.subplots(figsize=(12, 6))
     w = 0.8 / len(res)
     x = np.arange(len(keys))
     for i, (k, nm) in enumerate(zip(res, names)):
         a.bar(x + i * w, [res[k][key] * 1e3 for key, _ in keys], w, label=nm)
     a.set_xticks(x + w * (len(res) - 1) / 2, [lab for _, lab in keys])
     a.set_yscale("log")
-    a.set_ylabel("ms")
+    a.set_ylabel("latency (ms)")
     a.set_title("Poisson load, iteration-level scheduling: chunked prefill")
-    a.legend(fontsize=8)
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="prefill chunk")
     a.grid(alpha=0.3, axis="y")
-    p2 = save_figure(fig, __file__, "load")
+    p2 = save_figure(fig, __file__, "load", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 
@@ -174,7 +180,7 @@ def main():
     lines, base = part_single(step, args.quick)
     res = part_load(step, 400 if args.quick else 2000, args.seed)
     part_papers()
-    plot(lines, base, res)
+    plot(lines, base, res, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -10,18 +10,20 @@ serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几�
     请求与指标  Request、make_requests（泊松到达 + 长度分布）、summarize（TTFT / TPOT / 吞吐 / goodput）、littles_law
     调度模拟    simulate_static（静态批处理，FasterTransformer 式）、simulate_continuous（迭代级，可选分块 prefill）；
                两者之下的 iteration_schedule 是迭代级调度的引擎，第 6 讲的 Orca 模拟也用它
-    演示工具    crossover_batch、min_tp、offline_sweep
+    演示工具    crossover_batch、min_tp、offline_sweep、ft_batch_cap（FasterTransformer 式批上限，由写明的假设推出）
 
 【时间模型的假设】（都是参数，改了就能看结论怎么变；不是测量值）
     A1 一步 = max(FLOPs ÷ (峰值 × mfu), 字节 ÷ (带宽 × mbu)) + 通信 + overhead；默认 mfu 0.6、mbu 0.8、1 ms。
     A2 权重与 KV 默认 BF16；每步把全部矩阵乘权重读一遍（llm_math.matmul_params，lm_head 也算）。
     A3 FLOPs 只算矩阵乘（2·参数/token）和注意力；prefill 按因果掩码，长度 T 共 T(T+1)/2 个 (query, key) 对。
     A4 字节只算权重、读 KV、写 KV；激活的读写忽略（融合内核让它们留在片上）。
-    A5 可用显存 = mem_util × 容量（默认 0.9，vLLM gpu_memory_utilization 的老默认 [S59, S61]）；
+    A5 可用显存 = mem_util × 可分配显存 chip.alloc_bytes（H200 实测，其余推出；默认 0.9，vLLM gpu_memory_utilization
+       的老默认 [S59, S61]）；
        KV 容量 = (可用显存 − 权重) ÷ 每 token 的 KV 字节。
     A6 TP：权重、FLOPs、KV 平均分到每卡（KV 头少于 tp 时每卡复制 1 个）；每层两次 all-reduce，
        用 prereq5/comm_sim.tp_allreduce_time 计时，和计算不重叠（保守）。
-    A7 时间模型不检查放不放得下；模拟器在接纳请求时检查。
+    A7 StepModel 构造时用 llm_math.fit（全课程一条规则）检查权重放得下；decode_cost 拒绝超过 KV 容量的上下文
+       （CapacityError，不给一个看似正常的时间）；模拟器在接纳请求时检查。
 
 【单位】时间：秒；数据量：字节；算力：FLOP/s；带宽：字节/秒；长度：token 个数。
 【运行】python3 lecture05/serving_sim.py      # 自检（约 1 秒）
@@ -44,7 +46,7 @@ import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
-from course_utils import figure_path, format_table, save_figure  # noqa: E402,F401  演示共用（实现在 lecture01/course_utils.py）
+from course_utils import figure_path, format_table, merge_identical, save_figure  # noqa: E402,F401  演示共用
 from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
@@ -61,7 +63,38 @@ A100_40G = hw_specs.Chip(
     "A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
     mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020,
     notes="[S1, S3]：稠密 BF16 312 TFLOPS；NVLink3 600 GB/s 双向 = 每方向 300 GB/s",
+    # 可分配字节：没有实测，按第 1 讲 hw_specs 的同一条规则推出（40e9 × 1.0646 ≈ 42.58e9）
+    mem_alloc=hw_specs.derived_alloc(40e9), mem_alloc_how="derived: mem_cap × H200 measured/datasheet ratio 1.0646",
 )
+
+# FasterTransformer 式批上限的假设（ft_batch_cap；全部写在这里，不是调出来的利用率）
+FT_RUNTIME_BYTES = 1.0e9   # CUDA 上下文 + cuBLAS / NCCL 工作区等运行时开销：假设 1 GB（没有实测）
+FT_ACT_WIDTHS = 10         # 每个 token 的激活缓冲：q、k、v（3d）+ 注意力输出 d + FFN 中间 4d + 两个残差 / 归一化 2d
+
+
+def ft_batch_cap(model, chip, max_seq=2048, runtime_bytes=FT_RUNTIME_BYTES, w_bytes=2.0, kv_bytes=2.0,
+                 act_bytes=2.0):
+    """
+    FasterTransformer 式静态引擎的批上限：每个请求都按 max_seq 预留 KV 和上下文阶段的工作区，由写明的假设推出。
+
+    【假设】可用 = 可分配显存（llm_math.allocatable_bytes）− 运行时开销 runtime_bytes − 权重；
+        每个序列 = max_seq 个 token 的 KV + 上下文阶段的工作区：没融合的注意力把 QKᵀ 存成 [H, S, S]，
+        加上 FT_ACT_WIDTHS·d·S 个激活（都按 act_bytes 字节，S = max_seq）。
+    【返回】{"alloc", "runtime", "weights", "kv_per_seq", "work_per_seq", "cap", "cap_kv_only"}：
+        cap = ⌊可用 ÷ (KV + 工作区)⌋；cap_kv_only = 不算工作区时的 ⌊可用 ÷ KV⌋（对照）。
+    【例】GPT-3 13B、A100-40GB、2048：可分配 42.6 GB − 1 GB − 权重 25.7 GB = 15.9 GB；每序列 KV 1.68 GB + 工作区
+        0.55 GB → 7（不算工作区是 9）。论文说 FT 批到 8 就 OOM [S56]，和 ≤ 7 一致。
+        原课程第 6 讲模块的"0.9 × 40 GB"规则给 6。
+    """
+    S, runtime = _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes)
+    alloc = llm_math.allocatable_bytes(chip)
+    weights = model.weight_bytes(w_bytes)
+    kv_seq = model.kv_cache_bytes(1, S, kv_bytes)
+    work_seq = (model.n_heads * S * S + FT_ACT_WIDTHS * model.d_model * S) * act_bytes
+    free = alloc - runtime - weights
+    cap = int(free // (kv_seq + work_seq)) if free > 0 else 0
+    return {"alloc": alloc, "runtime": runtime, "weights": weights, "kv_per_seq": kv_seq, "work_per_seq": work_seq,
+            "cap": cap, "cap_kv_only": int(free // kv_seq) if free > 0 else 0}
 
 # GPT-3 13B（Orca 的实验模型）与 Llama 3.1：用第 1 讲的预设（出处见 llm_math 的注释与 SOURCES.md 第 2 节）。
 GPT3_13B = llm_math.GPT3_13B
@@ -72,8 +105,8 @@ LLAMA31_70B = llm_math.LLAMA31_70B
 # =============================================================================
 # 第 1 部分：一步前向的时间模型
 # =============================================================================
-class CapacityError(ValueError):
-    """显存放不下（权重放不下，或放下权重后连 1 个 token 的 KV 都放不下）。是 ValueError 的子类。"""
+# 显存放不下（权重放不下，或放下权重后连 1 个 token 的 KV 都放不下）：全课程同一个异常，定义在第 1 讲
+CapacityError = llm_math.CapacityError
 
 
 def _check_model_chip(model, chip):
@@ -88,12 +121,9 @@ def _check_model_chip(model, chip):
 
 def _tp_layout_problem(model, chip, tp):
     """tp 块卡能不能切这个模型：能切返回 None，不能切返回原因（一句话）。StepModel 和 min_tp 共用。"""
-    if model.n_heads % tp:
-        return f"tp={tp} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
-    G = model.n_kv_heads
-    if G % tp and tp % G:
-        return (f"tp={tp} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分到各卡、要么每 tp/G 块卡复制同一个头；"
-                f"允许的 tp 是 {G} 的约数或倍数）")
+    why = llm_math.tp_layout_problem(model, tp, name="tp")       # 和第 1 讲 fit(rule="tp") 同一条规则
+    if why:
+        return why
     if tp > 1 and not chip.link_bw > 0:
         return f"tp={tp} > 1 需要芯片间互联，但 {chip.name} 的 link_bw = {chip.link_bw}"
     return None
@@ -141,7 +171,7 @@ class StepModel:
                                                   ：一次迭代里既有 decode 又有 prefill（迭代级调度、分块 prefill）
         *_cost(...)                               ：同上，返回 StepCost 账单（看是哪一边受限、通信占多少）
         comm_time(n_tokens)                       ：一步里所有 all-reduce 的时间
-    【边界】权重放不下（每块卡的权重 > mem_util × 显存）或放下后连 1 个 token 的 KV 都放不下：CapacityError
+    【边界】权重放不下（每块卡的权重 > mem_util × 可分配显存）或放下后连 1 个 token 的 KV 都放不下：CapacityError
         （ValueError 的子类），消息里写需要多少、可用多少。tp 不整除 n_heads、或 tp 与 n_kv_heads 互不整除：
         ValueError。ctx_tokens 可以是数组（一次算很多步，模拟器用它向量化）。
     """
@@ -184,21 +214,24 @@ class StepModel:
         m, tp = self.model, self.tp
         # 每块卡存的权重（A6：全部平分；忽略复制的 norm 向量，也忽略 G < tp 时复制的 K/V 投影权重——
         # 405B 在 TP16 上后者每卡约多 0.5 GB）与每步要读的矩阵乘法权重（A2）
-        self.weight_bytes_per_chip = m.weight_bytes(self.w_bytes) / tp
+        # 放不放得下：第 1 讲的 llm_math.fit（rule="tp"，全课程同一条规则）。可用 = mem_util × 可分配显存
+        # （hw_specs.Chip.alloc_bytes；没有这个字段的芯片用 mem_cap）。
+        f = llm_math.fit(m, self.chip, tp, 0, 0, self.w_bytes, self.kv_bytes, self.mem_util, rule="tp")
+        self.weight_bytes_per_chip = f.weights
         self.weight_read_bytes = m.matmul_params() * self.w_bytes / tp
         # KV 头：G ≥ tp 时平分（每卡 G/tp 个）；G < tp 时每 tp/G 块卡复制同一个头、每卡 1 个
         # （所以 tp 超过 G 之后每卡每 token 的 KV 不再变小）。_check_tp 保证两者之一整除另一个。
         self.kv_heads_per_chip = max(m.n_kv_heads // tp, 1)
-        self.kv_bytes_per_token = 2 * m.n_layers * self.kv_heads_per_chip * m.d_head * self.kv_bytes
-        self.usable_bytes = self.mem_util * self.chip.mem_cap
+        self.kv_bytes_per_token = f.kv_per_token
+        self.usable_bytes = f.usable
         free = self.usable_bytes - self.weight_bytes_per_chip
         where = f"{self.chip.name}" + (f" × TP{tp}" if tp > 1 else "")
         if free < 0:
             raise CapacityError(
                 f"{m.name} 在 {where} 上放不下：每块卡的权重要 {self.weight_bytes_per_chip / 1e9:.1f} GB，"
-                f"可用显存只有 {self.usable_bytes / 1e9:.1f} GB（mem_util={self.mem_util} × "
-                f"{self.chip.mem_cap / 1e9:.0f} GB）；请加大 tp 或降低 w_bytes")
-        self._kv_cap = int(free // self.kv_bytes_per_token)
+                f"可用显存只有 {self.usable_bytes / 1e9:.1f} GB（mem_util={self.mem_util} × 可分配 "
+                f"{llm_math.allocatable_bytes(self.chip) / 1e9:.1f} GB）；请加大 tp 或降低 w_bytes")
+        self._kv_cap = f.kv_tokens
         if self._kv_cap < 1:
             raise CapacityError(f"{m.name} 在 {where} 上放下权重后只剩 {free / 1e6:.1f} MB，"
                              f"连 1 个 token 的 KV（{self.kv_bytes_per_token / 1e6:.2f} MB/卡）都放不下")
@@ -265,6 +298,9 @@ class StepModel:
         ctx = _count_array("ctx_tokens", ctx_tokens)
         if ctx.size and ctx.min() < batch:
             raise ValueError(f"ctx_tokens（{ctx.min()}）不能小于 batch（{batch}）：每个序列至少看见自己这个 token")
+        if ctx.size and ctx.max() > self._kv_cap:          # 放不下的上下文不给一个看起来正常的时间
+            raise CapacityError(f"ctx_tokens = {ctx.max():,} 个 token 的 KV 超过了 {self!r} 的 KV 容量 "
+                                f"{self._kv_cap:,} token")
         ctx_f = ctx.astype(np.float64)
         return self._cost(batch, self._attn1() * ctx_f, ctx_f, batch)
 
@@ -804,6 +840,14 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
 # =============================================================================
 # 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
 # =============================================================================
+def _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes):
+    """ft_batch_cap 的输入检查；返回 (max_seq, runtime_bytes)。"""
+    _check_model_chip(model, chip)
+    check_real("act_bytes", act_bytes, lo=0.0, lo_open=True, where="ft_batch_cap")
+    return (check_int("max_seq", max_seq, lo=1, where="ft_batch_cap"),
+            check_real("runtime_bytes", runtime_bytes, lo=0.0, where="ft_batch_cap"))
+
+
 def _count_array(name, v, lo=0):
     """整数或整数数组（元素 ≥ lo）→ int64 数组。"""
     a = np.asarray(v)
@@ -842,13 +886,17 @@ def _selftest():
     rng = np.random.default_rng(2024)
     chip = A100_40G
 
-    # 1. KV 容量：留出 10% 显存（vLLM 默认 0.9），GPT-3 13B 在 A100 40GB 上按 2048 预留只能放 6 个请求
+    # 1. KV 容量 = (0.9 × 可分配显存 − 权重) ÷ 每 token KV。原课程第 6 讲的 A100（只有手册的 40e9）按 2048 预留是 6 个；
+    #    我们的 A100 用推出来的可分配字节（42.6 GB），是 7 个 —— 和 FT 假设推出的批上限（ft_batch_cap）一致
     sm = StepModel(GPT3_13B, chip)
     kv_tok = 2 * 40 * 40 * 128 * 2                                       # 2(K,V) × 层 × KV 头 × 维 × 2 字节
-    want = math.floor((0.9 * 40e9 - GPT3_13B.n_params() * 2) / kv_tok)
-    assert sm.kv_capacity_tokens() == want and want // 2048 == 6, (sm.kv_capacity_tokens(), want)
-    all_mem = StepModel(GPT3_13B, chip, mem_util=1.0).kv_capacity_tokens() // 2048
-    assert all_mem == 8, "把显存全给 KV 时是 8（FT 实际做不到）"
+    want = math.floor((0.9 * chip.alloc_bytes - GPT3_13B.n_params() * 2) / kv_tok)
+    assert sm.kv_capacity_tokens() == want, (sm.kv_capacity_tokens(), want)
+    seed_chip = dataclasses.replace(chip, mem_alloc=None)                 # 原课程的写法：没有 mem_alloc
+    assert StepModel(GPT3_13B, seed_chip).kv_capacity_tokens() // 2048 == 6
+    ft = ft_batch_cap(GPT3_13B, chip)
+    assert want // 2048 == ft["cap"] == 7 and ft["cap_kv_only"] == 9, (want // 2048, ft)
+    assert ft["cap"] < 8, "论文：FT 在 13B / A100-40GB 上批到 8 就 OOM"
 
     # 2. 时间 = 参考实现（逐矩阵、逐 query 计数）——随机的小模型、随机批
     for trial in range(20):
@@ -899,7 +947,7 @@ def _selftest():
     m405 = llm_math.LLAMA31_405B
     s16 = StepModel(m405, h100, tp=16)
     kv_chip = 2 * m405.n_layers * 1 * m405.d_head * 2                     # K、V × 层 × 1 个头 × dh × 2 字节
-    want = math.floor((0.9 * h100.mem_cap - m405.n_params() * 2 / 16) / kv_chip)
+    want = math.floor((0.9 * h100.alloc_bytes - m405.n_params() * 2 / 16) / kv_chip)
     assert s16.kv_bytes_per_token == kv_chip and s16.kv_capacity_tokens() == want, (s16.kv_capacity_tokens(), want)
 
     # 5. 静态批处理：不变式、两个模拟器在 max_batch = 1 时完全一致、Little 定律
@@ -924,7 +972,8 @@ def _selftest():
     rc, _ = simulate_continuous(reqs, sm, 16, chunk=256)
     _check_trace(rc)
     dt = time.perf_counter() - t_begin
-    print(f"serving_sim 自检通过：KV 容量 = 参考（13B@A100 按 2048 预留 6 个）、时间 = 逐矩阵参考、roofline 拐点 "
+    print(f"serving_sim 自检通过：KV 容量 = 参考（13B@A100 按 2048 预留：FT 假设推出 7 个，"
+          f"原课程的 0.9 × 40 GB 规则 6 个）、时间 = 逐矩阵参考、roofline 拐点 "
           f"{bx} ≈ ridge {st.effective_ridge():.0f}、TP 一致、两个模拟器不变式 + Little 定律（{dt:.2f} s）")
 
 

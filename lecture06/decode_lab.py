@@ -20,7 +20,7 @@ decode_lab.py —— 第 6 讲：让 decode 的每一步做更多有用功（迭
     随机性一律由调用者传入 np.random.Generator（结果可复现）。调度函数会改写传入的 Req（开始时先清零，可重复模拟）。
 【假设】（改它们会改数字，不改结论的方向）
     H1 每步时间 = roofline + 固定开销（第 5 讲 StepModel 的默认值）；H2 只模拟一块 GPU；H3 调度不花时间；
-    H4 KV 按 token 精确分配、没有碎片（第 7 讲的事）；H5 Leviathan：各草稿 token 以概率 α 独立被接受、
+    H4 KV 按 token 精确分配、没有碎片（分页在本课程之外：vLLM [S60]）；H5 Leviathan：各草稿 token 以概率 α 独立被接受、
     验证 γ+1 个和 decode 1 个一样快（§4 换成 roofline）；H6 spec_round：批里同一个 γ，草稿和目标串行。
     投机解码的正确性检验用没训练过的小模型：接受率只说明机制，不代表真实模型。
 
@@ -59,6 +59,7 @@ from course_utils import check_choice, check_int, check_real  # noqa: E402  参�
 #              d→4d→d MLP 换成参数量相同的 SwiGLU（d_ff = 13653），并计入 qkv 偏置和 2048 个学到的位置向量。
 #   LLAMA32_1B：Llama 3.2 1B[S41, S42]：和 Llama 3.1 8B / 70B 共用分词器（词表 128256），常作草稿模型。
 A100_40G = serving_sim.A100_40G
+ft_batch_cap = serving_sim.ft_batch_cap        # FT 式批上限：由写明的假设推出（见 serving_sim）
 GPT3_13B = llm_math.GPT3_13B
 LLAMA32_1B = llm_math.LLAMA32_1B
 LLAMA31_8B = llm_math.LLAMA31_8B
@@ -170,7 +171,8 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
 
     【三个代价】
         1. 显存：FasterTransformer 给每个请求预留 max_seq 个 token 的 KV，不管它实际多长，所以
-           B ≤ ⌊KV 容量 / max_seq⌋。GPT-3 13B 在 A100 40GB 上是 6 —— 论文说 FT 在 13B 上批到 8 就 OOM [S56]。
+           B ≤ ⌊KV 容量 / max_seq⌋。GPT-3 13B 在 A100 40GB 上是 7（0.9 × 可分配 42.6 GB；ft_batch_cap 按权重、
+           KV、FT 工作区的假设推出的也是 7）—— 论文说 FT 在 13B 上批到 8 就 OOM [S56]。
         2. 补齐：第一次迭代把这一批的输入都补到最长的那个 L_max，按 [B, L_max] 一起算。
         3. 白算与陪跑：之后每次迭代全批 B 行一起 decode，直到最长的输出 O_max 生成完；
            早结束的请求那几行在空转，它的结果也要等整批结束才一起返回。
@@ -252,8 +254,8 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
                    （算法 1 第 23–25 行）。已接纳的请求一定能跑完，不会死锁；代价是声明远大于实际时白占显存。
         "max_seq"：每个请求预留 max_seq（像 FasterTransformer 那样）——调度变聪明了，显存管理还是粗放的。
         "none"   ：不预留，写多少占多少；接纳时只要放得下输入。显存写满之后，每个正在生成的请求下一步还要再写
-                   1 个 token 的 KV，可能谁都动不了 → **死锁**（没有抢占 / 换出时）。第 7 讲的 PagedAttention +
-                   抢占就是来解决这个的。
+                   1 个 token 的 KV，可能谁都动不了 → **死锁**（没有抢占 / 换出时）。PagedAttention +
+                   抢占（vLLM [S60]，本课程之外）就是来解决这个的。
     【一次迭代】
         1. 已接纳的请求全部参加（"none" 模式下只有还能写 1 个 KV 的那些能动）；
         2. 按到达顺序接纳新请求，直到批满或 KV 不够——遇到第一个放不下的就停，后面的也不插队（FCFS）；
@@ -431,21 +433,36 @@ def adjust(logits, temperature=1.0, top_k=None):
     return softmax(z)
 
 
-PROB_TOL = 1e-9     # 概率行的和离 1 多远算"没归一化"
+PROB_TOL = 1e-9     # float64 概率行的和离 1 多远算"没归一化"（更低的精度见 prob_tol）
 
 
-def _prob_rows(name, a, allow_zero=False):
-    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（±PROB_TOL）；allow_zero 时也允许整行为 0。"""
+def prob_tol(dtype, n):
+    """
+    长度 n 的一行概率、以 dtype 存储时，"和为 1"允许差多少：max(PROB_TOL, n · eps(dtype))。
+
+    为什么随 dtype 变：float32 的 softmax 输出每个元素有 ~6e-8 的舍入误差，V 个加起来离 1 可以差到 ~V·eps；
+    固定的 1e-9 会把每一个 float32 概率表都当成"没归一化"。float64（和整数）时就是 PROB_TOL。
+    """
+    dt = np.dtype(dtype)
+    eps = float(np.finfo(dt).eps) if dt.kind == "f" else 0.0
+    return max(PROB_TOL, int(n) * eps)
+
+
+def _prob_rows(name, a, allow_zero=False, dtype=np.float64):
+    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（± prob_tol(dtype, 行长)）；
+    allow_zero 时也允许整行为 0。
+    dtype 是调用者传进来的原始精度（a 已经转成 float64，容差按原始精度给）。"""
     if (a < 0).any() or not np.isfinite(a).all():
         raise ValueError(f"{name} 必须是概率：每个元素有限且 ≥ 0，收到 {a!r}")
     sums = a.sum(axis=-1)
-    ok = np.abs(sums - 1.0) <= PROB_TOL
+    tol = prob_tol(dtype, a.shape[-1] if a.ndim else 1)
+    ok = np.abs(sums - 1.0) <= tol
     if allow_zero:
         ok |= sums == 0.0
     if not ok.all():
         bad = float(np.ravel(sums)[np.argmin(np.ravel(ok))])
         allowed = "1 或 0（整行为 0 = 没有草稿）" if allow_zero else "1"
-        raise ValueError(f"{name} 的每一行必须归一化（和 = {allowed}，容差 {PROB_TOL}），收到一行的和 = {bad!r}")
+        raise ValueError(f"{name} 的每一行必须归一化（和 = {allowed}，容差 {tol:.3g}），收到一行的和 = {bad!r}")
 
 
 def _prob_pair(p, q, q_may_be_empty=False):
@@ -453,11 +470,12 @@ def _prob_pair(p, q, q_may_be_empty=False):
     检查 (p, q)：形状相同、至少一维，每一行都是概率分布。不归一化的输入会给出看似合理却错误的答案
     （例如 β 被截成 1），所以这里报错，而不是悄悄归一化。q_may_be_empty：q 的一行可以全为 0（residual 的"没有草稿"）。
     """
+    dp, dq = np.asarray(p).dtype, np.asarray(q).dtype                 # 容差按原始精度（float32 的表也收）
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     if p.shape != q.shape or p.ndim == 0:
         raise ValueError(f"p 和 q 的形状必须相同且至少一维，收到 {p.shape} 和 {q.shape}")
-    _prob_rows("p", p)
-    _prob_rows("q", q, allow_zero=q_may_be_empty)
+    _prob_rows("p", p, dtype=dp)
+    _prob_rows("q", q, allow_zero=q_may_be_empty, dtype=dq)
     return p, q
 
 
@@ -472,6 +490,11 @@ def residual(p, q):
     【参数】p、q [..., V]：每一行和为 1（±1e-9）、非负有限；q 的一行也可以全为 0。否则 ValueError。
     """
     p, q = _prob_pair(p, q, q_may_be_empty=True)
+    return _residual(p, q)
+
+
+def _residual(p, q):
+    """residual 的计算部分（p、q 已经检查过、是 float64；调用者已按原始 dtype 查过归一化）。"""
     over = np.maximum(p - q, 0.0)
     mass = over.sum(axis=-1, keepdims=True)
     return np.where(mass > 0, over / np.where(mass > 0, mass, 1.0), p)
@@ -493,7 +516,7 @@ def spec_output_dist(p, q):
         accept = np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 0.0)
     via_draft = q * accept
     beta = via_draft.sum(axis=-1)
-    return via_draft + (1.0 - beta)[..., None] * residual(p, q), beta
+    return via_draft + (1.0 - beta)[..., None] * _residual(p, q), beta
 
 
 def variant_output_dist(p, q, variant="correct"):
@@ -514,7 +537,7 @@ def variant_output_dist(p, q, variant="correct"):
         beta = np.minimum(p, q).sum(axis=-1, keepdims=True)
         return np.minimum(p, q) + (1.0 - beta) * p
     kept = np.where(p >= q, q, 0.0)                       # 确定性接受：p(x) ≥ q(x) 的草稿全收
-    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * residual(p, q)
+    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * _residual(p, q)
 
 
 def sample_rows(probs, rng):
@@ -526,6 +549,9 @@ def sample_rows(probs, rng):
     【为什么这样截】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
         只截到 V − 1 可能抽到一个概率为 0 的 token；这样永远不会。
     """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
+                        f"收到 {type(rng).__name__} {rng!r}")
     P = np.asarray(probs, dtype=np.float64)
     if P.ndim != 2 or P.shape[1] == 0:
         raise ValueError(f"probs 必须是 [N, V] 的二维数组，收到形状 {P.shape}")
@@ -550,7 +576,7 @@ class TransformerLM:
         sample(prompt, n_seq, n_new, temperature, rng)：一次采 n_seq 条续写 [n_seq, n_new]（批量 KV cache）；
             prompt 可以是一维（共用）或 [n_seq, Lp]（每条一个）；temperature = 0 就是批量贪心生成。
     【回滚为什么只改一个数】KVCache 总是从 length 往后写：把 length 改小，后面的旧数据就作废，
-        下次写会覆盖。真实引擎的分页 KV 也是这样，只改块表里的长度（第 7 讲）。
+        下次写会覆盖。真实引擎的分页 KV 也是这样，只改块表里的长度（vLLM [S60]，本课程之外）。
     """
 
     def __init__(self, params, cfg, name="model"):
@@ -999,12 +1025,20 @@ def best_gamma(alpha, c, gamma_max=64):
     在 γ = 1 … gamma_max 里找让 walltime_speedup 最大的 γ（Leviathan 图 3）。返回 (γ*, 加速比)。
 
     【边界】最好的加速比 ≤ 1（草稿太贵或太不准）时返回 (0, 1.0)：不该用投机解码。并列时取较小的 γ。
+        α = 1 且 c = 0（草稿永远对、又不花时间）时加速比随 γ 无限增长、没有最优 γ → ValueError
+        （原来悄悄返回搜索上限 gamma_max）；最优 γ 落在 gamma_max 上时发 RuntimeWarning：搜索范围可能太小。
     """
     check_real("alpha", alpha, lo=0.0, hi=1.0)
     check_real("c", c, lo=0.0)
     gamma_max = check_int("gamma_max", gamma_max, lo=1)
+    if alpha == 1.0 and c == 0.0:
+        raise ValueError("alpha=1 且 c=0 时加速比 = γ + 1 随 γ 无限增长，没有最优 γ（草稿永远对、又不花时间）")
     s = np.array([walltime_speedup(alpha, g, c) for g in range(1, gamma_max + 1)])
     g = int(np.argmax(s))                              # argmax 取第一个最大值：并列时 γ 最小
+    if g + 1 == gamma_max and gamma_max > 1 and s[g] > 1.0:
+        import warnings
+        warnings.warn(f"best_gamma：最优 γ 落在搜索上限 gamma_max={gamma_max} 上，更大的 γ 可能更好；加大 gamma_max",
+                      RuntimeWarning, stacklevel=2)
     return (g + 1, float(s[g])) if s[g] > 1.0 else (0, 1.0)
 
 
@@ -1035,6 +1069,8 @@ def verify_time(model, chip, batch, ctx, n_tokens, w_bytes=2.0, kv_bytes=2.0, mf
     # 上面的 FLOPs / 字节正是第 1 讲的 step_flops(batch, n, ctx) / step_bytes(...)：直接用它的 roofline
     roof = llm_math.step_time(model, chip, batch, n_tokens, ctx, prec=prec, w_bytes=w_bytes, kv_bytes=kv_bytes,
                               mfu=mfu, mbu=mbu)
+    if not roof["fits"]:                          # 放不下的配置不给时间（第 1 讲的 fit，同一条规则）
+        raise llm_math.CapacityError(roof["fit"].why)
     return roof["time"] + overhead
 
 
@@ -1051,6 +1087,13 @@ def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, o
     """
     gamma = check_int("gamma", gamma, lo=0)
     check_real("alpha", alpha, lo=0.0, hi=1.0)
+    ok, need = fits_in_memory((target, draft), chip, batch, check_int("ctx", ctx, lo=0) + gamma + 1,
+                              kw.get("w_bytes", 2.0), kw.get("kv_bytes", 2.0))
+    if not ok:                                    # 目标 + 草稿一起放在这块卡上：放不下就没有"加速比"可言
+        raise llm_math.CapacityError(
+            f"{target.name} + {draft.name}（批 {batch}、上下文 {ctx} + {gamma + 1}）要 {need / 1e9:.1f} GB，"
+            f"{chip.name} 可用 {serving_sim.GPU_MEM_UTIL * llm_math.allocatable_bytes(chip) / 1e9:.1f} GB")
+
     def fwd(model, n, over):
         return verify_time(model, chip, batch, ctx, n, overhead=over, **kw)
 
@@ -1073,12 +1116,18 @@ def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_u
     几个模型（目标 + 草稿）的权重，加上每个模型 batch × tokens 个 token 的 KV，放不放得进一块芯片的 mem_util × 显存。
 
     【用途】verify_time 只算时间、不管显存；05 演示用它把"时间上好看、但根本放不下"的 (批大小, 上下文) 标出来。
-    【返回】(是否放得下, 需要的字节)
+    【返回】(是否放得下, 需要的字节)。可用 = mem_util × 可分配显存（llm_math.allocatable_bytes，同第 1 讲的 fit）。
+    【边界】models 不能为空（"什么模型都不放"放不放得下没有意义，原来悄悄返回 (True, 0)）。
     """
+    models = tuple(models)
+    if not models:
+        raise ValueError("models 不能为空：至少要有一个模型（例如 (目标, 草稿)）")
+    for m in models:
+        llm_math.check_model_chip(m, chip)
     batch, tokens = check_int("batch", batch, lo=1), check_int("tokens", tokens, lo=0)
     mem_util = check_real("mem_util", mem_util, lo=0.0, hi=1.0, lo_open=True)
     need = sum(m.weight_bytes(w_bytes) + m.kv_cache_bytes(batch, tokens, kv_bytes) for m in models)
-    return need <= mem_util * chip.mem_cap, need
+    return need <= mem_util * llm_math.allocatable_bytes(chip), need
 
 
 def tree_round(target, chip, batch, ctx, mean_accept, branching, t_draft=0.0, overhead_t=1e-3, **kw):
@@ -1238,11 +1287,16 @@ def _selftest():
         got, st = speculative_generate(tgt, d, prompt, 30, g, 0, rng)
         assert got == greedy, f"贪心投机解码必须和贪心解码逐 token 相同（草稿 {d.name}，γ = {g}）"
         assert st["target_cache_len"] == len(prompt) + sum(a + 1 for a in st["accepted"]) - 1
-    # 5. 调度：FasterTransformer 在 13B / A100-40GB 上的批上限 = 6（论文：8 就 OOM）；迭代级模拟全部完成且 FCFS
+    # 5. 调度：FasterTransformer 在 13B / A100-40GB 上的批上限：由写明的假设推出 7（ft_batch_cap；论文：8 就 OOM），
+    #    按 2048 预留的 KV 容量（0.9 × 可分配显存）也是 7；原课程的 A100（只有手册的 40 GB）给 6。
+    #    迭代级模拟全部完成且 FCFS
     assert (GPT3_13B.n_layers, GPT3_13B.d_model, GPT3_13B.n_kv_heads) == (40, 5120, 40)       # Orca 表 1
     assert A100_40G.mem_cap == 40e9 and LLAMA32_1B.vocab == LLAMA31_8B.vocab                   # 同一个分词器
     sm = StepModel(GPT3_13B, A100_40G)
-    assert sm.kv_capacity_tokens() // FT_MAX_SEQ == 6, "FasterTransformer 式的 2048-token 预留：批上限应为 6"
+    ft_cap = ft_batch_cap(GPT3_13B, A100_40G, FT_MAX_SEQ)["cap"]
+    assert sm.kv_capacity_tokens() // FT_MAX_SEQ == ft_cap == 7 < 8, "FT 式的 2048-token 预留：批上限应为 7"
+    from dataclasses import replace
+    assert StepModel(GPT3_13B, replace(A100_40G, mem_alloc=None)).kv_capacity_tokens() // FT_MAX_SEQ == 6
     reqs = orca_workload(60, 4.0, seed=3)
     res = run_iteration_level(reqs, sm, 16)
     assert res["done"] == 60 and not res["deadlock"] and res["admit_order"] == list(range(60))
@@ -1251,7 +1305,7 @@ def _selftest():
           f"定理 3.11 的两端、"
           f"选择性批处理 = 逐个计算（误差 {err:.0e}）、"
           f"贪心投机 = 贪心（目标前向 {st['target_calls']} 次 vs {calls} 次）、"
-          f"FT 批上限 6")
+          f"FT 批上限 {ft_cap}（原课程的 0.9 × 40 GB 规则 6）")
 
 
 if __name__ == "__main__":

@@ -108,26 +108,26 @@ def merge_trials(rng, n, trials):
     return worst
 
 
-def plot(trace, x, block):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(trace, x, block, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(np.arange(len(x)), x, ".", ms=3, color="0.6", label="x")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    ax1.plot(np.arange(len(x)), x, ".", ms=6, color="0.5", label="scores x")
     ends = [min((k + 1) * block, len(x)) - 1 for k, *_ in trace]
-    ax1.step(ends, [t[3] for t in trace], where="post", color="C0", label="running max m")
+    ax1.step(ends, [t[3] for t in trace], where="post", color="C0", lw=2, label="running max m")
     for k, *_rest in trace:
         ax1.axvline(k * block, color="0.85", lw=0.5)
     ax1.set_xlabel("position in the row")
+    ax1.set_ylabel("score x (one row of QKᵀ)")
     ax1.set_title("Online softmax reads the row block by block")
-    ax1.legend(fontsize=8)
+    ax1.legend(loc="lower right")
     ax2.bar([t[0] for t in trace[1:]], [t[4] for t in trace[1:]], color="C1")
     ax2.set_xlim(-0.5, len(trace) - 0.5)
     ax2.set_xlabel("block (block 0 has no previous state)")
-    ax2.set_ylabel("exp(m_old - m_new)")
+    ax2.set_ylabel("rescale factor exp(m_old − m_new)")
     ax2.set_title("Rescaling factor (< 1 when the max grows)")
-    return save_figure(fig, __file__, "rescale")
+    return save_figure(fig, __file__, "rescale", quick=quick)
 
 
 def main():
@@ -157,7 +157,7 @@ def main():
     print(f"\n结论：在线 softmax 少读一遍数据、结果不变；换算因子 exp(m_旧 − m_新) 让旧结果不必重算；"
           f"任意切分、任意合并顺序的最大差 {worst:.1e}——这就是 FlashAttention 分块、flash-decoding 切段的数学基础。")
     if not args.no_fig:
-        path = plot(trace, x, block)
+        path = plot(trace, x, block, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

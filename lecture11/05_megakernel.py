@@ -137,12 +137,11 @@ def h200_compare():
     print("带宽越高，读权重越快，固定开销（启动、序幕、尾部、同步）的占比越大——越新的 GPU 越需要 megakernel。")
 
 
-def plot_breakdown(res):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_breakdown(res, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(12, 6.5))
     names = ["12 kernels/layer", "7 kernels/layer", "megakernel"]
     bottom = [0.0] * len(names)
     for k, (key, (_, en)) in enumerate(fl.PART_LABELS.items()):
@@ -152,34 +151,34 @@ def plot_breakdown(res):
         ax.bar(names, vals, bottom=bottom, color=f"C{k}", label=en)
         bottom = [b + v for b, v in zip(bottom, vals)]
     for x, r in enumerate(res.values()):
-        ax.text(x, r["t"] * 1e6 + 15, f"{r['t'] * 1e6:.0f} us, {r['bw_util']:.0%} BW", ha="center", fontsize=8)
-    ax.set_ylabel("time per decode step (us)")
+        ax.text(x, r["t"] * 1e6 + 15, f"{r['t'] * 1e6:.0f} µs, {r['bw_util']:.0%} BW", ha="center")
+    ax.set_ylabel("time per decode step (µs)")
     ax.set_title("Llama-3.2-1B, batch 1, H100: where the time goes (model)")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))      # 图外：不挡第三根柱子
     ax.set_ylim(0, max(bottom) * 1.15)
-    return save_figure(fig, __file__, "breakdown")
+    return save_figure(fig, __file__, "breakdown", quick=quick)
 
 
-def plot_sensitivity(gaps, curves, bufs, ts):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_sensitivity(gaps, curves, bufs, ts, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     names = ["12 kernels/layer", "7 kernels/layer", "megakernel"]
     for k, (name, ys) in enumerate(zip(names, curves.values())):
         ax1.plot([g * 1e6 for g in gaps], [y * 1e6 for y in ys], "o-", color=f"C{k}", label=name)
-    ax1.set_xlabel("launch gap per kernel (us)")
-    ax1.set_ylabel("time per decode step (us)")
+    ax1.set_xlabel("launch gap per kernel (µs)")
+    ax1.set_ylabel("time per decode step (µs)")
     ax1.set_title("Sensitivity to the launch gap (H100)")
-    ax1.legend(fontsize=8)
+    ax1.legend(loc="upper left")
     ax1.grid(True, alpha=0.3)
     ax2.plot([b / 1024 for b in bufs], [t * 1e6 for t in ts], "o-", color="C2")
     ax2.set_xscale("symlog", linthresh=16)
     ax2.set_xlabel("megakernel prefetch buffer per SM (KiB)")
+    ax2.set_ylabel("megakernel time per decode step (µs)")
     ax2.set_title("Sensitivity to the prefetch buffer (H100)")
     ax2.grid(True, alpha=0.3)
-    return save_figure(fig, __file__, "sensitivity")
+    return save_figure(fig, __file__, "sensitivity", quick=quick)
 
 
 def main():
@@ -217,8 +216,8 @@ def main():
           f"每层 12 个内核 {us(r[0]['t'])} µs、7 个 {us(r[1]['t'])} µs、"
           f"megakernel {us(r[2]['t'])} µs；megakernel 的好处来自没有内核边界，让权重跨算子提前读、把同步藏起来。")
     if not args.no_fig:
-        p1 = plot_breakdown(res)
-        p2 = plot_sensitivity(gaps, curves, bufs, ts)
+        p1 = plot_breakdown(res, quick=args.quick)
+        p2 = plot_sensitivity(gaps, curves, bufs, ts, quick=args.quick)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

@@ -135,11 +135,7 @@ def merge_states(a, b):
         任意树形合并（01 演示）。(−∞, 0, 0) 是单位元：一段被完全掩码，合并时等于没有它。
     【参数】o_a、o_b 同为 None（只合并 softmax 的分母）或同为数组 [..., dv]
     """
-    if len(a) != 3 or len(b) != 3:
-        raise ValueError("a、b 都必须是 (m, l, o) 三元组")
-    (ma, la, oa), (mb, lb, ob) = a, b
-    if (oa is None) != (ob is None):
-        raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
+    (ma, la, oa), (mb, lb, ob) = _check_merge(a, b)
     m = np.maximum(ma, mb)
     alpha = np.exp(ma - _safe(m))                             # 把 a 换算到新基准 m；m_a = −∞ 时为 0
     beta = np.exp(mb - _safe(m))
@@ -892,6 +888,25 @@ def timeline(ops, mode, p=TimelineParams()):
 # =============================================================================
 # 输入检查：一个头的 Q、K、V（单个参数用 course_utils 的 check_*）
 # =============================================================================
+def _check_merge(a, b):
+    """merge_states 的输入检查：返回 float64 的 ((m_a, l_a, o_a), (m_b, l_b, o_b))；形状不配就报错（不悄悄广播）。"""
+    if len(a) != 3 or len(b) != 3:
+        raise ValueError("a、b 都必须是 (m, l, o) 三元组")
+    (ma, la, oa), (mb, lb, ob) = a, b
+    if (oa is None) != (ob is None):
+        raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
+    ma, la, mb, lb = (np.asarray(x, dtype=np.float64) for x in (ma, la, mb, lb))
+    if not (ma.shape == la.shape == mb.shape == lb.shape):       # 不让 numpy 悄悄广播成别的形状
+        raise ValueError(f"merge_states：m_a、l_a、m_b、l_b 的形状必须相同，收到 {ma.shape}、{la.shape}、"
+                         f"{mb.shape}、{lb.shape}")
+    if oa is not None:
+        oa, ob = np.asarray(oa, dtype=np.float64), np.asarray(ob, dtype=np.float64)
+        if oa.shape != ob.shape or oa.shape[:-1] != ma.shape:
+            raise ValueError(f"merge_states：o_a、o_b 的形状必须是 m 的形状 {ma.shape} + [dv]，"
+                             f"收到 {oa.shape}、{ob.shape}")
+    return (ma, la, oa), (mb, lb, ob)
+
+
 def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):
     """检查一个头的 Q [N, d]、K [Nk, d]、V [Nk, dv]，返回 float64 的 (Q, K, V, scale)。"""
     nq, nk, nv = names

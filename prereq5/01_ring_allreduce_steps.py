@@ -100,10 +100,9 @@ def scaling_table(ps, rng):
     print("每个设备发的字节随 P 增加而增加，但永远 < 2n：环形 all-reduce 的带宽项与 P 几乎无关（步数却是 2(P−1)）。")
 
 
-def plot_grid(trace, p):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_grid(trace, p, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     k = len(trace)
     cols = min(k, 4)
     rows = (k + cols - 1) // cols
@@ -116,13 +115,19 @@ def plot_grid(trace, p):
         for r in range(p):
             for c in range(p):
                 ax.text(c, r, str(counts[r, c]), ha="center", va="center",
-                        color="white" if counts[r, c] < p / 2 else "black", fontsize=8)
-        ax.set_title("start" if step < 0 else f"step {step} ({phase})", fontsize=9)
-        ax.set_xticks(range(p), [f"c{c}" for c in range(p)], fontsize=7)
-        ax.set_yticks(range(p), [f"dev{r}" for r in range(p)], fontsize=7)
+                        color="white" if counts[r, c] < p / 2 else "black")
+        ax.set_title("start" if step < 0 else f"step {step} ({phase})")
+        ax.set_xticks(range(p), [f"c{c}" for c in range(p)])
+        ax.set_yticks(range(p), [f"dev{r}" for r in range(p)])
         ax.axis("on")
-    fig.suptitle(f"Ring all-reduce, P={p}: number of devices summed into each chunk")
-    print(f"\n图已保存：{save_figure(fig, __file__, 'grid', dpi=110)}")
+    fig.suptitle(f"Ring all-reduce, P={p}: how many devices are summed into each chunk "
+                 "(rows: devices, columns: chunks)")
+    spare = list(axes.flat)[k:]                    # 用空着的格子写结论
+    if spare:
+        spare[0].text(0.0, 0.5, f"after 2(P−1) = {2 * (p - 1)} steps\nevery device holds the full sum;\n"
+                      f"each step every device sends\nn/P bytes to its neighbour", va="center",
+                      transform=spare[0].transAxes)
+    print(f"\n图已保存：{save_figure(fig, __file__, 'grid', dpi=110, quick=quick)}")
 
 
 def main():
@@ -151,7 +156,7 @@ def main():
     print("\n== 3. P 变大时每个设备发多少 ==")
     scaling_table((2, 4, 8, 16) if args.quick else (2, 4, 8, 16, 32, 64), rng)
 
-    plot_grid(trace, args.p)
+    plot_grid(trace, args.p, quick=args.quick)
 
 
 if __name__ == "__main__":

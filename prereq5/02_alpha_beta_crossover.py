@@ -95,9 +95,9 @@ def nccl_latency_table(ps, alpha):
     assert abs(cs.nccl_ring_latency(8, "LL") / 14 / cs.DEFAULT_ALPHA - 1) < 0.2
 
 
-def plot_time(sizes, p, alpha, bw, ns, plt):
+def plot_time(sizes, p, alpha, bw, ns, plt, quick=False):
     terms = cs.allreduce_terms(sizes, p)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 6))
     ax.loglog(sizes, np.full_like(sizes, terms.steps * alpha), "--", label=r"$\alpha$ term: 2(P-1)$\alpha$")
     ax.loglog(sizes, terms.bytes / bw, "--", label=r"$\beta$ term: 2(P-1)/P $\cdot$ n / B")
     ax.loglog(sizes, cs.allreduce_time(sizes, p, alpha, 1 / bw), "k-", lw=2, label="total")
@@ -105,26 +105,26 @@ def plot_time(sizes, p, alpha, bw, ns, plt):
     ax.text(ns * 1.1, terms.steps * alpha * 0.3, f"n* = {fmt_bytes(ns)}", color="gray")
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"Ring all-reduce, P={p}, alpha={alpha * 1e6:g} us, B={bw / 1e9:g} GB/s")
+    ax.set_title(f"Ring all-reduce, P={p}, α={alpha * 1e6:g} µs, B={bw / 1e9:g} GB/s")
     ax.legend()
     ax.grid(True, which="major", alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110, quick=quick)}")
 
 
-def plot_busbw(sizes, alpha, bw, plt):
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+def plot_busbw(sizes, alpha, bw, plt, quick=False):
+    fig, ax = plt.subplots(figsize=(10, 6.5))
     for p in (2, 8, 64):
         t = cs.allreduce_time(sizes, p, alpha, 1 / bw)
-        ax.semilogx(sizes, cs.busbw("allreduce", sizes, t, p) / bw, label=f"ring, P={p}")
-    ax.axhline(MEASURED_RING_BUSBW / bw, color="gray", ls=":", label="NCCL ring measured, 8xH100 (~370/450)")
+        ax.semilogx(sizes, cs.busbw("allreduce", sizes, t, p) / bw, lw=2, label=f"ring, P={p}")
+    ax.axhline(MEASURED_RING_BUSBW / bw, color="gray", ls=":", lw=1.5, label="NCCL ring measured, 8×H100 (~370/450)")
     ax.axhline(0.5, color="gray", lw=0.8)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("busbw / link bandwidth")
-    ax.set_title("busbw reaches 1/2 of link bandwidth at n* = P*alpha*B")
+    ax.set_title("busbw reaches 1/2 of link bandwidth at n* = P·α·B")
     ax.set_ylim(0, 1.05)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)     # 图下：不挡曲线和参考线
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110, quick=quick)}")
 
 
 def main():
@@ -155,12 +155,11 @@ def main():
           f"是线速的 {MEASURED_RING_BUSBW / bw:.0%}（协议开销）；NVLS（交换机内归约）能到 ≈ 480 GB/s。"
           "本模块的模型按线速算，想贴近实测就把带宽乘 0.8。")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from course_utils import pyplot
+    plt = pyplot()
     fine = np.logspace(2, 10, 60 if args.quick else 200)
-    plot_time(fine, p, alpha, bw, ns, plt)
-    plot_busbw(fine, alpha, bw, plt)
+    plot_time(fine, p, alpha, bw, ns, plt, quick=args.quick)
+    plot_busbw(fine, alpha, bw, plt, quick=args.quick)
 
 
 if __name__ == "__main__":

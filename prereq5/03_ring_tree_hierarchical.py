@@ -109,11 +109,21 @@ def cluster_comparison(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
         print(f"\n消息大于 {fmt_bytes(n_cross)} 时扁平 {g} 环更快：两级算法的节点内 RS/AG 和节点间阶段串行，"
               f"而 {g} 个环同时用着 NVLink 和网卡。")
         assert np.all((hier < flatg) == (sizes < n_cross))
-    net_flat = cs.allreduce_terms(1.0, p).bytes
-    net_hier = t["inter"].bytes
-    print(f"每块 GPU 经网卡发出的字节 / n：扁平单环 {net_flat:.3f}，两级 {net_hier:.3f}"
-          f"（少 {net_flat / net_hier:.1f} 倍）；走网卡的步数：{2 * (p - 1)} vs {t['inter'].steps}。")
-    assert net_hier < net_flat / g
+    # 经网卡的字节，同类相比：扁平单环只有每个节点的"边界" GPU 的网卡在发（N 张），其余闲着；
+    # g 个并行环每个节点用 g 张网卡、各发 n/g 的环流量；两级算法每块 GPU 的网卡都在发。
+    net_flat = cs.allreduce_terms(1.0, p).bytes                 # 扁平单环：一张边界网卡发的字节 / n
+    net_flatg = net_flat / g                                     # g 个环：每张网卡
+    net_hier = t["inter"].bytes                                  # 两级：每张网卡
+    rows = [["扁平单环", n_nodes, f"{net_flat:.3f}", f"{n_nodes * net_flat:.2f}", 2 * (p - 1)],
+            [f"扁平 {g} 环", n_nodes * g, f"{net_flatg:.3f}", f"{n_nodes * g * net_flatg:.2f}", 2 * (p - 1)],
+            ["两级", p, f"{net_hier:.3f}", f"{p * net_hier:.2f}", t["inter"].steps]]
+    print("\n经网卡发出的字节（÷ n），同类相比：")
+    print(format_table(["做法", "在用的网卡", "最忙的一张网卡", "所有网卡合计", "走网卡的步数"], rows))
+    print(f"→ 最忙的网卡：两级比扁平单环少 {net_flat / net_hier:.1f} 倍——主要因为流量摊到了每个节点的 {g} 张网卡上"
+          f"（扁平单环每个节点只有 1 张在用）；所有网卡合计只少 {net_flat / (g * net_hier):.2f} 倍"
+          f"（{n_nodes * net_flat:.2f}n vs {p * net_hier:.2f}n）。和扁平 {g} 环比，两级每张网卡少发 "
+          f"{net_flatg / net_hier:.2f} 倍，走网卡的步数少得多（{t['inter'].steps} vs {2 * (p - 1)}）。")
+    assert net_hier < net_flat / g and abs(n_nodes * net_flat - n_nodes * g * net_flatg) < 1e-12
     return flat1, flatg, hier
 
 
@@ -134,19 +144,18 @@ def simulate_hierarchical(n_nodes, g, rng):
     print(format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
 
 
-def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(sizes, times, cluster, n_nodes, g, alpha, bw, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for a in AR_ALGOS:
         ax.loglog(sizes, times[a], label=a)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, alpha {alpha * 1e6:g} us)")
+    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, α {alpha * 1e6:g} µs)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110, quick=quick)}")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, t in zip(("flat ring (1 ring)", f"flat ring ({g} rings, n/{g} each)", "hierarchical"), cluster):
         ax.loglog(sizes, t, label=label)
@@ -155,7 +164,7 @@ def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
     ax.set_title(f"All-reduce on {n_nodes} nodes x {g} GPUs (NIC {NIC_BW / 1e9:g} GB/s per GPU)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110, quick=quick)}")
 
 
 def main():
@@ -186,7 +195,7 @@ def main():
     fine = np.logspace(3, 10, 40 if args.quick else 120)
     node_t = {a: cs.allreduce_time(fine, 8, alpha, 1 / bw, a) for a in AR_ALGOS}
     cl = cluster_times(fine, args.nodes, g, alpha, bw, ALPHA_NET, NIC_BW)
-    plot(fine, node_t, cl, args.nodes, g, alpha, bw)
+    plot(fine, node_t, cl, args.nodes, g, alpha, bw, quick=args.quick)
 
 
 if __name__ == "__main__":

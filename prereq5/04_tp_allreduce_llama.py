@@ -132,22 +132,22 @@ def main():
     print("H200 的显存更快：decode 读权重更快，通信的占比反而更高。真实系统用计算-通信重叠、"
           "自定义 all-reduce（小消息一步完成）、NVLS 来压这一块。")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from course_utils import pyplot
+    plt = pyplot()
     fine = np.unique(np.logspace(0, 17.5, 60, base=2).astype(int))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 6))
     for t in tps:
         cc = layer_costs(cfg, chip, t, fine)
         ax.semilogx(fine, cc["comm"] / cc["compute"], label=f"TP={t}")
         ax.axhline(r_inf(cfg, chip, t), ls=":", color=ax.lines[-1].get_color(), lw=1)
     ax.set_yscale("log")
-    ax.set_xlabel("tokens per step (B*T)")
+    ax.set_xlabel("tokens per step (B·T)")
     ax.set_ylabel("all-reduce time / matmul time (per layer)")
     ax.set_title(f"{cfg.name} on {chip.name}: TP all-reduce vs compute")
-    ax.legend()
+    ax.plot([], [], ":", color="gray", label="dotted: large-batch limit")
+    ax.legend(loc="upper right")
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'ratio', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'ratio', dpi=110, quick=args.quick)}")
 
 
 if __name__ == "__main__":

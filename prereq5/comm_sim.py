@@ -444,7 +444,7 @@ def tree_broadcast(x, p, root=0):
     """二项树 broadcast：⌈lg P⌉ 步，每步 n 字节。返回 (P 个副本, ledger)。"""
     (x,) = _check_buffers([x], "x")
     p = check_int("p", p, lo=1)
-    root = check_int("root", root, lo=0, hi=p - 1, type_error=ValueError)
+    root = check_int("root", root, lo=0, hi=p - 1)
     ranks = [(root + v) % p for v in range(p)]          # 相对编号 v = (r − root) mod P
     bufs = [None] * p
     bufs[root] = x
@@ -460,7 +460,7 @@ def scatter_allgather_broadcast(x, p, root=0):
     """
     (x,) = _check_buffers([x], "x")
     p = check_int("p", p, lo=1)
-    root = check_int("root", root, lo=0, hi=p - 1, type_error=ValueError)
+    root = check_int("root", root, lo=0, hi=p - 1)
     ranks = [(root + v) % p for v in range(p)]
     parts = np.array_split(x, p)                         # 相对编号 v 最终拿块 v
     held = {0: {c: parts[c] for c in range(p)}}          # 相对编号 → {块编号: 数据}；开始时都在根上
@@ -762,6 +762,7 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
     intercept = steps·α，slope = (bytes/n)·β。
     用相对误差加权（每个点除以它的时间）：消息大小跨好几个数量级，不加权的最小二乘只看得见最大的那几个点，
     截距（α）会被大消息的噪声淹没。
+    【报错】拟合出的斜率 ≤ 0（时间随消息变大反而不增）或截距 < 0 → ValueError：负的 β / α 不是答案。
     """
     n = np.asarray(_check_nonneg(np.asarray(n_bytes, dtype=np.float64), "n_bytes"))
     t = np.asarray(_check_positive(np.asarray(seconds, dtype=np.float64), "seconds"))
@@ -773,6 +774,11 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
     c = cost_terms(collective, 1.0, p, algo)
     if c.bytes == 0:
         raise ValueError(f"p = {p}：没有通信，无法拟合（需要 p ≥ 2）")
+    if not b > 0:            # 时间不随消息变大而增长：β ≤ 0 没有物理意义，不返回一个"负带宽"
+        raise ValueError(f"拟合出的斜率 {b:.3g} s/字节 ≤ 0：时间没有随消息大小增长（测量噪声太大、消息太小，"
+                         f"或进程数超过核数被调度打乱）；β 无意义，请加大消息、多测几次取中位数")
+    if a < 0:
+        raise ValueError(f"拟合出的截距 {a:.3g} s < 0：α 无意义（小消息的时间太吵）；请多测小消息、取中位数")
     rel = np.max(np.abs(a + b * n - t) / t)
     return Fit(alpha=a / c.steps, beta=b / c.bytes, intercept=float(a), slope=float(b), max_rel_err=float(rel))
 

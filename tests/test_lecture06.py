@@ -223,8 +223,13 @@ def test_walltime_speedup_monte_carlo():
 @settings(max_examples=60, **SETTINGS)
 @given(st.floats(0.0, 0.99), st.floats(0.0, 1.0))
 def test_best_gamma_brute_force(a, c):
-    g, s = dl.best_gamma(a, c, gamma_max=40)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g, s = dl.best_gamma(a, c, gamma_max=40)
     best = max(((dl.walltime_speedup(a, k, c), -k) for k in range(1, 41)))
+    # 最优 γ 落在搜索上限上时要发警告（原来悄悄返回上限），其他时候不发
+    assert any(issubclass(w.category, RuntimeWarning) for w in caught) == (g == 40)
     if best[0] > 1:
         assert (g, s) == (-best[1], best[0])
     else:
@@ -655,3 +660,41 @@ def test_verify_time_and_rounds():
         dl.verify_time(T, chip, batch=0, ctx=100, n_tokens=1)
     with pytest.raises(ValueError, match="gamma"):
         dl.spec_round(T, D, chip, batch=1, ctx=100, alpha=0.8, gamma=-1)
+
+
+# ---------------------------------------------------------------------------
+# issue 10：原来悄悄通过的输入
+# ---------------------------------------------------------------------------
+def test_best_gamma_without_optimum_raises():
+    with pytest.raises(ValueError, match="alpha=1 且 c=0"):
+        dl.best_gamma(1.0, 0)
+    with pytest.warns(RuntimeWarning, match="gamma_max"):
+        dl.best_gamma(0.999, 0.001, gamma_max=8)
+
+
+def test_prob_tolerance_follows_dtype():
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(3, 5000)).astype(np.float32)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True)).astype(np.float32)        # float32 的 softmax：和离 1 差 ~1e-7
+    assert np.abs(p.astype(np.float64).sum(axis=1) - 1).max() > dl.PROB_TOL
+    out, beta = dl.spec_output_dist(p, p)                              # 原来：ValueError（容差固定 1e-9）
+    assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0)
+    assert dl.prob_tol(np.float64, 5000) == dl.PROB_TOL and dl.prob_tol(np.float32, 5000) > 1e-4
+    with pytest.raises(ValueError, match="归一化"):                  # 真没归一化的 float32 表照样拒绝
+        dl.spec_output_dist(p * np.float32(1.01), p)
+
+
+def test_fits_in_memory_and_capacity_errors():
+    with pytest.raises(ValueError, match="models 不能为空"):
+        dl.fits_in_memory([], dl.A100_40G, 1, 10)
+    h100 = load_lab("lecture01", "hw_specs").H100_SXM
+    with pytest.raises(dl.llm_math.CapacityError):                     # 405B 在一张 H100 上：没有"加速比"
+        dl.spec_round(dl.llm_math.LLAMA31_405B, dl.LLAMA32_1B, h100, batch=1, ctx=1024, alpha=0.8, gamma=4)
+    with pytest.raises(dl.llm_math.CapacityError):
+        dl.verify_time(dl.llm_math.LLAMA31_405B, h100, batch=1, ctx=1024, n_tokens=5)
+
+
+def test_sample_rows_rng_must_be_a_generator():
+    with pytest.raises(TypeError, match="np.random.Generator"):
+        dl.sample_rows(np.ones((2, 3)) / 3, rng=0)

@@ -394,3 +394,17 @@ def test_bad_input_is_rejected_with_a_named_argument(call, exc, word):
     with pytest.raises(exc, match=None) as info:
         call()
     assert word in str(info.value)
+
+
+# issue 10：merge_states 不让 numpy 悄悄广播；开关只收 True / False
+def test_merge_states_rejects_mismatched_shapes_and_string_flags():
+    m, l, o = np.zeros(3), np.ones(3), np.ones((3, 4))
+    with pytest.raises(ValueError, match="形状"):
+        fl.merge_states((m, l, o), (np.zeros(2), np.ones(2), np.ones((2, 4))))
+    with pytest.raises(ValueError, match="形状"):
+        fl.merge_states((m, l, o), (m, l, np.ones((3, 5))))
+    with pytest.raises(ValueError, match="形状"):
+        fl.merge_states((m, l, None), (np.zeros((3, 1)), np.ones((3, 1)), None))
+    Q = np.random.default_rng(0).normal(size=(5, 8))
+    with pytest.raises(TypeError, match="causal"):
+        fl.standard_attention(Q, Q, Q, causal="False")

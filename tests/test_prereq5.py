@@ -303,3 +303,29 @@ def test_demos_label_byte_sizes_one_way():
                 bad.append(f"{path.name}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
     assert CU.fmt_bytes(4 * 2 ** 20) == "4.19 MB" and CU.fmt_bytes(1024) == "1.02 kB"
+
+
+# issue 10：β < 0 不是答案；非整数的个数全课程同一个约定（TypeError）
+def test_fit_alpha_beta_rejects_decreasing_times_and_non_integer_counts():
+    n = np.array([1e3, 1e4, 1e5, 1e6])
+    with pytest.raises(ValueError, match="斜率"):
+        cs.fit_alpha_beta(n, [4e-3, 3e-3, 2e-3, 1e-3], p=4)
+    with pytest.raises(TypeError, match="p"):
+        cs.allreduce_time(1e6, 2.5, 1e-6, 1e-9)
+    lm = load_lab("lecture01", "llm_math")
+    with pytest.raises(TypeError, match="d_model"):
+        lm.ModelConfig("x", n_layers=2, d_model=2.5, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
+
+
+def test_gloo_demo_never_oversubscribes_cores():
+    # issue 10：2 核上跑 4 个进程测的是调度（α 翻倍、拟合误差 ~47%）；演示只用不超过核数的进程数
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "prereq5", "05_gloo_allreduce_measure.py")
+    spec = importlib.util.spec_from_file_location("gloo_demo_05", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.process_counts((2, 4), 2) == ([2], [4])
+    assert demo.process_counts((2, 4), 16) == ([2, 4], [])
+    assert demo.process_counts((4,), 1) == ([2], [4])
+    assert 1 <= demo.usable_cores()
