@@ -287,7 +287,9 @@ def check_bool(name, value, where=""):
     算出一个错的结果而不报错。
     【报错】其他一切（字符串、整数、None……）→ TypeError：「[where：]name 必须是 True 或 False，收到 …」。
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    t = type(value)
+    # numpy 的 bool_（比较的结果）也算开关；numpy 2 里它的类型名是 "bool"，numpy 1 里是 "bool_"
+    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
         return bool(value)
     raise TypeError(f"{_who(name, where)} 必须是 True 或 False，收到 {type(value).__name__} 类型的 {value!r}")
 
@@ -400,6 +402,11 @@ def _selftest():
             raise AssertionError(f"应当报错：{text}")
     # 6) check_bool / check_choice / check_array
     assert check_bool("causal", True) is True and check_bool("causal", False) is False
+    try:                                                       # numpy 的 bool_（比较的结果）也是开关
+        import numpy as np
+        assert check_bool("causal", np.True_) is True and check_bool("causal", np.bool_(False)) is False
+    except ImportError:
+        pass
     assert check_choice("kind", "ring", ("ring", "tree")) == "ring"
     a = check_array("s", [[1, -math.inf]], ndim=2, allow_neginf=True)
     assert a.dtype.name == "float64" and a.shape == (1, 2)

@@ -661,3 +661,14 @@ def test_save_figure_rejects_small_fonts_and_quick_goes_elsewhere(tmp_path):
     ax.text(0.5, 0.5, "tiny", fontsize=7)
     with pytest.raises(ValueError, match="12 磅"):
         CU.save_figure(fig, script, "b")
+
+
+def test_check_bool_accepts_numpy_bools_only():
+    # numpy 2 里 np.bool_ 的类型名是 "bool"：以前按 "bool_" 认，np.True_（比较的结果）被当成坏输入
+    import numpy as np
+    a = np.arange(3)
+    assert CU.check_bool("causal", (a == a).all()) is True
+    assert CU.check_bool("causal", np.bool_(False)) is False
+    for bad in (np.int64(1), np.float64(1.0), "True", 1, None, np.array([True])):
+        with pytest.raises(TypeError, match="causal"):
+            CU.check_bool("causal", bad)
