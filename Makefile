@@ -15,7 +15,7 @@ PYTEST_ARGS ?= -n 2
 PIP_QUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 FOLDERS := $(sort $(wildcard prereq[0-9]* lecture[0-9]*))
 
-.PHONY: help setup check-all test lint figures checkpoints seed-compat clean distclean
+.PHONY: help setup check-all test lint figures checkpoints clean distclean
 
 help:  ## 列出所有目标
 	@echo "CS349E —— 用法：make <目标>"
@@ -53,9 +53,6 @@ checkpoints: setup  ## 训练各讲次缓存的模型（运行每个 <讲次>/tr
 	@found=0; for f in $(addsuffix /train_checkpoints.py,$(FOLDERS)); do \
 	  if [ -f $$f ]; then found=1; echo "== $$f"; $(PY) $$f || exit 1; fi; done; \
 	  if [ $$found = 0 ]; then echo "目前还没有讲次需要训练检查点（lecture04/18/19 加入后会有）。"; fi
-
-seed-compat: setup  ## 原课程模块放进来替换我们的，跑它们自己的自检（需要 ../shared）
-	@$(PY) ../shared/tools/seed_compat.py --python $(PY)
 
 clean:  ## 删除生成的图、缓存（保留 .venv 和检查点）
 	rm -rf $(addsuffix /figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis

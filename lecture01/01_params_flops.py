@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_count, fmt_si, format_table, pyplot, save_figure  # noqa: E402
 
 GROUPS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
 GROUP_ZH = {"embeddings": "词嵌入", "attention": "注意力", "mlp": "MLP", "norms": "归一化", "lm_head": "lm_head",
@@ -33,24 +33,25 @@ def structure_table(models):
     for m in models:
         rows.append([m.name, m.n_layers, m.d_model, f"{m.n_heads}/{m.n_kv_heads}", m.d_head, m.d_ff,
                      f"{m.vocab:,}", "是" if m.tied else "否"])
-    return M.format_table(["模型", "L", "d", "H/G", "dh", "d_ff", "V", "共享"], rows)
+    return format_table(["模型", "L", "d", "H/G", "dh", "d_ff", "V", "共享"], rows)
 
 
 def params_row(m, pub_name):
     """一行：m 的各组参数、合计，和 PUBLISHED_PARAMS[pub_name] 的官方数字比较（差、容差）。"""
     g = m.param_groups()
     n = m.n_params()
-    pub, _ = M.PUBLISHED_PARAMS[pub_name]
+    pub, exact = M.published_count(pub_name)          # 有精确计数就和精确计数比（不和四舍五入的 1.23B 比）
     tol, _why = M.param_tolerance(pub_name)
-    return ([m.name] + [M.fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
-            + [M.fmt_count(n), M.fmt_count(pub), f"{(n - pub) / pub:+.2%}", f"{tol:.1%}"])
+    return ([m.name] + [fmt_count(g[k]) if g[k] else "0" for k in GROUPS]
+            + [f"{n:,}", f"{pub:,.0f}" + ("（精确）" if exact else "（公布，四舍五入）"), f"{(n - pub) / pub:+.2%}",
+               f"{tol:.1%}"])
 
 
 def params_table(models):
     rows = [params_row(m, m.name) for m in models]
     # 对照行：GPT-3 13B 按论文表 2.1 印的 d_model = 5140（不是预设，只为说明官方 13.0B 的来历）
     rows.append(params_row(M.GPT3_13B_AS_PRINTED, M.GPT3_13B.name))
-    return M.format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS] + ["合计", "官方", "差", "容差"], rows)
+    return format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS] + ["合计", "官方", "差", "容差"], rows)
 
 
 def share_table(models):
@@ -59,28 +60,25 @@ def share_table(models):
         g = m.param_groups()
         n = m.n_params()
         rows.append([m.name] + [f"{100 * g[k] / n:.1f}%" for k in GROUPS])
-    return M.format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS], rows)
+    return format_table(["模型"] + [GROUP_ZH[k] for k in GROUPS], rows)
 
 
 def flops_table(models, ctxs):
     rows = []
     for m in models:
-        row = [m.name, M.fmt_count(m.matmul_params()), f"{m.linear_flops_per_token() / (2 * m.n_params()):.3f}"]
+        row = [m.name, fmt_count(m.matmul_params()), f"{m.linear_flops_per_token() / (2 * m.n_params()):.3f}"]
         for c in ctxs:
             f = m.flops_per_token(c)
-            row.append(f"{M.fmt_si(f, 'FLOP')} ({100 * m.attn_flops_per_token(c) / f:.0f}%)")
+            row.append(f"{fmt_si(f, 'FLOP')} ({100 * m.attn_flops_per_token(c) / f:.0f}%)")
         row.append(f"{m.attn_crossover_ctx():,.0f}")
         rows.append(row)
     heads = ["模型", "乘法参数", "FLOPs/2N"] + [f"ctx={c:,}（注意力占比）" for c in ctxs] + ["注意力=矩阵乘法的 ctx"]
-    return M.format_table(heads, rows)
+    return format_table(heads, rows)
 
 
-def plot_groups(models):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
+def plot_groups(models, quick=False):
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6.5), gridspec_kw={"width_ratios": [1.1, 1]})
     colors = {"embeddings": "#4c72b0", "attention": "#dd8452", "mlp": "#55a868", "norms": "#c44e52",
               "lm_head": "#8172b3", "other": "#937860"}
     names = [m.name for m in models]
@@ -92,19 +90,24 @@ def plot_groups(models):
     ax1.set_xlabel("fraction of parameters")
     ax1.set_xlim(0, 1)
     ax1.invert_yaxis()
-    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8)
-    ax1.set_title("Where the parameters are")
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    ax1.set_title("Where the parameters are: MLP grows, embeddings shrink")
 
     ctx = [2 ** i for i in range(8, 18)]
     for m in models:
-        if m.name.startswith(("Llama", "GPT-3")):
-            ax2.loglog(ctx, [m.flops_per_token(c) for c in ctx], label=m.name)
+        if m.name.startswith(("Llama-3.1", "GPT-3")):
+            ax2.loglog(ctx, [m.flops_per_token(c) for c in ctx], lw=2, label=m.name)
+    m8 = M.LLAMA31_8B
+    x8 = m8.attn_crossover_ctx()
+    ax2.annotate(f"8B: attention = matmuls\nat {x8 / 1000:.0f}K tokens", xy=(x8, m8.flops_per_token(x8)),
+                 xytext=(300, 5e9), arrowprops=dict(arrowstyle="->"))
+    ax2.set_ylim(3e9, None)
     ax2.set_xlabel("context length (tokens)")
     ax2.set_ylabel("forward FLOPs per token")
     ax2.set_title("FLOPs/token = 2·N_matmul + 4·L·H·dh·ctx")
-    ax2.legend(fontsize=8, loc="upper left")
+    ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax2.grid(True, which="both", alpha=0.3)
-    return save_figure(fig, __file__, "groups")
+    return save_figure(fig, __file__, "groups", quick=quick)
 
 
 def main():
@@ -115,7 +118,7 @@ def main():
     models = list(M.PRESETS.values())
     ctxs = CTXS[:3] if args.quick else CTXS
 
-    print("== 1. 结构（facts.md 第 2 节；GPT-2/3 的 d_ff 是等效 SwiGLU 宽度 8d/3）==")
+    print("== 1. 结构（出处见 SOURCES.md 第 2 节；GPT-2/3 的 d_ff 是等效 SwiGLU 宽度 8d/3）==")
     print(structure_table(models))
     print("\n== 2. 参数按组拆开，和官方总数比较 ==")
     print(params_table(models))
@@ -132,7 +135,8 @@ def main():
     for m in models:
         g = m.param_groups()
         assert sum(g.values()) == m.n_params()
-        pub = M.PUBLISHED_PARAMS[m.name][0]
+        pub, exact = M.published_count(m.name)
+        assert not exact or m.n_params() == pub, m.name               # 有精确计数的：逐个相等
         tol, why = M.param_tolerance(m.name)
         assert abs(m.n_params() - pub) / pub < tol, m.name
         assert tol == M.PARAM_TOL or why, m.name                      # 放宽容差必须写明原因
@@ -153,13 +157,13 @@ def main():
     for m in (M.LLAMA31_8B, M.LLAMA31_70B, M.LLAMA31_405B):
         assert abs(m.linear_flops_per_token() / (2 * m.n_params()) - 1) < 0.07
 
-    print(f"\n结论：前向 FLOPs/token ≈ 2N（8B：{M.fmt_si(M.LLAMA31_8B.linear_flops_per_token(), 'FLOP')}）；"
+    print(f"\n结论：前向 FLOPs/token ≈ 2N（8B：{fmt_si(M.LLAMA31_8B.linear_flops_per_token(), 'FLOP')}）；"
           f"词嵌入 + lm_head 占比从 1B 的 {emb[0]:.0%} 降到 405B 的 {emb[-1]:.1%}；"
           f"注意力在 8B 模型约 {M.LLAMA31_8B.attn_crossover_ctx():,.0f} 个 token 时追上矩阵乘法。"
           f"GPT-3-13B 官方 {pub13 / 1e9:.1f}B（论文表 2.1）：按论文印的 d=5140 差 {gap_printed:.2%}，"
           f"按 40×128 = 5120 差 {gap_ours:.2%}。")
     if not args.no_fig:
-        path = plot_groups(models)
+        path = plot_groups(models, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

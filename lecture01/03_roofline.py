@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_si, fmt_time, format_table, pyplot, save_figure  # noqa: E402
 
 MODEL = M.LLAMA31_8B
 CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
@@ -40,8 +40,8 @@ def points_table(pts):
     rows = []
     for label, b, n, ctx in pts:
         f, by = MODEL.step_flops(b, n, ctx), MODEL.step_bytes(b, n, ctx)
-        rows.append([label, M.fmt_si(f, "FLOP"), M.fmt_bytes(by), f"{f / by:,.1f}"])
-    return M.format_table([f"{MODEL.name} 一次前向", "FLOPs", "字节", "强度 FLOP/B"], rows)
+        rows.append([label, fmt_si(f, "FLOP"), fmt_bytes(by), f"{f / by:,.1f}"])
+    return format_table([f"{MODEL.name} 一次前向", "FLOPs", "字节", "强度 FLOP/B"], rows)
 
 
 def chips_table(pts, chips):
@@ -51,36 +51,55 @@ def chips_table(pts, chips):
             r = M.step_time(MODEL, chip, b, n, ctx)
             frac = chip.attainable_flops(r["intensity"]) / chip.peak_flops()
             first = label == pts[0][0]
+            f = r["fit"]
+            fits = "是" if r["fits"] else f"否（要 {f.need / 1e9:.0f} GB > {f.usable / 1e9:.0f} GB）"
             rows.append([chip.name if first else "", f"{chip.ridge_point():.0f}" if first else "", label,
-                         "算力" if r["bound"] == "compute" else "带宽", M.fmt_time(r["time"]), f"{frac:.1%}",
-                         M.fmt_time(r["time"] / (b * n))])
-    return M.format_table(["芯片", "屋脊点", "操作点", "受限于", "roofline 时间", "算力利用上限", "每 token"], rows)
+                         "算力" if r["bound"] == "compute" else "带宽", fmt_time(r["time"]), f"{frac:.1%}",
+                         fmt_time(r["time"] / (b * n)), fits])
+    return format_table(["芯片", "屋脊点", "操作点", "受限于", "roofline 时间", "算力利用上限", "每 token",
+                           "一张卡放得下（llm_math.fit）"], rows)
 
 
-def plot(pts, chips):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(pts, chips, quick=False):
     import numpy as np
+    plt = pyplot()
 
     x = np.logspace(-1, 4.3, 300)
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, (ax, strip) = plt.subplots(2, 1, figsize=(12, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.6]})
     for chip in chips:
         y = np.minimum(chip.peak_flops(), x * chip.mem_bw) / 1e12
-        line, = ax.loglog(x, y, label=f"{chip.name} (ridge {chip.ridge_point():.0f})")
-        ax.plot([chip.ridge_point()], [chip.peak_flops() / 1e12], "o", color=line.get_color(), ms=4)
+        line, = ax.loglog(x, y, lw=1.5, label=f"{chip.name} (ridge {chip.ridge_point():.0f})")
+        ax.plot([chip.ridge_point()], [chip.peak_flops() / 1e12], "o", color=line.get_color(), ms=5)
+    # 操作点：上图画在 H100 的屋顶上（只画标记）；标签放在下面的条带里，一类一行（decode / 长上下文 decode / prefill），
+    # 同一行里相邻的标签上下错开——6 条屋顶挤在斜坡上，标签放进主图一定会压线、互相重叠。
+    ref = HW.H100_SXM
+    kinds = {"decode": (3, "o", "#c44e52", "decode, ctx 0"), "ctx": (1.5, "^", "#8c2d04", "decode, ctx 4K"),
+             "prefill": (0, "s", "#2a7a3b", "prefill, T tokens")}
+    seen = {k: 0 for k in kinds}
     for label, b, n, ctx in pts:
+        k = "prefill" if label.startswith("prefill") else ("ctx" if "ctx" in label else "decode")
+        row, marker, color, _ = kinds[k]
         ai = MODEL.arithmetic_intensity(b, n, ctx)
-        color = "#c44e52" if label.startswith("decode") else "#55a868"
-        ax.axvline(ai, color=color, ls=":" if "ctx" in label else "--", lw=0.8)
-        ax.text(ai * 1.05, 2.0 if "ctx" in label else 0.15, label, rotation=90, fontsize=7, color=color, va="bottom")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+        ax.plot([ai], [ref.attainable_flops(ai) / 1e12], marker, color=color, ms=9, zorder=5)
+        strip.plot([ai], [row], marker, color=color, ms=9)
+        up = seen[k] % 2 == 0
+        seen[k] += 1
+        strip.annotate(f"T={n}" if k == "prefill" else f"B={b}", (ai, row), xytext=(0, 9 if up else -9),
+                       textcoords="offset points", ha="center", va="bottom" if up else "top", color=color)
+    for _k, (_row, marker, color, text) in kinds.items():
+        ax.plot([], [], marker, color=color, ms=9, label=f"{text} (on H100 roof)")
+    strip.set_yticks([kinds[k][0] for k in kinds], [kinds[k][3] for k in kinds])
+    strip.set_ylim(-0.9, 3.9)
+    strip.grid(True, axis="x", which="both", alpha=0.3)
+    strip.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.annotate("decode ≈ batch FLOP/byte:\nfar left of every ridge (164–560)", xy=(1.0, ref.mem_bw / 1e12),
+                xytext=(0.12, 400), arrowprops=dict(arrowstyle="->"))
     ax.set_ylabel("attainable TFLOP/s (bf16, dense)")
-    ax.set_title(f"Roofline: {MODEL.name} decode (red) vs prefill (green)")
-    ax.set_ylim(0.1, 4000)
+    ax.set_title(f"Roofline: {MODEL.name} decode vs prefill")
+    ax.set_ylim(0.1, 6000)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    return save_figure(fig, __file__, "roofline")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, __file__, "roofline", quick=quick)
 
 
 def main():
@@ -91,10 +110,12 @@ def main():
     pts = operating_points(args.quick)
 
     print("== 1. 芯片：峰值、带宽和屋脊点（bf16，稠密）==")
-    print(M.format_table(HW.CHIP_HEADERS, HW.chip_rows(CHIPS)))
+    print(format_table(HW.CHIP_HEADERS, HW.chip_rows(CHIPS)))
     print(f"\n== 2. {MODEL.name} 的操作点：算术强度 = FLOPs / 字节（BF16 权重和 KV）==")
     print(points_table(pts))
     print("\n== 3. 在每块芯片上：受什么限制、roofline 时间（理想下界）==")
+    print("   （最后一列：权重 + 这一步的 KV 放不放得进一张卡的 90% 可分配显存；放不下的行时间照算，只为看强度——"
+          "真要跑得用几张卡，见演示 05 的 chips_needed）")
     print(chips_table(pts, CHIPS))
 
     # ---- 关键结论：断言 ----
@@ -115,10 +136,10 @@ def main():
 
     print(f"\n结论：decode 强度 ≈ 批大小（B=1 时 {MODEL.arithmetic_intensity(1, 1):.2f} FLOP/B），"
           f"远低于屋脊点（{min(c.ridge_point() for c in CHIPS):.0f}–{max(c.ridge_point() for c in CHIPS):.0f}），"
-          f"所以受带宽限制：H100 上 batch 1 每步 {M.fmt_time(t1)}；"
+          f"所以受带宽限制：H100 上 batch 1 每步 {fmt_time(t1)}；"
           f"prefill 8K 强度 {pre[-1]:,.0f}，在所有芯片上都受算力限制。")
     if not args.no_fig:
-        path = plot(pts, CHIPS)
+        path = plot(pts, CHIPS, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

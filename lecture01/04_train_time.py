@@ -8,7 +8,9 @@
        Meta 模型卡公布的是 3,084 万 GPU·小时（含故障、长上下文阶段等"有效运算之外"的时间）。
     3. 一张卡训练 8B 模型 15T token 要 60 多年 —— 所以要并行。
     4. 显存：混合精度 Adam 每个参数 16 字节（权重 2 + 梯度 2 + FP32 主权重 4 + Adam 8），
-       405B 光这些状态就要 6.5 TB，至少 82 张 80 GB 的卡，还没算激活 —— 所以要切分（第 4 讲）。
+       405B 的权重 + 梯度 + 主权重 + Adam 合计 6.5 TB（其中主权重 + Adam 4.9 TB），只放这些就至少要
+       77 张 H100（每张可分配约 85 GB），还没算激活 —— 所以要切分
+       （ZeRO / FSDP 在本课程之外；张量并行见 prereq5/04、第 5 讲演示 04）。
 
 运行：python3 lecture01/04_train_time.py [--quick]
 """
@@ -22,6 +24,7 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, format_table  # noqa: E402
 
 T405 = M.LLAMA31_405B_TRAIN
 # (模型, 训练 token 数, 序列长度, 公布的 GPU·小时 或 None, token 数的出处)
@@ -43,9 +46,9 @@ def flops_table(mfu):
         full = m.train_flops(D, S)
         hours = full / (chip.peak_flops() * mfu) / 3600
         implied = "" if pub_h is None else f"{full / (pub_h * 3600 * chip.peak_flops()):.0%}"
-        rows.append([m.name, M.fmt_count(D), f"{six:.2e}", f"{full:.2e}", f"{full / six - 1:+.1%}",
+        rows.append([m.name, fmt_count(D), f"{six:.2e}", f"{full:.2e}", f"{full / six - 1:+.1%}",
                      f"{hours / 1e6:.2f}M", "" if pub_h is None else f"{pub_h / 1e6:.2f}M", implied])
-    return M.format_table(["模型", "token D", "6·N·D", "含注意力", "差", f"H100·小时@MFU {mfu:.0%}", "公布",
+    return format_table(["模型", "token D", "6·N·D", "含注意力", "差", f"H100·小时@MFU {mfu:.0%}", "公布",
                            "公布对应的有效利用率"], rows)
 
 
@@ -55,13 +58,13 @@ def memory_table(models, micro_batch, seq_len):
         mem = m.train_memory(micro_batch, seq_len)
         mem_rc = m.train_memory(micro_batch, seq_len, recompute=True)
         states = mem["weights"] + mem["grads"] + mem["master"] + mem["adam"]
-        rows.append([m.name, M.fmt_bytes(mem["weights"]), M.fmt_bytes(mem["grads"]),
-                     M.fmt_bytes(mem["master"] + mem["adam"]), M.fmt_bytes(mem["activations"]),
-                     M.fmt_bytes(mem_rc["activations"]), M.fmt_bytes(mem["logits"]), M.fmt_bytes(mem["total"]),
-                     math.ceil(states / HW.H100_SXM.mem_cap)])
+        rows.append([m.name, fmt_bytes(mem["weights"]), fmt_bytes(mem["grads"]),
+                     fmt_bytes(mem["master"] + mem["adam"]), fmt_bytes(mem["activations"]),
+                     fmt_bytes(mem_rc["activations"]), fmt_bytes(mem["logits"]), fmt_bytes(mem["total"]),
+                     math.ceil(states / HW.H100_SXM.alloc_bytes)])
     heads = ["模型", "权重 BF16", "梯度 BF16", "FP32 主权重+Adam", f"激活 {micro_batch}×{seq_len}", "激活(重计算)",
-             "logits FP32", "合计", "只放状态要几张 80GB"]
-    return M.format_table(heads, rows)
+             "logits FP32", "合计", f"只放前四项要几张 H100（可分配 {HW.H100_SXM.alloc_bytes / 1e9:.0f} GB）"]
+    return format_table(heads, rows)
 
 
 def main():
@@ -105,13 +108,17 @@ def main():
         assert mem["weights"] + mem["grads"] + mem["master"] + mem["adam"] == 16 * mm.n_params()
         assert mm.train_memory(1, 8192, recompute=True)["activations"] < mem["activations"] / 10
     states405 = 16 * m.n_params()
-    assert states405 > 6.4e12 and math.ceil(states405 / HW.H100_SXM.mem_cap) > 80
+    opt405 = m.train_memory(1, 8192)["master"] + m.train_memory(1, 8192)["adam"]
+    assert states405 > 6.4e12 and math.ceil(states405 / HW.H100_SXM.alloc_bytes) > 70
+    assert opt405 == 12 * m.n_params() < states405                            # "优化器状态"只是其中 12 字节/参数
     # 训练 = 3 × 前向（同样的 token、同样的上下文）
     assert math.isclose(m.train_flops(1, 1), 3 * m.flops_per_token(1))
 
     print(f"\n结论：405B 按 6ND 是 {six:.1e} FLOPs；16K 张 H100 在 40% MFU 下约 {r['days']:.0f} 天，"
           f"{r['chip_hours'] / 1e6:.1f}M GPU·小时（公布 {T405['gpu_hours'] / 1e6:.2f}M）；"
-          f"光优化器状态就要 {M.fmt_bytes(states405)}，一张卡放不下，必须切分。")
+          f"权重 + 梯度 + FP32 主权重 + Adam 状态合计 {fmt_bytes(states405)}（其中主权重 + Adam "
+          f"{fmt_bytes(opt405)}），只放这些就至少要 {math.ceil(states405 / HW.H100_SXM.alloc_bytes)} 张 H100，"
+          f"必须切分。")
 
 
 if __name__ == "__main__":

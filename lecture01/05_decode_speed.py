@@ -16,7 +16,6 @@
 图：lecture01/figures/05_decode_speed_batch.png
 """
 import argparse
-import math
 import os
 import sys
 
@@ -25,31 +24,55 @@ sys.path.insert(0, HERE)
 
 import hw_specs as HW  # noqa: E402
 import llm_math as M  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, format_table, pyplot, save_figure  # noqa: E402
 
 MODELS = (M.LLAMA32_1B, M.LLAMA31_8B, M.QWEN25_7B, M.LLAMA31_70B, M.LLAMA31_405B)
 CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
-MEM_UTIL = 0.9
+MEM_UTIL = M.MEM_UTIL     # 可分配显存只用 90%（vLLM gpu_memory_utilization 的老默认值 [S61]）
 CTX = 2048          # 批处理那一节的主要上下文长度
 SHORT_CTX = 128     # 对照：短上下文
 
 
-def chips_needed(m, chip, w_bytes):
-    """只放权重（留 10% 余量）至少要几张卡。"""
-    return math.ceil(m.weight_bytes(w_bytes) / (MEM_UTIL * chip.mem_cap))
+def cards(m, chip, w_bytes):
+    """只放权重（+ 1 个 token 的 KV）至少要几张卡：全课程同一个函数 llm_math.chips_needed（规则 "tp"）。"""
+    return M.chips_needed(m, chip, batch=1, ctx=1, w_bytes=w_bytes, mem_util=MEM_UTIL).n_chips
 
 
 def single_stream_table(models, chips, w_bytes):
     rows = []
     for m in models:
-        row = [m.name, M.fmt_bytes(m.weight_bytes(w_bytes))]
+        row = [m.name, fmt_bytes(m.weight_bytes(w_bytes))]
         for chip in chips:
-            k = chips_needed(m, chip, w_bytes)
-            # k 张卡按张量并行各读 1/k 的权重：带宽合计 k 倍（忽略通信，第 4 讲再算）
-            t = m.step_bytes(1, 1, 0, w_bytes) / (k * chip.mem_bw)
-            row.append(f"{1 / t:,.0f}" + ("" if k == 1 else f" ({k}卡)"))
+            k = cards(m, chip, w_bytes)
+            # k 张卡按张量并行各读 1/k 的权重：带宽合计 k 倍（忽略通信；通信见 prereq5/04、第 5 讲演示 04）
+            r = M.step_time(m, chip, 1, 1, 0, w_bytes=w_bytes, n_chips=k, mem_util=MEM_UTIL)
+            assert r["fits"]
+            row.append(f"{1 / r['time']:,.0f}" + ("" if k == 1 else f" ({k}卡)"))
         rows.append(row)
-    return M.format_table(["模型", "权重"] + [c.name for c in chips], rows)
+    return format_table(["模型", "权重"] + [c.name for c in chips], rows)
+
+
+def rule_table(m, chips, w_bytes):
+    """同一个模型按两条规则要几张卡（llm_math.FIT_RULES）：只按字节是下限，张量并行还要整除头数。"""
+    fits = []
+    for chip in chips:
+        for rule in ("bytes", "tp"):
+            fits.append((f"{m.name} @ {chip.name}", M.chips_needed(m, chip, 1, 1, w_bytes, mem_util=MEM_UTIL,
+                                                                    rule=rule)))
+    return format_table(M.FIT_HEADERS, M.fit_rows(fits))
+
+
+def equal_cards_table(models, chips, counts, w_bytes):
+    """同样 n 张卡时的 batch 1 速度上限（token/s）：跨芯片比较必须在卡数相同的时候比。"""
+    rows = []
+    for m in models:
+        for n in counts:
+            row = [m.name, n]
+            for chip in chips:
+                r = M.step_time(m, chip, 1, 1, 0, w_bytes=w_bytes, n_chips=n, mem_util=MEM_UTIL)
+                row.append(f"{1 / r['time']:,.0f}" if r["fits"] else "放不下")
+            rows.append(row)
+    return format_table(["模型", "卡数"] + [c.name for c in chips], rows)
 
 
 def batch_sweep(m, chip, batches, ctx):
@@ -59,36 +82,44 @@ def batch_sweep(m, chip, batches, ctx):
         r = M.step_time(m, chip, b, 1, ctx)
         total = b / r["time"]
         curve.append((b, total, 1 / r["time"], b <= cap))
-        rows.append([b, f"{r['intensity']:.1f}", "算力" if r["bound"] == "compute" else "带宽", M.fmt_time(r["time"]),
-                     f"{1 / r['time']:,.0f}", f"{total:,.0f}", M.fmt_bytes(m.kv_cache_bytes(b, ctx + 1)),
+        rows.append([b, f"{r['intensity']:.1f}", "算力" if r["bound"] == "compute" else "带宽", fmt_time(r["time"]),
+                     f"{1 / r['time']:,.0f}", f"{total:,.0f}", fmt_bytes(m.kv_cache_bytes(b, ctx + 1)),
                      "是" if b <= cap else "否"])
     heads = ["batch", "强度", "受限于", "每步时间", "每序列 token/s", "总 token/s", "KV", f"{chip.name} 放得下"]
-    return M.format_table(heads, rows), curve, cap
+    return format_table(heads, rows), curve, cap
 
 
-def plot(curves):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+def plot(curves, quick=False):
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     for (name, ctx), (curve, cap) in curves.items():
-        bs = [c[0] for c in curve]
         label = f"{name}, ctx {ctx}"
-        line, = ax1.loglog(bs, [c[1] for c in curve], "o-", ms=3, label=label)
-        ax2.semilogx(bs, [c[2] for c in curve], "o-", ms=3, color=line.get_color(), label=label)
+        ok = [c for c in curve if c[3]]                              # 放得下的点：实线
+        over = [c for c in curve if not c[3]]                        # KV 放不下的点：虚线、空心，只看趋势
+        if over and ok:
+            over = [ok[-1]] + over
+        line, = ax1.loglog([c[0] for c in ok], [c[1] for c in ok], "o-", ms=5, lw=2, label=label)
+        color = line.get_color()
+        ax2.semilogx([c[0] for c in ok], [c[2] for c in ok], "o-", ms=5, lw=2, color=color, label=label)
+        if over:
+            ax1.loglog([c[0] for c in over], [c[1] for c in over], "o--", ms=5, lw=1, color=color, mfc="white")
+            ax2.semilogx([c[0] for c in over], [c[2] for c in over], "o--", ms=5, lw=1, color=color, mfc="white")
         if cap:
-            ax1.axvline(cap, color=line.get_color(), ls=":", lw=1)
+            ax1.axvline(cap, color=color, ls=":", lw=1.5)
+    ax2.plot([], [], "o--", color="gray", mfc="white", lw=1, label="KV does not fit (trend only)")
     ax1.set_xlabel("batch size")
     ax1.set_ylabel("total decode tokens/s (roofline bound)")
-    ax1.set_title("Llama-3.1-8B decode throughput (dotted = KV memory limit)")
+    ax1.set_title("Llama-3.1-8B throughput (dotted: KV fills memory)")
+    first = curves[next(iter(curves))][0]
+    ax1.annotate("batching is nearly free\nuntil the ridge or the KV wall", xy=(16, first[4][1]),
+                 xytext=(1.2, 2e4), arrowprops=dict(arrowstyle="->"))
     ax2.set_xlabel("batch size")
     ax2.set_ylabel("tokens/s per sequence")
     ax2.set_title("per-sequence speed")
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    return save_figure(fig, __file__, "batch")
+    ax2.legend(loc="upper right")
+    return save_figure(fig, __file__, "batch", quick=quick)
 
 
 def main():
@@ -103,13 +134,20 @@ def main():
     print(single_stream_table(MODELS, CHIPS, 2.0))
     print("   FP8 / INT8 权重（1 字节）：")
     print(single_stream_table(MODELS, CHIPS, 1.0))
-    print("   （\"(k卡)\"：一张卡放不下，k 张卡各读 1/k 的权重；通信时间没算，第 4 讲再说。）")
+    print("   （\"(k卡)\"：一张卡放不下，k 张卡各读 1/k 的权重；通信时间没算，见 prereq5/04 和第 5 讲演示 04。）")
+    print(f"   卡数怎么定（llm_math.chips_needed，第 5 讲演示 04 也用它）：{M.FIT_RULES['tp']}。")
+    print("   两条规则的对照（BF16，只放权重 + 1 个 token 的 KV）：")
+    big = (HW.H100_SXM, HW.H200, HW.B200)
+    print(rule_table(M.LLAMA31_405B, big, 2.0))
+    print("   注意：上面大表里不同的列卡数不同（405B：H100 16 张、H200 / B200 8 张），token/s 不能直接横着比。"
+          "同样的卡数再比一次：")
+    print(equal_cards_table((M.LLAMA31_70B, M.LLAMA31_405B), big, (8, 16), 2.0))
 
     m1, h100 = M.LLAMA32_1B, HW.H100_SXM
     t_bound = M.decode_time_per_token(m1, h100)
     print("\n== 2. 对照：Llama-3.2-1B、H100、batch 1、BF16 ==")
-    print(f"   roofline 下界 {M.fmt_time(t_bound)}（读 {M.fmt_bytes(m1.step_bytes(1, 1))}）；"
-          f"按 78% 带宽 {M.fmt_time(t_bound / 0.78)}；按 50% 带宽 {M.fmt_time(t_bound / 0.5)}")
+    print(f"   roofline 下界 {fmt_time(t_bound)}（读 {fmt_bytes(m1.step_bytes(1, 1))}）；"
+          f"按 78% 带宽 {fmt_time(t_bound / 0.78)}；按 50% 带宽 {fmt_time(t_bound / 0.5)}")
     print("   公开数字：megakernel 达到 H100 带宽的 78%、前向 < 1 ms；vLLM / SGLang ≤ 50% [S74,S75,S76]")
 
     m = M.LLAMA31_8B
@@ -125,10 +163,20 @@ def main():
     # ---- 关键结论：断言 ----
     for mm in MODELS:
         for chip in CHIPS:
-            tps = 1 / M.decode_time_per_token(mm, chip)
-            assert tps <= chip.mem_bw / (mm.matmul_params() * 2) * 1.0001               # 上限 = 带宽 / 权重字节
-            t8 = M.decode_time_per_token(mm, chip, w_bytes=1.0)
-            assert 1.99 < M.decode_time_per_token(mm, chip) / t8 < 2.01                  # FP8 权重：快一倍
+            k = cards(mm, chip, 2.0)
+            tps = 1 / M.decode_time_per_token(mm, chip, n_chips=k)
+            assert tps <= k * chip.mem_bw / (mm.matmul_params() * 2) * 1.0001           # 上限 = k × 带宽 / 权重字节
+            t8 = M.decode_time_per_token(mm, chip, w_bytes=1.0, n_chips=k)
+            assert 1.99 < M.decode_time_per_token(mm, chip, n_chips=k) / t8 < 2.01       # FP8 权重：快一倍
+            if k > 1:                                                                   # 一张卡放不下：报错，不给数
+                try:
+                    M.decode_time_per_token(mm, chip)
+                    raise AssertionError(f"{mm.name} 放不进一张 {chip.name}")
+                except M.CapacityError:
+                    pass
+    # 同样的卡数：带宽高的芯片更快（405B、16 张：H200 > H100）
+    t16 = {c.name: M.decode_tokens_per_s(M.LLAMA31_405B, c, n_chips=16) for c in (HW.H100_SXM, HW.H200)}
+    assert t16[HW.H200.name] / t16[HW.H100_SXM.name] == HW.H200.mem_bw / HW.H100_SXM.mem_bw
     assert 200 < 1 / M.decode_time_per_token(m, h100) < 240
     assert t_bound < 0.75e-3 and t_bound / 0.78 < 1e-3                                   # 和 "< 1 ms" 对得上
     for (name, ctx), (curve, _cap) in curves.items():
@@ -148,7 +196,7 @@ def main():
           f"（H100、上下文 {CTX}：最多 {curves[(h100.name, CTX)][1]} 个序列）；上下文长了，"
           f"KV 读取才是 decode 吞吐的天花板。")
     if not args.no_fig:
-        path = plot(curves)
+        path = plot(curves, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

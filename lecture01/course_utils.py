@@ -1,32 +1,26 @@
 """
-=============================================================================
-CS349E · 课程共用的小工具：course_utils.py —— 演示脚本打印表格、写数字、存图的那几行
-=============================================================================
+course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数字、存图、参数检查
 
-【这是什么】
-    各讲的演示脚本都要做同样几件小事：把结果排成中英文混排也对齐的表格、把大数字写成 "16 GFLOP"
-    "8.03B" "2.5 ms" 这样好读的样子、把 matplotlib 图存到 <讲次>/figures/ 下。这些小工具以前在
-    llm_math、comm_sim、serving_sim、flash_lab、transformer_lab 里各写了一份，细节还略有不同
-    （有的按 unicodedata 算中文宽度，有的按码位粗估；有的有分隔线，有的没有）。现在只在这里写一份。
+【问题】每个演示都要把结果排成中英文混排也对齐的表格、把大数字写成 "16 GFLOP" "8.03B" "2.5 ms" 这样好读的样子、
+    把 matplotlib 图存到 <讲次>/figures/；每个实验模块都要检查参数，坏输入要报出参数名和允许的取值。
+    这些只写一份，就在这里。后面的讲次本来就把 lecture01 放进 sys.path，不需要新的导入路径：
+        sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+        from course_utils import format_table, save_figure
 
-【为什么放在 lecture01】
-    后面的讲次本来就通过 sys.path 垫片导入 lecture01（`sys.path.insert(0, <讲次>/../lecture01)`，
-    再 `import llm_math`），所以放在这里不用新增任何导入路径。各实验模块照旧把这些名字导出
-    （如 llm_math.format_table、flash_lab.figure_path、transformer_lab.save_figure），老的调用处不用改。
+【里面有什么】
+    display_width(text) / format_table(headers, rows, align=None)   显示宽度（全角字占 2 格）；对齐的文本表格
+    fmt_si / fmt_count / fmt_bytes / fmt_time                       数字 → 带单位前缀的短字符串
+    figure_path(script, what, quick=False) / save_figure(fig, script, what, quick=…)
+                                    存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png；先查字号
+    pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
+    check_int / check_real / check_bool / check_choice / check_array
+                                    参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
 
-【主要内容】
-    display_width(text)                       终端显示宽度：东亚全角 / 宽字符（W、F）占 2 格
-    format_table(headers, rows, align=None)   对齐的文本表格：表头、虚线分隔行、数据行
-    fmt_si / fmt_count / fmt_bytes / fmt_time 数字 → 带单位前缀的短字符串
-    figure_path(script, what, quick=False)    <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png
-    save_figure(fig, script, what, quick=…)   紧凑排版、存到 figure_path、关闭图，返回路径
-    check_int / check_real / check_bool       参数检查：类型、有限、范围；报错消息写出参数名、允许的范围和收到的值
-    check_choice / check_array                取值列表；实数数组（float64，NaN / ∞ 报错）
-                                              （以前 llm_math、hw_specs、transformer_lab、serving_sim、decode_lab、
-                                              comm_sim 各写了一份，名字、消息、边界各不相同）
+【约定】字节用十进制（1 kB = 1000 B）；图里的文字用英文（学生机器上常缺中文字形）；检查函数返回转换后的值
+    （如 numpy 整数 → int、数组 → float64），只在出错时才拼报错消息（热路径上很便宜）。
 
 【运行】python3 lecture01/course_utils.py     # 自检（不到 1 秒）
-【依赖】模块级只用 Python 标准库；matplotlib 只在 save_figure 里、真的存图时才导入（flash_lab 等保持只依赖 numpy）。
+【依赖】模块级只用标准库；numpy 只在 check_array 里、matplotlib 只在真的存图时才导入。
 """
 
 import math
@@ -138,14 +132,65 @@ def figure_path(script, what, quick=False):
     return os.path.join(folder, f"{stem}_{what}.png")
 
 
-def save_figure(fig, script, what, dpi=120, quick=False):
+# 投影用的图：所有文字至少 MIN_FONT_PT 磅（按存下来的尺寸；bbox_inches="tight" 不缩放文字）。
+# 演示脚本用 pyplot() 取 matplotlib.pyplot：Agg 后端 + 这组默认字号；save_figure 再检查一遍，
+# 有字小于 MIN_FONT_PT 就报错（而不是存一张投影时看不清的图）。
+MIN_FONT_PT = 12
+FIG_RC = {"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "xtick.labelsize": 12,
+          "ytick.labelsize": 12, "legend.fontsize": 12, "legend.title_fontsize": 12, "figure.titlesize": 14,
+          "legend.framealpha": 0.9}
+
+
+def pyplot():
+    """Agg 后端（从不 show()）+ 课程的字号（FIG_RC），返回 matplotlib.pyplot。演示脚本画图前调用一次。"""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update(FIG_RC)
+    return plt
+
+
+def merge_identical(series):
     """
-    把 matplotlib 图存到 figure_path(script, what, quick)：先 tight_layout，再按 bbox_inches="tight" 存，
-    然后关闭这张图，返回路径。演示脚本用 matplotlib.use("Agg")，从不 show()；传 quick=args.quick，
-    小规模的图就进 figures/quick/，不覆盖完整图。
+    [(标签, xs, ys)] → 同样的列表，但 (xs, ys) 完全相同的几条合成一条、标签写成 "A = B"（保持第一次出现的顺序）。
+
+    为什么：两条曲线一模一样时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
     """
-    path = figure_path(script, what, quick)
-    fig.tight_layout()
+    merged = {}
+    for label, xs, ys in series:
+        key = (tuple(float(v) for v in xs), tuple(float(v) for v in ys))
+        merged.setdefault(key, []).append(label)
+    return [(" = ".join(labels), list(k[0]), list(k[1])) for k, labels in merged.items()]
+
+
+def small_texts(fig, min_pt=MIN_FONT_PT):
+    """图里看得见、非空、字号小于 min_pt 磅的文字：[(文字, 磅数)]。save_figure 用它拒绝投影时看不清的图。"""
+    from matplotlib.text import Text
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and t.get_fontsize() < min_pt - 1e-9:
+            out.append((t.get_text(), t.get_fontsize()))
+    return out
+
+
+def save_figure(fig, script, what, dpi=120, quick=False, path=None):
+    """
+    把 matplotlib 图存到 figure_path(script, what, quick)：先排版（tight_layout；图自己设了排版引擎就用它的），
+    再按 bbox_inches="tight" 存，然后关闭这张图，返回路径。演示脚本用 pyplot()（Agg，从不 show()）；
+    传 quick=args.quick，小规模的图就进 figures/quick/，不覆盖完整图。
+    path：完整图另存到这个路径（例如和测量 JSON 放在一起的结果图）；quick=True 时不用它，照样进 figures/quick/。
+    【报错】图里有小于 MIN_FONT_PT 磅的文字 → ValueError（列出前几个）：投影时看不清。
+    """
+    tiny = small_texts(fig)
+    if tiny:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        shown = ", ".join(f"{t[:20]!r} {sz:g} pt" for t, sz in tiny[:5])
+        raise ValueError(f"图 {what!r} 有 {len(tiny)} 处文字小于 {MIN_FONT_PT} 磅（投影看不清）：{shown}；"
+                         f"用 course_utils.pyplot() 的默认字号，别传更小的 fontsize")
+    path = figure_path(script, what, quick) if quick or path is None else path
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     import matplotlib.pyplot as plt   # 只在真的存图时才需要 matplotlib
     plt.close(fig)
@@ -175,22 +220,31 @@ def check_int(name, value, lo=None, hi=None, where="", whole_float=False, type_e
 
     【允许】Python int、numpy 整数（返回 int(value)）；whole_float=True 时还允许整数值的有限浮点数
             （训练 token 数常写成 15.6e12；这时原样返回那个浮点数，不改调用者的算术）。
-    【报错】bool、字符串、None、（whole_float=False 时的）浮点数 → type_error（默认 TypeError；
+    【报错】全课程一个约定（和 Python 自己的 range(2.5) 一样）：**不是整数**——bool、字符串、None、
+            （whole_float=False 时的）浮点数、（whole_float=True 时的）2.5 这样的小数——→ type_error（默认 TypeError；
             个别老接口对一切坏值都报 ValueError，就传 type_error=ValueError）；
-            NaN、无穷、小数、越界 → ValueError。
+            是整数但越界、NaN、无穷 → ValueError。
             消息：「[where：]name 必须是整数，且 <范围>，收到 <值>」。
     """
+    integral = type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+    ok = integral or (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool))
+    if not ok:
+        raise type_error(_int_message(name, value, lo, hi, where, whole_float, with_type=True))
+    if not integral and not math.isfinite(value):
+        raise ValueError(_int_message(name, value, lo, hi, where, whole_float))
+    if not integral and not float(value).is_integer():      # 2.5 个序列：不是整数 → 和 2.5（float 类型）同一种错
+        raise type_error(_int_message(name, value, lo, hi, where, whole_float))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(_int_message(name, value, lo, hi, where, whole_float))
+    return int(value) if integral else value
+
+
+def _int_message(name, value, lo, hi, where, whole_float, with_type=False):
+    """check_int 的报错消息（只在出错时才拼：热路径上的检查不付字符串的钱）。"""
     rng = _range_text(lo, hi)
     allowed = "整数" + ("（也可以是 1e12 这样整数值的浮点数）" if whole_float else "") + (f"，且 {rng}" if rng else "")
-    who = _who(name, where)
-    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if not integral and not (whole_float and isinstance(value, numbers.Real) and not isinstance(value, bool)):
-        raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
-    if not integral and not (math.isfinite(value) and float(value).is_integer()):
-        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
-    return int(value) if integral else value
+    got = f"{type(value).__name__} 类型的 {value!r}" if with_type else repr(value)
+    return f"{_who(name, where)} 必须是{allowed}，收到 {got}"
 
 
 def check_real(name, value, lo=None, hi=None, lo_open=False, hi_open=False, where="",
@@ -204,18 +258,25 @@ def check_real(name, value, lo=None, hi=None, lo_open=False, hi_open=False, wher
     【报错】bool、字符串、None 等非数字 → type_error（默认 TypeError）；NaN、（不允许时的）无穷、越界 → ValueError。
             消息：「[where：]name 必须是有限实数，且 <范围>，收到 <值>」。
     """
-    rng = _range_text(lo, hi, lo_open, hi_open)
-    allowed = ("实数（可以是 ±inf）" if allow_inf else "有限实数") + (f"，且 {rng}" if rng else "")
-    who = _who(name, where)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise type_error(f"{who} 必须是{allowed}，收到 {type(value).__name__} 类型的 {value!r}")
+    # type(...) is float / int 先判：最常见的情形不走抽象基类的 isinstance（热路径上省几微秒）
+    if type(value) is not float and type(value) is not int and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise type_error(_real_message(name, value, lo, hi, lo_open, hi_open, where, allow_inf, with_type=True))
     v = float(value)
     ok = not math.isnan(v) and (allow_inf or math.isfinite(v))
     ok = ok and (lo is None or (v > lo if lo_open else v >= lo))
     ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
     if not ok:
-        raise ValueError(f"{who} 必须是{allowed}，收到 {value!r}")
+        raise ValueError(_real_message(name, value, lo, hi, lo_open, hi_open, where, allow_inf))
     return v
+
+
+def _real_message(name, value, lo, hi, lo_open, hi_open, where, allow_inf, with_type=False):
+    """check_real 的报错消息（只在出错时才拼）。"""
+    rng = _range_text(lo, hi, lo_open, hi_open)
+    allowed = ("实数（可以是 ±inf）" if allow_inf else "有限实数") + (f"，且 {rng}" if rng else "")
+    got = f"{type(value).__name__} 类型的 {value!r}" if with_type else repr(value)
+    return f"{_who(name, where)} 必须是{allowed}，收到 {got}"
 
 
 def check_bool(name, value, where=""):
@@ -226,7 +287,9 @@ def check_bool(name, value, where=""):
     算出一个错的结果而不报错。
     【报错】其他一切（字符串、整数、None……）→ TypeError：「[where：]name 必须是 True 或 False，收到 …」。
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    t = type(value)
+    # numpy 的 bool_（比较的结果）也算开关；numpy 2 里它的类型名是 "bool"，numpy 1 里是 "bool_"
+    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
         return bool(value)
     raise TypeError(f"{_who(name, where)} 必须是 True 或 False，收到 {type(value).__name__} 类型的 {value!r}")
 
@@ -320,7 +383,8 @@ def _selftest():
     assert check_real("p", 1.0, lo=0.0, hi=1.0) == 1.0
     for call, exc, text in ((lambda: check_int("batch", True), TypeError, "batch"),
                             (lambda: check_int("batch", 2.0), TypeError, "batch"),
-                            (lambda: check_int("batch", 2.5, whole_float=True), ValueError, "batch"),
+                            (lambda: check_int("batch", 2.5, whole_float=True), TypeError, "batch"),
+                            (lambda: check_int("batch", math.nan, whole_float=True), ValueError, "batch"),
                             (lambda: check_int("batch", 0, lo=1, where="f"), ValueError,
                              "f：batch 必须是整数，且 ≥ 1，收到 0"),
                             (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),
@@ -338,6 +402,11 @@ def _selftest():
             raise AssertionError(f"应当报错：{text}")
     # 6) check_bool / check_choice / check_array
     assert check_bool("causal", True) is True and check_bool("causal", False) is False
+    try:                                                       # numpy 的 bool_（比较的结果）也是开关
+        import numpy as np
+        assert check_bool("causal", np.True_) is True and check_bool("causal", np.bool_(False)) is False
+    except ImportError:
+        pass
     assert check_choice("kind", "ring", ("ring", "tree")) == "ring"
     a = check_array("s", [[1, -math.inf]], ndim=2, allow_neginf=True)
     assert a.dtype.name == "float64" and a.shape == (1, 2)
@@ -358,6 +427,8 @@ def _selftest():
             assert text in str(e), (text, e)
         else:
             raise AssertionError(f"应当报错：{text}")
+    got = merge_identical([("a", [1, 2], [3, 4]), ("b", [1, 2], [5, 6]), ("c", [1, 2], [3, 4])])
+    assert [g[0] for g in got] == ["a = c", "b"], got
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "07_demo.py")
         assert figure_path(script, "c", quick=True) == os.path.join(tmp, "figures", "quick", "07_demo_c.png")

@@ -1,35 +1,28 @@
 """
-=============================================================================
-CS349E · 第 1 讲共享模块：hw_specs.py —— 今天的加速器：能算多快、能搬多快、能装多少
-=============================================================================
+hw_specs.py —— 第 1 讲：今天的加速器能算多快、能搬多快、能装多少
 
-【这个模块回答什么问题】
-    llm_math 告诉我们一个 token 要做多少运算、搬多少字节；要换算成"多少秒"，还需要芯片的三个数：
-        - 峰值算力 peak（FLOP/s，按精度分：bf16、fp8、int8……）；
-        - 显存带宽 mem_bw（byte/s）：每秒能从显存（HBM / GDDR）搬多少字节到计算单元；
-        - 显存容量 mem_cap（byte）：能装下多少权重和 KV cache。
-    两者之比 peak / mem_bw 叫 ridge point（"屋脊点"，FLOP/byte）：一段计算的算术强度高于它就受算力限制，
-    低于它就受带宽限制。今天的芯片的 ridge point（bf16）在 160（RTX 4090）到 560（TPU v6e）之间，
-    而 batch 1 的 decode 强度只有 ≈ 1——
+【问题】llm_math 算出一个 token 要做多少运算、搬多少字节；换算成"多少秒"还要芯片的三个数：
+    峰值算力 peak（FLOP/s，按精度分）、显存带宽 mem_bw（byte/s）、显存容量（byte：手册数字 mem_cap 只用来显示，
+    放不放得下用程序实际能分配的 alloc_bytes，H200 实测比手册多 6.5%）。
+    peak / mem_bw 叫 ridge point（"屋脊点"，FLOP/byte）：算术强度高于它受算力限制，低于它受带宽限制。
+    今天芯片的 ridge point（bf16）在 160（RTX 4090）到 560（TPU v6e）之间，而 batch 1 的 decode 强度只有 ≈ 1——
     这就是第 1 讲最重要的一句话："decode 是在搬数据，不是在算"。
 
-【主要内容】
-    Chip            一块芯片的规格 + peak_flops / ridge_point / roofline_time 等方法
-    芯片表           H100_SXM、H100_PCIE、H200、B200、MI300X、TPU_V5E、TPU_V5P、TPU_V6E、RTX_4090；CHIPS（名字 → 芯片）
-    （A100 不在这里：第 6 讲为了复现 Orca 的实验平台自己定义 A100_40G，避免改动本讲脚本的输出。）
+【里面有什么】
+    Chip     一块芯片的规格 + peak_flops / ridge_point / roofline_time 等方法
+    芯片表    H100_SXM、H100_PCIE、H200、B200、MI300X、TPU_V5E、TPU_V5P、TPU_V6E、RTX_4090；CHIPS（名字 → 芯片）
+             （A100 在第 5 讲：serving_sim.A100_40G，Orca 的实验平台）
 
 【约定】
-    - 算力全是**稠密**（dense）数字：NVIDIA 数据手册常印带 2:4 稀疏的数字（带星号），稠密 = 稀疏 / 2。
-    - peak 的键一律小写："bf16"、"fp16"、"fp8"、"int8"（单位其实是 OP/s）、"fp32"（非 Tensor Core）、"fp4"。
-      某个精度芯片不支持（或厂商没公布）就不出现在字典里。
-    - 字节用十进制（1 GB = 10⁹ B）。link_bw 是**每个方向**的片间互联（scale-up）带宽：NVLink 的
-      "900 GB/s" 是双向合计，每个方向 450 GB/s（NCCL 维护者也称 450 GB/s 为 H100 的线速 [S40]）；
-      第 6 讲种子的 A100_40G 用 300e9 表示"600 GB/s 双向"，这里同样的约定。
-    - 每个数字的出处写在 notes 里，标签 [Sxx] 对应 ../shared/facts.md 末尾的来源表；
-      facts.md 标为 unknown 的（例如 TPU 的功耗）这里填 None，不猜。
+    - 算力全是稠密（dense）数字：NVIDIA 手册常印带 2:4 稀疏的数字（带星号），稠密 = 稀疏 / 2。
+    - peak 的键小写："bf16"、"fp16"、"fp8"、"int8"（单位是 OP/s）、"fp32"（非 Tensor Core）、"fp4"；
+      芯片不支持或厂商没公布的精度不出现在字典里。
+    - 字节用十进制（1 GB = 10⁹ B）。link_bw 是**每个方向**的片间（scale-up）带宽：NVLink 的 "900 GB/s"
+      是双向合计，每个方向 450 GB/s（A100 的 "600 GB/s" 就是每方向 300e9）。
+    - 每个数字的出处写在 notes 里，键（如 [S5]）在仓库根目录的 SOURCES.md 里查；查不到的（如 TPU 功耗）填 None。
 
-【运行】python3 hw_specs.py     # 自检 + 打印芯片表
-【依赖】只用 Python 标准库（参数检查 check_real 来自同一文件夹的 course_utils.py）。
+【运行】python3 lecture01/hw_specs.py     # 自检 + 打印芯片表
+【依赖】只用 Python 标准库（参数检查来自同一文件夹的 course_utils.py）。
 """
 
 from dataclasses import dataclass, field
@@ -68,6 +61,20 @@ class Chip:
     power_w: float = None
     year: int = None
     notes: str = field(default="", repr=False)
+    mem_alloc: float = None          # 程序实际能分配的字节（见 alloc_bytes）；None = 没有这个数，用 mem_cap
+    mem_alloc_how: str = ""          # 这个数怎么来的："measured …" / "derived …"
+
+    @property
+    def alloc_bytes(self):
+        """
+        一个程序能分配的显存（字节）：凡是"放不放得下"都用它（乘上 vLLM 式的 mem_util），mem_cap 只用来显示。
+
+        为什么和 mem_cap 不一样：手册写的 "141 GB" 是营销数字（大致是 GiB），实测 H200 上
+        torch.cuda.get_device_properties(0).total_memory = 150,109,880,320 B（139.8 GiB，比 141e9 多 6.5%）；
+        vLLM 的 gpu_memory_utilization 就是这个"报告的总量"的比例。没有 mem_alloc 的芯片（例如原课程第 6 讲模块
+        自己定义的 A100）退回 mem_cap。
+        """
+        return self.mem_cap if self.mem_alloc is None else self.mem_alloc
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -87,6 +94,8 @@ class Chip:
             check_real(nm, getattr(self, nm), **spec)
         if self.power_w is not None:
             check_real("power_w", self.power_w, **spec)
+        if self.mem_alloc is not None:
+            check_real("mem_alloc", self.mem_alloc, **spec)
         if self.year is not None and (isinstance(self.year, bool) or not isinstance(self.year, int)):
             raise ValueError(f"{self.name}: year 必须是整数年份或 None，收到 {self.year!r}")
 
@@ -137,13 +146,13 @@ class Chip:
         return min(self.peak_flops(prec), intensity * self.mem_bw)
 
     def link_time(self, nbytes):
-        """单方向把 nbytes 发给另一块芯片的时间下界（秒）：nbytes / link_bw（不计延迟，第 4 讲会加上）。"""
+        """单方向把 nbytes 发给另一块芯片的时间下界（秒）：nbytes / link_bw（不计延迟；α-β 模型见 prereq5）。"""
         check_real("nbytes", nbytes, lo=0.0)
         return nbytes / self.link_bw
 
 
 # =============================================================================
-# 芯片表（数字和出处见 ../shared/facts.md 第 1 节）
+# 芯片表（每个数字的出处写在 notes 里，键见 SOURCES.md 第 1 节）
 # =============================================================================
 H100_SXM = Chip(
     "H100-SXM", "GPU",
@@ -184,7 +193,7 @@ MI300X = Chip(
     notes="AMD Instinct MI300X：BF16/FP16 1307.4 TFLOPS，FP8 2614.9 [S23,S24]，INT8 2614.9 [S24]，"
           "FP32 向量 163.4 [S24]；192 GB HBM3 [S25,S26]，5.3 TB/s [S23,S25]；"
           "Infinity Fabric 7 条链路合计 896 GB/s [S25]（每条 128 GB/s [S27]），"
-          "按双向合计理解，每方向 448（假设，facts.md 未注明方向）；750 W [S25,S28]；2023 年 12 月 [S26]",
+          "按双向合计理解，每方向 448（假设，来源未注明方向）；750 W [S25,S28]；2023 年 12 月 [S26]",
 )
 TPU_V5E = Chip(
     "TPU-v5e", "TPU",
@@ -217,8 +226,35 @@ RTX_4090 = Chip(
     notes="GeForce RTX 4090 [S36,S37]：BF16/FP16（FP32 累加）165.2 TFLOPS（FP16 累加时 330.3），"
           "FP8 330.3（FP32 累加），INT8 660.6，FP32 82.6；24 GB GDDR6X，1008 GB/s；450 W；2022 年 10 月。"
           "没有 NVLink，卡间只能走 PCIe："
-          "link_bw 取 PCIe 4.0 x16 的每方向约 32 GB/s（PCIe 代数 facts.md 未确认 [S38]，这里是假设）",
+          "link_bw 取 PCIe 4.0 x16 的每方向约 32 GB/s（PCIe 代数来源未确认 [S38]，这里是假设）",
 )
+
+# ---- 可分配显存（alloc_bytes）：H200 是实测，其余按同一条规则推出来、标明"derived" ----
+# 实测（NVIDIA H200，torch 2.11）：torch.cuda.get_device_properties(0).total_memory = 150,109,880,320 B
+# （nvidia-smi 显示 143,771 MiB；差的约 616 MiB 是驱动保留的）。
+H200_ALLOC_MEASURED = 150_109_880_320
+# 规则：手册的 "N GB" 实际上接近 N GiB，可分配量 ≈ mem_cap × (H200 实测 ÷ 141e9) = mem_cap × 1.0646。
+# 这是估计，不是测量：换一块卡实测 total_memory 后填进 mem_alloc，把 how 改成 "measured"。
+ALLOC_PER_DATASHEET_BYTE = H200_ALLOC_MEASURED / 141e9
+
+
+def derived_alloc(mem_cap):
+    """没有实测时的可分配字节：mem_cap × ALLOC_PER_DATASHEET_BYTE（H200 实测的比例），取整。"""
+    check_real("mem_cap", mem_cap, lo=0.0, lo_open=True)
+    return float(round(mem_cap * ALLOC_PER_DATASHEET_BYTE))
+
+
+def _with_alloc(chip, measured=None):
+    from dataclasses import replace
+    if measured is not None:
+        return replace(chip, mem_alloc=float(measured), mem_alloc_how="measured: torch total_memory (torch 2.11)")
+    return replace(chip, mem_alloc=derived_alloc(chip.mem_cap),
+                   mem_alloc_how="derived: mem_cap × H200 measured/datasheet ratio 1.0646")
+
+
+H200 = _with_alloc(H200, measured=H200_ALLOC_MEASURED)
+H100_SXM, H100_PCIE, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090 = (
+    _with_alloc(c) for c in (H100_SXM, H100_PCIE, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090))
 
 CHIPS = {c.name: c for c in (H100_SXM, H100_PCIE, H200, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090)}
 
@@ -226,7 +262,8 @@ CHIPS = {c.name: c for c in (H100_SXM, H100_PCIE, H200, B200, MI300X, TPU_V5E, T
 def chip_rows(chips=None, prec="bf16"):
     """
     芯片表的一行行数据（给 format_table / 演示打印用）：
-    [名字, 峰值 TFLOP/s, 带宽 TB/s, 容量 GB, 屋脊点 FLOP/B, 互联 GB/s（每方向）, 功耗 W, 年份]。
+    [名字, 峰值 TFLOP/s, 带宽 TB/s, 容量 GB（手册）, 可分配 GB（带 * 的是实测，其余按 derived_alloc 推出）,
+     屋脊点 FLOP/B, 互联 GB/s（每方向）, 功耗 W, 年份]。
 
     【边界】没有 prec 精度的芯片，峰值和屋脊点写 "—"。
     """
@@ -234,12 +271,15 @@ def chip_rows(chips=None, prec="bf16"):
     for c in (chips or CHIPS.values()):
         has = prec in c.peak
         rows.append([c.name, f"{c.peak[prec] / 1e12:.0f}" if has else "—", f"{c.mem_bw / 1e12:.2f}",
-                     f"{c.mem_cap / 1e9:.0f}", f"{c.ridge_point(prec):.0f}" if has else "—",
+                     f"{c.mem_cap / 1e9:.0f}",
+                     f"{c.alloc_bytes / 1e9:.1f}" + ("*" if c.mem_alloc_how.startswith("m") else ""),
+                     f"{c.ridge_point(prec):.0f}" if has else "—",
                      f"{c.link_bw / 1e9:.0f}", "?" if c.power_w is None else f"{c.power_w:.0f}", str(c.year)])
     return rows
 
 
-CHIP_HEADERS = ["芯片", "峰值 TFLOP/s", "带宽 TB/s", "显存 GB", "屋脊点 FLOP/B", "互联 GB/s(单向)", "功耗 W", "年份"]
+CHIP_HEADERS = ["芯片", "峰值 TFLOP/s", "带宽 TB/s", "显存 GB(手册)", "可分配 GB(*实测)",
+                "屋脊点 FLOP/B", "互联 GB/s(单向)", "功耗 W", "年份"]
 
 
 # =============================================================================
@@ -294,7 +334,15 @@ def _selftest():
     _expect_value_error(lambda: c.attainable_flops(float("nan")), "intensity")
     _expect_value_error(lambda: c.bound(1, float("nan")), "nbytes")
     _expect_value_error(lambda: c.link_time(-1.0), "nbytes")
-    # 5) 第 6 讲种子的写法能用（关键字参数、A100 的约定）
+    # 4b) 可分配显存：H200 是实测值；其余按同一比例推出；放不放得下用 alloc_bytes，mem_cap 只显示
+    assert H200.alloc_bytes == 150_109_880_320 and H200.mem_cap == 141e9
+    for c in CHIPS.values():
+        assert c.alloc_bytes > c.mem_cap and c.mem_alloc_how, c.name
+        if c is not H200:
+            assert abs(c.alloc_bytes / c.mem_cap - H200.alloc_bytes / H200.mem_cap) < 1e-9
+    assert Chip(**good).alloc_bytes == good["mem_cap"]                  # 没有 mem_alloc：退回 mem_cap
+    _expect_value_error(lambda: Chip(**{**good, "mem_alloc": -1.0}), "mem_alloc")
+    # 5) 第 6 讲 decode_lab 的写法能用（关键字参数、A100 的约定）
     a100 = Chip("A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
                 mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020, notes="test")
     assert a100.peak_flops("bf16") == 312e12 and round(a100.ridge_point()) == 201

@@ -1,43 +1,30 @@
 """
-=============================================================================
-CS349E · 第 1 讲共享模块：llm_math.py —— 一个 token 到底要花多少？
-=============================================================================
+llm_math.py —— 第 1 讲：一个 token 到底要花多少？（不运行模型，只用公式）
 
-【这个模块回答什么问题】
-    给定一个 decoder-only Transformer 的结构（层数、宽度、头数……），不运行它，只用公式算出：
-        - 参数量：按组拆开（词嵌入 / 注意力 / MLP / 归一化 / lm_head），和官方公布的总数对得上；
-        - 每个 token 的运算量（FLOPs）：矩阵乘法部分 2·N，加上随上下文长度线性增长的注意力部分；
-        - 每个 token 的 KV cache 字节数：只和 KV 头数 G 有关，和 query 头数 H 无关（GQA / MQA 省的就是这个）；
-        - 训练：总运算量（6·N·D + 注意力项）、显存（权重 / 梯度 / Adam 状态 / 激活的估算）、在 N 张卡上要训多久；
-        - 推理：一次前向的运算量和读取字节数、算术强度（arithmetic intensity，FLOP/byte），
-          以及在某个芯片上的 roofline 时间 —— prefill（一次处理整段提示）和 decode（一次一个 token）为什么差这么多。
-    后面的讲次都以这里为"账本"：第 2 讲的 transformer_lab 真的运行模型、逐次数 FLOPs，再和这里的公式对账；
-    第 5、6 讲的服务模拟用这里的公式估计每一步的时间。
+【问题】给定一个 decoder-only Transformer 的结构（L 层、宽 d、H 个 query 头、G 个 KV 头、每头 dh、MLP 宽 f、词表 V），
+    参数量是多少、和官方数字对得上吗？每个 token 要多少 FLOPs、多少字节的 KV cache？训练要多少算力、显存、时间？
+    推理时 prefill（一次处理整段提示）和 decode（一次一个 token）的算术强度差多少、在某块芯片上要多久？
+    后面的讲次都以这里为"账本"：第 2 讲真的运行模型、逐次记账再来对账；第 5、6 讲用它估每一步的时间。
 
-【主要内容】
-    ModelConfig                结构参数 + 全部公式（参数量、FLOPs、KV 字节、训练显存、前向一步的代价）
+【里面有什么】
+    ModelConfig        结构 + 全部公式：按组的参数量、FLOPs/token、KV 字节/token、训练显存、一次前向的代价
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
-                               把"账本"和芯片（hw_specs.Chip）结合起来
-    预设：LLAMA32_1B … GPT3_175B、PRESETS（名字 → 配置）、PUBLISHED_PARAMS（官方公布的参数量和出处）
-          PARAM_TOL / PARAM_TOL_EXCEPTIONS / param_tolerance（和官方数字比较的容差）、
-          GPT3_13B_AS_PRINTED（论文印的 d=5140）
-    格式化小工具：fmt_count / fmt_bytes / fmt_si / fmt_time / format_table（演示脚本共用；实现在 course_utils.py）
+                       把账本和芯片（hw_specs.Chip）结合起来：roofline 时间；放不下时报 CapacityError
+    fit / chips_needed / FIT_RULES
+                       全课程唯一的"放不放得下、要几张卡"规则（按可分配显存 alloc_bytes × MEM_UTIL）
+    LLAMA32_1B … GPT3_175B、PRESETS、PUBLISHED_PARAMS、param_tolerance
+                       真实模型的预设、官方公布的参数量和比较容差（出处键见 SOURCES.md）
 
 【约定】
-    - 一次乘加 = 2 FLOPs；x[M, K]·W[K, N] 的 FLOPs = 2·M·K·N。
-    - 字节用十进制：1 GB = 10⁹ 字节（和芯片手册一致）。bytes_per_elem 默认 2（BF16）。
-    - 模型结构按 Llama 风格：RMSNorm（每层两个，只有缩放权重）、RoPE（没有参数）、GQA、SwiGLU MLP（3 个矩阵，
-      参数 3·d·d_ff）。记号：L 层、宽度 d、H 个 query 头、G 个 KV 头、每头 dh 维、MLP 中间维 d_ff（记作 f）、词表 V。
-    - GPT-2 / GPT-3 的 MLP 是两个矩阵 d×4d、4d×d（GELU），参数 8d²；这里把它写成"等效 SwiGLU"：
-      d_ff = 8d/3，使 3·d·d_ff = 8d²，参数量和 FLOPs 都相同（第 6 讲的种子对 GPT-3 13B 也这么做）。
-      它们的偏置、LayerNorm 的偏置和可学习位置编码用可选字段 qkv_bias / n_pos / extra_per_layer / extra_final 记上。
-    - "矩阵乘法参数"（matmul_params）= 每个 token 真正要乘一遍的权重：注意力 4 个投影 + MLP 3 个矩阵 + lm_head。
-      词嵌入是查表（不乘），但 lm_head 即使和词嵌入共享（tied），乘法也照做，所以照样算。
-    - 逐元素运算（归一化、RoPE、softmax、激活函数）的 FLOPs 不计：它们比矩阵乘法小两三个数量级（第 2 讲会数出来）。
+    - 一次乘加 = 2 FLOPs：x[M, K]·W[K, N] 是 2·M·K·N FLOPs。字节用十进制（1 GB = 10⁹），bytes_per_elem 默认 2（BF16）。
+    - 结构按 Llama：RMSNorm（只有缩放）、RoPE（没有参数）、GQA、SwiGLU（3 个矩阵，3·d·f 个参数）。
+      GPT-2/3 的两矩阵 GELU MLP（8d² 个参数）写成参数量、FLOPs 都相同的"等效 SwiGLU"：f = 8d/3；
+      它们的偏置、LayerNorm 偏置、可学习位置编码记在 qkv_bias / n_pos / extra_per_layer / extra_final 里。
+    - matmul_params = 每个 token 真正乘一遍的权重：注意力 4 个投影 + MLP + lm_head（和词嵌入共享也照样乘）。
+    - 逐元素运算（归一化、RoPE、softmax、激活）的 FLOPs 不计：比矩阵乘小两三个数量级（第 2 讲会数出来）。
 
-【运行】python3 llm_math.py     # 自检：参数量 = 官方数字（1% 以内；GPT-3-13B 是写明原因的 1.5%，
-                                #       见 PARAM_TOL_EXCEPTIONS）、各个恒等式、坏输入报错
-【依赖】只用 Python 标准库（第 1 讲的演示另外用 numpy / matplotlib）。
+【运行】python3 lecture01/llm_math.py    # 自检：预设的参数量 = 官方数字（1% 内）、各个恒等式、坏输入报错
+【依赖】只用 Python 标准库（同一文件夹的 course_utils.py）。
 """
 
 import math
@@ -46,20 +33,13 @@ from dataclasses import dataclass, fields
 # 格式化小工具的实现在同一文件夹的 course_utils.py；这里照旧导出，llm_math.format_table / fmt_si 等继续可用
 from course_utils import display_width, fmt_bytes, fmt_count, fmt_si, fmt_time, format_table  # noqa: F401
 # 参数检查（check_int / check_real）也在 course_utils：个数参数用 whole_float=True（15.6e12 这样的 token 数也算整数）
-from course_utils import check_int, check_real
+from course_utils import check_bool, check_choice, check_int, check_real
 
 # =============================================================================
 # 第 1 部分：模型结构与公式
 # =============================================================================
 _POSITIVE_INT_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "vocab")
 _NONNEG_INT_FIELDS = ("n_pos", "extra_per_layer", "extra_final")
-
-
-def _flag(name, value):
-    """开关参数必须是 bool（避免 "False" 这样的字符串被当成真）。"""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} 必须是 True 或 False，收到 {type(value).__name__} 类型的 {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -83,8 +63,8 @@ class ModelConfig:
         extra_per_layer ：每层还有多少"其它"参数
                           （例如 GPT-2 的输出投影偏置 d、MLP 偏置 4d + d、两个 LayerNorm 偏置 2d，共 8d）
         extra_final     ：层外还有多少"其它"参数（例如 GPT-2 最后一个 LayerNorm 的偏置 d）
-    【边界】整数字段必须为正；n_heads 必须能被 n_kv_heads 整除（每组 K/V 服务 H/G 个 query 头）。
-        不满足时创建即报 ValueError。
+    【边界】整数字段必须为正（不是整数 → TypeError，≤ 0 → ValueError）；tied、qkv_bias 必须是 True / False
+        （TypeError）；n_heads 必须能被 n_kv_heads 整除（每组 K/V 服务 H/G 个 query 头），否则 ValueError。
     【Python 小知识】frozen=True 让对象不可修改（可以放进 set、当 dict 的键）；
         __post_init__ 在自动生成的 __init__ 之后运行。
     """
@@ -103,10 +83,12 @@ class ModelConfig:
     extra_final: int = 0
 
     def __post_init__(self):
-        # 结构字段的一切坏值（含 bool、2.5）都报 ValueError（老接口的约定），所以 type_error=ValueError
+        # 课程约定（course_utils.check_int）：不是整数（2.5、"8"、True）→ TypeError；越界 → ValueError
         for f in _POSITIVE_INT_FIELDS + _NONNEG_INT_FIELDS:
             lo = 1 if f in _POSITIVE_INT_FIELDS else 0
-            object.__setattr__(self, f, check_int(f, getattr(self, f), lo=lo, where=self.name, type_error=ValueError))
+            object.__setattr__(self, f, check_int(f, getattr(self, f), lo=lo, where=self.name))
+        for f in ("tied", "qkv_bias"):            # "False" 是真值：不检查的话 tied='False' 会被当成共享
+            object.__setattr__(self, f, check_bool(f, getattr(self, f), where=self.name))
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"{self.name}: n_heads={self.n_heads} 不能被 n_kv_heads={self.n_kv_heads} 整除"
                              f"（每组 K/V 头要服务整数个 query 头）")
@@ -270,7 +252,7 @@ class ModelConfig:
         """
         check_int("n_tokens", n_tokens, lo=0, whole_float=True)
         check_int("seq_len", seq_len, lo=1, whole_float=True)
-        _flag("causal", causal)
+        check_bool("causal", causal, where="train_flops")
         avg_ctx = (seq_len + 1) / 2 if causal else seq_len
         return 3 * n_tokens * (self.linear_flops_per_token() + self.attn_flops_per_token(avg_ctx))
 
@@ -295,7 +277,7 @@ class ModelConfig:
         check_int("batch", batch, lo=1, whole_float=True)
         check_int("seq_len", seq_len, lo=1, whole_float=True)
         check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
-        _flag("recompute", recompute)
+        check_bool("recompute", recompute, where="activation_bytes")
         tokens = batch * seq_len
         per_layer = self.activation_elems_per_token_layer()
         elems = (self.n_layers * self.d_model + per_layer) if recompute else self.n_layers * per_layer
@@ -339,54 +321,206 @@ def scaled(cfg, name=None, **changes):
 
 
 # =============================================================================
-# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；这里只用 chip.peak_flops(prec) 和 chip.mem_bw）
+# 第 2 部分：和芯片结合（芯片见 hw_specs.Chip；只用 chip.peak_flops(prec)、chip.mem_bw 和显存字段）
 # =============================================================================
-def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_bytes=2.0, mfu=1.0, mbu=1.0):
+MEM_UTIL = 0.9     # 只用可分配显存的这个比例：vLLM gpu_memory_utilization 的老默认值 [S61]（新版 0.92 [S59]）
+
+
+class CapacityError(ValueError):
+    """显存放不下（权重放不下，或放下权重后 KV 放不下）。全课程同一个异常；是 ValueError 的子类。"""
+
+
+def check_model_chip(model, chip):
+    """model 要像 ModelConfig、chip 要像 hw_specs.Chip；不像（例如 chip='H100' 这样的名字）→ TypeError。"""
+    if not all(hasattr(model, a) for a in ("weight_bytes", "kv_bytes_per_token", "step_flops", "n_kv_heads")):
+        raise TypeError(f"model 必须是 llm_math.ModelConfig（例如 llm_math.LLAMA31_8B），收到 {type(model).__name__}")
+    missing = [a for a in ("peak_flops", "mem_bw", "mem_cap") if not hasattr(chip, a)]
+    if missing:
+        raise TypeError(f"chip 必须是 hw_specs.Chip（例如 hw_specs.H100_SXM；缺少 {', '.join(missing)}），"
+                        f"收到 {type(chip).__name__} {chip!r}")
+
+
+def allocatable_bytes(chip):
+    """
+    一块芯片上程序能分配的字节：hw_specs.Chip 的 alloc_bytes（H200 实测、其余按规则推出）；
+    没有这个字段的芯片（例如原课程第 6 讲模块自己定义的 A100）退回手册的 mem_cap。
+    """
+    alloc = getattr(chip, "alloc_bytes", None)
+    return float(chip.mem_cap if alloc is None else alloc)
+
+
+# "放不放得下 / 要几张卡" 的两条规则（全课程只用 fit / chips_needed 判断，表格打印用的是哪条）
+FIT_RULES = {
+    "tp": "张量并行：卡数 n 整除 query 头数 H，且与 KV 头数 G 一个整除另一个（G < n 时每卡复制 1 个 KV 头）；"
+          "每卡 权重/n + 本卡的 KV ≤ mem_util × 可分配显存",
+    "bytes": "只按字节：权重和 KV 平分到 n 张卡（不管头数能不能整除，是下限）；每卡同上",
+}
+
+
+def tp_layout_problem(model, n, name="n"):
+    """n 张卡能不能按张量并行切这个模型：能切返回 None，不能切返回原因（一句话；name 是消息里卡数的名字）。"""
+    if model.n_heads % n:
+        return f"{name}={n} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
+    G = model.n_kv_heads
+    if G % n and n % G:
+        return (f"{name}={n} 与 n_kv_heads={G} 必须一个整除另一个（KV 头要么平分到各卡、要么每 {name}/G 块卡复制"
+                f"同一个头；允许的 {name} 是 {G} 的约数或倍数）")
+    return None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """
+    fit / chips_needed 的结果（字节都是**每张卡**的）。
+
+    fits：放得下吗；n_chips、rule：几张卡、按哪条规则（FIT_RULES）；why：放不下的原因（放得下时为空串）；
+    usable = mem_util × 可分配显存；weights、kv：这张卡上的权重和 KV（batch 个序列 × ctx 个 token）；
+    kv_per_token：这张卡上每个 token 的 KV；kv_tokens：放下权重后还能放多少个 token 的 KV（≥ 0）。
+    """
+    fits: bool
+    n_chips: int
+    rule: str
+    usable: float
+    weights: float
+    kv: float
+    kv_per_token: float
+    kv_tokens: int
+    why: str = ""
+
+    @property
+    def need(self):
+        """这张卡要放的字节：权重 + KV。"""
+        return self.weights + self.kv
+
+
+def _fit_kw(w_bytes, kv_bytes, mem_util, rule):
+    check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
+    check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
+    check_real("mem_util", mem_util, lo=0.0, lo_open=True, hi=1.0)
+    if rule not in FIT_RULES:
+        raise ValueError(f"rule 只能是 {' / '.join(map(repr, FIT_RULES))}，收到 {rule!r}")
+
+
+def fit(model, chip, n_chips=1, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, rule="tp"):
+    """
+    n_chips 张卡能不能放下 model 的权重加上 batch 个序列、每个 ctx 个 token 的 KV。全课程"放不放得下"都问它。
+
+    【规则】rule="tp"（默认，真实部署）或 "bytes"（只按字节的下限），见 FIT_RULES。
+    【返回】Fit（fits=False 时 why 写出原因；数字照样算好，表格可以把"放不下"和数字一起打印）。
+    【边界】n_chips ≥ 1、batch ≥ 0、ctx ≥ 0 是整数；w_bytes、kv_bytes > 0；mem_util 在 (0, 1]。
+    """
+    check_model_chip(model, chip)
+    n = check_int("n_chips", n_chips, lo=1, whole_float=True)
+    batch = check_int("batch", batch, lo=0, whole_float=True)
+    ctx = check_int("ctx", ctx, lo=0, whole_float=True)
+    _fit_kw(w_bytes, kv_bytes, mem_util, rule)
+    usable = mem_util * allocatable_bytes(chip)
+    weights = model.weight_bytes(w_bytes) / n
+    if rule == "tp":
+        kv_heads = max(model.n_kv_heads // n, 1)              # G < n：每卡复制 1 个头，KV 不再随 n 变小
+        kv_tok = 2 * model.n_layers * kv_heads * model.d_head * kv_bytes
+        why = tp_layout_problem(model, n) or ""
+    else:
+        kv_tok = model.kv_bytes_per_token(kv_bytes) / n
+        why = ""
+    kv = batch * ctx * kv_tok
+    free = usable - weights
+    kv_tokens = int(free // kv_tok) if free > 0 else 0
+    where = f"{getattr(chip, 'name', 'chip')} × {n}"
+    if not why and weights > usable:
+        why = (f"{model.name} 在 {where} 上每卡权重 {weights / 1e9:.1f} GB > 可用 {usable / 1e9:.1f} GB"
+               f"（{mem_util:g} × 可分配 {allocatable_bytes(chip) / 1e9:.1f} GB）")
+    elif not why and weights + kv > usable:
+        why = (f"{model.name} 在 {where} 上每卡权重 {weights / 1e9:.1f} GB + KV {kv / 1e9:.1f} GB"
+               f"（{batch} 个序列 × {ctx} token）> 可用 {usable / 1e9:.1f} GB")
+    return Fit(fits=not why, n_chips=n, rule=rule, usable=usable, weights=weights, kv=kv, kv_per_token=kv_tok,
+               kv_tokens=kv_tokens, why=why)
+
+
+def chips_needed(model, chip, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, rule="tp",
+                 max_chips=1024):
+    """
+    最少几张卡放得下（fit 的规则）：返回那个 n 的 Fit；到 max_chips 都放不下时返回 n = max_chips 的 Fit（fits=False）。
+
+    【例】Llama-3.1-405B（BF16，只放权重）：rule="bytes" 要 11 张 H100，rule="tp" 要 16 张
+        （128 个头，11、12 都不整除）。第 1 讲演示 05、第 5 讲演示 04 都用这一个函数。
+    """
+    max_chips = check_int("max_chips", max_chips, lo=1)
+    for n in range(1, max_chips + 1):
+        f = fit(model, chip, n, batch, ctx, w_bytes, kv_bytes, mem_util, rule)
+        if f.fits:
+            return f
+    return f
+
+
+def fit_rows(fits):
+    """[(标签, Fit)] → format_table 的行：标签、规则、卡数、放得下、每卡权重 GB、KV GB、可用 GB、原因。"""
+    return [[label, f.rule, f.n_chips, "是" if f.fits else "否", f"{f.weights / 1e9:.1f}", f"{f.kv / 1e9:.1f}",
+             f"{f.usable / 1e9:.1f}", f.why or "—"] for label, f in fits]
+
+
+FIT_HEADERS = ["配置", "规则", "卡数", "放得下", "每卡权重 GB", "每卡 KV GB", "每卡可用 GB", "放不下的原因"]
+
+
+def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_bytes=2.0, mfu=1.0, mbu=1.0,
+              n_chips=1, mem_util=MEM_UTIL, rule="tp"):
     """
     roofline 估计：一次前向的时间 = max(运算时间, 搬数据时间)。
 
-    【参数】model：ModelConfig；chip：有 peak_flops(prec) 和 mem_bw 的对象；batch、n_new、ctx：见 step_flops；
-        mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）
-    【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound"}，bound 为 "compute" 或 "memory"
+    【参数】model：ModelConfig；chip：有 peak_flops(prec)、mem_bw、mem_cap 的对象；batch、n_new、ctx：见 step_flops；
+        mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）；
+        n_chips：几张卡按张量并行分摊 FLOPs 和字节（理想切分，**不计通信**：见 prereq5/04、第 5 讲演示 04）。
+    【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound", "fits", "fit"}：
+        bound 为 "compute" 或 "memory"；fits / fit 是 fit(model, chip, n_chips, batch, ctx + n_new, …) ——
+        放不下的配置照样给出时间，**打印它的表格必须同时打印 fits**（decode_time_per_token 等只返回一个数的函数
+        遇到放不下直接抛 CapacityError）。flops、bytes 是每张卡的。
     【边界】mfu、mbu 必须在 (0, 1]；batch、n_new、ctx、w_bytes、kv_bytes 的要求见 step_flops / step_bytes。
     """
     check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
     check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
-    flops = model.step_flops(batch, n_new, ctx)
+    check_model_chip(model, chip)
+    flops = model.step_flops(batch, n_new, ctx)                      # 先查 batch、n_new、ctx（消息写它们的名字）
     nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
+    f = fit(model, chip, n_chips, batch, ctx + n_new, w_bytes, kv_bytes, mem_util, rule)
+    flops, nbytes = flops / f.n_chips, nbytes / f.n_chips
     t_c = flops / (chip.peak_flops(prec) * mfu)
     t_m = nbytes / (chip.mem_bw * mbu)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,
-            "time": max(t_c, t_m), "bound": "compute" if t_c >= t_m else "memory"}
+            "time": max(t_c, t_m), "bound": "compute" if t_c >= t_m else "memory", "fits": f.fits, "fit": f}
+
+
+def _fitting_step(model, chip, batch, ctx, kw):
+    r = step_time(model, chip, batch, 1, ctx, **kw)
+    if not r["fits"]:
+        raise CapacityError(r["fit"].why + "；用 chips_needed 找要几张卡，再传 n_chips")
+    return r
 
 
 def decode_time_per_token(model, chip, batch=1, ctx=0, **kw):
-    """decode 一步（批里每个序列各出 1 个 token）的 roofline 时间（秒）。kw 传给 step_time。"""
-    return step_time(model, chip, batch, 1, ctx, **kw)["time"]
+    """decode 一步（批里每个序列各出 1 个 token）的 roofline 时间（秒）。kw 传给 step_time。放不下 → CapacityError。"""
+    return _fitting_step(model, chip, batch, ctx, kw)["time"]
 
 
 def decode_tokens_per_s(model, chip, batch=1, ctx=0, **kw):
-    """decode 的总吞吐（token/s，批里所有序列加起来）= batch / 每步时间。单个序列的速度是它除以 batch。"""
-    return batch / decode_time_per_token(model, chip, batch, ctx, **kw)
-
-
-def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=0.9):
     """
-    一块芯片装下权重之后，剩下的显存能同时放几个"上下文 ctx 长"的序列的 KV cache。
+    decode 的总吞吐（token/s，批里所有序列加起来）= batch / 每步时间。单个序列的速度是它除以 batch。
+    放不下（例如 405B 在一张 H100 上）→ CapacityError，而不是一个看起来正常的数。
+    """
+    return batch / _fitting_step(model, chip, batch, ctx, kw)["time"]
 
-    【mem_util】只用这么多比例的显存（像 vLLM 的 gpu_memory_utilization，默认 0.9：留 10% 给激活、
-        CUDA 上下文和碎片，facts.md 第 3 节 [S61]）。
+
+def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, n_chips=1, rule="tp"):
+    """
+    芯片装下权重之后，剩下的显存能同时放几个"上下文 ctx 长"的序列的 KV cache（就是 fit 的 kv_tokens // ctx）。
+
+    【mem_util】只用可分配显存（allocatable_bytes）的这个比例（像 vLLM 的 gpu_memory_utilization，默认 0.9：
+        留 10% 给激活、CUDA 上下文和碎片 [S61]）。
     【返回】整数；权重都放不下时返回 0。
     【边界】ctx 是 ≥ 1 的整数（长度 0 的序列不占 KV，"能放几个"没有意义）；mem_util 在 (0, 1]。
     """
-    check_int("ctx", ctx, lo=1, whole_float=True)
-    check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
-    check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
-    check_real("mem_util", mem_util, lo=0.0, lo_open=True, hi=1.0)
-    free = mem_util * chip.mem_cap - model.weight_bytes(w_bytes)
-    if free <= 0:
-        return 0
-    return int(free // model.kv_cache_bytes(1, ctx, kv_bytes))
+    ctx = check_int("ctx", ctx, lo=1, whole_float=True)
+    f = fit(model, chip, n_chips, 0, 0, w_bytes, kv_bytes, mem_util, rule)
+    return f.kv_tokens // int(ctx) if f.fits else 0
 
 
 def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16"):
@@ -396,6 +530,7 @@ def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16
     【返回】{"flops", "seconds", "days", "chip_hours"}
     【边界】只算"有效运算"的时间：不含故障重启、检查点、评测等停顿（真实的 GPU·小时会更多）。
     """
+    check_model_chip(model, chip)
     check_int("n_chips", n_chips, lo=1, whole_float=True)
     check_real("mfu", mfu, lo=0.0, lo_open=True, hi=1.0)
     flops = model.train_flops(n_tokens, seq_len)
@@ -404,7 +539,7 @@ def train_time(model, n_tokens, chip, n_chips, mfu=0.4, seq_len=8192, prec="bf16
 
 
 # =============================================================================
-# 第 3 部分：真实模型的预设（数字见 ../shared/facts.md 第 2 节；出处标签 [Sxx] 同那里的来源表）
+# 第 3 部分：真实模型的预设（出处标签 [Sxx] 见 SOURCES.md 第 2 节）
 # =============================================================================
 # Llama 3.x：Meta llama-models sku_list.py [S41] + Hugging Face config [S42–S45]。RMSNorm、RoPE、SwiGLU、无偏置。
 LLAMA32_1B = ModelConfig("Llama-3.2-1B", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, d_head=64,
@@ -433,9 +568,9 @@ GPT2_SMALL = ModelConfig("GPT-2-small", n_layers=12, d_model=768, n_heads=12, n_
                          d_ff=2048, vocab=50257, tied=True, qkv_bias=True, n_pos=1024, extra_per_layer=8 * 768,
                          extra_final=768)
 # GPT-3：Brown et al. 2020 表 2.1 [S46]，架构"同 GPT-2"（偏置、LayerNorm、可学习位置 2048；词表 50257 是推断的；
-# 论文没说 lm_head 是否共享，这里按 GPT-2 取共享，和第 6 讲种子一致）。等效 SwiGLU：d_ff = 8d/3。
+# 论文没说 lm_head 是否共享，这里按 GPT-2 取共享，和第 6 讲 decode_lab 的用法一致）。等效 SwiGLU：d_ff = 8d/3。
 #   13B：论文表里 d_model 印的是 5140，但 40 个头 × 128 = 5120（Orca 表 1 也写 5120），这里用 5120；
-#   8·5120/3 不是整数，取 13653（第 6 讲种子同样取法，MLP 参数少 5120 个/层，可忽略）。
+#   8·5120/3 不是整数，取 13653（MLP 参数少 5120 个/层，可忽略）。
 #   代价：按 5120 算出 12.85B，比论文印的 13.0B 少 1.1%，超出 1% 的容差 —— 见 PARAM_TOL_EXCEPTIONS。
 #   注意：GPT-3 交替使用稠密和局部带状稀疏注意力，注意力 FLOPs 的公式对它是上界。
 GPT3_13B = ModelConfig("GPT-3-13B", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_head=128,
@@ -464,6 +599,21 @@ PUBLISHED_PARAMS = {
     "GPT-3-175B": (175.0e9, "Brown et al. 2020 表 2.1：175.0B"),
 }
 
+# 有逐个元素的精确计数（Hugging Face safetensors 的元数据，出处同上）的预设：比较时用它，不用四舍五入的
+# "1.23B"——表里印 1.23B 而下面一行写着 1,235,814,400，学生会问到底该跟哪个比。
+EXACT_PARAMS = {
+    "Llama-3.2-1B": 1_235_814_400, "Llama-3.1-8B": 8_030_261_248, "Llama-3.1-70B": 70_553_706_496,
+    "Llama-3.1-405B": 405_853_388_800, "Mistral-7B": 7_241_732_096, "Qwen2.5-7B": 7_615_616_512,
+    "GPT-2-small": 124_439_808,
+}
+
+
+def published_count(name):
+    """预设 name 的官方参数量：有精确计数时用精确计数，否则用公布的四舍五入数字。返回 (数, 是否精确)。"""
+    param_tolerance(name)                   # 检查名字
+    return (EXACT_PARAMS[name], True) if name in EXACT_PARAMS else (PUBLISHED_PARAMS[name][0], False)
+
+
 # 预设参数量和官方数字的容差：一般 1%；个别预设有说得清的已知差距，用单独的、写明原因的容差
 PARAM_TOL = 0.01
 PARAM_TOL_EXCEPTIONS = {
@@ -475,8 +625,7 @@ PARAM_TOL_EXCEPTIONS = {
 
 def param_tolerance(name):
     """预设 name 的参数量和 PUBLISHED_PARAMS 允许差多少（相对误差），以及原因（一般情况原因为空串）。"""
-    if name not in PUBLISHED_PARAMS:
-        raise ValueError(f"name 必须是 PUBLISHED_PARAMS 里的名字之一：{', '.join(PUBLISHED_PARAMS)}；收到 {name!r}")
+    check_choice("name", name, PUBLISHED_PARAMS, where="param_tolerance")
     return PARAM_TOL_EXCEPTIONS.get(name, (PARAM_TOL, ""))
 
 
@@ -531,12 +680,11 @@ def _selftest():
             worst = max(worst, err)
         assert err < tol, (name, n, pub, err)
     assert set(PUBLISHED_PARAMS) == set(PRESETS)
-    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）
-    assert LLAMA32_1B.n_params() == 1_235_814_400
-    assert GPT2_SMALL.n_params() == 124_439_808
-    assert MISTRAL_7B.n_params() == 7_241_732_096
-    assert LLAMA31_8B.n_params() == 8_030_261_248 and LLAMA31_70B.n_params() == 70_553_706_496
-    assert LLAMA31_405B.n_params() == 405_853_388_800 and QWEN25_7B.n_params() == 7_615_616_512
+    # 几个能精确核对的数字（Hugging Face 上逐个数出来的总数）：逐个相等；四舍五入的官方数字和它一致
+    for name, exact in EXACT_PARAMS.items():
+        assert PRESETS[name].n_params() == exact, name
+        assert published_count(name) == (exact, True)
+        assert abs(exact - PUBLISHED_PARAMS[name][0]) / exact < 0.006, name        # 1.23B vs 1,235,814,400
     # GPT-3 13B：论文印的 13.0B 来自同一行印的 d_model = 5140。用 GPT-2 结构逐项数（12·d² 权重 + 13·d 偏置和
     # LayerNorm 每层，最后的 LayerNorm 2·d，词嵌入和位置编码 (V + 2048)·d），5140 在 1% 内复现 13.0B
     pub13 = PUBLISHED_PARAMS["GPT-3-13B"][0]
@@ -595,9 +743,22 @@ def _selftest():
     assert r["bound"] == "memory" and math.isclose(r["time"], r["bytes"] / 1e12)
     r = step_time(LLAMA31_8B, _Chip, 1, 8192)
     assert r["bound"] == "compute" and math.isclose(r["time"], r["flops"] / 1e15)
-    free = 0.9 * 80e9 - LLAMA31_8B.weight_bytes()
+    free = 0.9 * 80e9 - LLAMA31_8B.weight_bytes()           # _Chip 没有 alloc_bytes：退回 mem_cap
     assert max_batch(LLAMA31_8B, _Chip, 8192) == int(free // (8192 * LLAMA31_8B.kv_bytes_per_token()))
     assert max_batch(LLAMA31_405B, _Chip, 8192) == 0
+    # 放不下的配置：step_time 标 fits=False，只返回一个数的函数抛 CapacityError
+    assert not step_time(LLAMA31_405B, _Chip, 1, 1)["fits"] and step_time(LLAMA31_8B, _Chip, 1, 1)["fits"]
+    try:
+        decode_tokens_per_s(LLAMA31_405B, _Chip)
+        raise AssertionError("405B 放不进一张 80 GB 的卡，应当报 CapacityError")
+    except CapacityError as e:
+        assert "405B" in str(e)
+    # 要几张卡：按字节是下限；按张量并行还要整除头数
+    nb = chips_needed(LLAMA31_405B, _Chip, rule="bytes").n_chips
+    nt = chips_needed(LLAMA31_405B, _Chip).n_chips
+    assert nb == math.ceil(LLAMA31_405B.weight_bytes() / (0.9 * 80e9))             # 只放权重（ctx=0）
+    assert nt >= nb and LLAMA31_405B.n_heads % nt == 0 and tp_layout_problem(LLAMA31_405B, nt) is None
+    assert not fit(LLAMA31_405B, _Chip, 12).fits and "整除" in fit(LLAMA31_405B, _Chip, 12).why
     tt = train_time(LLAMA31_8B, 1e12, _Chip, n_chips=100, mfu=0.5, seq_len=4096)
     assert math.isclose(tt["chip_hours"], tt["flops"] / (1e15 * 0.5) / 3600)
 
@@ -608,13 +769,15 @@ def _selftest():
     assert LLAMA31_8B.activation_bytes(2, 1024, recompute=True) < LLAMA31_8B.activation_bytes(2, 1024)
 
     # 7) 坏输入
-    bad = [dict(n_heads=32, n_kv_heads=5), dict(n_layers=0), dict(d_model=-1), dict(vocab=2.5), dict(n_pos=-1)]
-    for kw in bad:
+    bad = [(dict(n_heads=32, n_kv_heads=5), ValueError), (dict(n_layers=0), ValueError),
+           (dict(d_model=-1), ValueError), (dict(vocab=2.5), TypeError), (dict(n_pos=-1), ValueError),
+           (dict(tied="False"), TypeError), (dict(qkv_bias=1), TypeError)]
+    for kw, exc in bad:
         args = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
         args.update(kw)
         try:
             ModelConfig("bad", **args)
-        except ValueError as e:
+        except exc as e:
             if "n_kv_heads" in kw:
                 assert "32" in str(e) and "5" in str(e)
         else:
@@ -625,9 +788,11 @@ def _selftest():
         (lambda: m8.attn_flops_per_token(float("nan")), ValueError, "ctx"),
         (lambda: m8.kv_bytes_per_token(0), ValueError, "bytes_per_elem"),
         (lambda: m8.kv_cache_bytes(float("nan"), 3), ValueError, "batch"),
-        (lambda: m8.kv_cache_bytes(2.5, 10), ValueError, "batch"),
+        (lambda: m8.kv_cache_bytes(2.5, 10), TypeError, "batch"),
         (lambda: m8.step_flops(0, 1), ValueError, "batch"),
-        (lambda: m8.step_flops(1.5, 1), ValueError, "batch"),
+        (lambda: m8.step_flops(1.5, 1), TypeError, "batch"),
+        (lambda: step_time(m8, "H100", 1, 1), TypeError, "chip"),
+        (lambda: fit(m8, _Chip, rule="heads"), ValueError, "rule"),
         (lambda: m8.step_flops(1, 1, "a"), TypeError, "ctx"),
         (lambda: m8.step_bytes(1, 1, w_bytes=-2), ValueError, "w_bytes"),
         (lambda: m8.train_flops(float("nan"), 10), ValueError, "n_tokens"),

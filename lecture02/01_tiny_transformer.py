@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from llm_math import fmt_si, format_table  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 # 我们的分组名 → llm_math.ModelConfig.param_groups 的键
 GROUP_TO_LLM_MATH = {"词嵌入": "embeddings", "注意力 Wq/Wk/Wv/Wo": "attention", "MLP": "mlp",
@@ -102,14 +102,13 @@ def dominant(counter, key):
     return max(merged, key=lambda g: merged[g][key])
 
 
-def plot(c_pre, c_dec, n_prompt, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(c_pre, c_dec, n_prompt, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     groups = list(tl.OP_GROUPS)
     labels = ["embed", "q/k/v/o proj", "attn core", "KV write", "MLP", "lm_head", "elementwise"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5))
     y = np.arange(len(groups))
     for off, (c, name) in zip((-0.2, 0.2), ((c_pre, f"prefill ({n_prompt} tokens)"), (c_dec, "decode (1 token)"))):
         merged = c.merged(tl.OP_GROUPS)
@@ -123,15 +122,16 @@ def plot(c_pre, c_dec, n_prompt, path_script):
     phases = [("prefill", summarize(c_pre, n_prompt)), ("decode", summarize(c_dec, 1))]
     bottom = np.zeros(2)
     for key, name in KINDS:
-        vals = np.array([s[key] * s["bytes_tok"] for _, s in phases])
+        vals = np.array([s[key] * s["bytes_tok"] for _, s in phases]) / 1e6
         ax2.bar([p for p, _ in phases], vals, bottom=bottom, label=name)
         bottom += vals
     for i, (_, s) in enumerate(phases):
-        ax2.text(i, bottom[i] * 1.02, f"{s['intensity']:.0f} FLOP/B", ha="center")
-    ax2.set_ylabel("bytes moved per token (BF16)")
+        ax2.text(i, bottom[i] + 0.02 * bottom.max(), f"{s['intensity']:.0f} FLOP/B", ha="center")
+    ax2.set_ylim(0, 1.15 * bottom.max())
+    ax2.set_ylabel("MB moved per token (BF16)")
     ax2.set_title("Bytes per token: decode re-reads all weights")
-    ax2.legend()
-    return tl.save_figure(fig, path_script, "breakdown")
+    ax2.legend(loc="center left")
+    return save_figure(fig, path_script, "breakdown", quick=quick)
 
 
 def main():
@@ -179,7 +179,7 @@ def main():
     assert abs(s_pre["flops_tok"] / s_dec["flops_tok"] - 1) < 0.5     # 每 token 的 FLOPs 同一量级
 
     if not a.no_fig:
-        print(f"\n图：{plot(c_pre, c_dec, n_prompt, __file__)}")
+        print(f"\n图：{plot(c_pre, c_dec, n_prompt, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
-from llm_math import format_table  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 D_HEAD = 64
 THETA = 10000.0
@@ -155,10 +155,9 @@ def part_leak(rng, params, cfg, T):
     return D_causal, D_bidir
 
 
-def plot_rope(q, k, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_rope(q, k, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     n = 64
     mm, nn = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
@@ -166,9 +165,9 @@ def plot_rope(q, k, path_script):
     dist = np.unique(np.round(np.logspace(0, 4.5, 300)).astype(int))
     ones = np.ones(D_HEAD)
     decay = rope_scores(ones, ones, dist, np.zeros_like(dist)) / rope_scores(ones, ones, [0], [0])[0]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
     im = ax1.imshow(grid, cmap="RdBu_r")
-    fig.colorbar(im, ax=ax1)
+    fig.colorbar(im, ax=ax1, label="score q(m)·k(n)")
     ax1.set_xlabel("key position n")
     ax1.set_ylabel("query position m")
     ax1.set_title("RoPE score q(m)·k(n)\n(constant along diagonals)")
@@ -177,13 +176,12 @@ def plot_rope(q, k, path_script):
     ax2.set_xlabel("relative distance m - n")
     ax2.set_ylabel("score / score at distance 0")
     ax2.set_title(f"RoPE long-range decay (q = k = ones, d_head={D_HEAD})")
-    return tl.save_figure(fig, path_script, "rope")
+    return save_figure(fig, path_script, "rope", quick=quick)
 
 
-def plot_leak(D_causal, D_bidir, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_leak(D_causal, D_bidir, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, D, name in zip(axes, (D_causal, D_bidir), ("causal", "bidirectional")):
@@ -192,8 +190,10 @@ def plot_leak(D_causal, D_bidir, path_script):
         ax.set_xlabel("changed token j")
         ax.set_ylabel("output position i")
     fig.colorbar(im, ax=axes[1], label="log10 max |Δ logits|")      # 两图同一色标（vmin/vmax 相同），挂在右图上
+    n = D_causal.shape[0]
+    axes[0].text(0.95 * n, 0.2 * n, "exactly 0:\nthe future\nnever leaks", color="white", ha="right", va="top")
     fig.suptitle("How much output position i changes when input token j is replaced")
-    return tl.save_figure(fig, path_script, "leak")
+    return save_figure(fig, path_script, "leak", quick=quick)
 
 
 def main():
@@ -213,8 +213,8 @@ def main():
     part_permutation(rng, params, cfg, T)
     D_causal, D_bidir = part_leak(rng, params, cfg, T)
     if not a.no_fig:
-        print(f"\n图：{plot_rope(q, k, __file__)}")
-        print(f"图：{plot_leak(D_causal, D_bidir, __file__)}")
+        print(f"\n图：{plot_rope(q, k, __file__, quick=a.quick)}")
+        print(f"图：{plot_leak(D_causal, D_bidir, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

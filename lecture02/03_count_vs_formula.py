@@ -25,7 +25,8 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import B200, H100_SXM, H200, MI300X  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_si, format_table  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 CHIPS = (H100_SXM, H200, B200, MI300X)
 BOUND_ZH = {"compute": "算力", "memory": "带宽"}     # Chip.bound 的返回值 → 中文（同第 1 讲的演示）
@@ -126,12 +127,11 @@ def decode_intensity_curve(model, ctx, batches):
     return [tl.phase_costs(model, int(B), 1, ctx, BPE, last_only=True)["intensity"] for B in batches]
 
 
-def plot(prompt_lens, batches, ctxs, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(prompt_lens, batches, ctxs, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6.5), sharey=True)
     colors = ("tab:blue", "tab:orange")
     for m, style in zip(MODELS, ("-", "--")):
         for ctx, color in zip(ctxs, colors):
@@ -142,17 +142,18 @@ def plot(prompt_lens, batches, ctxs, path_script):
     ridges = [c.ridge_point() for c in CHIPS]
     for ax in (ax1, ax2):
         ax.axhspan(min(ridges), max(ridges), color="gray", alpha=0.25, lw=0)
-        ax.text(0.02, max(ridges) * 1.1, "ridge points (BF16): " + ", ".join(f"{c.name} {c.ridge_point():.0f}"
-                                                                            for c in CHIPS),
-                transform=ax.get_yaxis_transform(), fontsize=7)
+        ax.text(0.02, max(ridges) * 1.15, f"chip ridge points {min(ridges):.0f}–{max(ridges):.0f} FLOP/B "
+                f"({', '.join(c.name for c in CHIPS)})" if ax is ax1 else "ridge band",
+                transform=ax.get_yaxis_transform())
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)    # 图例放在图下：不挡 ctx 32K 的低曲线
+    ax2.legend(loc="lower right")
     ax1.set_xlabel("decode batch size")
     ax1.set_ylabel("arithmetic intensity (FLOP / byte, BF16)")
     ax1.set_title("Decode: batching helps until the KV cache dominates")
     ax2.set_xlabel("prompt length T (prefill, batch 1)")
     ax2.set_title("Prefill: intensity grows with T")
-    return tl.save_figure(fig, path_script, "intensity")
+    return save_figure(fig, path_script, "intensity", quick=quick)
 
 
 def main():
@@ -169,7 +170,7 @@ def main():
         n = 12 if a.quick else 40
         batches = np.unique(np.round(np.logspace(0, 11, n, base=2)).astype(int))
         prompt_lens = np.unique(np.round(np.logspace(4, 15, n, base=2)).astype(int))
-        print(f"\n图：{plot(prompt_lens, batches, (2048, 32768), __file__)}")
+        print(f"\n图：{plot(prompt_lens, batches, (2048, 32768), __file__, quick=a.quick)}")
     ctx, mc = 32768, LLAMA31_8B
     long_ctx = decode_intensity_curve(mc, ctx, [1024, 2048])
     one = tl.phase_costs(mc, 1, 1, ctx, BPE, last_only=True)

@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
-from llm_math import LLAMA31_8B, fmt_si, format_table  # noqa: E402
+from llm_math import LLAMA31_8B  # noqa: E402
+from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 
 def part_equivalence(params, cfg, prompt, n_new):
@@ -146,28 +147,30 @@ def part_position_bug(params, cfg, rng, n_prompt, n_new):
     print("  真实引擎（vLLM 等）显式传 position ids；批里每个请求的位置不同（第 6 讲 ragged batching），更容易写错。")
 
 
-def plot(cached8, fresh8, P8, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(cached8, fresh8, P8, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
     N = np.arange(1, len(cached8) + 1)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    ax1.loglog(N, cached8.cumsum(), label="with KV cache")
-    ax1.loglog(N, fresh8.cumsum(), label="recompute every step")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    ax1.loglog(N, cached8.cumsum(), lw=2, label="with KV cache")
+    ax1.loglog(N, fresh8.cumsum(), lw=2, label="recompute every step")
     ax1.set_xlabel("generated tokens N")
     ax1.set_ylabel("total FLOPs")
     ax1.set_title(f"{LLAMA31_8B.name}, prompt {P8} tokens")
     ax1.legend()
-    ax2.loglog(N, fresh8.cumsum() / cached8.cumsum(), label="FLOPs ratio")
-    ax2.loglog(N, N * (P8 + N / 2) / (P8 + N), "--", label="N(P+N/2)/(P+N)")
+    ratio = fresh8.cumsum() / cached8.cumsum()
+    ax2.loglog(N, ratio, lw=3, label="FLOPs ratio (counted)")
+    ax2.loglog(N, N * (P8 + N / 2) / (P8 + N), "--", lw=2, label="N(P+N/2)/(P+N)")
+    ax2.annotate(f"{N[-1]:,} tokens: {ratio[-1]:,.0f}× fewer FLOPs", xy=(N[-1], ratio[-1]),
+                 xytext=(N[0] * 3, ratio[-1] / 3), arrowprops=dict(arrowstyle="->"))
     ax2.set_xlabel("generated tokens N")
-    ax2.set_ylabel("recompute / cached")
+    ax2.set_ylabel("recompute / cached (FLOPs)")
     ax2.set_title("FLOPs saved by the KV cache")
-    ax2.legend()
+    ax2.legend(loc="lower right")
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
-    return tl.save_figure(fig, path_script, "flops")
+    return save_figure(fig, path_script, "flops", quick=quick)
 
 
 def main():
@@ -188,7 +191,7 @@ def main():
     part_wallclock(params, cfg, rng, n_new if a.quick else 2 * n_new, repeats)
     part_position_bug(params, cfg, rng, 12, n_new)
     if not a.no_fig:
-        print(f"\n图：{plot(cached8, fresh8, P8, __file__)}")
+        print(f"\n图：{plot(cached8, fresh8, P8, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, fmt_count, fmt_si, format_table, scaled  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, max_batch, scaled  # noqa: E402
+from course_utils import fmt_count, fmt_si, format_table, save_figure  # noqa: E402
 
 BPE = 2.0
 
@@ -121,18 +122,21 @@ def part_models(batch, ctx):
         base = steps[0]["bytes"]
         for m, s in zip(vs, steps):
             kv_seq = m.kv_cache_bytes(1, ctx, BPE)
+            # 装几条：和第 1 讲演示 02 同一个函数（可分配显存的 90% 先放权重，剩下的才给 KV）
+            fit1 = max_batch(m, H100_SXM, ctx, w_bytes=BPE, kv_bytes=BPE)
+            fits = fit1 or f"0（权重 {m.weight_bytes(BPE) / 1e9:.0f} GB 就放不下）"
             rows.append([m.name, f"{m.n_heads}/{m.n_kv_heads}", fmt_count(m.n_params()),
                          fmt_si(m.kv_bytes_per_token(BPE), "B"), fmt_si(kv_seq, "B"),
-                         f"{int(H100_SXM.mem_cap // kv_seq)}",
+                         fits,
                          fmt_si(s["bytes"], "B"), f"{s['bytes'] / base:.2f}", f"{s['intensity']:.1f}"])
         kv = [m.kv_bytes_per_token(BPE) for m in vs]
         assert kv[0] / kv[1] == model.n_heads / model.n_kv_heads and kv[1] / kv[2] == model.n_kv_heads
         assert steps[0]["bytes"] > steps[1]["bytes"] > steps[2]["bytes"]
-    cap = f"{H100_SXM.name} {fmt_si(H100_SXM.mem_cap, 'B')} 的 KV 装几条"
+    cap = f"一张 {H100_SXM.name} 放下权重后装几条（max_batch）"
     print(format_table(["模型", "H/G", "参数", "KV/token", f"KV/序列（{ctx:,}）", cap,
                         "decode 一步读写", "相对 MHA", "FLOP/字节"], rows))
     print("→ KV 字节与 G 成正比：8B 从 MHA 到 GQA-8 省 4 倍，70B 省 8 倍；参数几乎不变（Wk、Wv 只占一小部分）。")
-    print("  decode 一步要读的字节随之下降，强度升高——同样的显存能放更多序列（更大的 batch，第 5、7 讲）。")
+    print("  decode 一步要读的字节随之下降，强度升高——同样的显存能放更多序列（更大的 batch，第 5、6 讲）。")
 
 
 def part_tiny(rng, pos0):
@@ -158,23 +162,27 @@ def part_tiny(rng, pos0):
     print("→ 数出来的 KV 字节与公式一致、随 G 线性变化；注意力 FLOPs 三者完全相同。")
 
 
-def plot(batch, ctxs, path_script):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(batch, ctxs, path_script, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 6))
     for m, style in zip(variants(LLAMA31_8B), ("-", "--", ":")):
-        total = [tl.phase_costs(m, batch, 1, int(c), BPE, last_only=True)["bytes"] for c in ctxs]
-        ax.loglog(ctxs, total, style, label=f"{m.name.split()[-1]} (G={m.n_kv_heads})")
-    ax.axhline(LLAMA31_8B.matmul_params() * BPE, color="gray", lw=0.8)
-    ax.text(ctxs[0], LLAMA31_8B.matmul_params() * BPE * 1.1, "weights alone", fontsize=8, color="gray")
-    ax.set_xlabel("context length")
-    ax.set_ylabel("bytes moved per decode step")
+        total = np.array([tl.phase_costs(m, batch, 1, int(c), BPE, last_only=True)["bytes"] for c in ctxs]) / 1e9
+        ok = np.array([max_batch(m, H100_SXM, int(c), w_bytes=BPE, kv_bytes=BPE) >= batch for c in ctxs])
+        line, = ax.loglog(ctxs, total, style, lw=2.5, label=f"{m.name.split()[-1]} (G={m.n_kv_heads})")
+        if not ok.all():                       # 从这里起 batch 个序列的 KV 放不进一张 H100（llm_math.max_batch）
+            i = int(np.argmin(ok))
+            ax.plot(ctxs[i], total[i], "X", ms=12, color=line.get_color())
+    ax.plot([], [], "X", ms=12, color="gray",
+            label=f"from here: {batch} sequences' KV\nno longer fit one {H100_SXM.name}")
+    ax.axhline(LLAMA31_8B.matmul_params() * BPE / 1e9, color="gray", lw=1.5, label="weights alone")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("GB moved per decode step")
     ax.set_title(f"{LLAMA31_8B.name}, batch {batch}, BF16: KV traffic vs context")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    return tl.save_figure(fig, path_script, "kv_bytes")
+    ax.legend(loc="upper left")
+    return save_figure(fig, path_script, "kv_bytes", quick=quick)
 
 
 def main():
@@ -190,7 +198,7 @@ def main():
     part_tiny(rng, pos0=17 if a.quick else 61)
     if not a.no_fig:
         ctxs = np.unique(np.round(np.logspace(10, 17, 8 if a.quick else 29, base=2)).astype(int))
-        print(f"\n图：{plot(16, ctxs, __file__)}")
+        print(f"\n图：{plot(16, ctxs, __file__, quick=a.quick)}")
 
 
 if __name__ == "__main__":

@@ -1,63 +1,30 @@
 """
-CS349E 第 2 讲 · transformer_lab.py：会给自己记账的 numpy Transformer
-======================================================================
+transformer_lab.py —— 第 2 讲：会给自己记账的 numpy Transformer
 
-【这一讲回答的问题】
-    第 1 讲的 llm_math.py 只用公式估算"每个 token 多少 FLOPs、多少字节、KV cache 多大"。
-    公式会写错，也会悄悄省略一些东西。这里我们真的搭一个 Llama 风格的 decoder-only 模型（纯 numpy），
-    让它在每次矩阵乘法、每次读写 KV cache 时把账记下来，再逐项对照公式：
-        · 实际做了多少浮点运算（FLOPs），其中多少是"有用的"；
-        · 读了多少字节权重、读写了多少字节 KV cache、搬了多少字节激活。
-    第 3 讲（量化）、第 4 讲（张量并行）、第 5/6 讲（服务与解码）都导入本模块。
+【问题】第 1 讲的 llm_math 只用公式估算每个 token 多少 FLOPs、多少字节、KV cache 多大；公式会写错，也会悄悄漏项。
+    这里真的搭一个 Llama 风格的 decoder-only 模型（纯 numpy），让它在每次矩阵乘、每次读写 KV cache 时记账，
+    再逐项和公式对照：实际做了多少 FLOPs、其中多少有用；读了多少字节的权重、KV cache、激活。
+    第 5/6 讲（服务与解码）导入本模块；量化和张量并行在本课程之外（TP 的通信见 prereq5/04、第 5 讲演示 04）。
 
-【主要内容】
-    Config / TINY / config_like      模型结构（字段同 llm_math.ModelConfig，外加运行时字段）
-    init_params / count_params        随机参数（不训练：这一讲只关心"算了什么"）与参数计数
-    Counter / OP_GROUPS / ops_table   账本：按运算名累计；按组合并；打印对齐的表
-    param_groups / save_figure        演示共用：参数按用途分组；存图到 figures/
-    linear / rms_norm / rope_angles / apply_rope / softmax / silu / attention_core   积木
-    KVCache / forward / generate      带 KV cache 的前向与贪心生成
-    analytic_ops / sum_rows / phase_costs   不运行模型、纯公式的同一本账（可用于 8B/70B 这种跑不动的模型）
-    einsum_flops                      einsum 记号下的 FLOPs 规则
-
-【数据流（一层，pre-norm + 残差）】
+【一层的数据流】（pre-norm + 残差；L 层之后：最终 RMSNorm ─► lm_head ─► logits[vocab]）
     x ─► RMSNorm ─► q,k,v = h·Wq, h·Wk, h·Wv ─► RoPE(q,k) ─► 因果 GQA 注意力 ─► ·Wo ─► 加回 x
       ─► RMSNorm ─► (SiLU(h·Wg) ⊙ h·Wu)·Wd ─► 加回 x
-    L 层之后：最终 RMSNorm ─► lm_head ─► logits[vocab]
 
-【约定】
-    形状：tokens [B, T]；激活 [B, T, d]；q [B, T, H, dh]；k, v [B, S, G, dh]（G = n_kv_heads，S = 键的个数）。
-    权重一律 W[输入维, 输出维]，y = x·W（与第 1 讲的 W[D, F] 同一记号）。
-    记账的规则：
-      · 矩阵乘 x[M, K]·W[K, N]：FLOPs = 2MKN（一次乘加 = 2 次运算）；权重 KN 个数；激活 MK + MN 个数（读入、写出）。
-      · 注意力核心按"一个融合内核"记（FlashAttention 式，分数矩阵不落显存，见第 11 讲）：
-        FLOPs = 4·B·T·S·H·dh（QKᵀ 与 PV 两次乘法）；KV = 把用到的 K、V 各读一遍；激活 = 读 q、写输出。
-        useful 只算因果掩码允许的 (query, key) 对——numpy 把整块 T×S 都算了再掩掉，所以 flops ≥ useful。
-      · 逐元素运算（norm、rope、softmax、swiglu、残差）按"每个元素几次运算"粗估（常数见下），
-        llm_math 的公式不含它们，它们在总量里也很小。
-      · 字节 = 元素个数 × bytes_per_elem（默认 2 = BF16），与 numpy 实际的 float64 无关。
-        算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。
+【里面有什么】
+    Config / TINY / config_like / init_params / count_params   结构（字段同 llm_math.ModelConfig）与随机参数（不训练）
+    linear / rms_norm / rope_angles / apply_rope / softmax / silu / attention_core   积木
+    KVCache / forward / generate                    带 KV cache 的前向与贪心生成
+    Counter / ops_table / analytic_ops / phase_costs / einsum_flops   账本；同一本账的闭式公式；einsum 的 FLOPs 规则
+
+【约定】形状：tokens [B, T]；激活 [B, T, d]；q [B, T, H, dh]；k, v [B, S, G, dh]（G = KV 头数，S = 键的个数）；
+    权重 W[输入维, 输出维]，y = x·W。记账：矩阵乘 x[M, K]·W[K, N] 记 2MKN FLOPs、权重 KN、激活 MK + MN 个元素；
+    注意力核心按一个融合内核记（分数不落显存，第 11 讲）：4·B·T·S·H·dh FLOPs，useful 只算因果掩码允许的对；
+    逐元素运算按"每元素几次"粗估。字节 = 元素数 × bytes_per_elem（默认 2 = BF16），与 numpy 的 float64 无关；
+    算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。坏输入一律 ValueError / TypeError。
 
 【运行】python3 lecture02/transformer_lab.py
-        自检：参数量 = llm_math 公式；带 / 不带 KV cache 的贪心生成一致；Counter = analytic_ops（逐项逐列）；
-        矩阵乘 FLOPs = T × linear_flops_per_token()；einsum 规则；attention_core / apply_rope 对照独立参考实现。
-【依赖】numpy；../lecture01/llm_math.py（ModelConfig）、../lecture01/course_utils.py
-        （format_table、fmt_si、save_figure、check_int / check_real）。
-
-【和原版相比有意的改动】
-    · 坏输入（token 越界——numpy 会把负数下标悄悄绕回去、形状与配置不符、cache 溢出、读还没写的位置）
-      一律抛 ValueError/TypeError，而不是给出错误结果。
-    · silu 的 sigmoid 按符号分两支（只对 −|x| 取 exp），x 很负时不再触发 exp 溢出警告；
-      softmax 遇到整行 −∞ 或 NaN 时报错，而不是返回 NaN。
-    · analytic_ops 对因果掩码允许的对数用闭式公式（不在 Python 里循环 T 次），并多了 causal / use_rope 两个可选参数，
-      和 forward 的同名开关对应（默认值与原版一致）。
-    · einsum_flops：只有一个操作数的纯求和（如 "ij->i"）按 1 次/元素计，不再乘 2；
-      并检查操作数个数、输出字母是否出现在输入里。
-    · attention_core 在因果模式下要求 q_pos0 + T ≤ S（每个查询自己的键必须在场），否则报错——
-      原版会默默给出一个没有意义的结果。前向里总有 q_pos0 = S − T，不受影响。
-    · KVCache.length 是带检查的属性（仍可直接赋值，第 6 讲回滚草稿就这么用），read 不许读还没写过的位置。
-    · generate(n_new=0) 直接返回提示、不做任何前向（原版会白做一次 prefill）。
-    · 新增演示共用的 param_groups、merge_rows、ops_table、phase_costs、save_figure；原有接口不变。
+        # 自检：参数量 = 公式；带 / 不带 cache 的生成一致；Counter = analytic_ops；attention / RoPE = 独立参考
+【依赖】numpy；../lecture01/ 的 llm_math（ModelConfig）与 course_utils。
 """
 
 import math
@@ -71,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_array, check_bool, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
@@ -125,8 +92,7 @@ class Config:
             raise ValueError(f"Config.d_head={self.d_head} 必须是偶数：RoPE 按相邻两个数成对旋转")
         check_real("rope_theta", self.rope_theta, lo=1.0, lo_open=True, where="Config")
         check_real("norm_eps", self.norm_eps, lo=0.0, lo_open=True, where="Config")
-        if not isinstance(self.tied, (bool, np.bool_)):
-            raise TypeError(f"Config.tied 必须是 True/False，收到 {self.tied!r}")
+        object.__setattr__(self, "tied", check_bool("tied", self.tied, where="Config"))
 
     @property
     def group(self):
@@ -168,7 +134,7 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
       · 线性层 W[n_in, n_out] ~ N(0, 1/n_in)：输出方差 ≈ 输入方差。
       · 写回残差流的 Wo、W_down 再乘 1/√(2L)：2L 个分支叠加后残差流的方差不随层数增长。
       · lm_head ~ N(0, logit_std²/d)：logits 的标准差约 logit_std，输出分布不是近似均匀的
-        （第 3 讲要比较量化前后的分布，均匀分布看不出差别）。
+        （要比较量化前后的分布时，均匀分布看不出差别；量化本身在本课程之外）。
     返回 {"embed": [V, d], "layers": [每层 dict], "final_norm": [d], "lm_head": [d, V] 或 None（tied）}；
     每层 dict 的键：attn_norm, wq [d, H·dh], wk [d, G·dh], wv [d, G·dh], wo [H·dh, d], mlp_norm,
     w_gate [d, d_ff], w_up [d, d_ff], w_down [d_ff, d]。
@@ -231,30 +197,6 @@ def param_groups(params):
     head = 0 if params["lm_head"] is None else params["lm_head"].size
     return {"词嵌入": int(params["embed"].size), "注意力 Wq/Wk/Wv/Wo": int(attn), "MLP": int(mlp),
             "RMSNorm 增益": int(norms), "lm_head": int(head)}
-
-
-def _check_params(params, cfg):
-    """前向之前核对参数形状与 cfg 一致：形状不符时 numpy 常常照样能广播出一个错误的结果。"""
-    d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
-    want = {"attn_norm": (d,), "wq": (d, hd), "wk": (d, kvd), "wv": (d, kvd), "wo": (hd, d),
-            "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
-    if params["embed"].shape != (cfg.vocab, d):
-        raise ValueError(f"params['embed'] 形状 {params['embed'].shape} 与 cfg 不符，应为 (vocab, d_model) = "
-                         f"{(cfg.vocab, d)}")
-    if len(params["layers"]) != cfg.n_layers:
-        raise ValueError(f"params 有 {len(params['layers'])} 层，cfg.n_layers = {cfg.n_layers}")
-    for i, layer in enumerate(params["layers"]):
-        for key, shape in want.items():
-            if key not in layer or layer[key].shape != shape:
-                got = layer[key].shape if key in layer else "缺失"
-                raise ValueError(f"params['layers'][{i}]['{key}'] 形状 {got}，按 cfg 应为 {shape}")
-    if params["final_norm"].shape != (d,):
-        raise ValueError(f"params['final_norm'] 形状 {params['final_norm'].shape}，应为 {(d,)}")
-    head = params["lm_head"]
-    if (head is None) != bool(cfg.tied):
-        raise ValueError(f"cfg.tied={cfg.tied}，但 params['lm_head'] {'是' if head is None else '不是'} None")
-    if head is not None and head.shape != (d, cfg.vocab):
-        raise ValueError(f"params['lm_head'] 形状 {head.shape}，应为 (d_model, vocab) = {(d, cfg.vocab)}")
 
 
 # =============================================================================
@@ -382,8 +324,8 @@ def rms_norm(x, w, eps, counter=None):
         raise ValueError(f"rms_norm：增益 w 的形状 {w.shape} 必须等于 x 的最后一维 {x.shape[-1:]}")
     if counter is not None:
         counter.add("norm", act_elems=2 * x.size, flops=NORM_FLOPS * x.size)
-    inv_rms = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
-    return x * inv_rms * w
+    mean_sq = np.square(x).sum(axis=-1, keepdims=True) / x.shape[-1]    # = np.mean，少一层 Python 包装
+    return x / np.sqrt(mean_sq + eps) * w
 
 
 def rope_angles(positions, d_head, theta=10000.0):
@@ -397,13 +339,13 @@ def rope_angles(positions, d_head, theta=10000.0):
     if isinstance(d_head, bool) or not isinstance(d_head, (int, np.integer)) or d_head < 2 or d_head % 2:
         raise ValueError(f"rope_angles：d_head 必须是 ≥ 2 的偶数，收到 {d_head!r}")
     theta = check_real("theta", theta, lo=1.0, lo_open=True, where="rope_angles")
-    pos = np.asarray(positions, dtype=np.float64)
+    pos = np.asarray(positions)
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {pos.shape}")
-    if not np.all(np.isfinite(pos)):
-        raise ValueError("rope_angles：positions 必须全是有限数（不能含 NaN / ±∞）")
-    freqs = np.power(theta, -np.arange(d_head // 2) * 2.0 / d_head)   # [dh/2]
-    angles = np.outer(pos, freqs)                                            # [T, dh/2]
+    if pos.dtype.kind not in "iu":                                 # 整数位置（forward 里总是）天然有限
+        pos = check_array("positions", pos, where="rope_angles")    # 其余：实数、有限（NaN / ±∞ 报错）
+    freqs = theta ** (np.arange(d_head // 2) * (-2.0 / d_head))      # [dh/2]
+    angles = pos[:, None] * freqs                                      # [T, dh/2]
     return np.cos(angles), np.sin(angles)
 
 
@@ -434,8 +376,9 @@ def softmax(x, axis=-1):
     数值稳定的 softmax：先减去该轴最大值再取 exp，结果与原式相同但不会溢出。
     某一行全是 −∞（全被掩掉）或含 NaN/+∞ 时结果无意义，这里直接 ValueError，而不是悄悄返回 NaN。
     """
-    top = np.max(x, axis=axis, keepdims=True)
-    if not np.all(np.isfinite(top)):
+    x = np.asarray(x)
+    top = x.max(axis=axis, keepdims=True)
+    if not np.isfinite(top).all():
         raise ValueError("softmax：有一行全是 −∞（所有位置都被掩掉）或含 NaN/+∞，归一化无定义")
     e = np.exp(x - top)
     return e / e.sum(axis=axis, keepdims=True)
@@ -443,13 +386,14 @@ def softmax(x, axis=-1):
 
 def silu(x):
     """
-    SiLU(x) = x · sigmoid(x)。sigmoid 按 x 的符号分两支算，只对 −|x| 取 exp：
-        x ≥ 0：1 / (1 + e^{−x})；x < 0：e^{x} / (1 + e^{x})
-    两支数学上相同，但 x 很负时不会算出 e^{+很大} 而溢出，也没有 (1 + tanh) 写法在负半轴的相对误差。
+    SiLU(x) = x · sigmoid(x) = x / (1 + e^{−x})。
+    x 很负（< −709）时 e^{−x} 溢出成 inf，商是 −0：真值的绝对值小于 1e-305，这就是正确的舍入结果；
+    所以只需关掉那条溢出警告（errstate），不必按符号分两支（那样多 3 次逐元素运算，生成时慢约 10%）。
     """
-    e = np.exp(-np.abs(x))
-    sig = np.where(x >= 0, 1.0, e) / (1.0 + e)
-    return x * sig
+    with np.errstate(over="ignore"):
+        den = np.exp(-x)
+    den += 1.0
+    return x / den
 
 
 def _causal_pairs(T, S, q_pos0):
@@ -467,41 +411,29 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         q_pos0 第一个查询的位置；causal=True 时查询 i 只看位置 ≤ q_pos0+i 的键。
                前向里总有 q_pos0 = S − T，即掩码"右下对齐"（同 flash-attn ≥ 2.1，不同于 PyTorch SDPA 的 is_causal）。
     返回 [B, T, H·dh]。
-    GQA：H 个头分成 G 组，每组 R = H/G 个头共用一份 K/V。把 q 变形成 [B, T, G, R, dh] 后，
-        一次 einsum 就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
+    GQA：H 个头分成 G 组，每组 R = H/G 个头共用一份 K/V。把 q 变形成 [B, G, R, T, dh]、K 加一个长度 1 的轴
+        [B, G, 1, dh, S]，一次批量矩阵乘就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
     记账：见模块开头；softmax 另记一行，只有运算没有字节（融合内核里分数留在片上）。
     """
-    _check_attention_shapes(q, k, v, q_pos0, causal)
+    causal = _check_attention_shapes(q, k, v, q_pos0, causal)
     B, T, H, dh = q.shape
     _, S, G, _ = k.shape
-    qg = q.reshape(B, T, G, H // G, dh)                                        # [B, T, G, R, dh]
-    scores = np.einsum("btgrd,bsgd->bgrts", qg, k) * (1.0 / math.sqrt(dh))    # [B, G, R, T, S]
-    if causal:
+    # 两次乘法就是 einsum("btgrd,bsgd->bgrts", ·) 和 einsum("bgrts,bsgd->btgrd", ·)；写成批量矩阵乘（@）是因为
+    # numpy 的 @ 走 BLAS，比 einsum 的通用循环快 2–15 倍（prefill、上千个样本的批里差得最多）。
+    qg = q.reshape(B, T, G, H // G, dh).transpose(0, 2, 3, 1, 4)              # [B, G, R, T, dh]
+    kt = k.transpose(0, 2, 3, 1)[:, :, None]                                   # [B, G, 1, dh, S]
+    scores = (qg @ kt) * (1.0 / math.sqrt(dh))                                 # [B, G, R, T, S]
+    if causal and q_pos0 < S - 1:                     # decode（一个查询在最后）看得见全部键，不用掩码
         visible = np.arange(S)[None, :] <= (q_pos0 + np.arange(T))[:, None]   # [T, S]
         scores = np.where(visible, scores, -np.inf)
     probs = softmax(scores, axis=-1)
-    out = np.einsum("bgrts,bsgd->btgrd", probs, v)                             # [B, T, G, R, dh]
+    out = (probs @ v.transpose(0, 2, 1, 3)[:, :, None]).transpose(0, 3, 1, 2, 4)   # [B, T, G, R, dh]
     if counter is not None:
         pairs = _causal_pairs(T, S, q_pos0) if causal else T * S
         counter.add("attn_core", flops=4 * B * T * S * H * dh, useful=4 * B * pairs * H * dh,
                     act_elems=2 * B * T * H * dh, kv_elems=2 * B * S * G * dh)
         counter.add("softmax", flops=SOFTMAX_FLOPS * B * H * T * S, useful=SOFTMAX_FLOPS * B * H * pairs)
     return out.reshape(B, T, H * dh)                                           # [B, T, H·dh]
-
-
-def _check_attention_shapes(q, k, v, q_pos0, causal):
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
-        raise ValueError(f"attention_core：q 应为 [B, T, H, dh]，k、v 应为同形状的 [B, S, G, dh]；"
-                         f"收到 q {q.shape}、k {k.shape}、v {v.shape}")
-    B, T, H, dh = q.shape
-    if k.shape[0] != B or k.shape[3] != dh or H % k.shape[2]:
-        raise ValueError(f"attention_core：q {q.shape} 与 k {k.shape} 不配：批大小与 dh 要相同，"
-                         f"H={H} 要是 G={k.shape[2]} 的整数倍")
-    if isinstance(q_pos0, bool) or not isinstance(q_pos0, (int, np.integer)) or q_pos0 < 0:
-        raise ValueError(f"attention_core：q_pos0 必须是非负整数，收到 {q_pos0!r}")
-    if causal and q_pos0 + T > k.shape[1]:
-        raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
-                         f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
 
 
 # =============================================================================
@@ -517,14 +449,13 @@ class KVCache:
         再 read(layer, length+T) 取出全部；整次前向结束后 length += T。
     length 可以直接改小（投机解码回滚草稿，第 6 讲），之后的写入会覆盖旧数据；但不能越过 [0, max_len]。
     越界写（溢出）、读还没写过的位置、形状与 cache 不符都抛 ValueError——真实引擎遇到容量不足会
-        换出、重算或拒绝请求（第 7 讲），绝不会默默算错。
+        换出、重算或拒绝请求（分页与抢占在本课程之外，见 vLLM 论文 [S60]），绝不会默默算错。
     """
 
     def __init__(self, cfg, batch, max_len=None, dtype=np.float64):
         max_len = cfg.max_seq if max_len is None else max_len
         for name, val in (("batch", batch), ("max_len", max_len)):
-            if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
-                raise ValueError(f"KVCache：{name} 必须是正整数，收到 {val!r}")
+            check_int(name, val, lo=1, where="KVCache", type_error=ValueError)
         shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.d_head)   # [L, B, max_len, G, dh]
         self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
         self.max_len = int(max_len)
@@ -539,9 +470,7 @@ class KVCache:
 
     @length.setter
     def length(self, value):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= self.max_len:
-            raise ValueError(f"KVCache.length 必须是 0…{self.max_len} 的整数，收到 {value!r}")
-        self._length = int(value)
+        self._length = check_int("KVCache.length", value, lo=0, hi=self.max_len, type_error=ValueError)
         self._pending = {}           # 提交（或回滚）之后，没有"写了但未提交"的位置
 
     def write(self, layer, k_new, v_new):
@@ -578,19 +507,6 @@ class KVCache:
 # =============================================================================
 # 前向与生成
 # =============================================================================
-def _check_tokens(tokens, cfg):
-    """tokens 必须是 [B, T] 的整数数组、取值在 [0, vocab)：numpy 会把 −1 悄悄当成最后一个词。"""
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
-        raise ValueError(f"tokens 必须是形状 [B, T]（B, T ≥ 1）的二维数组，收到形状 {tokens.shape}")
-    if tokens.dtype == np.bool_ or not np.issubdtype(tokens.dtype, np.integer):
-        raise TypeError(f"tokens 必须是整数数组，收到 dtype={tokens.dtype}")
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= cfg.vocab:
-        raise ValueError(f"token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
-    return tokens
-
-
 def _matmul(x, W, op, layer, counter, linear_fn):
     """前向里所有"x·W"都走这里：默认用 linear；给了 linear_fn 就用它算（例如量化乘法），账照普通矩阵乘记。"""
     if linear_fn is None:
@@ -651,7 +567,7 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
         cache       KVCache 或 None；批大小、层数、G、dh 要与 cfg / tokens 一致，剩余容量要放得下 T
         counter     Counter 或 None
         last_only   只对最后一个位置算 lm_head（生成时只要最后一个 logits，省掉 (T−1)/T 的 lm_head）
-        linear_fn   可选的 linear_fn(x, W, op, layer) → y，替换所有"x·W"（第 3 讲插入量化乘法）；
+        linear_fn   可选的 linear_fn(x, W, op, layer) → y，替换所有"x·W"（例如插入量化乘法；量化在本课程之外）；
                     layer 是层号，lm_head 为 None；记账仍按普通矩阵乘
         use_rope    False：不加位置编码（02 演示：没有位置信息会怎样）
         causal      False：双向注意力（02 演示：未来信息泄漏）
@@ -660,17 +576,20 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
                     04 演示用它复现"位置编号写错"的 bug。注意它只影响 RoPE，不影响掩码。
     返回 logits [B, T, vocab]（last_only 时 [B, 1, vocab]）；return_hidden 时 (logits, hidden)。
     """
-    _check_params(params, cfg)
-    tokens = _check_tokens(tokens, cfg)
+    tokens, rope_pos0 = _check_forward(params, cfg, tokens, cache, rope_pos0,
+                                       last_only=last_only, use_rope=use_rope, causal=causal,
+                                       return_hidden=return_hidden)
+    return _forward(params, cfg, tokens, cache=cache, counter=counter, last_only=last_only, linear_fn=linear_fn,
+                    use_rope=use_rope, causal=causal, return_hidden=return_hidden, rope_pos0=rope_pos0)
+
+
+def _forward(params, cfg, tokens, cache=None, counter=None, last_only=False, linear_fn=None, use_rope=True,
+             causal=True, return_hidden=False, rope_pos0=None):
+    """forward 的计算部分（输入已检查）。generate 检查一次之后直接调它：每步新 token 来自 argmax，不必再查。"""
     B, T = tokens.shape
-    pos0 = 0
-    if cache is not None:
-        _check_cache(cache, cfg, B, T)
-        pos0 = cache.length
+    pos0 = 0 if cache is None else cache.length
     if rope_pos0 is None:
         rope_pos0 = pos0
-    elif isinstance(rope_pos0, bool) or not isinstance(rope_pos0, (int, np.integer)) or rope_pos0 < 0:
-        raise ValueError(f"rope_pos0 必须是非负整数或 None，收到 {rope_pos0!r}")
     rope = rope_angles(np.arange(rope_pos0, rope_pos0 + T), cfg.d_head, cfg.rope_theta) if use_rope else None
 
     x = params["embed"][tokens]                                                        # [B, T, d]
@@ -692,17 +611,6 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
     return logits
 
 
-def _check_cache(cache, cfg, B, T):
-    L, cb, _, G, dh = cache.k.shape
-    if (L, G, dh) != (cfg.n_layers, cfg.n_kv_heads, cfg.d_head):
-        raise ValueError(f"cache 的 (层数, G, dh) = {(L, G, dh)} 与 cfg 的 "
-                         f"{(cfg.n_layers, cfg.n_kv_heads, cfg.d_head)} 不符")
-    if cb != B:
-        raise ValueError(f"tokens 的批大小 {B} 与 cache 的批大小 {cb} 不同")
-    if cache.length + T > cache.max_len:
-        raise ValueError(f"KV cache 溢出：已有 {cache.length} 个位置，再来 {T} 个超过 max_len={cache.max_len}")
-
-
 def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, counter_decode=None):
     """
     贪心生成 n_new 个 token（每步取 argmax）。
@@ -714,9 +622,10 @@ def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, c
     返回 (tokens [B, T0 + n_new], 每一步的 logits 列表，每个 [B, vocab])。
     prompt 长度 + n_new 不能超过 cfg.max_seq。
     """
+    _check_params(params, cfg)
     prompt = _check_tokens(prompt, cfg)
-    if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
-        raise ValueError(f"n_new 必须是非负整数，收到 {n_new!r}")
+    n_new = check_int("n_new", n_new, lo=0, where="generate")
+    check_bool("use_cache", use_cache, where="generate")
     B, T0 = prompt.shape
     final_len = T0 + n_new
     if final_len > cfg.max_seq:
@@ -727,7 +636,8 @@ def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, c
     feed = seq                                       # 这一步要喂给模型的 token
     for step in range(n_new):
         counter = counter_prefill if step == 0 else counter_decode
-        logits = forward(params, cfg, feed, cache=cache, counter=counter, last_only=True)[:, -1]   # [B, vocab]
+        # 输入在开头查过一次；之后每步的 token 来自 argmax，所以直接调计算部分 _forward
+        logits = _forward(params, cfg, feed, cache=cache, counter=counter, last_only=True)[:, -1]   # [B, vocab]
         per_step.append(logits)
         nxt = np.argmax(logits, axis=-1)[:, None]    # [B, 1]
         seq = np.concatenate([seq, nxt], axis=1)
@@ -750,8 +660,10 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     返回 {运算名: {"flops", "useful", "w", "kv", "act"}}（没有 calls 列）。
     """
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < (0 if name == "pos0" else 1):
-            raise ValueError(f"analytic_ops：{name} 必须是{'非负' if name == 'pos0' else '正'}整数，收到 {val!r}")
+        check_int(name, val, lo=0 if name == "pos0" else 1, where="analytic_ops")
+    for name, flag in (("last_only", last_only), ("with_cache", with_cache), ("causal", causal),
+                       ("use_rope", use_rope)):
+        check_bool(name, flag, where="analytic_ops")
     bytes_per_elem = check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True, where="analytic_ops")
     L, d, f, V = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.vocab
     H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
@@ -851,6 +763,93 @@ def einsum_flops(spec, *shapes):
     n_index = math.prod(sizes.values())
     contracted = set(sizes) - set(out)
     return 2 * n_index if contracted and len(operands) >= 2 else n_index
+
+
+# =============================================================================
+# 输入检查（放在教学代码之后：每个公开函数开头一行 _check_*，然后是数学）
+# =============================================================================
+def _check_params(params, cfg):
+    """前向之前核对参数形状与 cfg 一致：形状不符时 numpy 常常照样能广播出一个错误的结果。"""
+    d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
+    want = {"attn_norm": (d,), "wq": (d, hd), "wk": (d, kvd), "wv": (d, kvd), "wo": (hd, d),
+            "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+    if params["embed"].shape != (cfg.vocab, d):
+        raise ValueError(f"params['embed'] 形状 {params['embed'].shape} 与 cfg 不符，应为 (vocab, d_model) = "
+                         f"{(cfg.vocab, d)}")
+    if len(params["layers"]) != cfg.n_layers:
+        raise ValueError(f"params 有 {len(params['layers'])} 层，cfg.n_layers = {cfg.n_layers}")
+    for i, layer in enumerate(params["layers"]):
+        for key, shape in want.items():
+            if key not in layer or layer[key].shape != shape:
+                got = layer[key].shape if key in layer else "缺失"
+                raise ValueError(f"params['layers'][{i}]['{key}'] 形状 {got}，按 cfg 应为 {shape}")
+    if params["final_norm"].shape != (d,):
+        raise ValueError(f"params['final_norm'] 形状 {params['final_norm'].shape}，应为 {(d,)}")
+    head = params["lm_head"]
+    if (head is None) != bool(cfg.tied):
+        raise ValueError(f"cfg.tied={cfg.tied}，但 params['lm_head'] {'是' if head is None else '不是'} None")
+    if head is not None and head.shape != (d, cfg.vocab):
+        raise ValueError(f"params['lm_head'] 形状 {head.shape}，应为 (d_model, vocab) = {(d, cfg.vocab)}")
+
+
+def _check_attention_shapes(q, k, v, q_pos0, causal):
+    """attention_core 的输入检查；返回检查过的 causal（bool）。"""
+    causal = check_bool("causal", causal, where="attention_core")
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise ValueError(f"attention_core：q 应为 [B, T, H, dh]，k、v 应为同形状的 [B, S, G, dh]；"
+                         f"收到 q {q.shape}、k {k.shape}、v {v.shape}")
+    B, T, H, dh = q.shape
+    if k.shape[0] != B or k.shape[3] != dh or H % k.shape[2]:
+        raise ValueError(f"attention_core：q {q.shape} 与 k {k.shape} 不配：批大小与 dh 要相同，"
+                         f"H={H} 要是 G={k.shape[2]} 的整数倍")
+    check_int("q_pos0", q_pos0, lo=0, where="attention_core", type_error=ValueError)
+    if causal and q_pos0 + T > k.shape[1]:
+        raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
+                         f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
+    return causal
+
+
+def _check_tokens(tokens, cfg):
+    """tokens 必须是 [B, T] 的整数数组、取值在 [0, vocab)：numpy 会把 −1 悄悄当成最后一个词。"""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens 必须是形状 [B, T]（B, T ≥ 1）的二维数组，收到形状 {tokens.shape}")
+    if tokens.dtype == np.bool_ or not np.issubdtype(tokens.dtype, np.integer):
+        raise TypeError(f"tokens 必须是整数数组，收到 dtype={tokens.dtype}")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= cfg.vocab:
+        raise ValueError(f"token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
+    return tokens
+
+
+def _check_forward(params, cfg, tokens, cache, rope_pos0, **flags):
+    """forward 的全部输入检查（flags：last_only / use_rope / causal / return_hidden）；返回 (tokens, rope_pos0)。"""
+    _check_params(params, cfg)
+    tokens = _check_tokens(tokens, cfg)
+    for name, flag in flags.items():
+        check_bool(name, flag, where="forward")
+    T = tokens.shape[1]
+    pos0 = 0
+    if cache is not None:
+        _check_cache(cache, cfg, *tokens.shape)
+        pos0 = cache.length
+    if pos0 + T > cfg.max_seq:           # 和 generate 同一条上限：模型只为 max_seq 个位置设计（RoPE、缓存、掩码）
+        raise ValueError(f"位置 {pos0} + {T} 个 token = {pos0 + T} 超过 cfg.max_seq={cfg.max_seq}"
+                         f"（generate 也拒绝；要更长就用更大的 max_seq 建 Config）")
+    if rope_pos0 is not None:
+        rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward")
+    return tokens, rope_pos0
+
+
+def _check_cache(cache, cfg, B, T):
+    L, cb, _, G, dh = cache.k.shape
+    if (L, G, dh) != (cfg.n_layers, cfg.n_kv_heads, cfg.d_head):
+        raise ValueError(f"cache 的 (层数, G, dh) = {(L, G, dh)} 与 cfg 的 "
+                         f"{(cfg.n_layers, cfg.n_kv_heads, cfg.d_head)} 不符")
+    if cb != B:
+        raise ValueError(f"tokens 的批大小 {B} 与 cache 的批大小 {cb} 不同")
+    if cache.length + T > cache.max_len:
+        raise ValueError(f"KV cache 溢出：已有 {cache.length} 个位置，再来 {T} 个超过 max_len={cache.max_len}")
 
 
 # =============================================================================

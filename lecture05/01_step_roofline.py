@@ -16,16 +16,16 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 
 def part_metrics(step, seed):
@@ -39,7 +39,7 @@ def part_metrics(step, seed):
                      f"{(r.t_finish - r.t_last) * 1e3:.0f}"])
     heads = ["请求 id", "到达 ms", "输入 token", "输出 token", "排队 ms", "TTFT ms", "TPOT ms", "端到端 ms",
              "等整批 ms"]
-    print(ss.format_table(heads, rows))
+    print(format_table(heads, rows))
     print("  TTFT = 排队 + 这一批的 prefill（补齐到批里最长的输入）；")
     print("  TPOT = (最后一个 − 第一个 token) ÷ (输出 − 1)，也就是相邻 token 间隔（ITL）的平均；")
     print("  端到端 = 离开系统 − 到达。静态批处理里短请求要陪长请求跑完（最后一列）。")
@@ -63,7 +63,7 @@ def part_prefill(step, quick):
         t = float(c.total)
         tps.append(L / t)
         rows.append([L, f"{t * 1e3:.2f}", f"{L / t:,.0f}", f"{c.flops / c.bytes:.0f}", str(c.bound)])
-    print(ss.format_table(["输入 token", "时间 ms", "token/s", "强度 FLOP/B", "受限于"], rows))
+    print(format_table(["输入 token", "时间 ms", "token/s", "强度 FLOP/B", "受限于"], rows))
     ridge = step.effective_ridge()
     for L in lens:
         c = step.prefill_cost([L])
@@ -77,9 +77,15 @@ def part_prefill(step, quick):
 
 
 def decode_sweep(step, batches, ctx):
-    """每个 batch 的 decode 一步：(总时间, t_compute, t_memory)。"""
+    """每个 batch 的 decode 一步：(总时间, t_compute, t_memory)。KV 放不下的批（b × ctx > KV 容量）记 NaN：
+    decode_cost 对它们报 CapacityError，表里写"放不下"，图上不画。"""
     tot, tc, tm = [], [], []
     for b in batches:
+        if int(b) * ctx > step.kv_capacity_tokens():
+            tot.append(np.nan)
+            tc.append(np.nan)
+            tm.append(np.nan)
+            continue
         c = step.decode_cost(int(b), int(b) * ctx)
         tot.append(float(c.total))
         tc.append(float(c.t_compute))
@@ -96,9 +102,13 @@ def part_decode(step, quick):
         tot, tc, tm = decode_sweep(step, batches, ctx)
         sweeps[ctx] = (tot, tc, tm)
         for b, t, a, m in zip(batches, tot, tc, tm):
+            if np.isnan(t):
+                need = f"{int(b) * ctx:,} > {step.kv_capacity_tokens():,} token"
+                rows.append([ctx, int(b), "KV 放不下", "-", "-", "-", need])
+                continue
             rows.append([ctx, int(b), f"{t * 1e3:.2f}", f"{a * 1e3:.2f}", f"{m * 1e3:.2f}", f"{b / t:,.0f}",
                          "compute" if a >= m else "memory"])
-    print(ss.format_table(["每序列上下文 token", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"],
+    print(format_table(["每序列上下文 token", "批大小", "一步 ms", "算力 ms", "带宽 ms", "输出 token/s", "受限于"],
                           rows))
     # 批 1：带宽受限；上下文很短时，批 1 → 64 一步的时间几乎不变（读权重的时间被 64 个序列分摊）
     assert sweeps[1][1][0] < sweeps[1][2][0]
@@ -124,37 +134,41 @@ def part_crossover(model, chips):
         lim = (m.linear_flops_per_token() + m.attn_flops_per_token(2048)) / (2049 * st.kv_bytes_per_token)
         assert (b2k is None) == (lim < st.effective_ridge()), (lim, b2k)
         rows[-1].insert(5, f"{lim:.0f}")
-    print(ss.format_table(["芯片", "ridge FLOP/B", "有效 ridge FLOP/B（×mfu/mbu）", "拐点批大小（上下文 1）",
+    print(format_table(["芯片", "ridge FLOP/B", "有效 ridge FLOP/B（×mfu/mbu）", "拐点批大小（上下文 1）",
                            "拐点批大小（上下文 2048）", "强度上限 FLOP/B（上下文 2048）", "KV 放得下几个 2048 序列"],
                           rows))
     print("  上下文 2048 时每个序列要读 2048 个 token 的 KV：批再大，强度也封顶在 每序列 FLOPs ÷ 每序列 KV 字节，")
     print("  低于有效 ridge 就永远是带宽受限；而且显存（最后一列）早就满了——长上下文的 decode 基本都受带宽限制。")
 
 
-def plot(step, batches, sweeps, lens, tps):
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+def plot(step, batches, sweeps, lens, tps, quick=False):
+    fig, ax = plt.subplots(1, 2, figsize=(14, 5.5))
     for ctx, ls in ((1, "-"), (2048, "--")):
         tot, tc, tm = sweeps[ctx]
         ax[0].loglog(batches, tc * 1e3, "C0" + ls, label=f"compute (ctx {ctx})")
         ax[0].loglog(batches, tm * 1e3, "C1" + ls, label=f"memory (ctx {ctx})")
         ax[1].loglog(batches, batches / tot, "C2" + ls, label=f"ctx {ctx}")
     for a in ax:
-        a.axvline(step.effective_ridge(), color="gray", lw=0.8, ls=":")
+        a.axvline(step.effective_ridge(), color="gray", lw=1, ls=":")
         a.set_xlabel("batch size")
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
     ax[0].set_ylabel("time per decode step (ms)")
     ax[0].set_title(f"decode step, {step.model.name} on {step.chip.name}")
     ax[1].set_ylabel("output tokens / s")
     ax[1].set_title("decode throughput (dotted: effective ridge)")
-    p1 = ss.save_figure(fig, __file__, "decode")
-    fig, a = plt.subplots(figsize=(5.5, 4))
+    ax[0].legend(loc="upper left")
+    ax[1].legend(loc="lower right")
+    ax[1].annotate("ctx 2048 stops where the\nKV cache fills memory", xy=(batches[~np.isnan(sweeps[2048][0])][-1],
+                   (batches / sweeps[2048][0])[~np.isnan(sweeps[2048][0])][-1]), xytext=(1.5, 1.5e4),
+                   arrowprops=dict(arrowstyle="->"))
+    p1 = save_figure(fig, __file__, "decode", quick=quick)
+    fig, a = plt.subplots(figsize=(7.5, 5))
     a.semilogx(lens, np.array(tps) / 1e3, "o-")
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill throughput (k tokens/s)")
     a.set_title("prefill: saturates once compute-bound")
     a.grid(alpha=0.3)
-    p2 = ss.save_figure(fig, __file__, "prefill")
+    p2 = save_figure(fig, __file__, "prefill", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 
@@ -170,7 +184,7 @@ def main():
     lens, tps = part_prefill(step, args.quick)
     batches, sweeps = part_decode(step, args.quick)
     part_crossover(ss.LLAMA31_8B, [H100_SXM, H200, B200])
-    plot(step, batches, sweeps, lens, tps)
+    plot(step, batches, sweeps, lens, tps, quick=args.quick)
 
 
 if __name__ == "__main__":

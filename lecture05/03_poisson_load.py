@@ -18,16 +18,15 @@ import math
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import format_table, pyplot, save_figure  # noqa: E402
 
-PROMPT, OUTPUT = ("uniform", 32, 512), ("uniform", 1, 128)     # Orca §6.2 的合成负载（facts.md §3 [S56]）
+plt = pyplot()
+
+PROMPT, OUTPUT = ("uniform", 32, 512), ("uniform", 1, 128)     # Orca §6.2 的合成负载[S56]
 SLO_TTFT, SLO_TPOT = 2.0, 0.05                                  # 本演示选的 SLO（秒），不是某篇论文的数字
 STATIC_B, CONT_B = 8, 64
 LOADS = [0.25, 0.5, 0.75, 0.9, 1.2, 2.0, 4.0]                   # 到达率 = 静态批处理能力 × 这些倍数
@@ -75,7 +74,7 @@ def main():
         rows.append([f"{x:.2f}", f"{x * cap:.2f}", f"{st['req_per_s']:.2f}", f"{st['ttft_p50'] * 1e3:,.0f}",
                      f"{st['ttft_p99'] * 1e3:,.0f}", f"{st['goodput']:.2f}", f"{co['req_per_s']:.2f}",
                      f"{co['ttft_p99'] * 1e3:,.0f}", f"{co['goodput']:.2f}"])
-    print(ss.format_table(["负载 ρ", "到达 req/s", "静态 吞吐 req/s", "静态 TTFT p50 ms", "静态 TTFT p99 ms",
+    print(format_table(["负载 ρ", "到达 req/s", "静态 吞吐 req/s", "静态 TTFT p50 ms", "静态 TTFT p99 ms",
                            "静态 goodput req/s", "迭代级 吞吐 req/s", "迭代级 TTFT p99 ms", "迭代级 goodput req/s"],
                           rows))
 
@@ -87,7 +86,7 @@ def main():
                      f"{m['lam_W']:.2f}", f"{m['rel_err']:.1%}", "稳态" if x <= STABLE else "过载/临界"])
     heads = ["负载 ρ", "L 个请求（全程）", "λW 个请求（全程）", "相对误差（全程）", "L 个请求（中段）",
              "λW 个请求（中段）", "相对误差（中段）", "状态"]
-    print(ss.format_table(heads, rows))
+    print(format_table(heads, rows))
 
     # ---- 关键结论 ----
     for x, r in res.items():
@@ -108,12 +107,12 @@ def main():
           f"{st[-1]['ttft_p50'] / st[0]['ttft_p50']:.0f} 倍，吞吐封顶在 {st[-1]['req_per_s']:.2f} req/s，"
           f"goodput 从最高 {max(s['goodput'] for s in st):.2f} 掉到 {st[-1]['goodput']:.2f} req/s；")
     print("      迭代级调度不用等整批、也不补齐，同样的负载下 goodput 不低于静态批处理（第 6 讲看它为什么快）。")
-    plot(res, cap)
+    plot(res, cap, quick=args.quick)
 
 
-def plot(res, cap):
+def plot(res, cap, quick=False):
     rates = [x * cap for x in LOADS]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ax = plt.subplots(1, 2, figsize=(15, 6.5))
     for name, c in (("static", "C0"), ("continuous", "C1")):
         ax[0].semilogy(rates, [res[x][name]["ttft_p50"] for x in LOADS], c + "o-", label=f"{name} p50")
         ax[0].semilogy(rates, [res[x][name]["ttft_p99"] for x in LOADS], c + "s--", label=f"{name} p99")
@@ -124,28 +123,30 @@ def plot(res, cap):
     ax[1].plot(rates, rates, "k:", lw=0.8, label="offered load")
     ax[1].set_ylabel("requests / s")
     for a in ax:
-        a.axvline(cap, color="red", lw=0.8, ls=":")
+        a.axvline(cap, color="red", lw=1.2, ls=":")
         a.set_xlabel("arrival rate (req/s); red: static capacity")
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        a.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)     # 图下：不挡曲线和 SLO 线
+    ax[1].annotate("static saturates at its capacity;\ngoodput collapses", xy=(cap * 1.6, 2.45),
+                   xytext=(cap * 2.3, 0.7), arrowprops=dict(arrowstyle="->"))
     ax[0].set_title("GPT-3 13B / A100-40GB, Poisson arrivals")
     ax[1].set_title("throughput vs goodput (SLO-meeting requests/s)")
-    p1 = ss.save_figure(fig, __file__, "latency")
+    p1 = save_figure(fig, __file__, "latency", quick=quick)
 
     x = STABLE
     rs = res[x]["static"]["trace"]
     times, counts = ss.occupancy(rs)
     lw = res[x]["static"]["little_all"]
-    fig, a = plt.subplots(figsize=(8, 3.5))
-    a.step(times, counts, where="post", lw=0.8, label="N(t): requests in system")
+    fig, a = plt.subplots(figsize=(12, 5.5))
+    a.step(times, counts, where="post", lw=1, label="N(t): requests in system")
     a.axhline(lw["L"], color="C1", label=f"time average L = {lw['L']:.2f}")
-    a.axhline(lw["lam_W"], color="C2", ls="--", label=f"lambda*W = {lw['lam_W']:.2f}")
+    a.axhline(lw["lam_W"], color="C2", ls="--", label=f"λ·W = {lw['lam_W']:.2f}")
     a.set_xlabel("time (s)")
-    a.set_ylabel("N(t)")
+    a.set_ylabel("requests in system N(t)")
     a.set_title(f"Little's law on the simulated trace (static batching, load {x})")
-    a.legend(fontsize=8)
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a.grid(alpha=0.3)
-    p2 = ss.save_figure(fig, __file__, "little")
+    p2 = save_figure(fig, __file__, "little", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 

@@ -10,7 +10,7 @@
   3. prefill/decode 分离：prefill 在另一块卡上做，decode 的 ITL 完全不受影响；代价是把 KV 传过去
      （NVLink 上很快，跨机网卡慢一个数量级），以及两池卡各自的利用率问题；
   4. 泊松负载下的迭代级模拟：整段 prefill vs 分块 prefill 的 ITL 尾巴、TTFT；
-  5. 论文里报告的数字（只引用 facts.md 里有出处的）。
+  5. 论文里报告的数字（只引用 SOURCES.md 里有出处的）。
   图：figures/05_prefill_decode_itl.png、figures/05_prefill_decode_load.png
 
 运行：python3 lecture05/05_prefill_decode.py [--quick] [--seed 0]
@@ -19,20 +19,20 @@ import argparse
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
+from course_utils import pyplot  # noqa: E402
+
+plt = pyplot()
 from hw_specs import H100_SXM  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 N_DEC, CTX, PROMPT = 32, 2048, 4096     # 正在 decode 的序列数、每个的上下文、新来的输入长度
 ARRIVE_AT = 3                          # 新请求在第几次迭代之前到达
-IB_BW = 46e9                           # 跨机：一块 NDR 400 Gb/s 网卡实测 busbw 约 46–48 GB/s（facts.md §4 [S69]）
+IB_BW = 46e9                           # 跨机：一块 NDR 400 Gb/s 网卡实测 busbw 约 46–48 GB/s[S69]
 
 
 def timeline(step, chunk, n_steps=24):
@@ -78,7 +78,7 @@ def part_single(step, quick):
     rows.append(["分离（NVLink 传 KV）", f"{base * 1e3:.1f}", 0, f"{(pre + kv / H100_SXM.link_bw) * 1e3:.1f}"])
     rows.append(["分离（跨机网卡传 KV）", f"{base * 1e3:.1f}", 0, f"{(pre + kv / IB_BW) * 1e3:.1f}"])
     print(f"  只有 decode 时每步 {base * 1e3:.2f} ms（{step.decode_cost(N_DEC, N_DEC * CTX).bound} 受限）")
-    print(ss.format_table(["做法", "最大 ITL ms", "被拖慢的步数", "新请求 TTFT ms"], rows))
+    print(format_table(["做法", "最大 ITL ms", "被拖慢的步数", "新请求 TTFT ms"], rows))
     print(f"  KV 大小：{PROMPT} token × {step.kv_bytes_per_token / 1e3:.0f} KB = {kv / 1e6:.0f} MB；"
           f"NVLink {kv / H100_SXM.link_bw * 1e3:.1f} ms，网卡 {kv / IB_BW * 1e3:.1f} ms"
           f"（prefill 本身 {pre * 1e3:.0f} ms）")
@@ -109,7 +109,7 @@ def part_load(step, n, seed):
                      f"{s['ttft_p99'] * 1e3:.0f}", f"{s['tpot_p50'] * 1e3:.1f}", f"{s['tpot_p99'] * 1e3:.1f}",
                      f"{s['itl_p99'] * 1e3:.1f}", f"{info['mean_batch']:.1f}"])
         assert ss.littles_law(rs)["rel_err"] < 1e-9
-    print(ss.format_table(["prefill", "吞吐 req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+    print(format_table(["prefill", "吞吐 req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                            "ITL p99 ms", "平均每步请求数"], rows))
     assert res[512]["itl_p99"] < 0.5 * res[None]["itl_p99"], "分块 prefill 把 ITL 的尾巴压下去"
     assert res[512]["tpot_p99"] < res[None]["tpot_p99"]
@@ -120,7 +120,7 @@ def part_load(step, n, seed):
 
 
 def part_papers():
-    print("\n=== 5. 论文里的数字（facts.md §3；本模块没有复现它们，只是对照）===")
+    print("\n=== 5. 论文里的数字（出处见最后一列的键，在 SOURCES.md 里查；本模块没有复现它们，只是对照）===")
     rows = [
         ["Sarathi（分块 prefill + decode 搭车）", "decode 吞吐最高 10×，端到端最高 1.33×（LLaMA-13B，A6000）", "[S64]"],
         ["Sarathi", "1.25× 端到端 / 4.25× decode（LLaMA-33B，A100）", "[S64]"],
@@ -129,37 +129,44 @@ def part_papers():
         ["DistServe 例子（13B，A100，90% SLO）",
          "同卡 1.6 rps；只做 prefill 5.6、只做 decode 10；2P+1D → 每卡 3.3 rps = 2.1×", "[S67]"],
     ]
-    print(ss.format_table(["系统", "报告的结果", "出处"], rows))
+    print(format_table(["系统", "报告的结果", "出处"], rows))
 
 
-def plot(lines, base, res):
-    fig, a = plt.subplots(figsize=(8, 4))
-    for name, dts in lines.items():
-        t = np.concatenate([[0.0], np.cumsum(dts)])
-        a.step(t[1:] * 1e3, dts * 1e3, where="pre", label=name)
-    a.axhline(base * 1e3, color="gray", ls=":", label="decode-only step")
+def plot(lines, base, res, quick=False):
+    fig, a = plt.subplots(figsize=(12, 6))
+    # chunk = 4096 和整段 prompt 是同一条曲线：合成一条（course_utils.merge_identical），图例不列看不见的线
+    series = [(name, np.cumsum(dts) * 1e3, dts * 1e3) for name, dts in lines.items()]
+    for name, t, y in ss.merge_identical(series):
+        whole = name.startswith("whole")      # 整段 prompt 和 chunk 4096 几乎重合：整段画成黑色虚线、压在上面
+        a.step(t, y, where="pre", lw=2.5 if whole else 2, ls="--" if whole else "-",
+               color="black" if whole else None, zorder=3 if whole else 2, label=name)
+    a.axhline(base * 1e3, color="gray", ls=":", lw=1.5, label="decode-only step")
     a.set_yscale("log")
     a.set_xlabel("time (ms)")
-    a.set_ylabel("inter-token latency of running requests (ms)")
+    a.set_ylabel("inter-token latency (ms)")
     a.set_title(f"{N_DEC} decoding sequences + one {PROMPT}-token prompt (Llama-3.1-8B / H100)")
-    a.legend(fontsize=7)
+    a.annotate("smaller chunks: shorter stalls,\nbut the prompt finishes later", xy=(150, base * 1e3 * 1.5),
+               xytext=(170, 40), arrowprops=dict(arrowstyle="->"))
+    a.annotate("chunk 256: barely above\nthe decode-only step", xy=(200, base * 1e3 * 1.02), xytext=(230, 13),
+               arrowprops=dict(arrowstyle="->"))
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a.grid(alpha=0.3)
-    p1 = ss.save_figure(fig, __file__, "itl")
+    p1 = save_figure(fig, __file__, "itl", quick=quick)
 
     names = ["whole" if k is None else f"C={k}" for k in res]
     keys = [("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("tpot_p99", "TPOT p99"), ("itl_p99", "ITL p99")]
-    fig, a = plt.subplots(figsize=(8, 4))
+    fig, a = plt.subplots(figsize=(12, 6))
     w = 0.8 / len(res)
     x = np.arange(len(keys))
     for i, (k, nm) in enumerate(zip(res, names)):
         a.bar(x + i * w, [res[k][key] * 1e3 for key, _ in keys], w, label=nm)
     a.set_xticks(x + w * (len(res) - 1) / 2, [lab for _, lab in keys])
     a.set_yscale("log")
-    a.set_ylabel("ms")
+    a.set_ylabel("latency (ms)")
     a.set_title("Poisson load, iteration-level scheduling: chunked prefill")
-    a.legend(fontsize=8)
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="prefill chunk")
     a.grid(alpha=0.3, axis="y")
-    p2 = ss.save_figure(fig, __file__, "load")
+    p2 = save_figure(fig, __file__, "load", quick=quick)
     print(f"\n图：{p1}\n    {p2}")
 
 
@@ -173,7 +180,7 @@ def main():
     lines, base = part_single(step, args.quick)
     res = part_load(step, 400 if args.quick else 2000, args.seed)
     part_papers()
-    plot(lines, base, res)
+    plot(lines, base, res, quick=args.quick)
 
 
 if __name__ == "__main__":

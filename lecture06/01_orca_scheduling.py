@@ -2,10 +2,10 @@
 第 6 讲 · 演示 1：迭代级调度（Orca）vs 请求级调度（FasterTransformer）
 
 你会看到：
-    1. 为什么 FasterTransformer 跑 GPT-3 13B 时批大小被卡在 6：每个请求按 2048 个 token 预留 KV，
-       A100-40GB 放下 25.7 GB 权重后，留出 10% 余量只够 6 个（把显存用到 100% 是 8 个——论文说 8 就 OOM）。
+    1. 为什么 FasterTransformer 跑 GPT-3 13B 时批大小被卡在 7：每个请求按 2048 个 token 预留 KV 和工作区，
+       A100-40GB（可分配约 42.6 GB）放下 25.7 GB 权重后只够 7 个——论文说 8 就 OOM（原课程按 90% × 40 GB 得 6）。
     2. Orca 合成负载（输入 U(32,512)、输出 U(1,128)、泊松到达）上的延迟–吞吐曲线（Orca 图 10 的画法）：
-       请求级调度被"整批陪跑到最长"和"批上限 6"压住；迭代级调度在同样的每 token 延迟下吞吐高好几倍。
+       请求级调度被"整批陪跑到最长"和"批上限 7"压住；迭代级调度在同样的每 token 延迟下吞吐高好几倍。
     3. 三种 KV 预留方式：按 max_seq 预留（粗放）、按 prompt + max_gen 预留（Orca）、不预留（none）。
        "none" 在轻载下最省，在重载下**死锁**：显存写满后每个请求都在等别人释放，而谁也不会完成。
 
@@ -23,10 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
-from course_utils import save_figure  # noqa: E402
-from llm_math import fmt_bytes, format_table  # noqa: E402
+from course_utils import fmt_bytes, format_table, save_figure  # noqa: E402
 
-# 比较的系统：(图例, 调度方式, max_bs)。Orca 图 10 用的 max_bs 没有查到（facts §3 "unknown"），这里取 8/16/32。
+# 比较的系统：(图例, 调度方式, max_bs)。Orca 图 10 用的 max_bs 没有查到 [S56]，这里取 8/16/32。
 SYSTEMS = [("FT bs=1", "request", 1), ("FT bs=8", "request", 8),
            ("Orca bs=8", "iteration", 8), ("Orca bs=16", "iteration", 16), ("Orca bs=32", "iteration", 32)]
 LATENCY_BUDGET = 0.1      # 每 token 延迟预算（秒），用来比较"同样延迟下的吞吐"
@@ -34,19 +33,31 @@ LATENCY_BUDGET = 0.1      # 每 token 延迟预算（秒），用来比较"同�
 
 def part1_memory(step):
     m, chip = step.model, step.chip
-    full = dl.StepModel(m, chip, mem_util=1.0)
+    from dataclasses import replace
     kv_tok = m.kv_bytes_per_token(2.0)
+    ft = dl.ft_batch_cap(m, chip, dl.FT_MAX_SEQ)
+    seed_chip = replace(chip, mem_alloc=None)                      # 原课程第 6 讲模块的 A100：只有手册的 40 GB
     rows = []
-    for label, sm in (("留 10% 余量（vLLM 老默认 0.9）", step), ("显存用到 100%", full)):
-        cap = sm.kv_capacity_tokens()
-        rows.append([label, fmt_bytes(sm.mem_util * chip.mem_cap), fmt_bytes(m.weight_bytes(2.0)),
-                     f"{cap:,}", cap // dl.FT_MAX_SEQ])
+    for label, budget, cap in (
+            ("原课程的规则：90% × 手册 40 GB", 0.9 * chip.mem_cap,
+             dl.StepModel(m, seed_chip).kv_capacity_tokens() // dl.FT_MAX_SEQ),
+            (f"90% × 可分配 {chip.alloc_bytes / 1e9:.1f} GB（推出的）", step.usable_bytes,
+             step.kv_capacity_tokens() // dl.FT_MAX_SEQ),
+            ("FT 的账：可分配 − 1 GB 运行时，每序列 KV + 工作区", ft["alloc"] - ft["runtime"], ft["cap"]),
+            ("同上，但不算工作区（对照）", ft["alloc"] - ft["runtime"], ft["cap_kv_only"])):
+        rows.append([label, fmt_bytes(budget), fmt_bytes(m.weight_bytes(2.0)), cap])
     print(f"== 1. FasterTransformer 的批上限：{m.name} 在 {chip.name} 上，每个请求预留 {dl.FT_MAX_SEQ} 个 token ==")
-    print(f"   每 token 的 KV = 2 · {m.n_layers} 层 · {m.n_kv_heads} 头 · {m.d_head} 维 · 2 字节 = {fmt_bytes(kv_tok)}")
-    print(format_table(["显存预算", "可用", "权重（BF16）", "KV 容量（token）", f"÷{dl.FT_MAX_SEQ} = 批上限"], rows))
-    assert step.kv_capacity_tokens() // dl.FT_MAX_SEQ == 6
-    assert full.kv_capacity_tokens() // dl.FT_MAX_SEQ == 8
-    print("   论文：FT 在 13B 上批到 8 就 OOM（facts §3）——真实系统要给激活、通信缓冲和碎片留余量，所以是 6。\n")
+    print(f"   每 token 的 KV = 2 · {m.n_layers} 层 · {m.n_kv_heads} 头 · {m.d_head} 维 · 2 字节 = "
+          f"{fmt_bytes(kv_tok)}；"
+          f"每序列 {fmt_bytes(ft['kv_per_seq'])}")
+    print(f"   FT 的工作区（每序列，按 {dl.FT_MAX_SEQ} token 预分配）：没融合的注意力分数 [H, S, S] + 10·d·S 个激活，"
+          f"FP16 共 {fmt_bytes(ft['work_per_seq'])}")
+    print(format_table(["怎么算", "可用", "权重（BF16）", f"批上限（每个 {dl.FT_MAX_SEQ} token）"], rows))
+    assert ft["cap"] == step.kv_capacity_tokens() // dl.FT_MAX_SEQ == 7 and rows[0][-1] == 6
+    assert ft["cap"] < 8 <= ft["cap_kv_only"]
+    print("   论文只说 FT 在 13B 上批到 8 就 OOM [S56]（没给上限本身）：写明的假设推出 7，和它一致；原课程模块的 6 来自"
+          "\"手册 40 GB 的 90%\"，而程序实际能分配约 42.6 GB。不算工作区会得到 9——说明 OOM 靠的正是 FT 按最大长度"
+          "预分配的激活缓冲。下面的模拟用 7。\n")
 
 
 def simulate(kind, max_bs, n, rate, seed, step):
@@ -71,11 +82,12 @@ def part2_curves(step, n, rates, seed):
             row.append(f"{thr:.2f} / {med * 1e3:.0f}")
             if kind == "request" and bs > 1:
                 waste.append(1 - info["useful_tokens"] / info["slot_tokens"])
-                assert info["max_bs_used"] == 6
+                assert info["max_bs_used"] == dl.ft_batch_cap(step.model, step.chip)["cap"]
         rows.append(row)
     print("   每格：吞吐 req/s / 每 token 延迟中位数 ms")
     print(format_table(["到达率 req/s"] + [s[0] for s in SYSTEMS], rows))
-    print(f"   FT bs=8 实际只能用 6；补齐 + 陪跑白算的 token 位置占 {min(waste):.0%}–{max(waste):.0%}。")
+    print(f"   FT bs=8 实际只能用 {dl.ft_batch_cap(step.model, step.chip)['cap']}；"
+          f"补齐 + 陪跑白算的 token 位置占 {min(waste):.0%}–{max(waste):.0%}。")
     best = {name: max([thr for _, thr, med, _ in pts if med <= LATENCY_BUDGET], default=0.0)
             for name, pts in curves.items()}
     print(f"   每 token 中位延迟 ≤ {LATENCY_BUDGET * 1e3:.0f} ms 时能达到的最大吞吐：" +
@@ -84,7 +96,7 @@ def part2_curves(step, n, rates, seed):
     assert top["Orca bs=32"] > 3 * top["FT bs=8"] > 3 * top["FT bs=1"], top
     assert best["Orca bs=32"] > 3 * best["FT bs=8"], best
     assert all(top[f"Orca bs={b}"] <= top[f"Orca bs={2 * b}"] * 1.001 for b in (8, 16)), top
-    print(f"   最高负载下：Orca bs=32 的吞吐是 FT（bs 6）的 {top['Orca bs=32'] / top['FT bs=8']:.1f} 倍。\n")
+    print(f"   最高负载下：Orca bs=32 的吞吐是 FT（bs 7）的 {top['Orca bs=32'] / top['FT bs=8']:.1f} 倍。\n")
     return curves
 
 
@@ -117,40 +129,43 @@ def part3_reserve(step, n, seed, rates, max_bs, history_rate):
     print(f"   KV 容量 {cap:,} 个 token。按 max_seq 预留：最多 {cap // dl.FT_MAX_SEQ} 个请求同时在跑，显存大半空着；"
           f"按 max_gen：声明比实际长，仍有一截白占；\n   不预留：接纳时只看输入放不放得下，重载下 "
           f"{dead['deadlock_t']:.2f} s 时显存写满、{dead['done']} 个请求完成后再也没有进展"
-          "——第 7 讲用分页 + 抢占解决。\n")
+          "——vLLM 用分页 + 抢占解决（[S60]，本课程之外）。\n")
     return histories, cap
 
 
-def plot_curves(curves):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+def plot_curves(curves, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(11, 6.5))
     for name, pts in curves.items():
         thr = [p[1] for p in pts]
         med = [p[2] * 1e3 for p in pts]
-        ax.plot(thr, med, "s--" if name.startswith("FT") else "o-", label=name)
+        ax.plot(thr, med, "s--" if name.startswith("FT") else "o-", lw=2, label=name)
     ax.set_yscale("log")
-    ax.axhline(LATENCY_BUDGET * 1e3, color="gray", lw=0.8, ls=":")
+    ax.axhline(LATENCY_BUDGET * 1e3, color="gray", lw=1.2, ls=":")
+    ax.text(2.25, LATENCY_BUDGET * 1e3 * 1.1, f"{LATENCY_BUDGET * 1e3:.0f} ms/token budget", color="gray")
+    ax.annotate("iteration-level scheduling:\nmuch more throughput\nat the same latency", xy=(9, 35),
+                xytext=(5.5, 2000), arrowprops=dict(arrowstyle="->"))
     ax.set_xlabel("throughput (requests / s)")
     ax.set_ylabel("median normalized latency (ms / token)")
     ax.set_title("GPT-3 13B on A100-40GB, Orca synthetic workload (simulated)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    return save_figure(fig, __file__, "latency_throughput")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, __file__, "latency_throughput", quick=quick)
 
 
-def plot_memory(histories, cap):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
+def plot_memory(histories, cap, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), sharey=True)
     for ax, mode in zip(axes, ("max_seq", "max_gen", "none")):
         hist, res = histories[mode]
         t = np.array([h["t1"] for h in hist])
         ax.plot(t, [h["reserved"] for h in hist], label="reserved")
         ax.plot(t, [h["used"] for h in hist], label="written")
         ax.axhline(cap, color="k", lw=0.8, ls=":", label="KV capacity")
+        if mode == "none":                     # 不预留：两条线重合，说一声（否则"reserved"那条看不见）
+            ax.text(0.05, 0.55, "reserved = written\n(nothing reserved ahead)", transform=ax.transAxes)
         title = f"reserve = {mode}"
         if res["deadlock"]:
             ax.axvline(res["deadlock_t"], color="r", lw=1.0)
@@ -158,8 +173,9 @@ def plot_memory(histories, cap):
         ax.set_title(title)
         ax.set_xlabel("time (s)")
     axes[0].set_ylabel("KV tokens")
-    axes[0].legend(fontsize=8)
-    return save_figure(fig, __file__, "kv_memory")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.08))
+    return save_figure(fig, __file__, "kv_memory", quick=quick)
 
 
 def main():
@@ -179,8 +195,8 @@ def main():
     print(f"结论：一批跑完才换下一批，既浪费显存（按最大长度预留）又浪费算力（补齐、陪跑）；每次迭代重新选请求，"
           f"同样的硬件吞吐高数倍。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        p1 = plot_curves(curves)
-        p2 = plot_memory(histories, cap)
+        p1 = plot_curves(curves, quick=args.quick)
+        p2 = plot_memory(histories, cap, quick=args.quick)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
-from llm_math import fmt_bytes, fmt_si, format_table  # noqa: E402
+from course_utils import fmt_bytes, fmt_si, format_table  # noqa: E402
 from transformer_lab import MATMUL_OPS, OP_GROUPS, Config, Counter, KVCache, forward, init_params  # noqa: E402
 
 

@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
-from llm_math import format_table  # noqa: E402
+from course_utils import format_table  # noqa: E402
 from transformer_lab import Config, init_params  # noqa: E402
 
 ALPHA_PASS = 1e-3      # 正确规则：p 值必须 > 这个数（固定种子下的一次检验；误报概率 0.1%）

@@ -25,8 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
-from course_utils import save_figure  # noqa: E402
-from llm_math import fmt_bytes, fmt_si, format_table  # noqa: E402
+from course_utils import fmt_bytes, fmt_si, format_table, save_figure  # noqa: E402
 from transformer_lab import MATMUL_OPS, Config, Counter, config_like, init_params  # noqa: E402
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -130,7 +129,7 @@ def part3_formulas():
     assert abs(s - (1 - 0.9 ** 11) / 0.1) < 1e-12          # 独立：c = 0 时就是等比数列和 (1 − α^{γ+1})/(1 − α)
     published = dl.LEVIATHAN_TABLE1[0.9, 10, 0.0]           # Leviathan et al., ICML 2023, 表 1 发表的数
     assert abs(s - published) < 0.005, (s, published)
-    a, g, seen = 0.75, 7, 3.4                              # facts §5 [S78,S79]：T5-XXL / T5-small，WMT EnDe，T = 0
+    a, g, seen = 0.75, 7, 3.4                              # [S78, S79]：T5-XXL / T5-small，WMT EnDe，T = 0
     c_implied = (dl.expected_tokens(a, g) / seen - 1) / g
     assert 0 < c_implied < 0.05
     print(f"   Leviathan et al., ICML 2023, 表 1：α = 0.9、γ = 10、c = 0 → 公式 {s:.2f}×（论文发表 {published}×）。")
@@ -141,32 +140,33 @@ def part3_formulas():
           f"（定理 3.11，取 ĉ ≈ c）。\n")
 
 
-def plot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+def plot(quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     gammas = np.arange(1, 21)
     for a in (0.6, 0.7, 0.8, 0.9):
         s = [dl.walltime_speedup(a, int(g), 0.05) for g in gammas]
-        line, = ax1.plot(gammas, s, label=f"alpha = {a}")
+        line, = ax1.plot(gammas, s, lw=2, label=f"α = {a}")
         g_best, s_best = dl.best_gamma(a, 0.05)
-        ax1.plot([g_best], [s_best], "o", color=line.get_color())
-    ax1.axhline(1.0, color="gray", lw=0.8, ls=":")
-    ax1.set_xlabel("gamma (draft tokens per round)")
+        ax1.plot([g_best], [s_best], "o", ms=8, color=line.get_color())
+    ax1.axhline(1.0, color="gray", lw=1, ls=":")
+    ax1.set_xlabel("γ (draft tokens per round)")
     ax1.set_ylabel("expected wall-time speedup")
-    ax1.set_title("Theorem 3.8 at c = 0.05 (dot = best gamma)")
-    ax1.legend(fontsize=8)
-    alphas = np.linspace(0.3, 0.98, 70)
+    ax1.set_title("Theorem 3.8 at c = 0.05 (dot = best γ)")
+    ax1.legend(loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    alphas = np.linspace(0.3, 0.98, 18 if quick else 70)
     for c in (0.01, 0.05, 0.1, 0.2):
-        ax2.plot(alphas, [dl.best_gamma(float(a), c)[0] for a in alphas], label=f"c = {c}")
-    ax2.set_xlabel("alpha (acceptance rate)")
-    ax2.set_ylabel("best gamma")
-    ax2.set_title("Optimal gamma (Leviathan Fig. 3 style)")
-    ax2.legend(fontsize=8)
+        # gamma_max = 256：α = 0.98、c = 0.01 的最优 γ 是 74，默认上限 64 会被截住（best_gamma 会警告）
+        ax2.plot(alphas, [dl.best_gamma(float(a), c, gamma_max=256)[0] for a in alphas], lw=2, label=f"c = {c}")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("α (acceptance rate)")
+    ax2.set_ylabel("best γ")
+    ax2.set_title("Optimal γ (Leviathan Fig. 3 style)")
+    ax2.legend(loc="upper left")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    return save_figure(fig, __file__, "gamma")
+    return save_figure(fig, __file__, "gamma", quick=quick)
 
 
 def main():
@@ -189,7 +189,7 @@ def main():
     print(f"结论：草稿越像目标（α 越大）、越便宜（c 越小），最优 γ 越大、加速越多；输出分布不变（演示 3）。"
           f"（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        path = plot()
+        path = plot(quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -26,8 +26,7 @@ sys.path.insert(0, HERE)
 
 import decode_lab as dl  # noqa: E402
 import hw_specs as HW  # noqa: E402
-from course_utils import save_figure  # noqa: E402
-from llm_math import format_table  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 from transformer_lab import Config, config_like, init_params  # noqa: E402
 
 TARGET, DRAFT = dl.LLAMA31_8B, dl.LLAMA32_1B
@@ -50,8 +49,11 @@ def part1_verify(chip):
     for ctx in CONTEXTS:
         row = [ctx]
         for b in BATCHES:
+            if not fits(chip, b, ctx, 4):            # 放不下：spec_round 报 CapacityError，不给比值
+                row.append("OOM")
+                continue
             r = dl.spec_round(TARGET, DRAFT, chip, b, ctx, ALPHA, 4)
-            row.append(f"{r['verify_ratio']:.2f}" + ("" if fits(chip, b, ctx, 4) else " OOM"))
+            row.append(f"{r['verify_ratio']:.2f}")
         rows.append(row)
     print(format_table(["上下文 \\ 批"] + [str(b) for b in BATCHES], rows))
     print(f"   屋脊点 {chip.ridge_point():.0f} FLOP/B：一步里 token 数（批 × 5）远小于它时，"
@@ -68,11 +70,14 @@ def part2_best(chip, section):
     for ctx in CONTEXTS:
         row, pts = [ctx], []
         for b in BATCHES:
+            if not fits(chip, b, ctx, 16):          # best_round 最多试 γ = 16：放不下就不给加速比
+                row.append("OOM")
+                pts.append((b, 0, float("nan"), False))
+                continue
             g, r = dl.best_round(TARGET, DRAFT, chip, b, ctx, ALPHA)
             s = r["speedup"] if r else 1.0
-            ok = fits(chip, b, ctx, g)
-            row.append(f"γ={g} {s:.2f}×" + ("" if ok else " OOM"))
-            pts.append((b, g, s, ok))
+            row.append(f"γ={g} {s:.2f}×")
+            pts.append((b, g, s, True))
         rows.append(row)
         curves[ctx] = pts
     print(format_table(["上下文 \\ 批"] + [str(b) for b in BATCHES], rows))
@@ -80,7 +85,7 @@ def part2_best(chip, section):
     feasible = [p for p in short if p[3]]
     assert short[0][2] > 1.5, short[0]                                  # 批 1：接近 Leviathan 公式的加速
     assert feasible[-1][2] < 1.15, feasible[-1]                         # 短上下文、最大的可行批：加速塌掉
-    assert all(a[1] >= b[1] for a, b in zip(short, short[1:]))          # 批越大最优 γ 越小
+    assert all(a[1] >= b[1] for a, b in zip(feasible, feasible[1:]))    # 批越大最优 γ 越小
     c1 = dl.spec_round(TARGET, DRAFT, chip, 1, CONTEXTS[0], ALPHA, 1)["c"]
     print(f"   批 1 时 c = t_draft / t_base = {c1:.2f}（1B 的权重是 8B 的 ~1/5，再加每步固定开销的假设）；"
           f"Leviathan 公式的最优 γ 是 {dl.best_gamma(ALPHA, c1)[0]}。\n")
@@ -125,38 +130,37 @@ def part3_tree(ranks, chip, batches, section):
                                          for b, br in zip(batches, best)))
     print("   这个 bigram 草稿的第一名已经很准，同样的节点数下链比宽树划算；真实系统（EAGLE-2）按草稿的置信度"
           "动态长树。")
-    print("   参考（facts §5，真实模型、不能和这里的玩具数字比）：Medusa-1 >2.2×，"
+    print("   参考（[S80–S82]，真实模型、不能和这里的玩具数字比）：Medusa-1 >2.2×，"
           "EAGLE 2.7–3.5×（LLaMA2-Chat 70B）[S80–S82]。\n")
     return table
 
 
-def plot_speedup(all_curves):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(all_curves), figsize=(11, 4.2), sharey=True)
+def plot_speedup(all_curves, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(all_curves), figsize=(15, 6), sharey=True)
     for ax, (chip, curves) in zip(axes, all_curves.items()):
         for ctx, pts in curves.items():
-            b = [p[0] for p in pts]
-            s = [p[2] for p in pts]
-            line, = ax.plot(b, s, ":", alpha=0.5)
-            ok = [p for p in pts if p[3]]
-            ax.plot([p[0] for p in ok], [p[2] for p in ok], "o-", color=line.get_color(), label=f"ctx {ctx}")
+            ok = [p for p in pts if p[3]]                      # 放不下的 (批, 上下文) 不画：没有加速比可言
+            ax.plot([p[0] for p in ok], [p[2] for p in ok], "o-", lw=2, label=f"ctx {ctx}")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
-        ax.set_title(f"{chip}: best-gamma speedup, alpha = {ALPHA}")
+        ax.set_title(f"{chip}: best-γ speedup, α = {ALPHA}")
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("speedup over plain decode (dotted = does not fit)")
-    axes[0].legend(fontsize=8)
-    return save_figure(fig, __file__, "speedup")
+    axes[0].set_ylabel("speedup over plain decode")
+    axes[0].annotate("big batch, short context:\ncompute is busy, no speedup", xy=(2 ** 10, 1.0),
+                     xytext=(2 ** 3, 1.15), arrowprops=dict(arrowstyle="->"))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, bbox_to_anchor=(0.5, -0.07),
+               title="lines end where target + draft no longer fit the card")
+    return save_figure(fig, __file__, "speedup", quick=quick)
 
 
-def plot_tree(table, batches):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+def plot_tree(table, batches, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     nodes = [v[0] for v in table.values()]
     acc = [v[1] for v in table.values()]
     chain = [set(br) == {1} for br in table]
@@ -166,18 +170,18 @@ def plot_tree(table, batches):
     ax1.set_xlabel("draft tokens verified per round (nodes)")
     ax1.set_ylabel("mean accepted length (greedy)")
     ax1.set_title("Static tree: acceptance vs size")
-    ax1.legend(fontsize=8)
+    ax1.legend()
     for i, b in enumerate(batches):
         ax2.plot(nodes, [v[2][i] for v in table.values()], "o", label=f"batch {b}")
     ax2.set_xscale("log")
     ax2.axhline(1.0, color="gray", lw=0.8)
     ax2.set_xlabel("nodes")
-    ax2.set_ylabel("speedup (free draft heads, H100, ctx 1024)")
-    ax2.set_title("Bigger trees pay off only at small batch")
-    ax2.legend(fontsize=8)
+    ax2.set_ylabel("speedup (free draft heads)")
+    ax2.set_title("H100, ctx 1024: big trees pay off only at small batch")
+    ax2.legend(loc="lower left")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    return save_figure(fig, __file__, "tree")
+    return save_figure(fig, __file__, "tree", quick=quick)
 
 
 def main():
@@ -196,8 +200,8 @@ def main():
     print("结论：投机解码拿闲着的算力换更少的权重读取。批小（或上下文长、受 KV 带宽限制）时算力是闲的，加速接近公式；"
           f"批大、上下文短时算力不闲，验证要按 γ+1 倍付钱，加速消失。（用时 {time.perf_counter() - t0:.1f} s）")
     if not args.no_fig:
-        p1 = plot_speedup(all_curves)
-        p2 = plot_tree(table, batches)
+        p1 = plot_speedup(all_curves, quick=args.quick)
+        p2 = plot_tree(table, batches, quick=args.quick)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

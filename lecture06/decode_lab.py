@@ -1,54 +1,31 @@
 """
-CS349E 第 6 讲 · decode_lab.py —— 让 decode 的每一步做更多有用功：迭代级调度、选择性批处理、投机解码
+decode_lab.py —— 第 6 讲：让 decode 的每一步做更多有用功（迭代级调度、选择性批处理、投机解码）
 
-【这一讲回答的问题】
-    decode 每一步只给每个序列产出 1 个 token，却要把所有权重从 HBM 搬一遍：算术强度约等于"这一步里
-    有几个 token"，远低于 GPU 的算力/带宽拐点（第 1 讲）。要让一步做更多有用功，只有两个方向：
-      A. 一步里放更多**请求**。难处：请求随时到达、长短不一、处在不同阶段（有的在读输入，有的在生成）。
-         → Orca（Yu et al., OSDI'22）：迭代级调度（iteration-level scheduling）+ 选择性批处理（selective batching）。
-      B. 一步里为同一个请求验证更多 **token**。难处：第 t+1 个 token 依赖第 t 个。
-         → 投机解码（Leviathan, Kalman, Matias, ICML'23；Chen et al. 2023）：便宜的草稿模型先猜 γ 个，
-           目标模型一次前向全部验证；修正过的拒绝采样保证输出分布和目标模型自己采样**完全相同**。
+【问题】decode 每步只给每个序列产出 1 个 token，却要把全部权重从 HBM 搬一遍：算术强度 ≈ 这一步里有几个 token，
+    远低于 GPU 的拐点（第 1 讲）。让一步做更多有用功只有两个方向：
+      A. 一步里放更多**请求**——请求随时到达、长短不一、阶段不同 → Orca（Yu et al., OSDI '22）：
+         迭代级调度 + 选择性批处理。
+      B. 一步里为同一个请求验证更多 **token**——第 t+1 个依赖第 t 个 → 投机解码（Leviathan et al., ICML '23；
+         Chen et al. 2023）：草稿模型先猜 γ 个，目标模型一次验证；修正过的拒绝采样让输出分布和目标模型**完全相同**。
 
-【主要内容】
-    §1 调度模拟：A100_40G、GPT3_13B、LLAMA32_1B、Req、orca_workload、
-        run_request_level（FasterTransformer 式：一批跑完才接下一批）、
-        run_iteration_level（Orca 算法 1：每次迭代重新选请求；KV 预留三种模式、死锁检测）、latency_throughput。
-    §2 选择性批处理：ragged_forward —— 长短不一的请求拼成一个 [ΣT_i, d] 的张量过线性层，只有注意力按请求拆开；
-        在第 2 讲的 numpy Transformer 上真算，和"每个请求单独算"逐位比较。
-    §3 投机解码：adjust / residual / spec_output_dist / sample_rows（采样的零件和精确分布）、
-        variant_output_dist（两个**错误**规则的精确分布，看它们偏在哪里）、
-        TransformerLM / NGramLM（同一套"带 cache、能回滚"的接口）、speculative_generate、autoregressive_generate、
-        spec_sample_batch（上万个独立样本一起跑，含两个错误变体做对照）、
-        exact_continuation_dist / chi_square_gof / chi2_sf（蒙特卡洛检验用的卡方检验，自己实现，不依赖 scipy）、
-        Leviathan 的公式 expected_tokens / walltime_speedup / ops_factor / best_gamma。
-    §4 硬件视角：verify_time（一次前向验证 n 个 token 的 roofline 时间）、spec_round / best_round（批大小、上下文
-        对加速比的影响）、fits_in_memory（这个批大小和上下文放不放得下）、draft_ranks / tree_nodes /
-        tree_accept_lengths / tree_round（树形验证在贪心解码下的精确接受长度与加速比）。
-    tiny_pair：自检、演示、测试共用的一对小 Transformer（目标 + "早退"草稿）。
+【里面有什么】
+    §1 调度：Req、orca_workload、run_request_level（FasterTransformer 式）、run_iteration_level（Orca 算法 1：
+       三种 KV 预留、死锁检测；引擎是第 5 讲的 serving_sim.iteration_schedule）、latency_throughput
+    §2 选择性批处理：ragged_forward —— 长短不一的请求拼成 [ΣT_i, d] 过线性层，只有注意力按请求拆开
+    §3 投机解码：adjust / residual / spec_output_dist / sample_rows、TransformerLM / NGramLM、speculative_generate、
+       spec_sample_batch、exact_continuation_dist / chi_square_gof、expected_tokens / walltime_speedup / best_gamma
+    §4 硬件视角：verify_time、spec_round / best_round、fits_in_memory、tree_round（树形验证）；tiny_pair（小模型对）
 
-【约定】
-    时间：秒；长度：token 数；字节：10^9 = 1 GB。
-    概率分布：最后一维和为 1 的 float64 数组 [..., V]。"调整后的分布"指温度 / top-k 处理之后的分布（adjust）。
-    随机性：一律由调用者传入 np.random.Generator，所以每个结果都可以复现。
-    调度函数会**改写**传入的 Req（gen、finish 等字段）；每次模拟开始时先把这些字段清零，所以同一组请求可以重复模拟。
+【约定】时间：秒；长度：token 数；1 GB = 10⁹ 字节。概率分布 = 最后一维和为 1 的 float64 数组 [..., V]。
+    随机性一律由调用者传入 np.random.Generator（结果可复现）。调度函数会改写传入的 Req（开始时先清零，可重复模拟）。
+【假设】（改它们会改数字，不改结论的方向）
+    H1 每步时间 = roofline + 固定开销（第 5 讲 StepModel 的默认值）；H2 只模拟一块 GPU；H3 调度不花时间；
+    H4 KV 按 token 精确分配、没有碎片（分页在本课程之外：vLLM [S60]）；H5 Leviathan：各草稿 token 以概率 α 独立被接受、
+    验证 γ+1 个和 decode 1 个一样快（§4 换成 roofline）；H6 spec_round：批里同一个 γ，草稿和目标串行。
+    投机解码的正确性检验用没训练过的小模型：接受率只说明机制，不代表真实模型。
 
-【时间模型的假设（都是假设，不是测量；改它们会改结论的数字，不会改结论的方向）】
-    H1 每步时间 = roofline：max(FLOPs / (峰值 × MFU), 字节 / (带宽 × MBU)) + 每步固定开销。
-       调度模拟用第 5 讲 serving_sim.StepModel 的默认值：MFU 0.6、MBU 0.8、1 ms、90% 显存可用。
-    H2 只模拟一块 GPU；Orca 论文里的张量并行 / 流水线并行只在讲义里讨论。
-    H3 调度本身不花时间；到达的请求下一次迭代就能被选中。
-    H4 KV 按 token 精确分配，没有碎片（分页和碎片是第 7 讲的事）。
-    H5 Leviathan 的公式假设：每个草稿 token 被接受的概率都是 α、彼此独立；目标模型验证 γ+1 个 token 和
-       decode 1 个 token 一样快。§4 把第二条换成 roofline，于是批大时它不再成立。
-    H6 spec_round：批里每个序列用同一个 γ、接受与否彼此独立；草稿和目标模型在同一块 GPU 上串行执行。
-    投机解码的正确性检验用随机初始化的小模型（没训练过）：接受率只说明机制，不代表真实模型的数字。
-
-【运行】python3 lecture06/decode_lab.py      # 自检，不到 1 秒（2 核 CPU 实测约 0.3 s）
-【依赖】numpy；lecture01（llm_math 的模型预设；hw_specs 的芯片，经 serving_sim）、lecture02（transformer_lab）、
-       lecture05（serving_sim.StepModel 与 A100_40G，它又用 prereq5/comm_sim）。都只读。
-【和原版的差别】A100_40G、GPT3_13B、LLAMA32_1B 不再各写一份，直接引用第 1、5 讲的同名对象（数字相同；
-       GPT3_13B 多计了偏置和位置向量，参数量 12.85B，FT 批上限仍是 6）。各函数的差别写在各自的 docstring 里。
+【运行】python3 lecture06/decode_lab.py      # 自检，不到 1 秒
+【依赖】numpy；lecture01（llm_math、hw_specs）、lecture02（transformer_lab）、lecture05（serving_sim）、prereq5（comm_sim）。
 """
 
 import itertools
@@ -69,43 +46,25 @@ from serving_sim import StepModel  # noqa: E402
 from transformer_lab import (KVCache, attention_core, apply_rope, forward, linear, lm_head_matrix,  # noqa: E402
                              rms_norm, rope_angles, silu, softmax)
 import transformer_lab as _tl  # noqa: E402  （逐元素运算的记账常数，和 forward 记得一样）
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
-
-
-# =============================================================================
-# 输入检查（坏输入要大声报错，不能悄悄给出错误答案）
-# =============================================================================
-def _temperature(t):
-    return check_real("temperature", t, lo=0.0)
-
-
-def _tokens(name, toks, vocab):
-    """一维整数 token 数组，长度 ≥ 1，取值在 [0, vocab)。"""
-    a = np.asarray(toks)
-    if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"{name} 必须是非空的一维 token 序列，收到形状 {a.shape}")
-    if not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"{name} 的元素必须是整数 token，收到 dtype {a.dtype}")
-    if a.min() < 0 or a.max() >= vocab:
-        raise ValueError(f"{name} 的 token 必须在 [0, {vocab}) 里，收到范围 [{a.min()}, {a.max()}]")
-    return a.astype(np.int64)
+from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 
 # =============================================================================
 # §1 调度模拟：请求级（FasterTransformer）vs 迭代级（Orca）
 # =============================================================================
 # Orca 的实验平台与模型：和第 1、5 讲用**同一个对象**（一处定义，数字只在一个地方改）。
-#   A100_40G ：Azure ND96asr A100 v4 上的 A100-SXM4-40GB（facts §3 [S56]）；312 TFLOPS BF16 稠密、1,555 GB/s、
-#              40 GB HBM2（facts §1a [S1,S3]）。第 1 讲的芯片表里没有 A100，它定义在第 5 讲的 serving_sim 里。
-#   GPT3_13B ：Orca 表 1 的 13B（40 层、隐藏维 5120、单卡；MHA、头维 128；facts §2 [S46]）。第 1 讲的预设把 GPT-3 的
+#   A100_40G ：Azure ND96asr A100 v4 上的 A100-SXM4-40GB[S56]；312 TFLOPS BF16 稠密、1,555 GB/s、
+#              40 GB HBM2[S1, S3]。第 1 讲的芯片表里没有 A100，它定义在第 5 讲的 serving_sim 里。
+#   GPT3_13B ：Orca 表 1 的 13B（40 层、隐藏维 5120、单卡；MHA、头维 128；[S46]）。第 1 讲的预设把 GPT-3 的
 #              d→4d→d MLP 换成参数量相同的 SwiGLU（d_ff = 13653），并计入 qkv 偏置和 2048 个学到的位置向量。
-#   LLAMA32_1B：Llama 3.2 1B（facts §2 [S41,S42]）：和 Llama 3.1 8B / 70B 共用分词器（词表 128256），常作草稿模型。
+#   LLAMA32_1B：Llama 3.2 1B[S41, S42]：和 Llama 3.1 8B / 70B 共用分词器（词表 128256），常作草稿模型。
 A100_40G = serving_sim.A100_40G
+ft_batch_cap = serving_sim.ft_batch_cap        # FT 式批上限：由写明的假设推出（见 serving_sim）
 GPT3_13B = llm_math.GPT3_13B
 LLAMA32_1B = llm_math.LLAMA32_1B
 LLAMA31_8B = llm_math.LLAMA31_8B
 LLAMA31_70B = llm_math.LLAMA31_70B
-FT_MAX_SEQ = 2048          # FasterTransformer 按模型最大长度给每个请求预留 KV（facts §3：max seq len 2048）
+FT_MAX_SEQ = 2048          # FasterTransformer 按模型最大长度给每个请求预留 KV（Orca 的最大长度 2048 [S56]）
 
 
 @dataclass
@@ -116,7 +75,7 @@ class Req:
     【输入字段】rid 编号；arrival 到达时刻（秒）；prompt 输入 token 数；
         output   ：实际要生成的 token 数（≥ 1；第 1 个由处理输入的那次迭代产出）；
         max_gen  ：请求声明的生成上限（≥ output）。Orca 按 prompt + max_gen 预留 KV；Orca 的实验强制生成到上限，
-                   即 output = max_gen（facts §3）。
+                   即 output = max_gen [S56]。
     【模拟写入的字段】gen 已生成数；admitted 是否已接纳（已占 KV）；admit_t 第一次被放进一步的时刻；
         first_tok 第一个 token 算出来的时刻；finish 最后一个 token 算出来的时刻（没完成时是 nan）。
     【为什么 output 和 max_gen 分开】真实请求常常提前遇到 EOS：声明 128、实际 20。按声明预留的 KV 有一大半白占着
@@ -158,7 +117,7 @@ class Req:
 
 def orca_workload(n, rate, seed=0, prompt_range=(32, 512), gen_range=(1, 128), max_gen=None):
     """
-    Orca 论文 §6 的合成负载（facts §3 [S56,S58]）：输入长度 ~ U{32..512}，生成长度 ~ U{1..128}，泊松到达。
+    Orca 论文 §6 的合成负载[S56, S58]：输入长度 ~ U{32..512}，生成长度 ~ U{1..128}，泊松到达。
 
     【参数】n 请求数；rate 平均每秒到达几个（泊松过程的强度）；seed 随机种子；
         prompt_range / gen_range：闭区间 [lo, hi] 上的离散均匀分布；
@@ -174,12 +133,10 @@ def orca_workload(n, rate, seed=0, prompt_range=(32, 512), gen_range=(1, 128), m
                                                                   ("gen_range", gen_range)))
     if max_gen is not None:
         max_gen = check_int("max_gen", max_gen, lo=1)
-    rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(1.0, size=n)) / rate          # 间隔 ~ Exp(1)/rate
-    prompts = rng.integers(plo, phi, size=n, endpoint=True)
-    outs = rng.integers(glo, ghi, size=n, endpoint=True)
-    declared = outs if max_gen is None else np.maximum(outs, max_gen)
-    return [Req(i, float(arrival[i]), int(prompts[i]), int(outs[i]), int(declared[i])) for i in range(n)]
+    # 同一个生成器：第 5 讲的 make_requests（泊松到达 + 闭区间均匀长度），这里只把 Request 换成带 max_gen 的 Req
+    base = serving_sim.make_requests(n, rate, ("uniform", plo, phi), ("uniform", glo, ghi), seed=seed)
+    return [Req(r.rid, r.arrival, r.prompt, r.output, r.output if max_gen is None else max(r.output, max_gen))
+            for r in base]
 
 
 def _closed_range(name, r):
@@ -214,7 +171,8 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
 
     【三个代价】
         1. 显存：FasterTransformer 给每个请求预留 max_seq 个 token 的 KV，不管它实际多长，所以
-           B ≤ ⌊KV 容量 / max_seq⌋。GPT-3 13B 在 A100 40GB 上是 6 —— 论文说 FT 在 13B 上批到 8 就 OOM（facts §3）。
+           B ≤ ⌊KV 容量 / max_seq⌋。GPT-3 13B 在 A100 40GB 上是 7（0.9 × 可分配 42.6 GB；ft_batch_cap 按权重、
+           KV、FT 工作区的假设推出的也是 7）—— 论文说 FT 在 13B 上批到 8 就 OOM [S56]。
         2. 补齐：第一次迭代把这一批的输入都补到最长的那个 L_max，按 [B, L_max] 一起算。
         3. 白算与陪跑：之后每次迭代全批 B 行一起 decode，直到最长的输出 O_max 生成完；
            早结束的请求那几行在空转，它的结果也要等整批结束才一起返回。
@@ -296,8 +254,8 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
                    （算法 1 第 23–25 行）。已接纳的请求一定能跑完，不会死锁；代价是声明远大于实际时白占显存。
         "max_seq"：每个请求预留 max_seq（像 FasterTransformer 那样）——调度变聪明了，显存管理还是粗放的。
         "none"   ：不预留，写多少占多少；接纳时只要放得下输入。显存写满之后，每个正在生成的请求下一步还要再写
-                   1 个 token 的 KV，可能谁都动不了 → **死锁**（没有抢占 / 换出时）。第 7 讲的 PagedAttention +
-                   抢占就是来解决这个的。
+                   1 个 token 的 KV，可能谁都动不了 → **死锁**（没有抢占 / 换出时）。PagedAttention +
+                   抢占（vLLM [S60]，本课程之外）就是来解决这个的。
     【一次迭代】
         1. 已接纳的请求全部参加（"none" 模式下只有还能写 1 个 KV 的那些能动）；
         2. 按到达顺序接纳新请求，直到批满或 KV 不够——遇到第一个放不下的就停，后面的也不插队（FCFS）；
@@ -309,91 +267,26 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
     【返回】字典：deadlock、deadlock_t、done（完成数）、iters（迭代数）、
         mean_reserved / mean_used（按迭代平均：这一步执行时已预留 / 已写入的 KV token 数）、
         peak_reserved / peak_used、admit_order（接纳的先后，rid 列表）。
-    【和原版的差别】mean_reserved / mean_used 取"这一步执行时"（写完本步的 KV、还没释放完成者）的值，
-        原版取释放之后的值；前者才是这一步真正占着的显存。另外：同一组 Req 可以重复模拟（开始时清零）；
-        永远放不下的请求直接报 ValueError，而不是让队列卡住。
+    【报错】永远放不下的请求（单独占满整块 GPU 也不够）→ ValueError，而不是让它永远堵在队头。
     """
     reqs, max_bs = _start(reqs, max_bs)
-    if reserve not in RESERVE_MODES:
-        raise ValueError(f"reserve 必须是 {RESERVE_MODES} 之一，收到 {reserve!r}")
+    check_choice("reserve", reserve, RESERVE_MODES)
     max_seq = check_int("max_seq", max_seq, lo=1)
     if t_limit is not None:
         t_limit = check_real("t_limit", t_limit)
-    slots = int(step.kv_capacity_tokens())
-    _check_fits(reqs, reserve, max_seq, slots)
-    attn_1 = step.model.attn_flops_per_token(1)          # 每个 token 每看一个 key 的注意力 FLOPs
-    n = len(reqs)
-    t = 0.0
-    arrived = head = 0         # reqs[:arrived] 已到达；reqs[head:arrived] 到了但还没接纳（等待队列）
-    active = []                # 已接纳、未完成（按到达顺序——FCFS 接纳保证它们排在等待队列前面）
-    reserved = used = 0        # 已预留 / 已写入的 KV token 数（"none" 模式下两者相同）
-    out = {"deadlock": False, "deadlock_t": None, "done": 0, "iters": 0, "admit_order": [],
-           "peak_reserved": 0, "peak_used": 0}
-    res_sum = used_sum = 0.0
-    while out["done"] < n:
-        if t_limit is not None and t_limit < t:
-            break
-        while arrived < n and reqs[arrived].arrival <= t:
-            arrived += 1
-        if not active and head == arrived:               # 系统全空：时钟跳到下一个请求到达
-            t = reqs[arrived].arrival
-            continue
-        # 1. 已接纳的请求（"none" 模式：剩余空位只够前几个各写 1 个 token）
-        if reserve == "none":
-            batch = active[:max(0, slots - used)]
-            claim = used + len(batch)                    # 这一步结束时会写到多少
-        else:
-            batch = list(active)
-        # 2. 按到达顺序接纳新请求
-        while head < arrived and len(batch) < max_bs:
-            r = reqs[head]
-            need = _kv_need(r, reserve, max_seq)
-            if (claim if reserve == "none" else reserved) + need > slots:
-                break                                    # 队头放不下：停止接纳，后面的不插队
-            if reserve == "none":
-                claim += need
-            else:
-                reserved += need
-            r.admitted, r.admit_t = True, t
-            out["admit_order"].append(r.rid)
-            batch.append(r)
-            active.append(r)
-            head += 1
-        if not batch:                                    # 只可能发生在 "none"：谁都写不了 KV，也没有人会释放
-            out["deadlock"], out["deadlock_t"] = True, t
-            break
-        # 3. 这一步的时间
-        pre = [r for r in batch if not r.gen]             # 第一次参加：整段输入（initiation）
-        dec = [r for r in batch if r.gen]                 # 已经在生成：各 1 个 token（increment）
-        ctx = sum(r.prompt + r.gen for r in dec)         # decode 请求各自读的 KV（含这一步新写的那个）
-        p_toks = sum(r.prompt for r in pre)
-        p_attn = attn_1 * sum(r.prompt * (r.prompt + 1) / 2 for r in pre)   # 因果掩码：第 i 个 token 看 i 个 key
-        t0 = t
-        t += step.mixed_time(len(dec), ctx, p_toks, p_attn)
-        used += p_toks + len(dec)
-        held = used if reserve == "none" else reserved
-        res_sum, used_sum = res_sum + held, used_sum + used
-        out["peak_reserved"] = max(out["peak_reserved"], held)
-        out["peak_used"] = max(out["peak_used"], used)
-        out["iters"] += 1
-        if history is not None:
-            history.append({"t0": t0, "t1": t, "prefill": [r.rid for r in pre], "decode": [r.rid for r in dec],
-                            "reserved": held, "used": used})
-        # 4. 前进一个 token；完成的立刻释放
-        for r in batch:
-            r.gen += 1
-            if r.gen == 1:
-                r.first_tok = t
-            if r.gen == r.output:
-                r.finish = t
-                out["done"] += 1
-                used -= r.prompt + r.output - 1          # 它写过的 KV（最后一个 token 没写）
-                if reserve != "none":
-                    reserved -= _kv_need(r, reserve, max_seq)
-        active = [r for r in active if r.gen < r.output]
-    it = max(out["iters"], 1)
-    out["mean_reserved"], out["mean_used"] = res_sum / it, used_sum / it
-    return out
+    _check_fits(reqs, reserve, max_seq, int(step.kv_capacity_tokens()))
+    # 调度本身只有一份：第 5 讲 serving_sim.iteration_schedule（这里的 "none" 就是它的 reserve=None）
+    need = None if reserve == "none" else [_kv_need(r, reserve, max_seq) for r in reqs]
+    run = serving_sim.iteration_schedule([r.arrival for r in reqs], [r.prompt for r in reqs],
+                                         [r.output for r in reqs], step, max_bs, reserve=need, t_limit=t_limit,
+                                         history=history, ids=[r.rid for r in reqs])
+    for r, t0, times in zip(reqs, run["admit_t"], run["token_times"]):
+        r.admitted, r.admit_t, r.gen = not math.isnan(t0), t0, len(times)
+        r.first_tok = times[0] if times else math.nan
+        r.finish = times[-1] if r.gen == r.output else math.nan
+    keys = ("deadlock", "deadlock_t", "done", "iters", "mean_reserved", "mean_used", "peak_reserved", "peak_used",
+            "admit_order")
+    return {k: run[k] for k in keys}
 
 
 def latency_throughput(reqs, warmup=0.2):
@@ -540,21 +433,36 @@ def adjust(logits, temperature=1.0, top_k=None):
     return softmax(z)
 
 
-PROB_TOL = 1e-9     # 概率行的和离 1 多远算"没归一化"
+PROB_TOL = 1e-9     # float64 概率行的和离 1 多远算"没归一化"（更低的精度见 prob_tol）
 
 
-def _prob_rows(name, a, allow_zero=False):
-    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（±PROB_TOL）；allow_zero 时也允许整行为 0。"""
+def prob_tol(dtype, n):
+    """
+    长度 n 的一行概率、以 dtype 存储时，"和为 1"允许差多少：max(PROB_TOL, n · eps(dtype))。
+
+    为什么随 dtype 变：float32 的 softmax 输出每个元素有 ~6e-8 的舍入误差，V 个加起来离 1 可以差到 ~V·eps；
+    固定的 1e-9 会把每一个 float32 概率表都当成"没归一化"。float64（和整数）时就是 PROB_TOL。
+    """
+    dt = np.dtype(dtype)
+    eps = float(np.finfo(dt).eps) if dt.kind == "f" else 0.0
+    return max(PROB_TOL, int(n) * eps)
+
+
+def _prob_rows(name, a, allow_zero=False, dtype=np.float64):
+    """a 的每一行（最后一维）必须是概率分布：非负、有限、和为 1（± prob_tol(dtype, 行长)）；
+    allow_zero 时也允许整行为 0。
+    dtype 是调用者传进来的原始精度（a 已经转成 float64，容差按原始精度给）。"""
     if (a < 0).any() or not np.isfinite(a).all():
         raise ValueError(f"{name} 必须是概率：每个元素有限且 ≥ 0，收到 {a!r}")
     sums = a.sum(axis=-1)
-    ok = np.abs(sums - 1.0) <= PROB_TOL
+    tol = prob_tol(dtype, a.shape[-1] if a.ndim else 1)
+    ok = np.abs(sums - 1.0) <= tol
     if allow_zero:
         ok |= sums == 0.0
     if not ok.all():
         bad = float(np.ravel(sums)[np.argmin(np.ravel(ok))])
         allowed = "1 或 0（整行为 0 = 没有草稿）" if allow_zero else "1"
-        raise ValueError(f"{name} 的每一行必须归一化（和 = {allowed}，容差 {PROB_TOL}），收到一行的和 = {bad!r}")
+        raise ValueError(f"{name} 的每一行必须归一化（和 = {allowed}，容差 {tol:.3g}），收到一行的和 = {bad!r}")
 
 
 def _prob_pair(p, q, q_may_be_empty=False):
@@ -562,11 +470,12 @@ def _prob_pair(p, q, q_may_be_empty=False):
     检查 (p, q)：形状相同、至少一维，每一行都是概率分布。不归一化的输入会给出看似合理却错误的答案
     （例如 β 被截成 1），所以这里报错，而不是悄悄归一化。q_may_be_empty：q 的一行可以全为 0（residual 的"没有草稿"）。
     """
+    dp, dq = np.asarray(p).dtype, np.asarray(q).dtype                 # 容差按原始精度（float32 的表也收）
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     if p.shape != q.shape or p.ndim == 0:
         raise ValueError(f"p 和 q 的形状必须相同且至少一维，收到 {p.shape} 和 {q.shape}")
-    _prob_rows("p", p)
-    _prob_rows("q", q, allow_zero=q_may_be_empty)
+    _prob_rows("p", p, dtype=dp)
+    _prob_rows("q", q, allow_zero=q_may_be_empty, dtype=dq)
     return p, q
 
 
@@ -581,6 +490,11 @@ def residual(p, q):
     【参数】p、q [..., V]：每一行和为 1（±1e-9）、非负有限；q 的一行也可以全为 0。否则 ValueError。
     """
     p, q = _prob_pair(p, q, q_may_be_empty=True)
+    return _residual(p, q)
+
+
+def _residual(p, q):
+    """residual 的计算部分（p、q 已经检查过、是 float64；调用者已按原始 dtype 查过归一化）。"""
     over = np.maximum(p - q, 0.0)
     mass = over.sum(axis=-1, keepdims=True)
     return np.where(mass > 0, over / np.where(mass > 0, mass, 1.0), p)
@@ -602,7 +516,7 @@ def spec_output_dist(p, q):
         accept = np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 0.0)
     via_draft = q * accept
     beta = via_draft.sum(axis=-1)
-    return via_draft + (1.0 - beta)[..., None] * residual(p, q), beta
+    return via_draft + (1.0 - beta)[..., None] * _residual(p, q), beta
 
 
 def variant_output_dist(p, q, variant="correct"):
@@ -616,15 +530,14 @@ def variant_output_dist(p, q, variant="correct"):
         蒙特卡洛的频率对照；测试拿它检验 _verify 的三个分支。
     """
     p, q = _prob_pair(p, q)
-    if variant not in SPEC_VARIANTS:
-        raise ValueError(f"variant 必须是 {SPEC_VARIANTS} 之一，收到 {variant!r}")
+    check_choice("variant", variant, SPEC_VARIANTS)
     if variant == "correct":
         return spec_output_dist(p, q)[0]
     if variant == "resample_p":
         beta = np.minimum(p, q).sum(axis=-1, keepdims=True)
         return np.minimum(p, q) + (1.0 - beta) * p
     kept = np.where(p >= q, q, 0.0)                       # 确定性接受：p(x) ≥ q(x) 的草稿全收
-    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * residual(p, q)
+    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * _residual(p, q)
 
 
 def sample_rows(probs, rng):
@@ -633,9 +546,12 @@ def sample_rows(probs, rng):
 
     【参数】probs [N, V]（非负，每行和 > 0；不要求恰好为 1）；rng：np.random.Generator
     【返回】[N] 的 int64 数组。
-    【和原版的差别】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
-        原版会截到 V − 1，可能抽到一个概率为 0 的 token；这里永远不会。
+    【为什么这样截】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
+        只截到 V − 1 可能抽到一个概率为 0 的 token；这样永远不会。
     """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
+                        f"收到 {type(rng).__name__} {rng!r}")
     P = np.asarray(probs, dtype=np.float64)
     if P.ndim != 2 or P.shape[1] == 0:
         raise ValueError(f"probs 必须是 [N, V] 的二维数组，收到形状 {P.shape}")
@@ -660,7 +576,7 @@ class TransformerLM:
         sample(prompt, n_seq, n_new, temperature, rng)：一次采 n_seq 条续写 [n_seq, n_new]（批量 KV cache）；
             prompt 可以是一维（共用）或 [n_seq, Lp]（每条一个）；temperature = 0 就是批量贪心生成。
     【回滚为什么只改一个数】KVCache 总是从 length 往后写：把 length 改小，后面的旧数据就作废，
-        下次写会覆盖。真实引擎的分页 KV 也是这样，只改块表里的长度（第 7 讲）。
+        下次写会覆盖。真实引擎的分页 KV 也是这样，只改块表里的长度（vLLM [S60]，本课程之外）。
     """
 
     def __init__(self, params, cfg, name="model"):
@@ -927,8 +843,7 @@ def spec_sample_batch(target, draft, prompt, n_out, gamma, temperature, n_sample
                  "accept_if_p_ge_q"（错误 2：p(d) ≥ q(d) 就接受、否则拒绝，把随机接受换成确定的比较）。
     【返回】[n_samples, n_out] 的 int64 数组：每个样本的前 n_out 个输出 token。
     """
-    if variant not in SPEC_VARIANTS:
-        raise ValueError(f"variant 必须是 {SPEC_VARIANTS} 之一，收到 {variant!r}")
+    check_choice("variant", variant, SPEC_VARIANTS)
     V = _check_pair(target, draft)
     prompt = _tokens("prompt", prompt, V)
     n_out, gamma = check_int("n_out", n_out, lo=1), check_int("gamma", gamma, lo=1)
@@ -1110,12 +1025,20 @@ def best_gamma(alpha, c, gamma_max=64):
     在 γ = 1 … gamma_max 里找让 walltime_speedup 最大的 γ（Leviathan 图 3）。返回 (γ*, 加速比)。
 
     【边界】最好的加速比 ≤ 1（草稿太贵或太不准）时返回 (0, 1.0)：不该用投机解码。并列时取较小的 γ。
+        α = 1 且 c = 0（草稿永远对、又不花时间）时加速比随 γ 无限增长、没有最优 γ → ValueError
+        （原来悄悄返回搜索上限 gamma_max）；最优 γ 落在 gamma_max 上时发 RuntimeWarning：搜索范围可能太小。
     """
     check_real("alpha", alpha, lo=0.0, hi=1.0)
     check_real("c", c, lo=0.0)
     gamma_max = check_int("gamma_max", gamma_max, lo=1)
+    if alpha == 1.0 and c == 0.0:
+        raise ValueError("alpha=1 且 c=0 时加速比 = γ + 1 随 γ 无限增长，没有最优 γ（草稿永远对、又不花时间）")
     s = np.array([walltime_speedup(alpha, g, c) for g in range(1, gamma_max + 1)])
     g = int(np.argmax(s))                              # argmax 取第一个最大值：并列时 γ 最小
+    if g + 1 == gamma_max and gamma_max > 1 and s[g] > 1.0:
+        import warnings
+        warnings.warn(f"best_gamma：最优 γ 落在搜索上限 gamma_max={gamma_max} 上，更大的 γ 可能更好；加大 gamma_max",
+                      RuntimeWarning, stacklevel=2)
     return (g + 1, float(s[g])) if s[g] > 1.0 else (0, 1.0)
 
 
@@ -1146,6 +1069,8 @@ def verify_time(model, chip, batch, ctx, n_tokens, w_bytes=2.0, kv_bytes=2.0, mf
     # 上面的 FLOPs / 字节正是第 1 讲的 step_flops(batch, n, ctx) / step_bytes(...)：直接用它的 roofline
     roof = llm_math.step_time(model, chip, batch, n_tokens, ctx, prec=prec, w_bytes=w_bytes, kv_bytes=kv_bytes,
                               mfu=mfu, mbu=mbu)
+    if not roof["fits"]:                          # 放不下的配置不给时间（第 1 讲的 fit，同一条规则）
+        raise llm_math.CapacityError(roof["fit"].why)
     return roof["time"] + overhead
 
 
@@ -1162,6 +1087,13 @@ def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, o
     """
     gamma = check_int("gamma", gamma, lo=0)
     check_real("alpha", alpha, lo=0.0, hi=1.0)
+    ok, need = fits_in_memory((target, draft), chip, batch, check_int("ctx", ctx, lo=0) + gamma + 1,
+                              kw.get("w_bytes", 2.0), kw.get("kv_bytes", 2.0))
+    if not ok:                                    # 目标 + 草稿一起放在这块卡上：放不下就没有"加速比"可言
+        raise llm_math.CapacityError(
+            f"{target.name} + {draft.name}（批 {batch}、上下文 {ctx} + {gamma + 1}）要 {need / 1e9:.1f} GB，"
+            f"{chip.name} 可用 {serving_sim.GPU_MEM_UTIL * llm_math.allocatable_bytes(chip) / 1e9:.1f} GB")
+
     def fwd(model, n, over):
         return verify_time(model, chip, batch, ctx, n, overhead=over, **kw)
 
@@ -1184,12 +1116,18 @@ def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_u
     几个模型（目标 + 草稿）的权重，加上每个模型 batch × tokens 个 token 的 KV，放不放得进一块芯片的 mem_util × 显存。
 
     【用途】verify_time 只算时间、不管显存；05 演示用它把"时间上好看、但根本放不下"的 (批大小, 上下文) 标出来。
-    【返回】(是否放得下, 需要的字节)
+    【返回】(是否放得下, 需要的字节)。可用 = mem_util × 可分配显存（llm_math.allocatable_bytes，同第 1 讲的 fit）。
+    【边界】models 不能为空（"什么模型都不放"放不放得下没有意义，原来悄悄返回 (True, 0)）。
     """
+    models = tuple(models)
+    if not models:
+        raise ValueError("models 不能为空：至少要有一个模型（例如 (目标, 草稿)）")
+    for m in models:
+        llm_math.check_model_chip(m, chip)
     batch, tokens = check_int("batch", batch, lo=1), check_int("tokens", tokens, lo=0)
     mem_util = check_real("mem_util", mem_util, lo=0.0, hi=1.0, lo_open=True)
     need = sum(m.weight_bytes(w_bytes) + m.kv_cache_bytes(batch, tokens, kv_bytes) for m in models)
-    return need <= mem_util * chip.mem_cap, need
+    return need <= mem_util * llm_math.allocatable_bytes(chip), need
 
 
 def tree_round(target, chip, batch, ctx, mean_accept, branching, t_draft=0.0, overhead_t=1e-3, **kw):
@@ -1273,6 +1211,25 @@ def tree_accept_lengths(ranks, branching):
 
 
 # =============================================================================
+# 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
+# =============================================================================
+def _temperature(t):
+    return check_real("temperature", t, lo=0.0)
+
+
+def _tokens(name, toks, vocab):
+    """一维整数 token 数组，长度 ≥ 1，取值在 [0, vocab)。"""
+    a = np.asarray(toks)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name} 必须是非空的一维 token 序列，收到形状 {a.shape}")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} 的元素必须是整数 token，收到 dtype {a.dtype}")
+    if a.min() < 0 or a.max() >= vocab:
+        raise ValueError(f"{name} 的 token 必须在 [0, {vocab}) 里，收到范围 [{a.min()}, {a.max()}]")
+    return a.astype(np.int64)
+
+
+# =============================================================================
 # 自检
 # =============================================================================
 def tiny_pair(seed=1):
@@ -1330,11 +1287,16 @@ def _selftest():
         got, st = speculative_generate(tgt, d, prompt, 30, g, 0, rng)
         assert got == greedy, f"贪心投机解码必须和贪心解码逐 token 相同（草稿 {d.name}，γ = {g}）"
         assert st["target_cache_len"] == len(prompt) + sum(a + 1 for a in st["accepted"]) - 1
-    # 5. 调度：FasterTransformer 在 13B / A100-40GB 上的批上限 = 6（论文：8 就 OOM）；迭代级模拟全部完成且 FCFS
+    # 5. 调度：FasterTransformer 在 13B / A100-40GB 上的批上限：由写明的假设推出 7（ft_batch_cap；论文：8 就 OOM），
+    #    按 2048 预留的 KV 容量（0.9 × 可分配显存）也是 7；原课程的 A100（只有手册的 40 GB）给 6。
+    #    迭代级模拟全部完成且 FCFS
     assert (GPT3_13B.n_layers, GPT3_13B.d_model, GPT3_13B.n_kv_heads) == (40, 5120, 40)       # Orca 表 1
     assert A100_40G.mem_cap == 40e9 and LLAMA32_1B.vocab == LLAMA31_8B.vocab                   # 同一个分词器
     sm = StepModel(GPT3_13B, A100_40G)
-    assert sm.kv_capacity_tokens() // FT_MAX_SEQ == 6, "FasterTransformer 式的 2048-token 预留：批上限应为 6"
+    ft_cap = ft_batch_cap(GPT3_13B, A100_40G, FT_MAX_SEQ)["cap"]
+    assert sm.kv_capacity_tokens() // FT_MAX_SEQ == ft_cap == 7 < 8, "FT 式的 2048-token 预留：批上限应为 7"
+    from dataclasses import replace
+    assert StepModel(GPT3_13B, replace(A100_40G, mem_alloc=None)).kv_capacity_tokens() // FT_MAX_SEQ == 6
     reqs = orca_workload(60, 4.0, seed=3)
     res = run_iteration_level(reqs, sm, 16)
     assert res["done"] == 60 and not res["deadlock"] and res["admit_order"] == list(range(60))
@@ -1343,7 +1305,7 @@ def _selftest():
           f"定理 3.11 的两端、"
           f"选择性批处理 = 逐个计算（误差 {err:.0e}）、"
           f"贪心投机 = 贪心（目标前向 {st['target_calls']} 次 vs {calls} 次）、"
-          f"FT 批上限 6")
+          f"FT 批上限 {ft_cap}（原课程的 0.9 × 40 GB 规则 6）")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import flash_lab as fl  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 
 def passes_and_overflow(rng, n):
@@ -36,7 +37,7 @@ def passes_and_overflow(rng, n):
     rows = [["教科书 exp(x)/Σexp(x)", 2, "—", f"{np.isnan(naive).mean():.0%}"],
             ["三遍（减最大值）", p3, "参考", f"{nan_3:.0%}"],
             ["在线（块 = 64）", po, f"{np.abs(yo - y3).max():.1e}", f"{nan_on:.0%}"]]
-    print(fl.format_table(["写法", "读数据的遍数", "和三遍的最大差", "x + 1000 时 NaN 的比例"], rows))
+    print(format_table(["写法", "读数据的遍数", "和三遍的最大差", "x + 1000 时 NaN 的比例"], rows))
     assert np.abs(yo - y3).max() < 1e-15 and (p3, po) == (3, 2)
     assert np.isnan(naive).all() and np.abs(fl.softmax_online(big, 64)[0] - y3).max() < 1e-12
 
@@ -60,7 +61,7 @@ def print_trace(trace, x):
         return "—（第一块，没有旧状态）" if k == 0 else f"{f:.4f}" + ("  ← 最大值变大" if f < 1 else "")
 
     rows = [[k, f"{mb:+.2f}", f"{mo:+.2f}", f"{mn:+.2f}", note(k, f), f"{l:.4f}"] for k, mb, mo, mn, f, l in trace]
-    print(fl.format_table(["块", "块内最大", "m_旧", "m_新", "换算因子 exp(m_旧−m_新)", "l_新"], rows))
+    print(format_table(["块", "块内最大", "m_旧", "m_新", "换算因子 exp(m_旧−m_新)", "l_新"], rows))
     m, l = trace[-1][3], trace[-1][5]
     l_direct = np.exp(x - x.max()).sum()
     print(f"最后的 m = {m:+.4f}（= max x = {x.max():+.4f}），l = {l:.12f}（直接算 Σ exp(x − max) = {l_direct:.12f}）")
@@ -97,7 +98,7 @@ def merge_trials(rng, n, trials):
         worst = max(worst, err_o, err_l)
         assert np.array_equal(m, whole[0])                    # max 没有舍入：逐位相等
         rows.append([t, len(segs), tree, f"{err_l:.1e}", f"{err_o:.1e}"])
-    print(fl.format_table(["试验", "段数", "合并树（段从 0 编号；1 号段全是 −∞）", "l 的相对差", "输出的最大差"], rows))
+    print(format_table(["试验", "段数", "合并树（段从 0 编号；1 号段全是 −∞）", "l 的相对差", "输出的最大差"], rows))
     a, b = segs[0], segs[1]
     ab, ba = fl.merge_states(a, b), fl.merge_states(b, a)
     assert all(np.array_equal(p, q) for p, q in zip(ab, ba))
@@ -107,26 +108,26 @@ def merge_trials(rng, n, trials):
     return worst
 
 
-def plot(trace, x, block):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(trace, x, block, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(np.arange(len(x)), x, ".", ms=3, color="0.6", label="x")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    ax1.plot(np.arange(len(x)), x, ".", ms=6, color="0.5", label="scores x")
     ends = [min((k + 1) * block, len(x)) - 1 for k, *_ in trace]
-    ax1.step(ends, [t[3] for t in trace], where="post", color="C0", label="running max m")
+    ax1.step(ends, [t[3] for t in trace], where="post", color="C0", lw=2, label="running max m")
     for k, *_rest in trace:
         ax1.axvline(k * block, color="0.85", lw=0.5)
     ax1.set_xlabel("position in the row")
+    ax1.set_ylabel("score x (one row of QKᵀ)")
     ax1.set_title("Online softmax reads the row block by block")
-    ax1.legend(fontsize=8)
+    ax1.legend(loc="lower right")
     ax2.bar([t[0] for t in trace[1:]], [t[4] for t in trace[1:]], color="C1")
     ax2.set_xlim(-0.5, len(trace) - 0.5)
     ax2.set_xlabel("block (block 0 has no previous state)")
-    ax2.set_ylabel("exp(m_old - m_new)")
+    ax2.set_ylabel("rescale factor exp(m_old − m_new)")
     ax2.set_title("Rescaling factor (< 1 when the max grows)")
-    return fl.save_figure(fig, __file__, "rescale")
+    return save_figure(fig, __file__, "rescale", quick=quick)
 
 
 def main():
@@ -156,7 +157,7 @@ def main():
     print(f"\n结论：在线 softmax 少读一遍数据、结果不变；换算因子 exp(m_旧 − m_新) 让旧结果不必重算；"
           f"任意切分、任意合并顺序的最大差 {worst:.1e}——这就是 FlashAttention 分块、flash-decoding 切段的数学基础。")
     if not args.no_fig:
-        path = plot(trace, x, block)
+        path = plot(trace, x, block, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

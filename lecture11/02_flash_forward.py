@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import flash_lab as fl  # noqa: E402
+from course_utils import fmt_count, format_table, save_figure  # noqa: E402
 
 D = 64                   # 头维度
 M_SRAM = 65536           # 片上能放的元素个数（FP16 时 128 KiB，和 A100 / H100 每个 SM 的共享内存同一量级）
@@ -49,7 +50,7 @@ def correctness(rng):
                     assert io.flops == io_std.flops
                 rows.append([f"{N}×{Nk}, d={d}, dv={dv}", f"{Br}×{Bc}", causal, order, f"{err_o:.1e}",
                              f"{err_l:.1e}", f"{io.flops / io_std.flops:.2f}"])
-    print(fl.format_table(["Q×K 形状", "块 Br×Bc", "causal", "顺序", "O 的最大差", "L 的最大差",
+    print(format_table(["Q×K 形状", "块 Br×Bc", "causal", "顺序", "O 的最大差", "L 的最大差",
                            "FLOPs / 标准"], rows))
     print("N = 64 > Nk = 40 且 causal 时，前 24 行没有可见 key：约定输出 0、L = −∞，标准写法和两种顺序一致。")
 
@@ -68,7 +69,7 @@ def loop_orders(rng, N):
             cells += [f"{book['read']:,}", f"{book['write']:,}"]
         rows.append(cells)
     rows.append(["合计"] + [f"{x:,}" for o in fl.ORDERS for x in (res[o].read, res[o].write)])
-    print(fl.format_table(["数据", "fa1 读", "fa1 写", "fa2 读", "fa2 写"], rows))
+    print(format_table(["数据", "fa1 读", "fa1 写", "fa2 读", "fa2 写"], rows))
     nd = N * D
     q1, o1 = res["fa1"].notes["Q"]["read"] / nd, res["fa1"].notes["O"]["write"] / nd
     kv2 = res["fa2"].notes["K,V"]["read"] / (2 * nd)
@@ -94,9 +95,9 @@ def io_vs_n(rng, Ns):
         assert counts[2] == fl.fa_io_formula(N, D, M_SRAM, "fa2", Br=sq, Bc=sq)
         for key, val in zip(curves, [std] + counts):
             curves[key].append(val)
-        rows.append([N, fl.fmt_count(std), f"{4 * N * N / std:.0%}"] + [fl.fmt_count(c) for c in counts]
+        rows.append([N, fmt_count(std), f"{4 * N * N / std:.0%}"] + [fmt_count(c) for c in counts]
                     + [f"{std / counts[0]:.1f}×", f"{std / counts[2]:.1f}×"])
-    print(fl.format_table(["N", "标准（元素）", "其中 N×N 项", "fa1（元素）", "fa2 论文块（元素）",
+    print(format_table(["N", "标准（元素）", "其中 N×N 项", "fa1（元素）", "fa2 论文块（元素）",
                            f"fa2 {sq}×{sq}（元素）", "标准/fa1", f"标准/fa2 {sq}"], rows))
     print("（元素个数；每个 flash 计数都已断言 = fa_io_formula。fa2 用论文的块时 Br = d = 64，K、V 要读 N/64 遍；"
           f"换成 Br = {sq} 就少 4 倍——FlashAttention-2 的实现正是用更大的 Br。）")
@@ -114,9 +115,9 @@ def io_vs_m(N, Ms):
         io1 = fl.fa_io_formula(N, D, M, "fa1")
         fa1.append(io1)
         c = io1 * M / (N * N * D * D)
-        rows.append([f"{M:,}", f"{Br}×{Bc}", math.ceil(N / Bc), fl.fmt_count(std), fl.fmt_count(io1), f"{c:.1f}",
+        rows.append([f"{M:,}", f"{Br}×{Bc}", math.ceil(N / Bc), fmt_count(std), fmt_count(io1), f"{c:.1f}",
                      f"{std / io1:.1f}×"])
-    print(fl.format_table(["M（元素）", "Br×Bc", "Tc", "标准（元素）", "fa1（元素）", "IO·M/(N²d²)", "标准/fa1"], rows))
+    print(format_table(["M（元素）", "Br×Bc", "Tc", "标准（元素）", "fa1（元素）", "IO·M/(N²d²)", "标准/fa1"], rows))
     consts = [io * M / (N * N * D * D) for io, M in zip(fa1, Ms) if math.ceil(N / fl.block_sizes(M, D)[1]) >= 8]
     assert max(consts) / min(consts) < 1.5 and all(a > b for a, b in zip(fa1, fa1[1:]))
     print(f"Tc ≥ 8 时 IO·M/(N²d²) 在 {min(consts):.1f} 到 {max(consts):.1f} 之间：flash 的读写 = Θ(N²d²/M)，"
@@ -142,7 +143,7 @@ def causal_skipping(rng, N, blocks):
         saved_io = (kv_full - kv_caus) / full.total
         rows.append([f"{b}×{b}", T * T, live, f"{1 - live / (T * T):.1%}", f"{saved_io:.1%}",
                      f"{(T - 1) / (2 * T):.1%}"])
-    print(fl.format_table(["块", "总块数", "活块（有可见对）", "省下的 FLOPs", "省下的读写", "(T−1)/2T"], rows))
+    print(format_table(["块", "总块数", "活块（有可见对）", "省下的 FLOPs", "省下的读写", "(T−1)/2T"], rows))
     print("（活块是逐对查可见性数出来的；flash_fwd 的 K、V 读取 = 活块数 × b × 2d、FLOPs = 活块数 × 2b²·2d，都已断言。"
           "省下的读写比 FLOPs 少：Q 读一遍、O 写一遍是省不掉的。）")
     Q2 = Q[-N // 4:]                                          # N < Nk：前面有 3N/4 个缓存的 key（右下角对齐）
@@ -153,28 +154,34 @@ def causal_skipping(rng, N, blocks):
           "——被掩码的只有右上角的小三角。")
 
 
-def plot(Ns, curves, N_m, Ms, std_m, fa1_m):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(Ns, curves, N_m, Ms, std_m, fa1_m, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    from matplotlib.ticker import NullFormatter
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     for k, (label, ys) in enumerate(curves.items()):
-        ax1.loglog(Ns, ys, "o-", color=f"C{k}", label=label)
+        ax1.loglog(Ns, ys, "o-", color=f"C{k}", lw=2, label=label)
+    # 只在测过的 N 上标刻度、写成普通整数；不显示次刻度的标签（否则 "3×10²4×10²" 挤在一起）
+    ax1.set_xticks(Ns, [str(n) for n in Ns])
+    ax1.xaxis.set_minor_formatter(NullFormatter())
     ax1.set_xlabel("sequence length N")
     ax1.set_ylabel("HBM reads + writes (elements)")
     ax1.set_title(f"IO vs N (d={D}, M={M_SRAM})")
-    ax1.legend(fontsize=8)
+    ax1.legend()
     ax1.grid(True, which="both", alpha=0.3)
     ax2.loglog(Ms, [std_m] * len(Ms), "-", color="C0", label="standard: Θ(Nd + N²)")
     ax2.loglog(Ms, fa1_m, "o-", color="C1", label="FlashAttention (fa1)")
     guide = [12 * N_m ** 2 * D ** 2 / M for M in Ms]
     ax2.loglog(Ms, guide, "--", color="0.5", label="12·N²d²/M")
     ax2.set_xlabel("on-chip memory M (elements)")
+    ax2.set_ylabel("HBM reads + writes (elements)")
+    ax2.annotate("FlashAttention IO ∝ N²d²/M:\nmore SRAM, less traffic", xy=(Ms[len(Ms) // 2], fa1_m[len(Ms) // 2]),
+                 xytext=(Ms[len(Ms) // 2], std_m * 2), ha="center", arrowprops=dict(arrowstyle="->"))
     ax2.set_title(f"IO vs on-chip memory (N={N_m}, d={D})")
-    ax2.legend(fontsize=8)
+    ax2.legend()
     ax2.grid(True, which="both", alpha=0.3)
-    return fl.save_figure(fig, __file__, "io")
+    return save_figure(fig, __file__, "io", quick=quick)
 
 
 def main():
@@ -203,7 +210,7 @@ def main():
     print("\n结论：FlashAttention 不减少 FLOPs，减少的是显存读写——N×N 的 S、P 不落地，读写从 Θ(Nd + N²) 降到 "
           "Θ(N²d²/M)；fa2 把 Q 块放在外层，既能并行又只写一次 O；causal 再省下约一半的块。")
     if not args.no_fig:
-        path = plot(list(Ns), curves, N_m, Ms, std_m, fa1_m)
+        path = plot(list(Ns), curves, N_m, Ms, std_m, fa1_m, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

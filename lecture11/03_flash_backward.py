@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import flash_lab as fl  # noqa: E402
+from course_utils import fmt_count, format_table, save_figure  # noqa: E402
 
 D = 64          # 头维度（d = dv）
 BLOCK = 128     # flash 的块大小 Br = Bc（FlashAttention-2 的常见取值）
@@ -60,7 +61,7 @@ def correctness(rng, n_fd):
             assert np.all(got[0][:empty] == 0)
             rows.append([f"{N}×{Nk}, d={d}, dv={dv}", f"{Br}×{Bc}", causal, empty] + [f"{e:.1e}" for e in errs]
                         + [f"{fd:.1e}"])
-    print(fl.format_table(["Q×K 形状", "块", "causal", "空行数", "|dQ 差|", "|dK 差|", "|dV 差|",
+    print(format_table(["Q×K 形状", "块", "causal", "空行数", "|dQ 差|", "|dK 差|", "|dV 差|",
                            f"有限差分（{n_fd} 个元素）"], rows))
 
 
@@ -84,9 +85,9 @@ def print_costs(res):
         assert 2 * b_std.flops == 4 * f_std.flops and 2 * b_fl.flops == 5 * f_fl.flops   # 2× 与 2.5×
         assert b_fl.total < b_std.total and saved_fl * N == saved_std                     # 存 N 个数 vs N² 个
         rows.append([N, f"{f_std.flops / 1e9:.2f}", f"{b_std.flops / f_std.flops:.1f}×",
-                     f"{b_fl.flops / f_fl.flops:.1f}×", fl.fmt_count(b_std.total), fl.fmt_count(b_fl.total),
+                     f"{b_fl.flops / f_fl.flops:.1f}×", fmt_count(b_std.total), fmt_count(b_fl.total),
                      f"{b_std.total / b_fl.total:.1f}×", f"{saved_std:,}", f"{saved_fl:,}"])
-    print(fl.format_table(["N", "前向 GFLOPs", "标准反向/前向", "flash 反向/前向", "标准反向读写（元素）",
+    print(format_table(["N", "前向 GFLOPs", "标准反向/前向", "flash 反向/前向", "标准反向读写（元素）",
                            "flash 反向读写（元素）", "读写之比", "标准存 P（元素）", "flash 存 L（元素）"], rows))
     N, f_std, b_std, f_fl, b_fl, *_ = res[-1]
     total_fl, total_std = (f_fl.flops + b_fl.flops) / f_fl.flops, (f_std.flops + b_std.flops) / f_std.flops
@@ -110,36 +111,39 @@ def roofline(res, gpus):
                          f"{t_m * 1e6:.2f}", f"{max(t_c, t_m) * 1e6:.2f}", "算力" if t_c > t_m else "带宽"])
         assert bound["flash"][0] < bound["标准"][0] and not bound["标准"][1], g.name   # flash 更快；标准受带宽限制
     heads = ["GPU", "写法", "GFLOPs", "读写 MB", "算力下界 µs", "带宽下界 µs", "下界 µs", "受限于"]
-    print(fl.format_table(heads, rows))
+    print(format_table(heads, rows))
     print(f"（N = {N}、d = {D}、BF16、一个头；峰值取稠密 Tensor Core 与显存带宽，见 flash_lab.DecodeGPU。"
           "真实内核达不到峰值，但结论一样：标准写法被 N×N 的读写拖住。）")
 
 
-def plot(res):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(res, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    from matplotlib.ticker import NullFormatter
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6))
     labels = ["std fwd", "std bwd", "flash fwd", "flash bwd"]
     N, f_std, b_std, f_fl, b_fl, *_ = res[-1]
     vals = [1.0, b_std.flops / f_std.flops, 1.0, b_fl.flops / f_fl.flops]
     ax1.bar(labels, vals, color=["C0", "C0", "C1", "C1"])
     for k, v in enumerate(vals):
-        ax1.text(k, v + 0.03, f"{v:.1f}x", ha="center")
+        ax1.text(k, v + 0.03, f"{v:.1f}×", ha="center")
+    ax1.set_ylim(0, 1.15 * max(vals))
     ax1.set_ylabel("matmul FLOPs / forward FLOPs")
-    ax1.set_title("Backward FLOPs: 4 matmuls (std) vs 5 (flash, recompute S)")
+    ax1.set_title("Backward: 4 matmuls (std) vs 5 (flash recomputes S)")
     Ns = [r[0] for r in res]
     ax2.loglog(Ns, [r[2].total for r in res], "o-", color="C0", label="standard backward")
     ax2.loglog(Ns, [r[4].total for r in res], "o-", color="C1", label=f"flash backward (blocks {BLOCK})")
     ax2.loglog(Ns, [r[5] for r in res], "s--", color="C0", alpha=0.5, label="saved for bwd: P (N²)")
     ax2.loglog(Ns, [r[6] for r in res], "s--", color="C1", alpha=0.5, label="saved for bwd: L (N)")
+    ax2.set_xticks(Ns, [str(n) for n in Ns])              # 只标测过的 N，普通整数（避免 "3×10²4×10²" 挤在一起）
+    ax2.xaxis.set_minor_formatter(NullFormatter())
     ax2.set_xlabel("sequence length N")
-    ax2.set_ylabel("elements")
+    ax2.set_ylabel("HBM reads + writes (elements)")
     ax2.set_title(f"Backward HBM reads + writes (d={D})")
-    ax2.legend(fontsize=8)
+    ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax2.grid(True, which="both", alpha=0.3)
-    return fl.save_figure(fig, __file__, "cost")
+    return save_figure(fig, __file__, "cost", quick=quick)
 
 
 def main():
@@ -163,7 +167,7 @@ def main():
     print("\n结论：反向用 L 重算 P，多 25% 的反向 FLOPs（2.5× 而不是 2×），换来前后向之间只存 N 个数、"
           "反向读写少几倍；在带宽受限的区间，这笔交换让时间更短。")
     if not args.no_fig:
-        path = plot(res)
+        path = plot(res, quick=args.quick)
         print(f"图已保存：{os.path.relpath(path)}")
 
 

@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import flash_lab as fl  # noqa: E402
+from course_utils import format_table, save_figure  # noqa: E402
 
 H100 = fl.TimelineParams()                                   # 默认参数就是 H100 SXM
 H200 = replace(H100, hbm=fl.H200_DEC.hbm)                     # 同一颗 GH100，只有显存更快（hw_specs.H200）
@@ -43,7 +44,7 @@ def ops_summary():
         totals.add(total)
         rows.append([label, len(ops), sum(o.ctas == 0 for o in ops), f"{total / 1e9:.3f}",
                      f"{total / H100.hbm * 1e6:.0f}"])
-    print(fl.format_table(["写法", "内核 / 指令数", "其中很小的内核", "读的 GB", "H100 满带宽 µs"], rows))
+    print(format_table(["写法", "内核 / 指令数", "其中很小的内核", "读的 GB", "H100 满带宽 µs"], rows))
     # 和第 1 讲的参数计数对账：权重 n_params·2（tied：嵌入矩阵只当 lm_head 读一次）+ KV cache + RMSNorm 的输入向量
     cfg, eb = fl.LLAMA_1B, fl.LLAMA_1B_ELEM
     weights, kv = cfg.weight_bytes(eb), cfg.kv_cache_bytes(1, 160, eb)
@@ -60,7 +61,7 @@ def ops_summary():
             continue
         waves = math.ceil(o.ctas / H100.n_sm)
         rows.append([o.name, f"{o.bytes / 1e6:.2f} MB", o.ctas, waves, f"{o.ctas / (waves * H100.n_sm):.0%}"])
-    print(fl.format_table(["算子", "读", "CTA", "波数", "SM 平均占用"], rows))
+    print(format_table(["算子", "读", "CTA", "波数", "SM 平均占用"], rows))
     qkv, attn = (o for o in fl.llama_1b_ops(kernels="7")[:7] if o.name in ("qkv+rope", "attention"))
     print(f"qkv 的 {qkv.ctas} 个 CTA 要两波，第二波只用了 {qkv.ctas - H100.n_sm} 个 SM；注意力只有 {attn.ctas} 个 CTA"
           "——都是尾部损失。（很小的内核读的几 KB 算在\"小内核\"的时间里，不算进\"读权重\"。）")
@@ -71,7 +72,7 @@ def breakdown(p):
     rows = [[fl.PART_LABELS[k][0]] + [us(r["parts"][k]) for r in res.values()] for k in fl.PART_LABELS]
     rows.append(["合计 µs"] + [us(r["t"]) for r in res.values()])
     rows.append(["带宽利用率"] + [f"{r['bw_util']:.0%}" for r in res.values()])
-    print(fl.format_table(["时间分解（µs）"] + list(res), rows))
+    print(format_table(["时间分解（µs）"] + list(res), rows))
     for r in res.values():
         assert math.isclose(sum(r["parts"].values()), r["t"], rel_tol=1e-12) and 0 < r["bw_util"] < p.eff + 1e-12
     t = [r["t"] for r in res.values()]
@@ -90,7 +91,7 @@ def launch_sweep(gaps):
             cells += [us(r["t"]), f"{r['bw_util']:.0%}"]
         rows.append(cells)
     heads = ["launch µs"] + [h for label, _, _ in CASES for h in (f"{label} µs", "利用率")]
-    print(fl.format_table(heads, rows))
+    print(format_table(heads, rows))
     for label, layout, mode in CASES:
         ys = curves[label]
         if mode == "kernels":                                 # 斜率 = 内核个数
@@ -110,7 +111,7 @@ def buffer_sweep(bufs):
         r = fl.timeline(ops, "megakernel", replace(H100, smem_buf=b))
         ts.append(r["t"])
         rows.append([f"{b / 1024:.0f}", us(r["t"]), us(r["parts"]["sync"]), f"{r['bw_util']:.0%}"])
-    print(fl.format_table(["预取缓冲 KiB / SM", "总 µs", "没藏住的同步 µs", "利用率"], rows))
+    print(format_table(["预取缓冲 KiB / SM", "总 µs", "没藏住的同步 µs", "利用率"], rows))
     assert all(a >= b - 1e-15 for a, b in zip(ts, ts[1:]))   # 缓冲越大不会越慢
     exposed = len(ops) * (H100.sync + H100.instr_overhead)     # 缓冲 0：每条指令都付一次同步 + 指令开销
     assert bufs[0] == 0 and math.isclose(ts[0], floor + exposed, rel_tol=1e-9)
@@ -129,19 +130,18 @@ def h200_compare():
             util[name, label] = r["bw_util"]
             fixed = r["t"] - r["parts"]["weights"] - r["parts"]["bw_loss"]
             rows.append([name, label, us(r["ideal"]), us(r["t"]), us(fixed), f"{r['bw_util']:.0%}"])
-    print(fl.format_table(["GPU", "写法", "满带宽 µs", "模型 µs", "其中固定开销 µs", "利用率"], rows))
+    print(format_table(["GPU", "写法", "满带宽 µs", "模型 µs", "其中固定开销 µs", "利用率"], rows))
     for label, _, mode in CASES:
         if mode == "kernels":
             assert util["H200", label] < util["H100", label]
     print("带宽越高，读权重越快，固定开销（启动、序幕、尾部、同步）的占比越大——越新的 GPU 越需要 megakernel。")
 
 
-def plot_breakdown(res):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_breakdown(res, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(12, 6.5))
     names = ["12 kernels/layer", "7 kernels/layer", "megakernel"]
     bottom = [0.0] * len(names)
     for k, (key, (_, en)) in enumerate(fl.PART_LABELS.items()):
@@ -151,34 +151,34 @@ def plot_breakdown(res):
         ax.bar(names, vals, bottom=bottom, color=f"C{k}", label=en)
         bottom = [b + v for b, v in zip(bottom, vals)]
     for x, r in enumerate(res.values()):
-        ax.text(x, r["t"] * 1e6 + 15, f"{r['t'] * 1e6:.0f} us, {r['bw_util']:.0%} BW", ha="center", fontsize=8)
-    ax.set_ylabel("time per decode step (us)")
+        ax.text(x, r["t"] * 1e6 + 15, f"{r['t'] * 1e6:.0f} µs, {r['bw_util']:.0%} BW", ha="center")
+    ax.set_ylabel("time per decode step (µs)")
     ax.set_title("Llama-3.2-1B, batch 1, H100: where the time goes (model)")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))      # 图外：不挡第三根柱子
     ax.set_ylim(0, max(bottom) * 1.15)
-    return fl.save_figure(fig, __file__, "breakdown")
+    return save_figure(fig, __file__, "breakdown", quick=quick)
 
 
-def plot_sensitivity(gaps, curves, bufs, ts):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_sensitivity(gaps, curves, bufs, ts, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
     names = ["12 kernels/layer", "7 kernels/layer", "megakernel"]
     for k, (name, ys) in enumerate(zip(names, curves.values())):
         ax1.plot([g * 1e6 for g in gaps], [y * 1e6 for y in ys], "o-", color=f"C{k}", label=name)
-    ax1.set_xlabel("launch gap per kernel (us)")
-    ax1.set_ylabel("time per decode step (us)")
+    ax1.set_xlabel("launch gap per kernel (µs)")
+    ax1.set_ylabel("time per decode step (µs)")
     ax1.set_title("Sensitivity to the launch gap (H100)")
-    ax1.legend(fontsize=8)
+    ax1.legend(loc="upper left")
     ax1.grid(True, alpha=0.3)
     ax2.plot([b / 1024 for b in bufs], [t * 1e6 for t in ts], "o-", color="C2")
     ax2.set_xscale("symlog", linthresh=16)
     ax2.set_xlabel("megakernel prefetch buffer per SM (KiB)")
+    ax2.set_ylabel("megakernel time per decode step (µs)")
     ax2.set_title("Sensitivity to the prefetch buffer (H100)")
     ax2.grid(True, alpha=0.3)
-    return fl.save_figure(fig, __file__, "sensitivity")
+    return save_figure(fig, __file__, "sensitivity", quick=quick)
 
 
 def main():
@@ -195,7 +195,7 @@ def main():
           f"同步 {H100.sync * 1e6:.1f} µs，指令开销 {H100.instr_overhead * 1e6:.1f} µs，"
           f"预取缓冲 {H100.smem_buf / 1024:.0f} KiB。")
     res = breakdown(H100)
-    print("对照 Hazy Research 的测量（facts.md §5）：vLLM、SGLang 最多用到 H100 带宽的 50%，他们的 megakernel 78%。"
+    print("对照 Hazy Research 的测量[S74]：vLLM、SGLang 最多用到 H100 带宽的 50%，他们的 megakernel 78%。"
           "\n模型偏乐观（没算计算时间、L2、负载不均），但排序和量级一致：固定开销才是 batch 1 decode 的敌人。")
 
     gaps = (0.0, 1.3e-6, 2.1e-6, 4e-6) if args.quick else (0.0, 0.5e-6, 1.0e-6, 1.3e-6, 2.1e-6, 3e-6, 4e-6)
@@ -216,8 +216,8 @@ def main():
           f"每层 12 个内核 {us(r[0]['t'])} µs、7 个 {us(r[1]['t'])} µs、"
           f"megakernel {us(r[2]['t'])} µs；megakernel 的好处来自没有内核边界，让权重跨算子提前读、把同步藏起来。")
     if not args.no_fig:
-        p1 = plot_breakdown(res)
-        p2 = plot_sensitivity(gaps, curves, bufs, ts)
+        p1 = plot_breakdown(res, quick=args.quick)
+        p2 = plot_sensitivity(gaps, curves, bufs, ts, quick=args.quick)
         print(f"图已保存：{os.path.relpath(p1)}、{os.path.relpath(p2)}")
 
 

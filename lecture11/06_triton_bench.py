@@ -16,7 +16,8 @@
 
 运行：
   python3 lecture11/06_triton_bench.py            有 GPU：测量，写 lecture11/results/triton_bench.json 和 .png
-  python3 lecture11/06_triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表，不测量
+  python3 lecture11/06_triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表，不测量；--quick 还由 JSON
+                                                 画一张小图到 lecture11/figures/quick/（不动已提交的图）
   python3 lecture11/06_triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
 """
 import argparse
@@ -28,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import format_table  # noqa: E402
+from course_utils import format_table, pyplot, save_figure  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 JSON_NAME = "triton_bench.json"
@@ -386,42 +387,39 @@ def fastpath_checks(torch, tf):
     return out
 
 
-def plot(res, path):
-    """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画四个实现的 TFLOP/s；图例放在图外，不挡柱子。"""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(res, path, quick=False):
+    """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画四个实现的 TFLOP/s；图例放在图外，不挡柱子。
+    完整图存到 path（和 JSON 放在一起）；quick=True 时进 lecture11/figures/quick/，不动已提交的图。返回路径。"""
+    plt = pyplot()
     rows = res["rows"]
     ns = sorted({x["N"] for x in rows})
     width = 0.8 / len(PROVIDERS)
-    with plt.rc_context({"font.size": 13}):
-        fig, axes = plt.subplots(2, 4, figsize=(17, 8.5), sharey="row")
-        panels = [(d, c) for d in HEAD_DIMS for c in (False, True)]
-        for r, mode in enumerate(("fwd", "bwd")):
-            for c, (d, causal) in enumerate(panels):
-                ax = axes[r][c]
-                for i, p in enumerate(PROVIDERS):
-                    ys = []
-                    for n in ns:
-                        hit = [tflops_of(x) for x in rows if (x["provider"], x["mode"], x["d"], x["causal"], x["N"])
-                               == (p, mode, d, causal, n)]
-                        ys.append(hit[0] if hit else 0.0)
-                    ax.bar([j + i * width for j in range(len(ns))], ys, width, label=p)
-                ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ns))], [f"{n // 1024}k" for n in ns])
-                ax.set_title(f"{mode}  d={d}  {'causal' if causal else 'full'}")
-                ax.set_xlabel("sequence length N (B*N = 32k tokens)")
-                ax.grid(axis="y", alpha=0.3)
-                if c == 0:
-                    ax.set_ylabel("TFLOP/s (bf16)")
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        meta = res["meta"]
-        fig.suptitle(f"Triton FlashAttention-2 vs PyTorch SDPA  ({meta['gpu']}, torch {meta['torch']}, "
-                     f"triton {meta['triton']}, {meta['date']})", y=0.995)
-        fig.legend(handles, labels, loc="upper center", ncol=len(PROVIDERS), bbox_to_anchor=(0.5, 0.955),
-                   frameon=False)
-        fig.tight_layout(rect=(0, 0, 1, 0.92))
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+    fig, axes = plt.subplots(2, 4, figsize=(17, 8.5), sharey="row")
+    panels = [(d, c) for d in HEAD_DIMS for c in (False, True)]
+    for r, mode in enumerate(("fwd", "bwd")):
+        for c, (d, causal) in enumerate(panels):
+            ax = axes[r][c]
+            for i, p in enumerate(PROVIDERS):
+                ys = []
+                for n in ns:
+                    hit = [tflops_of(x) for x in rows if (x["provider"], x["mode"], x["d"], x["causal"], x["N"])
+                           == (p, mode, d, causal, n)]
+                    ys.append(hit[0] if hit else 0.0)
+                ax.bar([j + i * width for j in range(len(ns))], ys, width, label=p)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ns))], [f"{n // 1024}k" for n in ns])
+            ax.set_title(f"{mode}  d={d}  {'causal' if causal else 'full'}")
+            ax.set_xlabel("sequence length N (B*N = 32k tokens)")
+            ax.grid(axis="y", alpha=0.3)
+            if c == 0:
+                ax.set_ylabel("TFLOP/s (bf16)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    meta = res["meta"]
+    fig.suptitle(f"Triton FlashAttention-2 vs PyTorch SDPA  ({meta['gpu']}, torch {meta['torch']}, "
+                 f"triton {meta['triton']}, {meta['date']})", y=0.995)
+    fig.legend(handles, labels, loc="upper center", ncol=len(PROVIDERS), bbox_to_anchor=(0.5, 0.955),
+               frameon=False)
+    fig.set_layout_engine("tight", rect=(0, 0, 1, 0.92))      # 上面留给标题和图例（save_figure 用这个排版）
+    return save_figure(fig, __file__, "tflops", dpi=110, quick=quick, path=path)
 
 
 def main():
@@ -444,8 +442,8 @@ def main():
         if res is None:
             print(f"--replot：{os.path.relpath(committed)} 不存在，先在 GPU 上测量")
             return
-        plot(res, os.path.join(RESULTS, PNG_NAME))
-        print(f"由 {os.path.relpath(committed)} 重画了 {os.path.relpath(os.path.join(RESULTS, PNG_NAME))}")
+        out = plot(res, os.path.join(RESULTS, PNG_NAME), quick=args.quick)
+        print(f"由 {os.path.relpath(committed)} 重画了 {os.path.relpath(out)}")
         return
     try:
         import torch
@@ -460,6 +458,8 @@ def main():
             return
         print(f"{why}：打印已提交的测量结果 {os.path.relpath(committed)}")
         print_table(res)
+        if args.quick:                                   # 小图：检查画图代码还能用，不动已提交的图
+            print(f"图（由已提交的 JSON 画）：{os.path.relpath(plot(res, None, quick=True))}")
         return
     os.makedirs(args.out, exist_ok=True)
     if args.overhead:

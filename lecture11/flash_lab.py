@@ -1,66 +1,32 @@
 """
-CS349E 第 11 讲实验模块 flash_lab：用 numpy 把 FlashAttention、flash-decoding 和 megakernel 算一遍
+flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding 和 megakernel 算一遍
 
-【这一讲回答的问题】
-    注意力的数学只有一行 O = softmax(QKᵀ/√d)·V。为什么 FlashAttention 能快好几倍，而 FLOPs 一点没少？
-    答案是"换算法顺序，少搬数据"。本模块把三件事都做成可以运行、可以核对的代码：
-      1. FlashAttention：分块 + 在线 softmax，N×Nk 的分数矩阵从不落到显存；反向只存每行一个 log-sum-exp，
-         需要 P 的时候在片上重算。
-      2. flash-decoding：decode 时只有 1 个 query，沿 query 切不出并行度；改为沿 KV 长度切段，
-         各段给出 (局部输出, lse)，最后按权重合并。
-      3. megakernel：batch 1 的一次 decode 要启动上百个小内核，内核之间的空档占了可观的时间；
-         把整次前向放进一个常驻内核，权重可以跨算子提前读。
-    前两件是精确计算（和标准注意力对到 1e-12 以内），并且数出每种写法读写显存的元素个数；
-    后面的速度问题用时间模型估计——模型里每个假设都是一个有名字的参数，可以改了再算。
+【问题】注意力的数学只有一行 O = softmax(QKᵀ/√d)·V。为什么 FlashAttention 能快好几倍，而 FLOPs 一点没少？
+    答案是"换算法顺序，少搬数据"。本模块把三件事做成能运行、能核对的代码：
+      1. FlashAttention：分块 + 在线 softmax，N×Nk 的分数矩阵从不落到显存；
+         反向只存每行一个 log-sum-exp，在片上重算 P。
+      2. flash-decoding：decode 只有 1 个 query，沿 query 切不出并行度；
+         改为沿 KV 切段，各段的 (输出, lse) 再按权重合并。
+      3. megakernel：batch 1 的一次 decode 要启动上百个小内核；把整次前向放进一个常驻内核，权重可以跨算子提前读。
+    前两件是精确计算（和标准注意力对到 1e-12 以内），并数出每种写法读写显存的元素个数；
+    速度问题用时间模型估计——每个假设都是一个有名字的参数，可以改了再算。
 
-【你会学到】
-    - 在线 softmax 的"换算因子" exp(m_旧 − m_新)，以及局部状态 (m, l, o) 的合并为什么满足结合律；
-    - FlashAttention-1 与 -2 的两种循环顺序各自反复读写的是哪块数据（IO 计数 = 公式）；
-    - 反向传播用重算代替存储：多一次矩阵乘法（反向 ≈ 前向的 2.5 倍 FLOPs），却省掉 N×Nk 的读写；
-    - decode 注意力什么时候受算力限制、什么时候受带宽限制，切多少段最好；
-    - 一次 decode 的时间花在哪：读权重、启动间隙、等第一批数据、最后一波没占满的 SM……
-
-【主要内容】
+【里面有什么】（每一步都和前一步核对：naive → standard → fa1 / fa2 → Triton 版 triton_flash.py）
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
-    §2 标准注意力与计数：IO、standard_attention、standard_attention_bwd；
-       参考实现 naive_attention（逐行按定义，返回 (O, L)）与 reference_lse（= 它的 L）
+    §2 参考与标准注意力：naive_attention（逐行按定义）、reference_lse、standard_attention(_bwd)、IO（读写计数）
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula
     §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits
-    §5 megakernel：Op、LLAMA_1B（= llm_math.LLAMA32_1B）、llama_1b_ops、llama_1b_expected_bytes、
-        TimelineParams、timeline、PART_LABELS
-    演示共用：format_table、fmt_count、figure_path、save_figure（从 ../lecture01/course_utils.py 导入）
-    §6 _selftest()
+    §5 megakernel：Op、LLAMA_1B、llama_1b_ops、llama_1b_expected_bytes、TimelineParams、timeline、PART_LABELS
 
-【约定】
-    - 单个注意力头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d。内部一律换成 float64 计算。
-    - causal=True 按右下角对齐：第 i 个 query 处在位置 Nk − N + i，只能看位置 ≤ 它的 key。
-      N = Nk 时就是普通的下三角；N < Nk 时等于"前面已经缓存了 Nk − N 个 token"（flash-attn ≥ 2.1 的约定，
-      和 PyTorch SDPA 的 is_causal 左上角对齐不同）。
-    - 没有任何可见 key 的行（只会在 causal 且 N > Nk 时出现，前 N − Nk 行）：本模块**约定**输出 0、
-      lse = −∞、梯度 0。标准写法和分块写法、前向和反向都守这个约定（原课程模块在这里会得到 NaN）。
-    - 显存读写按**元素个数**计，乘以每个元素的字节数才是字节；FLOPs 只算矩阵乘法（1 次乘加 = 2 FLOPs）。
-    - 时间模型的单位：秒、字节、字节/秒、FLOP/秒。
-
-【和原课程模块的不同（有意为之）】公开的名字、参数、返回值和原模块一致（原模块的自检放在本模块的位置上照样通过）。
-    - 没有可见 key 的行、整行 −∞ 的 softmax、空段的 partial_state：原模块给 NaN，这里按上面的约定给 0 / −∞，
-      这样 causal 且 N > Nk 时前向、反向、标准、分块全部一致，没有 NaN 悄悄流下去。
-    - standard_attention_bwd 的读写计数：原模块少数了一次 N·dv（dO 在 D、dV、dP 三个内核里各读一次，O 读一次）；
-      这里按内核逐个记账（io.notes）。
-    - llama_1b_ops("fused") 把 RMSNorm 读的字节并进融合指令，三种切法读的总字节完全相同（原模块少了约 0.3 MB）。
-    - timeline 的 parts 用英文键（"weights"、"launch"……），中文说明和图例放在 PART_LABELS；原模块直接用中文做键。
-    - 新增：naive_attention、reference_lse、H200_DEC、LLAMA_1B、IO.add / notes、
-      fa_io_formula 的 Nk / dv / Br / Bc 关键字参数、
-      live_tiles 与 fa_io_formula 的 causal 关键字参数（按逐对可见性数出的活块）、
-      llama_1b_expected_bytes（由第 1 讲的参数计数推出的字节）、
-      decode_attention_time 结果里的 "bytes"、"rows"、"keys"，timeline 结果里的 "n_ops"，以及坏输入的检查。
-    - LLAMA_1B 就是 lecture01/llm_math.py 的 LLAMA32_1B（ModelConfig），不另抄一份配置；
-      H100_DEC / H200_DEC 和 TimelineParams 的算力、带宽取自 lecture01/hw_specs.py（A100 不在那张表里，这里写出来）。
-    - decode_attention_time("fd") 的 splits > S 时只数非空段的 CTA（和 split_kv_decode 一致）；
-      splits ≤ S 时 CTA 数和原模块相同。
+【约定】一个头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d；内部一律 float64。
+    causal=True 右下角对齐：第 i 个 query 在位置 Nk − N + i，只看位置 ≤ 它的 key（flash-attn ≥ 2.1 的约定，
+    和 PyTorch SDPA 的 is_causal 左上角对齐不同）。没有可见 key 的行（causal 且 N > Nk 的前 N − Nk 行）：
+    输出 0、lse = −∞、梯度 0。显存读写按**元素个数**计；FLOPs 只算矩阵乘（1 次乘加 = 2 FLOPs）。
+    时间模型的单位：秒、字节、字节/秒、FLOP/秒。
 
 【运行】python3 lecture11/flash_lab.py      # 自检，2 核 CPU 上约 1 秒
-【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs（都只用标准库）。
-        演示脚本 lecture11/01_*.py … 05_*.py 建立在本模块之上。
+【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs。
+        演示 lecture11/01_*.py … 05_*.py 建立在它之上。
 """
 
 import math
@@ -75,71 +41,17 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 # 演示共用的表格和存图（实现在 lecture01/course_utils.py，模块级只用标准库；本模块仍然只依赖 numpy）
 from course_utils import figure_path, fmt_count, format_table, save_figure  # noqa: E402,F401
-# 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（facts.md §1）
+# 参数检查（第 1 讲起各讲共用一份；本模块自己的组合检查 _attention_inputs 在文件末尾）
+from course_utils import check_array, check_bool, check_choice, check_int, check_real  # noqa: E402
+# 芯片规格（稠密 BF16 峰值、显存带宽）只在 lecture01/hw_specs.py 写一次（出处在那里的 notes）
 from hw_specs import H100_SXM, H200  # noqa: E402
-# Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次（facts.md §2），这里直接用（模块级只用标准库）
+# Llama-3.2-1B 的结构参数只在 lecture01/llm_math.py 写一次 [S41, S42]，这里直接用（模块级只用标准库）
 from llm_math import LLAMA32_1B, PUBLISHED_PARAMS  # noqa: E402
 
 ORDERS = ("fa1", "fa2")                 # flash_fwd 的两种循环顺序
 DECODE_METHODS = ("fa2", "fd")          # decode_attention_time 的两种并行方式
 KERNEL_LAYOUTS = ("12", "7", "fused")   # llama_1b_ops 的三种内核划分
 TIMELINE_MODES = ("kernels", "megakernel")
-
-
-# =============================================================================
-# 0. 输入检查（坏输入要报出参数名和允许的取值，而不是悄悄算出 NaN）
-# =============================================================================
-def _positive_int(x, name):
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} 必须是正整数，收到 {type(x).__name__}：{x!r}")
-    if x < 1:
-        raise ValueError(f"{name} 必须是正整数（≥ 1），收到 {x}")
-    return int(x)
-
-
-def _choice(x, name, allowed):
-    if not isinstance(x, str) or x not in allowed:
-        raise ValueError(f"{name} 只能是 {' / '.join(repr(a) for a in allowed)}，收到 {x!r}")
-    return x
-
-
-def _flag(x, name):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name} 必须是 True / False，收到 {x!r}")
-    return bool(x)
-
-
-def _real_array(x, name, ndim=None, allow_neginf=False):
-    """转成 float64 数组；拒绝复数、NaN、+∞（allow_neginf=False 时也拒绝 −∞）。"""
-    a = np.asarray(x)
-    if a.dtype.kind not in "biuf":
-        raise TypeError(f"{name} 必须是实数数组，收到 dtype={a.dtype}")
-    a = a.astype(np.float64, copy=False)
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name} 必须是 {ndim} 维数组，收到形状 {a.shape}")
-    bad = np.isnan(a) | (a == np.inf) if allow_neginf else ~np.isfinite(a)
-    if bad.any():
-        allowed = "有限值或 −∞" if allow_neginf else "有限值"
-        raise ValueError(f"{name} 只能含{allowed}，发现了 NaN 或 ∞")
-    return a
-
-
-def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):
-    """检查一个头的 Q [N, d]、K [Nk, d]、V [Nk, dv]，返回 float64 的 (Q, K, V, scale)。"""
-    nq, nk, nv = names
-    Q, K, V = (_real_array(a, n, ndim=2) for a, n in zip((Q, K, V), names))
-    if min(Q.shape + K.shape + V.shape) < 1:
-        raise ValueError(f"{nq}、{nk}、{nv} 的每一维都至少为 1，收到 {Q.shape}、{K.shape}、{V.shape}")
-    if Q.shape[1] != K.shape[1]:
-        raise ValueError(f"{nq} [N, d] 和 {nk} [Nk, d] 的 d 必须相同，收到 {Q.shape} 和 {K.shape}")
-    if K.shape[0] != V.shape[0]:
-        raise ValueError(f"{nk} [Nk, d] 和 {nv} [Nk, dv] 的行数必须相同，收到 {K.shape} 和 {V.shape}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(Q.shape[1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(scale):
-        raise ValueError(f"scale 必须是有限实数或 None（None = 1/√d），收到 {scale!r}")
-    return Q, K, V, float(scale)
 
 
 def _safe(m):
@@ -158,7 +70,7 @@ def softmax_3pass(x):
     【参数】x [..., n]（可以含 −∞，表示被掩码的位置）
     【返回】(y, 3)：y 与 x 同形；3 = 读数据的遍数。整行都是 −∞ 的行按本模块约定输出全 0。
     """
-    x = _real_array(x, "x", allow_neginf=True)
+    x = check_array("x", x, allow_neginf=True)
     m = _safe(np.max(x, axis=-1, keepdims=True)) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))  # 第 1 遍
     e = np.exp(x - m)
     total = np.sum(e, axis=-1, keepdims=True)                                                         # 第 2 遍
@@ -177,8 +89,8 @@ def softmax_online(x, block=128):
     【参数】x [..., n]；block：每次读进的元素个数（不必整除 n）
     【返回】(y, 2)。整行 −∞ 的行输出全 0（约定同 softmax_3pass）。
     """
-    x = _real_array(x, "x", allow_neginf=True)
-    block = _positive_int(block, "block")
+    x = check_array("x", x, allow_neginf=True)
+    block = check_int("block", block, lo=1)
     m = np.full(x.shape[:-1], -np.inf)
     l = np.zeros(x.shape[:-1])
     for s in range(0, x.shape[-1], block):                    # 第 1 遍：一块一块地更新 (m, l)
@@ -200,10 +112,10 @@ def partial_state(x, v=None):
     【参数】x [..., n]（可含 −∞）；v [n, dv] 或 None
     【返回】m、l 形状 [...]；o 形状 [..., dv]。空段（n = 0）或整段 −∞：m = −∞、l = 0、o = 0（"什么也没看到"）。
     """
-    x = _real_array(x, "x", allow_neginf=True)
+    x = check_array("x", x, allow_neginf=True)
     n = x.shape[-1]
     if v is not None:
-        v = _real_array(v, "v", ndim=2)
+        v = check_array("v", v, ndim=2)
         if v.shape[0] != n:
             raise ValueError(f"v 的行数必须等于 x 的最后一维 {n}，收到 v 形状 {v.shape}")
     m = x.max(axis=-1) if n else np.full(x.shape[:-1], -np.inf)
@@ -223,11 +135,7 @@ def merge_states(a, b):
         任意树形合并（01 演示）。(−∞, 0, 0) 是单位元：一段被完全掩码，合并时等于没有它。
     【参数】o_a、o_b 同为 None（只合并 softmax 的分母）或同为数组 [..., dv]
     """
-    if len(a) != 3 or len(b) != 3:
-        raise ValueError("a、b 都必须是 (m, l, o) 三元组")
-    (ma, la, oa), (mb, lb, ob) = a, b
-    if (oa is None) != (ob is None):
-        raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
+    (ma, la, oa), (mb, lb, ob) = _check_merge(a, b)
     m = np.maximum(ma, mb)
     alpha = np.exp(ma - _safe(m))                             # 把 a 换算到新基准 m；m_a = −∞ 时为 0
     beta = np.exp(mb - _safe(m))
@@ -276,7 +184,7 @@ def _visible(qpos, kpos):
 def _masked_scores(Q, K, scale, causal, q0=0, k0=0, offset=0):
     """Q 的一块（从第 q0 行起）对 K 的一块（从第 k0 行起）的分数；causal 时看不见的位置填 −∞。"""
     S = (Q @ K.T) * scale                                     # [br, bc]
-    if causal:
+    if causal and offset + q0 < k0 + K.shape[0] - 1:          # 只有跨对角线的块里有看不见的位置，才需要掩码
         qpos = offset + q0 + np.arange(Q.shape[0])
         kpos = k0 + np.arange(K.shape[0])
         S = np.where(_visible(qpos, kpos), S, -np.inf)
@@ -294,7 +202,7 @@ def standard_attention(Q, K, V, causal=False, scale=None):
     【返回】(O, P, io)。P 留给 standard_attention_bwd。没有可见 key 的行：P 的那一行和 O 的那一行都是 0。
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
-    causal = _flag(causal, "causal")
+    causal = check_bool("causal", causal)
     N, d = Q.shape
     Nk, dv = V.shape
     io = IO()
@@ -316,7 +224,7 @@ def naive_attention(Q, K, V, causal=False, scale=None):
     【返回】(O [N, dv], L [N])：L_i = log Σ_{j 可见} exp(S_ij)。没有可见 key 的行：O = 0、L = −∞（本模块的约定）。
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
-    causal = _flag(causal, "causal")
+    causal = check_bool("causal", causal)
     N, Nk = Q.shape[0], K.shape[0]
     O, L = np.zeros((N, V.shape[1])), np.full(N, -np.inf)
     for i in range(N):
@@ -336,7 +244,7 @@ def reference_lse(Q, K, causal=False, scale=None):
 
     flash_fwd 返回的 L 应该等于它；反向传播只需要存这 N 个数。
     """
-    K = _real_array(K, "K", ndim=2)
+    K = check_array("K", K, ndim=2)
     return naive_attention(Q, K, np.zeros((K.shape[0], 1)), causal, scale)[1]   # V 不影响 L
 
 
@@ -356,8 +264,8 @@ def standard_attention_bwd(Q, K, V, P, dO, scale=None):
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
     N, d = Q.shape
     Nk, dv = V.shape
-    P = _real_array(P, "P", ndim=2)
-    dO = _real_array(dO, "dO", ndim=2)
+    P = check_array("P", P, ndim=2)
+    dO = check_array("dO", dO, ndim=2)
     if P.shape != (N, Nk):
         raise ValueError(f"P 的形状必须是 [N, Nk] = {(N, Nk)}，收到 {P.shape}")
     if dO.shape != (N, dv):
@@ -389,8 +297,8 @@ def block_sizes(M, d):
     M = 片上存储（SRAM）能放的元素个数。为什么除以 4d：片上同时要放 Q_i、O_i（Br×d）和 K_j、V_j（Bc×d）
     四块，每块最多 M/4 个元素。Br 再封顶到 d，是论文为了让 Br×Bc 的分数块也放得下（Br·Bc ≤ M/4）。
     """
-    M = _positive_int(M, "M")
-    d = _positive_int(d, "d")
+    M = check_int("M", M, lo=1)
+    d = check_int("d", d, lo=1)
     Bc = math.ceil(M / (4 * d))
     return min(Bc, d), Bc
 
@@ -441,10 +349,10 @@ def flash_fwd(Q, K, V, Br, Bc, causal=False, scale=None, order="fa2"):
     【边界】N、Nk 不必是 Br、Bc 的倍数；N > Nk 也可以。
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
-    Br = _positive_int(Br, "Br")
-    Bc = _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
-    order = _choice(order, "order", ORDERS)
+    Br = check_int("Br", Br, lo=1)
+    Bc = check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
+    order = check_choice("order", order, ORDERS)
     loop = _fwd_fa2 if order == "fa2" else _fwd_fa1
     return loop(Q, K, V, Br, Bc, causal, scale)
 
@@ -457,6 +365,7 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
     io = IO()
     O = np.zeros((N, dv))
     L = np.zeros(N)
+    k_tiles = _tiles(Nk, Bc)                                  # K、V 的块：每个 Q 块都按这个顺序走一遍
     for i0, i1 in _tiles(N, Br):
         br = i1 - i0
         Qi = Q[i0:i1]
@@ -464,19 +373,22 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
         m = np.full(br, -np.inf)                              # 片上状态：行最大值
         l = np.zeros(br)                                      #           Σ exp(S − m)
         acc = np.zeros((br, dv))                              #           Σ exp(S − m)·V，未归一化
-        for j0, j1 in _tiles(Nk, Bc):
+        keys = 0                                              # 这个 Q 块读了几行 K、V（IO 账在循环后记一笔）
+        for j0, j1 in k_tiles:
             if not _live(causal, off, i1, j0):
                 break                                         # 右边的块更靠后，也全都看不见
-            bc = j1 - j0
-            io.add("K,V", read=bc * (d + dv))
             S = _masked_scores(Qi, K[j0:j1], scale, causal, i0, j0, off)   # [br, bc]
             m_new = np.maximum(m, S.max(axis=1))
-            alpha = np.exp(m - _safe(m_new))                  # 换算因子：旧的 l、acc 对齐到新最大值
-            P = np.exp(S - _safe(m_new)[:, None])             # [br, bc]
+            shift = _safe(m_new)
+            alpha = np.exp(m - shift)                         # 换算因子：旧的 l、acc 对齐到新最大值
+            P = np.exp(S - shift[:, None])                    # [br, bc]
             l = alpha * l + P.sum(axis=1)
             acc = alpha[:, None] * acc + P @ V[j0:j1]         # [br, dv]
             m = m_new
-            io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
+            keys += j1 - j0
+        if keys:                                              # 没有可见 key 的块什么也不读
+            io.add("K,V", read=keys * (d + dv))
+            io.add("QKᵀ,PV", flops=2 * br * keys * (d + dv))
         O[i0:i1], L[i0:i1] = _normalize(acc, m, l)            # 最后才除 l：每行一次除法
         io.add("O", write=br * dv)
         io.add("L", write=br)
@@ -503,25 +415,24 @@ def _fwd_fa1(Q, K, V, Br, Bc, causal, scale):
         Kj, Vj = K[j0:j1], V[j0:j1]
         io.add("K,V", read=bc * (d + dv))
         for i0, i1 in rows:
-            br = i1 - i0
-            io.add("Q", read=br * d)
-            io.add("O", read=br * dv)
-            io.add("l,m", read=2 * br)
             S = _masked_scores(Q[i0:i1], Kj, scale, causal, i0, j0, off)  # [br, bc]
             m_blk = S.max(axis=1)                             # 这一块自己的局部状态 (m̃, l̃, P̃)
             P = np.exp(S - _safe(m_blk)[:, None])
             l_blk = P.sum(axis=1)
-            m_old, l_old = m_hbm[i0:i1], l_hbm[i0:i1]
+            m_old, l_old = m_hbm[i0:i1], l_hbm[i0:i1]         # 从"显存"读进 O_i、l_i、m_i
             m_new = np.maximum(m_old, m_blk)
-            a = np.exp(m_old - _safe(m_new))                  # 旧状态的换算因子
-            b = np.exp(m_blk - _safe(m_new))                  # 新块的换算因子
+            shift = _safe(m_new)
+            a = np.exp(m_old - shift)                         # 旧状态的换算因子
+            b = np.exp(m_blk - shift)                         # 新块的换算因子
             l_new = a * l_old + b * l_blk
             num = (a * l_old)[:, None] * O[i0:i1] + b[:, None] * (P @ Vj)      # [br, dv]
             O[i0:i1] = np.divide(num, l_new[:, None], out=np.zeros_like(num), where=l_new[:, None] > 0)
-            m_hbm[i0:i1], l_hbm[i0:i1] = m_new, l_new
-            io.add("O", write=br * dv)
-            io.add("l,m", write=2 * br)
-            io.add("QKᵀ,PV", flops=2 * br * bc * (d + dv))
+            m_hbm[i0:i1], l_hbm[i0:i1] = m_new, l_new         # 写回"显存"
+        n_rows = sum(i1 - i0 for i0, i1 in rows)              # 这一轮读进、写回的 Q / O / l,m 行数
+        io.add("Q", read=n_rows * d)
+        io.add("O", read=n_rows * dv, write=n_rows * dv)
+        io.add("l,m", read=2 * n_rows, write=2 * n_rows)
+        io.add("QKᵀ,PV", flops=2 * n_rows * bc * (d + dv))
     return O, _lse(m_hbm, l_hbm), io
 
 
@@ -542,15 +453,15 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
     N, d = Q.shape
     Nk, dv = V.shape
-    O = _real_array(O, "O", ndim=2)
-    dO = _real_array(dO, "dO", ndim=2)
-    L = _real_array(L, "L", ndim=1, allow_neginf=True)
+    O = check_array("O", O, ndim=2)
+    dO = check_array("dO", dO, ndim=2)
+    L = check_array("L", L, ndim=1, allow_neginf=True)
     for name, arr, want in (("O", O, (N, dv)), ("dO", dO, (N, dv)), ("L", L, (N,))):
         if arr.shape != want:
             raise ValueError(f"{name} 的形状必须是 {want}，收到 {arr.shape}")
-    Br = _positive_int(Br, "Br")
-    Bc = _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
+    Br = check_int("Br", Br, lo=1)
+    Bc = check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
     off = Nk - N
     io = IO()
     D = np.sum(dO * O, axis=1)                                # [N]：预处理内核
@@ -593,9 +504,9 @@ def live_tiles(N, Nk, Br, Bc, causal=True):
     按定义逐对判断（右下角对齐：query q 看得见 key k ⇔ k ≤ Nk − N + q），再按块取"任意一个"——
     不用 flash_fwd 里跳块的边界公式，所以可以拿来核对它。causal=False 时全为 True。
     """
-    N, Nk = _positive_int(N, "N"), _positive_int(Nk, "Nk")
-    Br, Bc = _positive_int(Br, "Br"), _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
+    N, Nk = check_int("N", N, lo=1), check_int("Nk", Nk, lo=1)
+    Br, Bc = check_int("Br", Br, lo=1), check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
     if not causal:
         return np.ones((math.ceil(N / Br), math.ceil(Nk / Bc)), dtype=bool)
     visible = np.arange(Nk)[None, :] <= (Nk - N) + np.arange(N)[:, None]          # [N, Nk]
@@ -621,17 +532,17 @@ def fa_io_formula(N, d, M, order="fa2", *, Nk=None, dv=None, Br=None, Bc=None, c
     量级（dv = d、N = Nk、忽略 l、m）：fa1 ≈ Tc·3Nd，Tc ≈ 4Nd/M → ≈ 12·N²d²/M，即论文的 Θ(N²d²/M)；
     fa2 ≈ Tr·2Nd：Br = Bc = M/4d 时 ≈ 8·N²d²/M，但用论文的块（Br 封顶到 d）时 Tr = N/d，≈ 2N²，和 M 无关。
     """
-    N = _positive_int(N, "N")
-    d = _positive_int(d, "d")
-    order = _choice(order, "order", ORDERS)
-    Nk = N if Nk is None else _positive_int(Nk, "Nk")
-    dv = d if dv is None else _positive_int(dv, "dv")
+    N = check_int("N", N, lo=1)
+    d = check_int("d", d, lo=1)
+    order = check_choice("order", order, ORDERS)
+    Nk = N if Nk is None else check_int("Nk", Nk, lo=1)
+    dv = d if dv is None else check_int("dv", dv, lo=1)
     if (Br is None) != (Bc is None):
         raise ValueError("Br 和 Bc 要么都给、要么都不给（都不给时用 block_sizes(M, d)）")
     if Br is None:
         Br, Bc = block_sizes(M, d)
-    Br, Bc = _positive_int(Br, "Br"), _positive_int(Bc, "Bc")
-    causal = _flag(causal, "causal")
+    Br, Bc = check_int("Br", Br, lo=1), check_int("Bc", Bc, lo=1)
+    causal = check_bool("causal", causal)
     Tr, Tc = math.ceil(N / Br), math.ceil(Nk / Bc)
     if not causal:
         if order == "fa1":
@@ -667,7 +578,7 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
     【返回】(o [R, dv], lse [R], parts)，parts 是非空段的 [(o_s, lse_s), ...]。
     """
     q, K, V, scale = _attention_inputs(q, K, V, scale, names=("q", "K", "V"))
-    n_splits = _positive_int(n_splits, "n_splits")
+    n_splits = check_int("n_splits", n_splits, lo=1)
     bounds = _even_bounds(K.shape[0], n_splits)
     parts = []
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -689,7 +600,7 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
 @dataclass(frozen=True)
 class DecodeGPU:
     """
-    decode 注意力时间模型里的一块 GPU。前四项是规格（facts.md §1，稠密 FP16/BF16），后三项是**假设**：
+    decode 注意力时间模型里的一块 GPU。前四项是规格（[S1, S5, S9]，稠密 FP16/BF16），后三项是**假设**：
 
         name、n_sm（SM 个数）、tc_flops（Tensor Core 峰值 FLOP/s）、hbm（显存带宽，字节/秒）
         tc_eff：注意力内核能拿到的 Tensor Core 峰值比例。假设 0.7（FlashAttention-2 论文：A100 前向达到峰值的
@@ -707,7 +618,7 @@ class DecodeGPU:
     launch: float = 5e-6
 
 
-A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB（facts.md §1；hw_specs 里没有 A100）
+A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB [S1]（hw_specs 里没有 A100）
 # H100 SXM5 与 H200 SXM：同一颗 GH100（132 个 SM），H200 只是 HBM3e 更快；峰值与带宽取自 hw_specs
 H100_DEC = DecodeGPU("H100", 132, H100_SXM.peak_flops("bf16"), H100_SXM.mem_bw)
 H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
@@ -732,16 +643,16 @@ def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, bloc
         rows（一个 CTA 里 Tensor Core 按多少行做乘法）、keys（最长的 CTA 读几个 key）
     【没有模拟】L2 复用、各 CTA 负载不均、合并内核自己的读写（每段每头 dv + 1 个数，很小）。只看趋势。
     """
-    B, Hq, Hkv, S, d = (_positive_int(v, n) for v, n in ((B, "B"), (Hq, "Hq"), (Hkv, "Hkv"), (S, "S"), (d, "d")))
+    B, Hq, Hkv, S, d = (check_int(n, v, lo=1) for v, n in ((B, "B"), (Hq, "Hq"), (Hkv, "Hkv"), (S, "S"), (d, "d")))
     if Hq % Hkv:
         raise ValueError(f"Hq 必须是 Hkv 的整数倍（GQA 每组同样多的 query 头），收到 Hq={Hq}、Hkv={Hkv}")
-    method = _choice(method, "method", DECODE_METHODS)
+    method = check_choice("method", method, DECODE_METHODS)
     if not isinstance(gpu, DecodeGPU):
         raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
-    splits = _positive_int(splits, "splits")
-    elem = _positive_int(elem, "elem")
+    splits = check_int("splits", splits, lo=1)
+    elem = check_int("elem", elem, lo=1)
     if block_m is not None:
-        block_m = _positive_int(block_m, "block_m")
+        block_m = check_int("block_m", block_m, lo=1)
     if method == "fa2":
         ctas, rows, keys = B * Hq, block_m or 128, S
         readers = B * Hq                                      # 每个 query 头各读一遍整段 K、V
@@ -769,10 +680,10 @@ def best_splits(B, Hq, Hkv, S, d, gpu=A100_DEC, candidates=(1, 2, 4, 8, 16, 32, 
         （1 段永远是候选）；模型时间相差不到 1% 时取段数少的（合并更省事）。
     【返回】(段数, 对应的 decode_attention_time 结果)
     """
-    B, Hkv, S = _positive_int(B, "B"), _positive_int(Hkv, "Hkv"), _positive_int(S, "S")
+    B, Hkv, S = check_int("B", B, lo=1), check_int("Hkv", Hkv, lo=1), check_int("S", S, lo=1)
     if not isinstance(gpu, DecodeGPU):
         raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
-    cands = sorted({_positive_int(c, "candidates 的元素") for c in candidates} | {1})
+    cands = sorted({check_int("candidates 的元素", c, lo=1) for c in candidates} | {1})
     keep = [c for c in cands if c <= S and (c == 1 or B * Hkv * c <= 4 * gpu.n_sm)]
     res = [(c, decode_attention_time(B, Hq, Hkv, S, d, "fd", gpu, splits=c)) for c in keep]
     fastest = min(r["t"] for _, r in res)
@@ -815,9 +726,9 @@ def llama_1b_ops(context=160, rows_per_cta=16, kernels="7"):
     【ctas】矩阵-向量乘：每个 CTA 负责 rows_per_cta 个输出行；注意力：每个 query 头一个 CTA。
     【context】注意力读的 KV cache 长度。默认 160 = Hazy 的测试（32 个提示 token + 128 个生成 token）。
     """
-    context = _positive_int(context, "context")
-    rows_per_cta = _positive_int(rows_per_cta, "rows_per_cta")
-    kernels = _choice(kernels, "kernels", KERNEL_LAYOUTS)
+    context = check_int("context", context, lo=1)
+    rows_per_cta = check_int("rows_per_cta", rows_per_cta, lo=1)
+    kernels = check_choice("kernels", kernels, KERNEL_LAYOUTS)
     c, eb = LLAMA_1B, LLAMA_1B_ELEM
     d, ffn = c.d_model, c.d_ff
     qkv_rows = c.q_dim + 2 * c.kv_dim                         # Q、K、V 三个投影的输出行数
@@ -860,7 +771,7 @@ def llama_1b_expected_bytes(context=160):
         激活：每个 RMSNorm（每层 2 个 + 最后 1 个）再读一遍长 d_model 的输入向量：(2L + 1)·d·2。
             其余激活（几 KB）按模型的约定算在"小内核"里，不计入字节。
     """
-    context = _positive_int(context, "context")
+    context = check_int("context", context, lo=1)
     c, eb = LLAMA_1B, LLAMA_1B_ELEM
     return (c.weight_bytes(eb) + c.kv_cache_bytes(1, context, eb)
             + (2 * c.n_layers + 1) * c.d_model * eb)
@@ -869,7 +780,8 @@ def llama_1b_expected_bytes(context=160):
 @dataclass(frozen=True)
 class TimelineParams:
     """
-    时间线模型的参数（默认 H100 SXM）。规格来自 facts.md；标了"假设"的是本模型的选择，改了重算就能看敏感性。
+    时间线模型的参数（默认 H100 SXM）。规格来自 hw_specs（出处见那里）；
+    标了"假设"的是本模型的选择，改了重算就能看敏感性。
 
         n_sm、hbm：SM 个数、显存带宽（字节/秒；默认 = hw_specs.H100_SXM.mem_bw）
         eff：长时间连续读能达到的带宽比例。假设 0.9。
@@ -957,7 +869,7 @@ def timeline(ops, mode, p=TimelineParams()):
         parts（时间分解，键见 PART_LABELS，各项之和 = t）、n_ops
     【没有模拟】L2、计算时间（batch 1 的矩阵-向量乘远低于算力上限）、内核之间的重叠（PDL 等）。
     """
-    mode = _choice(mode, "mode", TIMELINE_MODES)
+    mode = check_choice("mode", mode, TIMELINE_MODES)
     if not isinstance(p, TimelineParams):
         raise TypeError(f"p 必须是 TimelineParams，收到 {type(p).__name__}")
     ops = list(ops)
@@ -971,6 +883,43 @@ def timeline(ops, mode, p=TimelineParams()):
         t, parts = _megakernel_timeline(ops, p, bw_sm)
     ideal = sum(o.bytes for o in ops) / p.hbm
     return {"t": t, "ideal": ideal, "bw_util": ideal / t, "parts": parts, "n_ops": len(ops)}
+
+
+# =============================================================================
+# 输入检查：一个头的 Q、K、V（单个参数用 course_utils 的 check_*）
+# =============================================================================
+def _check_merge(a, b):
+    """merge_states 的输入检查：返回 float64 的 ((m_a, l_a, o_a), (m_b, l_b, o_b))；形状不配就报错（不悄悄广播）。"""
+    if len(a) != 3 or len(b) != 3:
+        raise ValueError("a、b 都必须是 (m, l, o) 三元组")
+    (ma, la, oa), (mb, lb, ob) = a, b
+    if (oa is None) != (ob is None):
+        raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
+    ma, la, mb, lb = (np.asarray(x, dtype=np.float64) for x in (ma, la, mb, lb))
+    if not (ma.shape == la.shape == mb.shape == lb.shape):       # 不让 numpy 悄悄广播成别的形状
+        raise ValueError(f"merge_states：m_a、l_a、m_b、l_b 的形状必须相同，收到 {ma.shape}、{la.shape}、"
+                         f"{mb.shape}、{lb.shape}")
+    if oa is not None:
+        oa, ob = np.asarray(oa, dtype=np.float64), np.asarray(ob, dtype=np.float64)
+        if oa.shape != ob.shape or oa.shape[:-1] != ma.shape:
+            raise ValueError(f"merge_states：o_a、o_b 的形状必须是 m 的形状 {ma.shape} + [dv]，"
+                             f"收到 {oa.shape}、{ob.shape}")
+    return (ma, la, oa), (mb, lb, ob)
+
+
+def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):
+    """检查一个头的 Q [N, d]、K [Nk, d]、V [Nk, dv]，返回 float64 的 (Q, K, V, scale)。"""
+    nq, nk, nv = names
+    Q, K, V = (check_array(n, a, ndim=2) for a, n in zip((Q, K, V), names))
+    if min(Q.shape + K.shape + V.shape) < 1:
+        raise ValueError(f"{nq}、{nk}、{nv} 的每一维都至少为 1，收到 {Q.shape}、{K.shape}、{V.shape}")
+    if Q.shape[1] != K.shape[1]:
+        raise ValueError(f"{nq} [N, d] 和 {nk} [Nk, d] 的 d 必须相同，收到 {Q.shape} 和 {K.shape}")
+    if K.shape[0] != V.shape[0]:
+        raise ValueError(f"{nk} [Nk, d] 和 {nv} [Nk, dv] 的行数必须相同，收到 {K.shape} 和 {V.shape}")
+    if scale is None:
+        return Q, K, V, 1.0 / math.sqrt(Q.shape[1])
+    return Q, K, V, check_real("scale", scale, type_error=ValueError)   # 有限实数；None = 1/√d
 
 
 # =============================================================================

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import fmt_bytes, save_figure  # noqa: E402
+from course_utils import fmt_bytes, format_table, save_figure  # noqa: E402
 
 
 def letters(mask, p):
@@ -59,7 +59,7 @@ def print_trace(trace, ledger, p):
                 star = "*" if prev is not None and prev[r][c] != m else " "
                 row.append(("-" * p if m < 0 else letters(m, p)) + star)
             rows.append(row)
-        print(indent(cs.format_table(["设备"] + [f"块{c}" for c in range(p)], rows, ["<"] * (p + 1)), "  "))
+        print(indent(format_table(["设备"] + [f"块{c}" for c in range(p)], rows, ["<"] * (p + 1)), "  "))
         if step >= 0:
             sends = ", ".join(f"d{m.src}→d{m.dst} {fmt_bytes(m.nbytes)}" for m in ledger.step_messages(step))
             print(f"  本步消息：{sends}")
@@ -77,7 +77,7 @@ def numeric_check(p, n, rng):
     sent = ledger.bytes_sent()
     formula = 2 * (p - 1) / p * n * 8
     rows = [[f"d{r}", int(sent[r]), f"{formula:.1f}"] for r in range(p)]
-    print(indent(cs.format_table(["设备", "发出字节", "2(P−1)/P·n·8"], rows), "  "))
+    print(indent(format_table(["设备", "发出字节", "2(P−1)/P·n·8"], rows), "  "))
     # 总字节精确相等；单个设备因为 n 不能被 P 整除，和公式最多差 2(P−1) 个元素的"块长之差"
     assert sent.sum() == 2 * (p - 1) * n * 8
     assert np.all(np.abs(sent - formula) <= 2 * (p - 1) * 8)
@@ -95,15 +95,14 @@ def scaling_table(ps, rng):
         ratios.append(ratio)
         assert np.isclose(ratio, 2 * (p - 1) / p) and ledger.n_steps == 2 * (p - 1)
         rows.append([p, n, int(per_dev[0]), f"{ratio:.4f}", f"{2 * (p - 1) / p:.4f}", ledger.n_steps])
-    print(cs.format_table(["P", "n（元素）", "每设备发出/字节", "÷ (n·8)", "2(P−1)/P", "步数"], rows, [">"] * 6))
+    print(format_table(["P", "n（元素）", "每设备发出/字节", "÷ (n·8)", "2(P−1)/P", "步数"], rows, [">"] * 6))
     assert all(a < b for a, b in zip(ratios, ratios[1:])) and ratios[-1] < 2
     print("每个设备发的字节随 P 增加而增加，但永远 < 2n：环形 all-reduce 的带宽项与 P 几乎无关（步数却是 2(P−1)）。")
 
 
-def plot_grid(trace, p):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_grid(trace, p, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     k = len(trace)
     cols = min(k, 4)
     rows = (k + cols - 1) // cols
@@ -116,13 +115,19 @@ def plot_grid(trace, p):
         for r in range(p):
             for c in range(p):
                 ax.text(c, r, str(counts[r, c]), ha="center", va="center",
-                        color="white" if counts[r, c] < p / 2 else "black", fontsize=8)
-        ax.set_title("start" if step < 0 else f"step {step} ({phase})", fontsize=9)
-        ax.set_xticks(range(p), [f"c{c}" for c in range(p)], fontsize=7)
-        ax.set_yticks(range(p), [f"dev{r}" for r in range(p)], fontsize=7)
+                        color="white" if counts[r, c] < p / 2 else "black")
+        ax.set_title("start" if step < 0 else f"step {step} ({phase})")
+        ax.set_xticks(range(p), [f"c{c}" for c in range(p)])
+        ax.set_yticks(range(p), [f"dev{r}" for r in range(p)])
         ax.axis("on")
-    fig.suptitle(f"Ring all-reduce, P={p}: number of devices summed into each chunk")
-    print(f"\n图已保存：{save_figure(fig, __file__, 'grid', dpi=110)}")
+    fig.suptitle(f"Ring all-reduce, P={p}: how many devices are summed into each chunk "
+                 "(rows: devices, columns: chunks)")
+    spare = list(axes.flat)[k:]                    # 用空着的格子写结论
+    if spare:
+        spare[0].text(0.0, 0.5, f"after 2(P−1) = {2 * (p - 1)} steps\nevery device holds the full sum;\n"
+                      f"each step every device sends\nn/P bytes to its neighbour", va="center",
+                      transform=spare[0].transAxes)
+    print(f"\n图已保存：{save_figure(fig, __file__, 'grid', dpi=110, quick=quick)}")
 
 
 def main():
@@ -151,7 +156,7 @@ def main():
     print("\n== 3. P 变大时每个设备发多少 ==")
     scaling_table((2, 4, 8, 16) if args.quick else (2, 4, 8, 16, 32, 64), rng)
 
-    plot_grid(trace, args.p)
+    plot_grid(trace, args.p, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
      小消息几乎全是延迟，大消息几乎全是带宽；algbw 和 busbw（nccl-tests 的定义）随大小怎样变化。
   2. 交叉点 n*（α 项 = β 项）：ring all-reduce 的 n* = P·α·B，随 P 线性增长；在 n* 处 busbw 恰好是链路带宽的一半。
   3. 各种集合通信 / 算法的 n*：步数少的算法（树、递归倍增）交叉点小得多。
-  4. α 从哪里来：NCCL 调优代码里的延迟常数（facts.md §4 [S71]），和本模块 DEFAULT_ALPHA 的比较。
+  4. α 从哪里来：NCCL 调优代码里的延迟常数[S71]，和本模块 DEFAULT_ALPHA 的比较。
   5. 两张图：prereq5/figures/02_alpha_beta_crossover_time.png（时间分解）、
      prereq5/figures/02_alpha_beta_crossover_busbw.png（busbw / 链路带宽 随消息大小，P = 2、8、64）。
 
@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, format_table, save_figure  # noqa: E402
 
 MEASURED_RING_BUSBW = 370e9     # NCCL 维护者：8×H100 ring 实测 busbw ≈ 370 GB/s（线速 450 的约 80%）[S40]
 
@@ -40,7 +40,7 @@ def size_table(sizes, p, alpha, bw):
         alg, bus = cs.algbw(n, t), cs.busbw("allreduce", n, t, p)
         rows.append([fmt_bytes(n), fmt_time(ta), fmt_time(tb), fmt_time(t), f"{alg / 1e9:.1f}", f"{bus / 1e9:.1f}",
                      "延迟" if ta > tb else "带宽"])
-    print(cs.format_table(["消息 n", "α 项", "β 项", "总时间", "algbw GB/s", "busbw GB/s", "谁主导"], rows))
+    print(format_table(["消息 n", "α 项", "β 项", "总时间", "algbw GB/s", "busbw GB/s", "谁主导"], rows))
     return total
 
 
@@ -71,7 +71,7 @@ def crossover_table(ps, alpha, bw):
             vals.append(fmt_bytes(cs.crossover_bytes(coll, p, alpha, 1 / bw, algo)))
             assert c.steps > 0 and c.bytes > 0
         rows.append([f"{coll} / {algo}"] + vals)
-    print(cs.format_table(["集合通信 / 算法"] + [f"P={p}" for p in ps], rows))
+    print(format_table(["集合通信 / 算法"] + [f"P={p}" for p in ps], rows))
     ring = [cs.crossover_bytes("allreduce", p, alpha, 1 / bw) for p in ps]
     rab = [cs.crossover_bytes("allreduce", p, alpha, 1 / bw, "rabenseifner") for p in ps]
     assert all(np.isclose(r, p * alpha * bw) for r, p in zip(ring, ps)), "ring：n* ∝ P"
@@ -88,16 +88,16 @@ def nccl_latency_table(ps, alpha):
         row.append(f"{cs.nccl_ring_latency(p, 'LL') / (2 * (p - 1)) * 1e6:.2f}")
         row.append(f"{2 * (p - 1) * alpha * 1e6:.1f}")
         rows.append(row)
-    print(cs.format_table(["P", "LL µs", "LL128 µs", "Simple µs", "LL 每步 µs", "本模块 2(P−1)α µs"], rows,
+    print(format_table(["P", "LL µs", "LL128 µs", "Simple µs", "LL 每步 µs", "本模块 2(P−1)α µs"], rows,
                           [">"] * 6))
     print("NCCL 的模型 = baseLat + 2(P−1)·hopLat（NVLink、ring；[S71]）。本模块没有 baseLat，"
           f"DEFAULT_ALPHA = {cs.DEFAULT_ALPHA * 1e6:g} µs/步 取自 P = 8、LL 协议的平均值：P 小时偏乐观。")
     assert abs(cs.nccl_ring_latency(8, "LL") / 14 / cs.DEFAULT_ALPHA - 1) < 0.2
 
 
-def plot_time(sizes, p, alpha, bw, ns, plt):
+def plot_time(sizes, p, alpha, bw, ns, plt, quick=False):
     terms = cs.allreduce_terms(sizes, p)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 6))
     ax.loglog(sizes, np.full_like(sizes, terms.steps * alpha), "--", label=r"$\alpha$ term: 2(P-1)$\alpha$")
     ax.loglog(sizes, terms.bytes / bw, "--", label=r"$\beta$ term: 2(P-1)/P $\cdot$ n / B")
     ax.loglog(sizes, cs.allreduce_time(sizes, p, alpha, 1 / bw), "k-", lw=2, label="total")
@@ -105,26 +105,26 @@ def plot_time(sizes, p, alpha, bw, ns, plt):
     ax.text(ns * 1.1, terms.steps * alpha * 0.3, f"n* = {fmt_bytes(ns)}", color="gray")
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"Ring all-reduce, P={p}, alpha={alpha * 1e6:g} us, B={bw / 1e9:g} GB/s")
+    ax.set_title(f"Ring all-reduce, P={p}, α={alpha * 1e6:g} µs, B={bw / 1e9:g} GB/s")
     ax.legend()
     ax.grid(True, which="major", alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'time', dpi=110, quick=quick)}")
 
 
-def plot_busbw(sizes, alpha, bw, plt):
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+def plot_busbw(sizes, alpha, bw, plt, quick=False):
+    fig, ax = plt.subplots(figsize=(10, 6.5))
     for p in (2, 8, 64):
         t = cs.allreduce_time(sizes, p, alpha, 1 / bw)
-        ax.semilogx(sizes, cs.busbw("allreduce", sizes, t, p) / bw, label=f"ring, P={p}")
-    ax.axhline(MEASURED_RING_BUSBW / bw, color="gray", ls=":", label="NCCL ring measured, 8xH100 (~370/450)")
+        ax.semilogx(sizes, cs.busbw("allreduce", sizes, t, p) / bw, lw=2, label=f"ring, P={p}")
+    ax.axhline(MEASURED_RING_BUSBW / bw, color="gray", ls=":", lw=1.5, label="NCCL ring measured, 8×H100 (~370/450)")
     ax.axhline(0.5, color="gray", lw=0.8)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("busbw / link bandwidth")
-    ax.set_title("busbw reaches 1/2 of link bandwidth at n* = P*alpha*B")
+    ax.set_title("busbw reaches 1/2 of link bandwidth at n* = P·α·B")
     ax.set_ylim(0, 1.05)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)     # 图下：不挡曲线和参考线
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'busbw', dpi=110, quick=quick)}")
 
 
 def main():
@@ -155,12 +155,11 @@ def main():
           f"是线速的 {MEASURED_RING_BUSBW / bw:.0%}（协议开销）；NVLS（交换机内归约）能到 ≈ 480 GB/s。"
           "本模块的模型按线速算，想贴近实测就把带宽乘 0.8。")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from course_utils import pyplot
+    plt = pyplot()
     fine = np.logspace(2, 10, 60 if args.quick else 200)
-    plot_time(fine, p, alpha, bw, ns, plt)
-    plot_busbw(fine, alpha, bw, plt)
+    plot_time(fine, p, alpha, bw, ns, plt, quick=args.quick)
+    plot_busbw(fine, alpha, bw, plt, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import H100_SXM  # noqa: E402
-from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, format_table, save_figure  # noqa: E402
 
 AR_ALGOS = cs.ALGORITHMS["allreduce"]
 # 节点间网络：每块 GPU 一张 NDR 400 Gb/s 网卡 = 50 GB/s 单向线速（实测 busbw 46–48 GB/s，[S69]）。
@@ -52,7 +52,7 @@ def simulate_all(ps, rng):
             assert err < 1e-12 and ok, (p, algo, err, got, model)
             rows.append([p, algo, f"{err:.1e}", got.steps, model.steps, got.bytes, f"{model.bytes:.0f}",
                          f"{ledger.total_bytes() / (n * 8):.2f}"])
-    print(cs.format_table(["P", "算法", "误差", "账本步数", "公式步数", "账本字节", "公式字节", "全网字节/n"], rows,
+    print(format_table(["P", "算法", "误差", "账本步数", "公式步数", "账本字节", "公式字节", "全网字节/n"], rows,
                           [">", "<"] + [">"] * 6))
     print("'账本字节' = Σ 每步最大的消息（关键路径）；'全网字节/n' = 所有链路加起来搬了几份 n。")
 
@@ -65,7 +65,7 @@ def node_comparison(sizes, p, alpha, bw):
         best = min(AR_ALGOS, key=lambda a: times[a][i])
         winners.append(best)
         rows.append([fmt_bytes(n)] + [fmt_time(times[a][i]) for a in AR_ALGOS] + [best])
-    print(cs.format_table(["消息"] + list(AR_ALGOS) + ["最快"], rows))
+    print(format_table(["消息"] + list(AR_ALGOS) + ["最快"], rows))
     # 小消息：步数最少的递归倍增赢；大消息：ring 与 Rabenseifner 字节相同（2(P−1)/P·n），Rabenseifner 步数少一点
     assert winners[0] == "rec_doubling"
     assert winners[-1] == "rabenseifner" and times["ring"][-1] / times["rabenseifner"][-1] < 1.01
@@ -95,7 +95,7 @@ def cluster_comparison(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
     flat1, flatg, hier = cluster_times(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e)
     rows = [[fmt_bytes(n), fmt_time(a), fmt_time(b), fmt_time(c), "两级" if c < b else f"{g} 环"]
             for n, a, b, c in zip(sizes, flat1, flatg, hier)]
-    print(cs.format_table(["消息", "扁平单环", f"扁平 {g} 环", "两级", "更快"], rows))
+    print(format_table(["消息", "扁平单环", f"扁平 {g} 环", "两级", "更快"], rows))
     assert np.all(hier < flat1), "两级算法的 α 项和 β 项都比扁平单环小"
     assert hier[0] < flatg[0], "小消息：两级算法走网卡的步数少得多"
     # 交叉点：两条直线 t = a + b·n 的交点（各自的 α 项和 β 项系数）
@@ -109,11 +109,21 @@ def cluster_comparison(sizes, n_nodes, g, alpha_i, bw_i, alpha_e, bw_e):
         print(f"\n消息大于 {fmt_bytes(n_cross)} 时扁平 {g} 环更快：两级算法的节点内 RS/AG 和节点间阶段串行，"
               f"而 {g} 个环同时用着 NVLink 和网卡。")
         assert np.all((hier < flatg) == (sizes < n_cross))
-    net_flat = cs.allreduce_terms(1.0, p).bytes
-    net_hier = t["inter"].bytes
-    print(f"每块 GPU 经网卡发出的字节 / n：扁平单环 {net_flat:.3f}，两级 {net_hier:.3f}"
-          f"（少 {net_flat / net_hier:.1f} 倍）；走网卡的步数：{2 * (p - 1)} vs {t['inter'].steps}。")
-    assert net_hier < net_flat / g
+    # 经网卡的字节，同类相比：扁平单环只有每个节点的"边界" GPU 的网卡在发（N 张），其余闲着；
+    # g 个并行环每个节点用 g 张网卡、各发 n/g 的环流量；两级算法每块 GPU 的网卡都在发。
+    net_flat = cs.allreduce_terms(1.0, p).bytes                 # 扁平单环：一张边界网卡发的字节 / n
+    net_flatg = net_flat / g                                     # g 个环：每张网卡
+    net_hier = t["inter"].bytes                                  # 两级：每张网卡
+    rows = [["扁平单环", n_nodes, f"{net_flat:.3f}", f"{n_nodes * net_flat:.2f}", 2 * (p - 1)],
+            [f"扁平 {g} 环", n_nodes * g, f"{net_flatg:.3f}", f"{n_nodes * g * net_flatg:.2f}", 2 * (p - 1)],
+            ["两级", p, f"{net_hier:.3f}", f"{p * net_hier:.2f}", t["inter"].steps]]
+    print("\n经网卡发出的字节（÷ n），同类相比：")
+    print(format_table(["做法", "在用的网卡", "最忙的一张网卡", "所有网卡合计", "走网卡的步数"], rows))
+    print(f"→ 最忙的网卡：两级比扁平单环少 {net_flat / net_hier:.1f} 倍——主要因为流量摊到了每个节点的 {g} 张网卡上"
+          f"（扁平单环每个节点只有 1 张在用）；所有网卡合计只少 {net_flat / (g * net_hier):.2f} 倍"
+          f"（{n_nodes * net_flat:.2f}n vs {p * net_hier:.2f}n）。和扁平 {g} 环比，两级每张网卡少发 "
+          f"{net_flatg / net_hier:.2f} 倍，走网卡的步数少得多（{t['inter'].steps} vs {2 * (p - 1)}）。")
+    assert net_hier < net_flat / g and abs(n_nodes * net_flat - n_nodes * g * net_flatg) < 1e-12
     return flat1, flatg, hier
 
 
@@ -131,22 +141,21 @@ def simulate_hierarchical(n_nodes, g, rng):
         rows.append([kind, got.steps, terms[kind].steps, got.bytes, f"{terms[kind].bytes:.0f}"])
     assert err < 1e-12
     print(f"模拟两级 all-reduce（{n_nodes} 节点 × {g} GPU，n = {n}）：误差 {err:.1e}")
-    print(cs.format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
+    print(format_table(["链路", "账本步数", "公式步数", "账本字节", "公式字节"], rows))
 
 
-def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(sizes, times, cluster, n_nodes, g, alpha, bw, quick=False):
+    from course_utils import pyplot
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for a in AR_ALGOS:
         ax.loglog(sizes, times[a], label=a)
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
-    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, alpha {alpha * 1e6:g} us)")
+    ax.set_title(f"All-reduce on 8 GPUs (NVLink {bw / 1e9:g} GB/s, α {alpha * 1e6:g} µs)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'node', dpi=110, quick=quick)}")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, t in zip(("flat ring (1 ring)", f"flat ring ({g} rings, n/{g} each)", "hierarchical"), cluster):
         ax.loglog(sizes, t, label=label)
@@ -155,7 +164,7 @@ def plot(sizes, times, cluster, n_nodes, g, alpha, bw):
     ax.set_title(f"All-reduce on {n_nodes} nodes x {g} GPUs (NIC {NIC_BW / 1e9:g} GB/s per GPU)")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'cluster', dpi=110, quick=quick)}")
 
 
 def main():
@@ -186,7 +195,7 @@ def main():
     fine = np.logspace(3, 10, 40 if args.quick else 120)
     node_t = {a: cs.allreduce_time(fine, 8, alpha, 1 / bw, a) for a in AR_ALGOS}
     cl = cluster_times(fine, args.nodes, g, alpha, bw, ALPHA_NET, NIC_BW)
-    plot(fine, node_t, cl, args.nodes, g, alpha, bw)
+    plot(fine, node_t, cl, args.nodes, g, alpha, bw, quick=args.quick)
 
 
 if __name__ == "__main__":

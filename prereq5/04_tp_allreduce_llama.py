@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
 from hw_specs import B200, H100_SXM, H200  # noqa: E402
-from course_utils import fmt_bytes, fmt_count, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, fmt_time, format_table, save_figure  # noqa: E402
 from llm_math import PRESETS  # noqa: E402
 
 ACT_BYTES = 2          # bf16 激活
@@ -75,7 +75,7 @@ def token_table(cfg, chip, tp, tokens):
         rows.append([int(t), fmt_time(c["alpha"][i]), fmt_time(c["beta"][i]), fmt_time(c["compute"][i]),
                      fmt_time(c["roofline"][i]), f"{c['comm'][i] / c['compute'][i]:.2f}",
                      f"{c['comm'][i] / (c['comm'][i] + c['roofline'][i]):.0%}"])
-    print(cs.format_table(["tokens B·T", "通信 α 项", "通信 β 项", "矩阵乘法", "roofline", "通信/矩阵乘法",
+    print(format_table(["tokens B·T", "通信 α 项", "通信 β 项", "矩阵乘法", "roofline", "通信/矩阵乘法",
                            "通信占一层"], rows, [">"] * 7))
     return c
 
@@ -113,7 +113,7 @@ def main():
     tps = (2, 4, 8)
     rinfs = [r_inf(cfg, chip, t) for t in tps]
     rows = [[t, f"{r:.3f}", f"{r / (t - 1):.4f}"] for t, r in zip(tps, rinfs)]
-    print(cs.format_table(["TP", "R∞", "R∞ / (TP−1)"], rows, [">"] * 3))
+    print(format_table(["TP", "R∞", "R∞ / (TP−1)"], rows, [">"] * 3))
     assert np.allclose(np.array(rinfs) / (np.array(tps) - 1), rinfs[0] / (tps[0] - 1)), "R∞ ∝ TP − 1"
     closed = [4 * (t - 1) * cfg.d_model * chip.peak_flops("bf16") / (p_layer * chip.link_bw) for t in tps]
     assert np.allclose(rinfs, closed, rtol=1e-12)
@@ -127,27 +127,27 @@ def main():
         cc = layer_costs(cfg, ch, tp, np.array([1, 32768]))
         rows.append([ch.name, f"{ch.peak_flops('bf16') / ch.link_bw:.0f}", f"{r_inf(cfg, ch, tp):.3f}",
                      f"{cc['comm'][0] / (cc['comm'][0] + cc['roofline'][0]):.0%}"])
-    print(cs.format_table(["芯片", "峰值/链路 FLOP/B", "R∞（prefill）", "decode 通信占一层"], rows))
+    print(format_table(["芯片", "峰值/链路 FLOP/B", "R∞（prefill）", "decode 通信占一层"], rows))
     assert np.isclose(r_inf(cfg, H200, tp), r_inf(cfg, H100_SXM, tp)), "H200 与 H100 算力、NVLink 相同：R∞ 相同"
     print("H200 的显存更快：decode 读权重更快，通信的占比反而更高。真实系统用计算-通信重叠、"
           "自定义 all-reduce（小消息一步完成）、NVLS 来压这一块。")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from course_utils import pyplot
+    plt = pyplot()
     fine = np.unique(np.logspace(0, 17.5, 60, base=2).astype(int))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 6))
     for t in tps:
         cc = layer_costs(cfg, chip, t, fine)
         ax.semilogx(fine, cc["comm"] / cc["compute"], label=f"TP={t}")
         ax.axhline(r_inf(cfg, chip, t), ls=":", color=ax.lines[-1].get_color(), lw=1)
     ax.set_yscale("log")
-    ax.set_xlabel("tokens per step (B*T)")
+    ax.set_xlabel("tokens per step (B·T)")
     ax.set_ylabel("all-reduce time / matmul time (per layer)")
     ax.set_title(f"{cfg.name} on {chip.name}: TP all-reduce vs compute")
-    ax.legend()
+    ax.plot([], [], ":", color="gray", label="dotted: large-batch limit")
+    ax.legend(loc="upper right")
     ax.grid(True, alpha=0.3)
-    print(f"图已保存：{save_figure(fig, __file__, 'ratio', dpi=110)}")
+    print(f"图已保存：{save_figure(fig, __file__, 'ratio', dpi=110, quick=args.quick)}")
 
 
 if __name__ == "__main__":

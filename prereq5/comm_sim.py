@@ -1,56 +1,30 @@
 """
-comm_sim.py —— 预备课 5 的实验模块：集合通信（collective communication）的模拟与 α-β 代价模型
-=====================================================================================
+comm_sim.py —— 预备课 5：集合通信一步一步怎么搬数据、要多久（α-β 模型）
 
-【这个模块回答的问题】
-    张量并行（TP）、数据并行、专家并行都要在多块芯片之间"合并"或"交换"数据：all-reduce、all-gather、
-    reduce-scatter、broadcast、all-to-all。这些操作到底怎样一步一步地搬数据？每块芯片发了多少字节、
-    走了几步？一次 all-reduce 要多久——什么时候由延迟 α 决定，什么时候由带宽 β 决定？
-    本模块把答案写成能运行、能对账的代码：
-      (1) 模拟：P 个"设备"各拿一个 numpy 数组，按算法一步一步地把块（chunk）发给别的设备；
-          结果和 numpy 直接算（求和 / 拼接 / 转置）逐元素比较；一本账（Ledger）记下每一步、每条链路发了多少字节。
-      (2) 代价模型：每种集合通信、每种算法的 α-β 公式（Thakur、Rabenseifner、Gropp 2005 的表），
-          写成"步数 × α + 关键路径字节数 × β"。账本数出来的步数和字节数 **恰好等于** 公式里的两个系数——
-          这是模块的核心检验。
+【问题】张量并行、数据并行、专家并行都要在芯片之间合并或交换数据：all-reduce、all-gather、reduce-scatter、
+    broadcast、all-to-all。每块芯片发多少字节、走几步？一次 all-reduce 什么时候由延迟 α 决定、什么时候由带宽 β 决定？
+    (1) 模拟：P 个"设备"各拿一个 numpy 数组，按算法一步步把块发给别的设备；结果和 numpy 直接算（求和 / 拼接 / 转置）
+        逐元素比较；账本 Ledger 记下每一步、每条链路发了多少字节。
+    (2) 代价模型：每种算法的 α-β 公式"步数 × α + 关键路径字节 × β"（Thakur、Rabenseifner、Gropp 2005 [S73]）。
+        账本数出来的步数和字节数**恰好等于**公式的两个系数——这是本模块的核心检验。
+    结论先看：ring all-reduce = reduce-scatter + all-gather，每个设备发 2(P−1)/P·n 字节（P 再大也不超过 2n）；
+    树 / 递归倍增只要 ⌈lg P⌉ 步，但每步发整条消息；Rabenseifner 两者兼得；两级 all-reduce 节点间只走 1/G 的数据。
 
-【你会学到】
-    - 环形（ring）all-reduce = reduce-scatter + all-gather，每个设备发 2(P−1)/P·n 字节：P 再大也不超过 2n；
-    - 树形 / 递归倍增只要 ⌈lg P⌉ 步（延迟小），但每步发整条消息（带宽项大 lg P 倍）；
-      Rabenseifner（递归减半 + 递归倍增）两者兼得；
-    - 两级（hierarchical）all-reduce：节点内走 NVLink，节点间只走 1/G 的数据；
-    - nccl-tests 的 algbw 与 busbw：busbw = algbw × 2(P−1)/P（all-reduce），和算法无关地衡量"链路用了多少"；
-    - 交叉点 n*：α 项 = β 项的消息大小；比它小的消息受延迟支配，此时 busbw 只有链路带宽的一半。
+【里面有什么】
+    Message / Ledger                                   账本（cost()、time(alpha, beta)、bytes_sent()）
+    ring_* / rec_* / rabenseifner_all_reduce / tree_* / scatter_allgather_broadcast / pairwise_all_to_all /
+    hierarchical_all_reduce / SIMULATORS               模拟，都返回 (每个设备的结果, Ledger)
+    Cost / cost_terms / allreduce_time … / crossover_bytes   代价模型；n* = α 项等于 β 项的消息大小
+    bus_factor / algbw / busbw / nccl_ring_latency     nccl-tests 的口径 [S68]，NCCL 自己的延迟常数 [S71]
+    tp_allreduce_time / fit_alpha_beta                 第 5 讲用的 TP all-reduce 时间；从实测数据拟合 α、β
 
-【本文件提供】
-    账本：Message、Ledger（cost()、time(alpha, beta)、bytes_sent() 等）
-    模拟（都返回 (每个设备的结果列表, Ledger)）：
-        ring_reduce_scatter、ring_all_gather、ring_all_reduce（可记录每一步的状态 trace）、
-        rec_halving_reduce_scatter、rec_doubling_all_gather（P 须是 2 的幂）、
-        rec_doubling_all_reduce、rabenseifner_all_reduce、tree_all_reduce（任意 P：非 2 的幂时先"折叠"多出的设备）、
-        tree_broadcast、scatter_allgather_broadcast、pairwise_all_to_all、hierarchical_all_reduce；
-        SIMULATORS[(集合通信, 算法)] → 对应的模拟函数
-    代价模型：Cost(steps, bytes)；cost_terms / allreduce_terms / ... ；
-        allreduce_time、allgather_time、reduce_scatter_time、broadcast_time、alltoall_time、
-        hierarchical_allreduce_terms / hierarchical_allreduce_time、crossover_bytes
-    给第 5 讲 serving_sim 用的：tp_allreduce_time(n_bytes, tp, link_bw, alpha=DEFAULT_ALPHA, algo="ring")
-    nccl-tests 的定义：bus_factor、algbw、busbw；NCCL 自己的延迟常数：nccl_ring_latency
-    测量拟合：fit_alpha_beta（加权最小二乘，从"消息大小—时间"数据拟合 α、β；演示 05 用 gloo 实测）
-    演示共用：format_table（中英文混排也对齐的表格；从 lecture01/course_utils.py 导入）
-
-【约定】
-    单位一律是字节（bytes）、秒（s）、字节/秒（bytes/s）。P（代码里 p）= 参与的设备数。
-    n = 消息大小，取 nccl-tests 的口径（facts.md §4 [S68]、[S73]）：
-        all-reduce / reduce-scatter / broadcast：每个设备的完整输入向量的字节数；
-        all-gather：拼起来之后的总字节数；all-to-all：每个设备要发出的全部字节（含留给自己的那一块）。
-    α = 每一步的固定延迟（秒），β = 每字节的时间（秒/字节）= 1 / 链路单向带宽。
-    一步（step）：每个设备最多发一条、收一条消息（单端口、全双工）；一步的时间 = α + β × 这一步最大的消息。
-    模型里 n/P 按实数算；模拟里数组用 np.array_split 切块，n 不能被 P 整除时块长相差 1，
-    此时账本的"总字节数"仍然精确等于公式，关键路径字节数只多出不到一个块。
-    忽略：归约的计算时间（γ 项）、拥塞、协议开销（NCCL 实测约为线速的 80%，见 DEFAULT_ALPHA 的注释）。
+【约定】单位：字节、秒、字节/秒；P = 设备数。n = nccl-tests 的消息大小：all-reduce / reduce-scatter / broadcast
+    是每个设备的完整输入；all-gather 是拼起来的总大小；all-to-all 是每个设备发出的全部字节。α = 每步固定延迟，
+    β = 1 / 链路单向带宽。一步 = 每个设备最多发一条、收一条（单端口、全双工），时间 = α + β × 这一步最大的消息。
+    n 不能被 P 整除时块长差 1：总字节仍等于公式，关键路径只多不到一个块。忽略归约计算（γ）、拥塞、协议开销。
 
 【运行】python3 prereq5/comm_sim.py    # 自检（2 核 CPU 上不到 1 秒）
-【依赖】只用 numpy，以及 ../lecture01/course_utils.py（format_table；只用标准库）。
-        演示 05 另外用 torch.distributed 的 gloo 后端，在演示里导入。
+【依赖】numpy；../lecture01/course_utils.py。演示 05 另外用 torch.distributed 的 gloo 后端。
 """
 
 import math
@@ -65,12 +39,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
 # =====================================================================
-# NCCL 的调优代码（src/graph/tuning.cc，2023–24 版，facts.md §4 [S71]）把一次 ring 集合通信的延迟建模成
+# NCCL 的调优代码（src/graph/tuning.cc，2023–24 版，[S71]）把一次 ring 集合通信的延迟建模成
 #     baseLat + nsteps × hopLat，all-reduce 的 nsteps = 2(P−1)，all-gather / reduce-scatter 为 P−1。
 # 下面是 NVLink 上 ring 算法的常数（微秒），三种协议：LL（小消息）、LL128（中等）、Simple（大消息）。
 NCCL_RING_BASE_US = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}      # [S71] baseLat, Ring
@@ -94,77 +68,7 @@ REDUCE_OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
 # =====================================================================
-# 1. 参数检查（坏输入 → 写明参数名和允许取值的异常）
-# =====================================================================
-# 设备数之类的整数：check_int(name, p, lo=1)；标量实数：check_real（都在 lecture01/course_utils.py）
-def _check_nonneg(x, name):
-    """标量（交给 check_real）或 numpy 数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
-    if not isinstance(x, np.ndarray):
-        return check_real(name, x, lo=0.0)
-    arr = np.asarray(x, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(f"{name} 必须是有限的非负数（≥ 0），收到 {x}")
-    return float(arr) if arr.ndim == 0 else arr
-
-
-def _check_positive(x, name):
-    v = _check_nonneg(x, name)
-    if np.any(np.asarray(v) <= 0):
-        raise ValueError(f"{name} 必须 > 0，收到 {x}")
-    return v
-
-
-def _check_algo(collective, algo):
-    if collective not in ALGORITHMS:
-        raise ValueError(f"collective 只能是 {sorted(ALGORITHMS)} 之一，收到 {collective!r}")
-    known = ALGORITHMS[collective]
-    if algo is None:
-        return known[0]
-    if algo not in known:
-        raise ValueError(f"{collective} 的 algo 只能是 {list(known)} 之一，收到 {algo!r}")
-    return algo
-
-
-def _check_op(op):
-    if op not in REDUCE_OPS:
-        raise ValueError(f"op 只能是 {list(REDUCE_OPS)} 之一，收到 {op!r}")
-    return REDUCE_OPS[op]
-
-
-def _check_buffers(xs, name="xs", same_len=True):
-    """xs：每个设备一个一维 numpy 数组。返回副本列表（模拟不改动调用者的数组）。"""
-    if not isinstance(xs, (list, tuple)):
-        raise TypeError(f"{name} 必须是列表（每个设备一个 numpy 数组），收到 {type(xs).__name__}")
-    if len(xs) < 1:
-        raise ValueError(f"{name} 至少要有 1 个设备（P ≥ 1），收到空列表")
-    for i, x in enumerate(xs):
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name}[{i}] 必须是 numpy 数组，收到 {type(x).__name__}")
-        if x.ndim != 1:
-            raise ValueError(f"{name}[{i}] 必须是一维数组（形状 (n,)），收到形状 {x.shape}")
-    if len({x.dtype for x in xs}) > 1:
-        raise ValueError(f"{name} 里所有数组的 dtype 必须相同，收到 {sorted({str(x.dtype) for x in xs})}")
-    if same_len and len({x.shape[0] for x in xs}) > 1:
-        raise ValueError(f"{name} 里所有数组的长度必须相同，收到 {[x.shape[0] for x in xs]}")
-    return [x.copy() for x in xs]
-
-
-def _require_pow2(p, what):
-    if p & (p - 1):
-        raise ValueError(f"{what} 要求 P 是 2 的幂（1, 2, 4, 8, …），收到 P = {p}；"
-                         f"非 2 的幂请用 algo='ring'，或用会折叠多余设备的 rec_doubling / rabenseifner all-reduce")
-
-
-def _ceil_lg(p):
-    return (p - 1).bit_length()          # ⌈log2 p⌉；p = 1 → 0
-
-
-def _floor_pow2(p):
-    return 1 << (p.bit_length() - 1)     # 不超过 p 的最大 2 的幂
-
-
-# =====================================================================
-# 2. 账本：每一步、每条链路发了多少字节
+# 1. 账本：每一步、每条链路发了多少字节
 # =====================================================================
 @dataclass(frozen=True)
 class Message:
@@ -283,7 +187,7 @@ def _trace(trace, phase, step, bufs):
 
 
 # =====================================================================
-# 3. 环形算法（ring）：reduce-scatter、all-gather、all-reduce
+# 2. 环形算法（ring）：reduce-scatter、all-gather、all-reduce
 # =====================================================================
 # 设备 r 把自己的向量切成 g 块；第 s 步，组里位置 i 的设备把块 (i − s − 1) mod g 发给下一个设备 i + 1，
 # 对方把它加到自己的同一块上。块 c 从设备 c + 1 出发，绕环走 g − 1 步后停在设备 c：设备 c 拿到块 c 的总和。
@@ -367,7 +271,7 @@ def ring_all_reduce(xs, op="sum", trace=None):
 
 
 # =====================================================================
-# 4. 递归减半 / 递归倍增（P 为 2 的幂；all-reduce 对任意 P 先折叠）
+# 3. 递归减半 / 递归倍增（P 为 2 的幂；all-reduce 对任意 P 先折叠）
 # =====================================================================
 def _rec_halving_steps(bufs, ranks, ledger, op):
     """bufs[r]：设备 r 的 q 块列表（q = len(ranks) 是 2 的幂）。结束时位置 i 的设备拥有块 i 的归约结果。"""
@@ -496,7 +400,7 @@ def rabenseifner_all_reduce(xs, op="sum"):
 
 
 # =====================================================================
-# 5. 树：二项树 reduce + broadcast、broadcast 的两种算法
+# 4. 树：二项树 reduce + broadcast、broadcast 的两种算法
 # =====================================================================
 def _binomial_reduce(xs, ranks, ledger, op):
     """向 ranks[0] 归约：距离 m = 1, 2, 4, … 的设备把部分和发给左边的伙伴。⌈lg q⌉ 步。"""
@@ -540,7 +444,7 @@ def tree_broadcast(x, p, root=0):
     """二项树 broadcast：⌈lg P⌉ 步，每步 n 字节。返回 (P 个副本, ledger)。"""
     (x,) = _check_buffers([x], "x")
     p = check_int("p", p, lo=1)
-    root = check_int("root", root, lo=0, hi=p - 1, type_error=ValueError)
+    root = check_int("root", root, lo=0, hi=p - 1)
     ranks = [(root + v) % p for v in range(p)]          # 相对编号 v = (r − root) mod P
     bufs = [None] * p
     bufs[root] = x
@@ -556,7 +460,7 @@ def scatter_allgather_broadcast(x, p, root=0):
     """
     (x,) = _check_buffers([x], "x")
     p = check_int("p", p, lo=1)
-    root = check_int("root", root, lo=0, hi=p - 1, type_error=ValueError)
+    root = check_int("root", root, lo=0, hi=p - 1)
     ranks = [(root + v) % p for v in range(p)]
     parts = np.array_split(x, p)                         # 相对编号 v 最终拿块 v
     held = {0: {c: parts[c] for c in range(p)}}          # 相对编号 → {块编号: 数据}；开始时都在根上
@@ -579,7 +483,7 @@ def scatter_allgather_broadcast(x, p, root=0):
 
 
 # =====================================================================
-# 6. all-to-all：成对交换
+# 5. all-to-all：成对交换
 # =====================================================================
 def pairwise_all_to_all(xs):
     """
@@ -603,7 +507,7 @@ def pairwise_all_to_all(xs):
 
 
 # =====================================================================
-# 7. 两级（hierarchical）all-reduce：节点内 NVLink + 节点间网络
+# 6. 两级（hierarchical）all-reduce：节点内 NVLink + 节点间网络
 # =====================================================================
 def hierarchical_all_reduce(xs, gpus_per_node, op="sum"):
     """
@@ -654,9 +558,9 @@ SIMULATORS = {
 
 
 # =====================================================================
-# 8. α-β 代价模型：Cost(步数, 关键路径字节数)
+# 7. α-β 代价模型：Cost(步数, 关键路径字节数)
 # =====================================================================
-# 公式见 facts.md §4 的表（Thakur, Rabenseifner, Gropp 2005 [S73]），γ（归约计算）忽略。
+# 公式见（Thakur, Rabenseifner, Gropp 2005 [S73]），γ（归约计算）忽略。
 # 非 2 的幂的 rec_doubling / rabenseifner 按上面的"折叠"写：多 2 步、多 2n 字节。
 def _fold_extra(p, n):
     return (2, 2 * n) if p != _floor_pow2(p) else (0, 0 * n)
@@ -787,7 +691,7 @@ def tp_allreduce_time(n_bytes, tp, link_bw, alpha=DEFAULT_ALPHA, algo="ring"):
     n_bytes：每块芯片上完整张量的字节数（例如 B·T·d·2，bf16）；tp：组里的芯片数（tp == 1 → 0.0）；
     link_bw：芯片的 scale-up 带宽，**单向**，字节/秒（hw_specs.Chip.link_bw 的口径：A100 300e9，H100/H200 450e9）；
     alpha：每步延迟（秒），默认 DEFAULT_ALPHA；algo：ALGORITHMS["allreduce"] 之一。
-    这是线速下的理想值：NCCL 实测 ring 的 busbw 约为线速的 80%（H100：~370 / 450 GB/s，facts.md §4 [S40]），
+    这是线速下的理想值：NCCL 实测 ring 的 busbw 约为线速的 80%（H100：~370 / 450 GB/s，[S40]），
     想打折就传 link_bw × 效率。
     """
     tp = check_int("tp", tp, lo=1)
@@ -813,7 +717,7 @@ def crossover_bytes(collective, p, alpha, beta, algo=None):
 
 
 # =====================================================================
-# 9. nccl-tests 的 algbw / busbw，NCCL 延迟，α-β 拟合
+# 8. nccl-tests 的 algbw / busbw，NCCL 延迟，α-β 拟合
 # =====================================================================
 _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
                "allgather": lambda p: (p - 1) / p, "alltoall": lambda p: (p - 1) / p,
@@ -822,9 +726,7 @@ _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda 
 
 def bus_factor(collective, p):
     """nccl-tests PERFORMANCE.md [S68]：busbw = algbw × 这个系数。"""
-    if collective not in _BUS_FACTOR:
-        raise ValueError(f"collective 只能是 {sorted(_BUS_FACTOR)} 之一，收到 {collective!r}")
-    return _BUS_FACTOR[collective](check_int("p", p, lo=1))
+    return _BUS_FACTOR[check_choice("collective", collective, sorted(_BUS_FACTOR))](check_int("p", p, lo=1))
 
 
 def algbw(n_bytes, seconds):
@@ -840,10 +742,8 @@ def busbw(collective, n_bytes, seconds, p):
 def nccl_ring_latency(p, protocol="LL", collective="allreduce"):
     """NCCL 调优模型（[S71]）里 NVLink 上 ring 算法的固定延迟（秒）：baseLat + nsteps × hopLat。"""
     p = check_int("p", p, lo=1)
-    if protocol not in NCCL_RING_BASE_US:
-        raise ValueError(f"protocol 只能是 {list(NCCL_RING_BASE_US)} 之一，收到 {protocol!r}")
-    if collective not in ("allreduce", "allgather", "reduce_scatter"):
-        raise ValueError(f"collective 只能是 ['allreduce', 'allgather', 'reduce_scatter'] 之一，收到 {collective!r}")
+    check_choice("protocol", protocol, NCCL_RING_BASE_US)
+    check_choice("collective", collective, ("allreduce", "allgather", "reduce_scatter"))
     nsteps = 2 * (p - 1) if collective == "allreduce" else p - 1
     return (NCCL_RING_BASE_US[protocol] + nsteps * NCCL_NVLINK_HOP_US[protocol]) * 1e-6
 
@@ -862,6 +762,7 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
     intercept = steps·α，slope = (bytes/n)·β。
     用相对误差加权（每个点除以它的时间）：消息大小跨好几个数量级，不加权的最小二乘只看得见最大的那几个点，
     截距（α）会被大消息的噪声淹没。
+    【报错】拟合出的斜率 ≤ 0（时间随消息变大反而不增）或截距 < 0 → ValueError：负的 β / α 不是答案。
     """
     n = np.asarray(_check_nonneg(np.asarray(n_bytes, dtype=np.float64), "n_bytes"))
     t = np.asarray(_check_positive(np.asarray(seconds, dtype=np.float64), "seconds"))
@@ -873,8 +774,76 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
     c = cost_terms(collective, 1.0, p, algo)
     if c.bytes == 0:
         raise ValueError(f"p = {p}：没有通信，无法拟合（需要 p ≥ 2）")
+    if not b > 0:            # 时间不随消息变大而增长：β ≤ 0 没有物理意义，不返回一个"负带宽"
+        raise ValueError(f"拟合出的斜率 {b:.3g} s/字节 ≤ 0：时间没有随消息大小增长（测量噪声太大、消息太小，"
+                         f"或进程数超过核数被调度打乱）；β 无意义，请加大消息、多测几次取中位数")
+    if a < 0:
+        raise ValueError(f"拟合出的截距 {a:.3g} s < 0：α 无意义（小消息的时间太吵）；请多测小消息、取中位数")
     rel = np.max(np.abs(a + b * n - t) / t)
     return Fit(alpha=a / c.steps, beta=b / c.bytes, intercept=float(a), slope=float(b), max_rel_err=float(rel))
+
+
+# =====================================================================
+# 9. 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
+# =====================================================================
+# 设备数之类的整数：check_int(name, p, lo=1)；标量实数：check_real（都在 lecture01/course_utils.py）
+def _check_nonneg(x, name):
+    """标量（交给 check_real）或 numpy 数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
+    if not isinstance(x, np.ndarray):
+        return check_real(name, x, lo=0.0)
+    arr = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name} 必须是有限的非负数（≥ 0），收到 {x}")
+    return float(arr) if arr.ndim == 0 else arr
+
+
+def _check_positive(x, name):
+    v = _check_nonneg(x, name)
+    if np.any(np.asarray(v) <= 0):
+        raise ValueError(f"{name} 必须 > 0，收到 {x}")
+    return v
+
+
+def _check_algo(collective, algo):
+    """collective 的名字对不对；algo = None 取它的第一个（默认）算法。"""
+    known = ALGORITHMS[check_choice("collective", collective, ALGORITHMS)]
+    return known[0] if algo is None else check_choice(f"{collective} 的 algo", algo, known)
+
+
+def _check_op(op):
+    return REDUCE_OPS[check_choice("op", op, REDUCE_OPS)]
+
+
+def _check_buffers(xs, name="xs", same_len=True):
+    """xs：每个设备一个一维 numpy 数组。返回副本列表（模拟不改动调用者的数组）。"""
+    if not isinstance(xs, (list, tuple)):
+        raise TypeError(f"{name} 必须是列表（每个设备一个 numpy 数组），收到 {type(xs).__name__}")
+    if len(xs) < 1:
+        raise ValueError(f"{name} 至少要有 1 个设备（P ≥ 1），收到空列表")
+    for i, x in enumerate(xs):
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}[{i}] 必须是 numpy 数组，收到 {type(x).__name__}")
+        if x.ndim != 1:
+            raise ValueError(f"{name}[{i}] 必须是一维数组（形状 (n,)），收到形状 {x.shape}")
+    if len({x.dtype for x in xs}) > 1:
+        raise ValueError(f"{name} 里所有数组的 dtype 必须相同，收到 {sorted({str(x.dtype) for x in xs})}")
+    if same_len and len({x.shape[0] for x in xs}) > 1:
+        raise ValueError(f"{name} 里所有数组的长度必须相同，收到 {[x.shape[0] for x in xs]}")
+    return [x.copy() for x in xs]
+
+
+def _require_pow2(p, what):
+    if p & (p - 1):
+        raise ValueError(f"{what} 要求 P 是 2 的幂（1, 2, 4, 8, …），收到 P = {p}；"
+                         f"非 2 的幂请用 algo='ring'，或用会折叠多余设备的 rec_doubling / rabenseifner all-reduce")
+
+
+def _ceil_lg(p):
+    return (p - 1).bit_length()          # ⌈log2 p⌉；p = 1 → 0
+
+
+def _floor_pow2(p):
+    return 1 << (p.bit_length() - 1)     # 不超过 p 的最大 2 的幂
 
 
 # =====================================================================

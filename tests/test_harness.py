@@ -40,6 +40,12 @@ def test_item(item):
     if status == "skip":
         pytest.skip(f"{item.label}: {info}")
     assert status == "ok", f"{item.label} 失败（{dt:.1f} s）：\n{info}"
+    if item.kind == "demo":
+        # --quick 的小图进 figures/quick/，不覆盖 make figures 生成的完整图（issue 10）
+        import re
+        written = re.findall(r"[\w./\\-]+\.png", info)
+        full = [p for p in written if "quick" not in p.replace("\\", "/").split("/")]
+        assert not full, f"{item.label} --quick 把图写到了完整图的位置：{full}"
 
 
 def test_lab_module_must_call_selftest(tmp_path):
@@ -62,3 +68,28 @@ def test_labload_shares_one_copy_of_a_uniquely_named_module():
     tl = load_lab("lecture02", "transformer_lab")
     assert tl.ModelConfig is lm.ModelConfig
     assert "llm_math" not in ambiguous_names()
+
+
+def test_check_all_prints_each_item_once(capsys):
+    # issue 10：check-all 原来先逐行打印、最后再把 40 行的表整张重印一遍
+    rc = check_all.main(["--folders", "lecture01", "--jobs", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = [ln for ln in out.splitlines() if ln.strip().startswith("[")]       # 每项一行（完成时打印）
+    items = check_all.discover(folders=["lecture01"])
+    assert len(rows) == len(items), out
+    for it in items:
+        assert sum(f" {it.label} " in ln for ln in out.splitlines()[:-1]) == 1, (it.label, out)
+    assert "最慢" in out
+
+
+def test_every_demo_passes_quick_to_save_figure():
+    # issue 10：--quick 的图进 figures/quick/；每个存图的演示都要把 args.quick 传下去
+    import os
+    import re
+    for it in ITEMS:
+        if it.kind != "demo":
+            continue
+        text = open(os.path.join(check_all.ROOT, it.folder, it.filename), encoding="utf-8").read()
+        for call in re.findall(r"save_figure\((?:[^()]|\([^()]*\))*\)", text):
+            assert "quick=" in call, (it.label, call)

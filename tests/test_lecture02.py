@@ -503,3 +503,21 @@ def test_rms_norm_scale_equivariance_and_unit_rms(seed, scale, eps):
     np.testing.assert_allclose(tl.rms_norm(scale * x, w, eps * scale ** 2), tl.rms_norm(x, w, eps), rtol=1e-10)
     y = tl.rms_norm(x, w, 1e-300)
     np.testing.assert_allclose(np.sqrt(np.mean(y ** 2, axis=-1)), 1.0, rtol=1e-12)
+
+
+# issue 10：forward 和 generate 同一个长度上限；开关只收 True / False
+def test_forward_rejects_more_than_max_seq_and_string_flags():
+    cfg = tl.config_like(tl.TINY, max_seq=32)
+    params = tl.init_params(cfg, seed=0)
+    toks = np.zeros((1, 33), dtype=np.int64)
+    with pytest.raises(ValueError, match="max_seq"):
+        tl.forward(params, cfg, toks)
+    cache = tl.KVCache(cfg, 1)
+    tl.forward(params, cfg, toks[:, :30], cache=cache)
+    with pytest.raises(ValueError, match="max_seq|max_len"):
+        tl.forward(params, cfg, toks[:, :3], cache=cache)
+    for kw in ({"causal": "yes"}, {"last_only": 1}, {"use_rope": "False"}):
+        with pytest.raises(TypeError, match=next(iter(kw))):
+            tl.forward(params, cfg, toks[:, :4], **kw)
+    with pytest.raises(TypeError, match="n_new"):                       # 不是整数 → TypeError（课程约定）
+        tl.generate(params, cfg, toks[:, :4], 2.5)

@@ -30,9 +30,10 @@ def models(draw):
 
 @st.composite
 def model_chip(draw):
-    """随机模型 + 一块放得下它的随机芯片（容量 = 权重的 1.5–20 倍，再除以可用比例 0.9）。"""
+    """随机模型 + 一块放得下它的随机芯片（容量 = 权重的 1.5–20 倍 + 2^23 个 token 的 KV，再除以可用比例 0.9：
+    下面的性质测试要问很长的上下文，decode_cost 对放不下的上下文报 CapacityError）。"""
     m = draw(models())
-    cap = m.weight_bytes() * draw(st.floats(1.5, 20.0)) / 0.9
+    cap = (m.weight_bytes() * draw(st.floats(1.5, 20.0)) + m.kv_bytes_per_token(2) * 2 ** 23) / 0.9
     chip = hw.Chip("rand-chip", "GPU", peak={"bf16": draw(st.floats(50e12, 5e15))},
                    mem_bw=draw(st.floats(0.3e12, 10e12)), mem_cap=cap, mem_kind="HBM",
                    link_bw=draw(st.floats(20e9, 1e12)))
@@ -47,11 +48,27 @@ def _rel(a, b):
 # 时间模型
 # ---------------------------------------------------------------------------
 def test_kv_capacity_matches_seed_and_vllm_headroom():
-    sm = ss.StepModel(ss.GPT3_13B, ss.A100_40G)
-    assert sm.kv_capacity_tokens() // 2048 == 6                       # 第 6 讲种子的断言
-    assert ss.StepModel(ss.GPT3_13B, ss.A100_40G, mem_util=1.0).kv_capacity_tokens() // 2048 == 8
+    import dataclasses
+    seed_a100 = dataclasses.replace(ss.A100_40G, mem_alloc=None)        # 原课程第 6 讲模块的 A100：只有手册的 40e9
+    assert ss.StepModel(ss.GPT3_13B, seed_a100).kv_capacity_tokens() // 2048 == 6      # 种子的断言
+    sm = ss.StepModel(ss.GPT3_13B, ss.A100_40G)                          # 我们的：可分配 42.6 GB（推出）
     kv = 2 * 40 * 40 * 128 * 2
-    assert sm.kv_capacity_tokens() == int((0.9 * 40e9 - ss.GPT3_13B.n_params() * 2) // kv)
+    assert sm.kv_capacity_tokens() == int((0.9 * ss.A100_40G.alloc_bytes - ss.GPT3_13B.n_params() * 2) // kv)
+    assert sm.kv_capacity_tokens() // 2048 == ss.ft_batch_cap(ss.GPT3_13B, ss.A100_40G)["cap"] == 7
+
+
+def test_ft_batch_cap_from_stated_assumptions():
+    """FT 批上限由写明的假设算出（不是调出来的利用率）：逐项手算；工作区越大批越小；论文 "8 就 OOM"。"""
+    m, chip = ss.GPT3_13B, ss.A100_40G
+    r = ss.ft_batch_cap(m, chip)
+    S, d, H = 2048, 5120, 40
+    kv_seq = 2 * 40 * 40 * 128 * 2 * S
+    work = (H * S * S + 10 * d * S) * 2
+    free = chip.alloc_bytes - 1e9 - m.n_params() * 2
+    assert r["kv_per_seq"] == kv_seq and r["work_per_seq"] == work
+    assert r["cap"] == int(free // (kv_seq + work)) == 7 and r["cap_kv_only"] == int(free // kv_seq) == 9
+    assert ss.ft_batch_cap(m, chip, runtime_bytes=5e9)["cap"] < r["cap"]
+    assert ss.ft_batch_cap(m, chip, max_seq=1024)["cap"] > r["cap"]
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -107,7 +124,7 @@ def test_tensor_parallel_consistency(mc, tp, b, ctx_per):
     # 多出来的卡复制已有的头（不会出现半个头）
     per_chip = m.kv_bytes_per_token(2) / min(tp, m.n_kv_heads)
     assert sp.kv_bytes_per_token == per_chip
-    assert sp.kv_capacity_tokens() == int((0.9 * chip.mem_cap - m.weight_bytes() / tp) // per_chip)
+    assert sp.kv_capacity_tokens() == int((0.9 * chip.alloc_bytes - m.weight_bytes() / tp) // per_chip)
     assert _rel(sp.decode_time(b, b * ctx_per), max(cp.t_compute, cp.t_memory) + cp.t_comm + sp.overhead) < 1e-12
 
 
@@ -117,7 +134,8 @@ def test_crossover_batch_is_the_first_compute_bound_batch():
         for ctx in (1, 256):
             bx = ss.crossover_batch(sm, ctx, b_max=4096)
             if bx is None:                                            # MHA + 长上下文：KV 字节随批一起涨，永远到不了
-                assert sm.decode_cost(4096, 4096 * ctx).bound == "memory"
+                assert sm._roofline(4096, sm._attn1() * 4096 * ctx, 4096 * ctx, 4096)[3] > \
+                    sm._roofline(4096, sm._attn1() * 4096 * ctx, 4096 * ctx, 4096)[2]      # 仍受带宽限制
                 continue
             assert sm.decode_cost(bx, bx * ctx).bound == "compute"
             assert bx == 1 or sm.decode_cost(bx - 1, (bx - 1) * ctx).bound == "memory"
@@ -154,8 +172,11 @@ def test_bad_inputs_raise_with_names():
     with pytest.raises(ValueError, match="prefill_attn_flops"):
         sm.mixed_time(1, 10, 0, 5.0)
     with pytest.raises(ValueError, match="GB"):
-        ss.StepModel(ss.LLAMA31_8B, hw.H100_SXM, mem_util=0.2)        # 可用 16.0 GB < 权重 16.1 GB
-    tight = (sm.weight_bytes_per_chip + 0.5 * sm.kv_bytes_per_token) / hw.H100_SXM.mem_cap
+        ss.StepModel(ss.LLAMA31_8B, hw.H100_SXM, mem_util=0.18)       # 可用 15.3 GB < 权重 16.1 GB
+    with pytest.raises(ss.CapacityError, match="KV 容量"):           # 放不下的上下文不给"48.9 s"这样的时间
+        sm.decode_time(4, 10 ** 9)
+    assert ss.CapacityError is lm.CapacityError                       # 全课程同一个异常
+    tight = (sm.weight_bytes_per_chip + 0.5 * sm.kv_bytes_per_token) / hw.H100_SXM.alloc_bytes
     with pytest.raises(ValueError, match="KV"):
         ss.StepModel(ss.LLAMA31_8B, hw.H100_SXM, mem_util=tight)      # 放下权重后不到 1 个 token 的 KV
     # 70B 在 4 卡上放得下，而且 KV 头（8 个）超过 tp 时仍然平分
@@ -165,10 +186,10 @@ def test_bad_inputs_raise_with_names():
 
 def test_kv_heads_replicated_when_tp_exceeds_kv_heads():
     """405B（8 个 KV 头）切 16 块 H100：每块卡复制 1 个 KV 头，不是 0.5 个。参考值全部从公开的结构参数手算。"""
-    L, d, H, G, dh, f, V = 126, 16384, 128, 8, 128, 53248, 128256    # Llama-3.1-405B（facts.md §2）
+    L, d, H, G, dh, f, V = 126, 16384, 128, 8, 128, 53248, 128256    # Llama-3.1-405B[S41]
     # 每层 q、o + k、v + MLP 三个矩阵 + 2 个 norm；再加词嵌入 + lm_head（不共享）+ 末层 norm
     n_params = L * (2 * d * H * dh + 2 * d * G * dh + 3 * d * f + 2 * d) + 2 * V * d + d
-    usable = 0.9 * 80e9                                               # H100 80 GB 的 90%
+    usable = 0.9 * hw.H100_SXM.alloc_bytes                            # H100 可分配字节的 90%
     weights_per_chip = 2 * n_params / 16                              # BF16，平分到 16 块卡
     kv_per_token_per_chip = 2 * L * 1 * dh * 2                        # K 和 V × 层 × 1 个头 × dh × 2 字节 = 64,512 B
     s16 = ss.StepModel(lm.LLAMA31_405B, hw.H100_SXM, tp=16)
@@ -351,7 +372,7 @@ def test_simulator_errors_and_kv_wall():
     wall = STEP.kv_capacity_tokens() // (512 + 256 - 1)
     assert max(b for _, _, b in info["batches"]) == wall             # 批大小被 KV 截断
     _, info = ss.simulate_static(reqs, STEP, 64, kv_reserve=2048)
-    assert info["kv_limit"] == 6
+    assert info["kv_limit"] == STEP.kv_capacity_tokens() // 2048 == 7
     with pytest.raises(ValueError, match="排序"):
         ss.simulate_static(list(reversed(ss.make_requests(5, 1.0))), STEP, 4)
     with pytest.raises(ValueError, match="容量"):
@@ -364,6 +385,8 @@ def test_simulator_errors_and_kv_wall():
         ss.simulate_static(reqs, STEP, 2.5)
     with pytest.raises(ValueError, match="max_batch"):
         ss.simulate_continuous(reqs, STEP, 0)
+    with pytest.raises(ValueError, match="chunk"):                  # 不预留时没有定义分块 prefill
+        ss.iteration_schedule([0.0], [5], [1], STEP, max_batch=4, reserve=None, chunk=3)
 
 
 def test_offline_sweep_matches_direct_simulation():

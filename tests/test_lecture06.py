@@ -203,7 +203,8 @@ def test_acceptance_rate_estimate_along_path():
         assert np.allclose(stats["beta"][:len(expect)], expect, atol=1e-12)
     # 上下文无关的 β：α̂ = 平均 β 正是公式里的 α，每轮产出的平均数对上式 (1)
     tp, tq, alpha = _constant_beta_pair()
-    _, stats = dl.speculative_generate(dl.NGramLM(tp), dl.NGramLM(tq), np.array([0]), 1500, 4, 1.0, rng)
+    _, stats = dl.speculative_generate(dl.NGramLM(tp), dl.NGramLM(tq), np.array([0]), n_new=1500, gamma=4,
+                                       temperature=1.0, rng=rng)
     assert math.isclose(np.mean(stats["beta"]), alpha, rel_tol=1e-12)
     assert abs(np.mean(np.array(stats["accepted"]) + 1) / dl.expected_tokens(alpha, 4) - 1) < 0.08
 
@@ -222,8 +223,13 @@ def test_walltime_speedup_monte_carlo():
 @settings(max_examples=60, **SETTINGS)
 @given(st.floats(0.0, 0.99), st.floats(0.0, 1.0))
 def test_best_gamma_brute_force(a, c):
-    g, s = dl.best_gamma(a, c, gamma_max=40)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g, s = dl.best_gamma(a, c, gamma_max=40)
     best = max(((dl.walltime_speedup(a, k, c), -k) for k in range(1, 41)))
+    # 最优 γ 落在搜索上限上时要发警告（原来悄悄返回上限），其他时候不发
+    assert any(issubclass(w.category, RuntimeWarning) for w in caught) == (g == 40)
     if best[0] > 1:
         assert (g, s) == (-best[1], best[0])
     else:
@@ -344,7 +350,8 @@ def test_speculative_generate_distribution():
     draft = dl.NGramLM(np.log(rng.dirichlet(np.ones(V), size=V)), "draft")
     prompt = np.array([2])
     exact = dl.exact_continuation_dist(target, prompt, 2, 1.0)
-    samples = np.array([dl.speculative_generate(target, draft, prompt, 2, 2, 1.0, rng)[0] for _ in range(5000)])
+    samples = np.array([dl.speculative_generate(target, draft, prompt, n_new=2, gamma=2, temperature=1.0,
+                                                rng=rng)[0] for _ in range(5000)])
     assert dl.chi_square_gof(samples, exact)[2] > 1e-4
 
 
@@ -355,7 +362,8 @@ def test_spec_sample_batch_variants():
     draft = dl.NGramLM(np.log(rng.dirichlet(np.ones(V), size=V)), "draft")
     prompt = np.array([0, 3])
     exact = dl.exact_continuation_dist(target, prompt, 2, 0.8)
-    pvals = {v: dl.chi_square_gof(dl.spec_sample_batch(target, draft, prompt, 2, 3, 0.8, 30000, rng, v), exact)[2]
+    pvals = {v: dl.chi_square_gof(dl.spec_sample_batch(target, draft, prompt, n_out=2, gamma=3,
+                                                       temperature=0.8, n_samples=30000, rng=rng, variant=v), exact)[2]
              for v in dl.SPEC_VARIANTS}
     assert pvals["correct"] > 1e-4
     assert pvals["resample_p"] < 1e-8 and pvals["accept_if_p_ge_q"] < 1e-8
@@ -379,23 +387,23 @@ def test_speculative_bad_input():
     rng = np.random.default_rng(0)
     p = np.array([1, 2])
     with pytest.raises(ValueError, match="gamma"):
-        dl.speculative_generate(TARGET, DRAFT, p, 5, 0, 1.0, rng)
+        dl.speculative_generate(TARGET, DRAFT, p, n_new=5, gamma=0, temperature=1.0, rng=rng)
     with pytest.raises(TypeError, match="gamma"):
-        dl.speculative_generate(TARGET, DRAFT, p, 5, 2.5, 1.0, rng)
+        dl.speculative_generate(TARGET, DRAFT, p, n_new=5, gamma=2.5, temperature=1.0, rng=rng)
     with pytest.raises(ValueError, match="temperature"):
         dl.speculative_generate(TARGET, DRAFT, p, 5, 2, -1.0, rng)
     with pytest.raises(ValueError, match="prompt"):
-        dl.speculative_generate(TARGET, DRAFT, np.array([], dtype=int), 5, 2, 1.0, rng)
+        dl.speculative_generate(TARGET, DRAFT, np.array([], dtype=int), n_new=5, gamma=2, temperature=1.0, rng=rng)
     with pytest.raises(ValueError, match="prompt"):
-        dl.speculative_generate(TARGET, DRAFT, np.array([99]), 5, 2, 1.0, rng)
+        dl.speculative_generate(TARGET, DRAFT, np.array([99]), n_new=5, gamma=2, temperature=1.0, rng=rng)
     with pytest.raises(ValueError, match="词表"):
-        dl.speculative_generate(TARGET, dl.NGramLM(np.zeros((5, 5))), p, 5, 2, 1.0, rng)
+        dl.speculative_generate(TARGET, dl.NGramLM(np.zeros((5, 5))), p, n_new=5, gamma=2, temperature=1.0, rng=rng)
     with pytest.raises(ValueError, match="容量"):
         dl.speculative_generate(TARGET, DRAFT, p, TARGET.capacity, 2, 1.0, rng)
     with pytest.raises(ValueError, match="variant"):
-        dl.spec_sample_batch(TARGET, DRAFT, p, 1, 1, 1.0, 10, rng, variant="oops")
+        dl.spec_sample_batch(TARGET, DRAFT, p, n_out=1, gamma=1, temperature=1.0, n_samples=10, rng=rng, variant="oops")
     with pytest.raises(ValueError, match="gamma"):
-        dl.spec_sample_batch(TARGET, DRAFT, p, 1, 0, 1.0, 10, rng)
+        dl.spec_sample_batch(TARGET, DRAFT, p, n_out=1, gamma=0, temperature=1.0, n_samples=10, rng=rng)
     with pytest.raises(ValueError, match="alpha"):
         dl.expected_tokens(1.5, 3)
     for bad in (-0.1, math.inf, math.nan):
@@ -423,7 +431,7 @@ def _tree_reference(target, draft, seq, start, branching):
 
 def test_tree_accept_lengths_brute_force():
     rng = np.random.default_rng(8)
-    bigram = dl.NGramLM.fit(TARGET.sample(np.array([1, 2]), 64, 16, 1.0, rng), 24)
+    bigram = dl.NGramLM.fit(TARGET.sample(np.array([1, 2]), n_seq=64, n_new=16, temperature=1.0, rng=rng), 24)
     seq = np.concatenate([[7, 3], dl.autoregressive_generate(TARGET, np.array([7, 3]), 26, 0.0, rng)[0]])
     for draft in (bigram, DRAFT):
         # 从位置 1 起：seq[2:] 才是目标的贪心续写（seq[1] 是 prompt 的一部分）
@@ -447,16 +455,17 @@ def test_tree_nodes_and_round_validate():
     # 树深 2、110 个节点：一轮最多接受 2 个草稿（一条根到叶的路径），不是 110 个
     wide = (10, 10)
     assert dl.tree_nodes(wide) == 110
-    r = dl.tree_round(T, chip, 1, 512, 2.0, wide)
+    r = dl.tree_round(T, chip, batch=1, ctx=512, mean_accept=2.0, branching=wide)
     assert r["speedup"] < 3.0                                            # ≤ (1 + D) 倍：验证不会比 decode 快
     for too_long in (2.5, 50.0):
         with pytest.raises(ValueError, match="mean_accept"):
             dl.tree_round(T, chip, 1, 512, too_long, wide)
     with pytest.raises(ValueError, match="branching"):
-        dl.tree_round(T, chip, 1, 512, 1.0, [0, 2])
+        dl.tree_round(T, chip, batch=1, ctx=512, mean_accept=1.0, branching=[0, 2])
     # 链 (1, …, 1) 的树形验证 = 普通投机解码的一次验证（草稿时间取 0）
-    chain = dl.tree_round(T, chip, 4, 512, 1.5, (1, 1, 1, 1))
-    assert math.isclose(chain["t_verify"], dl.verify_time(T, chip, 4, 512, 5, overhead=1e-3), rel_tol=1e-12)
+    chain = dl.tree_round(T, chip, batch=4, ctx=512, mean_accept=1.5, branching=(1, 1, 1, 1))
+    assert math.isclose(chain["t_verify"], dl.verify_time(T, chip, batch=4, ctx=512, n_tokens=5,
+                                                          overhead=1e-3), rel_tol=1e-12)
 
 
 @settings(max_examples=100, **SETTINGS)
@@ -542,7 +551,7 @@ def test_iteration_level_real_step_model():
 
 def test_none_mode_deadlocks_and_reservation_does_not():
     # 容量 10：两个请求各占 5 个输入就满了，下一步谁都写不进 1 个 KV → 死锁；按 max_gen 预留则一个个跑完
-    reqs = [dl.Req(0, 0.0, 5, 4, 4), dl.Req(1, 0.0, 5, 4, 4)]
+    reqs = [dl.Req(rid=k, arrival=0.0, prompt=5, output=4, max_gen=4) for k in range(2)]
     res = dl.run_iteration_level(reqs, ToyStep(10), 8, reserve="none")
     assert res["deadlock"] and res["done"] == 0 and res["deadlock_t"] is not None
     with pytest.raises(ValueError, match="没有完成"):
@@ -555,17 +564,23 @@ def test_none_mode_deadlocks_and_reservation_does_not():
 def test_request_that_never_fits_is_an_error():
     for reserve in dl.RESERVE_MODES:
         with pytest.raises(ValueError, match="永远不可能"):
-            dl.run_iteration_level([dl.Req(0, 0.0, 50, 60, 60)], ToyStep(100), 4, reserve=reserve, max_seq=200)
+            dl.run_iteration_level([dl.Req(rid=0, arrival=0.0, prompt=50, output=60, max_gen=60)],
+                                   ToyStep(100), 4, reserve=reserve, max_seq=200)
     with pytest.raises(ValueError, match="max_seq"):
-        dl.run_request_level([dl.Req(0, 0.0, 50, 10, 10)], ToyStep(1000), 4, max_seq=40)
+        dl.run_request_level([dl.Req(rid=0, arrival=0.0, prompt=50, output=10, max_gen=10)], ToyStep(1000), 4,
+                             max_seq=40)
     with pytest.raises(ValueError, match="放不下一个"):
-        dl.run_request_level([dl.Req(0, 0.0, 5, 10, 10)], ToyStep(100), 4, max_seq=200)
+        dl.run_request_level([dl.Req(rid=0, arrival=0.0, prompt=5, output=10, max_gen=10)], ToyStep(100), 4,
+                             max_seq=200)
     with pytest.raises(ValueError, match="reserve"):
-        dl.run_iteration_level([dl.Req(0, 0.0, 5, 1, 1)], ToyStep(100), 4, reserve="lazy")
+        dl.run_iteration_level([dl.Req(rid=0, arrival=0.0, prompt=5, output=1, max_gen=1)], ToyStep(100), 4,
+                               reserve="lazy")
     with pytest.raises(ValueError, match="排序"):
-        dl.run_iteration_level([dl.Req(0, 1.0, 5, 1, 1), dl.Req(1, 0.0, 5, 1, 1)], ToyStep(100), 4)
+        late_first = [dl.Req(rid=0, arrival=1.0, prompt=5, output=1, max_gen=1),
+                      dl.Req(rid=1, arrival=0.0, prompt=5, output=1, max_gen=1)]
+        dl.run_iteration_level(late_first, ToyStep(100), 4)
     with pytest.raises(ValueError, match="max_gen"):
-        dl.Req(0, 0.0, 5, 10, 3)
+        dl.Req(rid=0, arrival=0.0, prompt=5, output=10, max_gen=3)
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -602,6 +617,22 @@ def test_orca_workload():
         dl.orca_workload(5, 1.0, prompt_range=(10, 5))
 
 
+def test_one_scheduler_behind_two_lectures():
+    """第 5 讲 make_requests / simulate_continuous 与第 6 讲 orca_workload / run_iteration_level 是同一份实现：
+    同一个种子给出同一批请求，Orca 的预留（max_gen = output）下每个请求的完成时刻逐位相同。"""
+    ss = dl.serving_sim
+    step = ss.StepModel(dl.GPT3_13B, dl.A100_40G)
+    for rate in (0.5, 2.0, 8.0):
+        orca = dl.orca_workload(150, rate, seed=9)
+        lec5 = ss.make_requests(150, rate, prompt=("uniform", 32, 512), output=("uniform", 1, 128), seed=9)
+        assert [(r.arrival, r.prompt, r.output) for r in orca] == [(r.arrival, r.prompt, r.output) for r in lec5]
+        info = dl.run_iteration_level(orca, step, 16)
+        done, _ = ss.simulate_continuous(lec5, step, 16)
+        assert info["done"] == len(orca)
+        assert [r.finish for r in orca] == [r.t_finish for r in done]
+        assert [r.first_tok for r in orca] == [r.t_first for r in done]
+
+
 # ---------------------------------------------------------------------------
 # 硬件视角
 # ---------------------------------------------------------------------------
@@ -610,7 +641,7 @@ def test_verify_time_and_rounds():
     T, D, chip = dl.LLAMA31_8B, dl.LLAMA32_1B, hw.H100_SXM
     # batch 1、短上下文：受带宽限制，时间 = 读的字节 / (带宽 × 0.8)（独立按字节算一遍）
     by = T.matmul_params() * 2 + 1 * (100 + 1) * T.kv_bytes_per_token(2.0)
-    assert math.isclose(dl.verify_time(T, chip, 1, 100, 1), by / (chip.mem_bw * 0.8), rel_tol=1e-12)
+    assert math.isclose(dl.verify_time(T, chip, batch=1, ctx=100, n_tokens=1), by / (chip.mem_bw * 0.8), rel_tol=1e-12)
     # 批大、上下文短：受算力限制，时间 = FLOPs / (峰值 × 0.6)；FLOPs 逐个新 token 数它看见的 ctx + j 个 key
     B, ctx, n = 1024, 256, 5
     flops = B * sum(2 * T.matmul_params() + 4 * T.n_layers * T.n_heads * T.d_head * (ctx + j) for j in range(1, n + 1))
@@ -619,12 +650,51 @@ def test_verify_time_and_rounds():
         assert math.isclose(t, flops / (chip.peak_flops(prec) * 0.6) + 1e-3, rel_tol=1e-12), prec
     ts = [dl.verify_time(T, chip, 64, 512, n) for n in range(1, 10)]
     assert all(a <= b for a, b in zip(ts, ts[1:]))
-    r0 = dl.spec_round(T, D, chip, 8, 512, 0.8, 0)
+    r0 = dl.spec_round(T, D, chip, batch=8, ctx=512, alpha=0.8, gamma=0)
     assert math.isclose(r0["speedup"], 1.0) and math.isclose(r0["verify_ratio"], 1.0)
-    assert dl.best_round(T, D, chip, 8, 512, 0.0) == (0, None)           # 草稿从不被接受：不投机
-    g, r = dl.best_round(T, D, chip, 1, 512, 0.9)
-    assert g >= 1 and r["speedup"] == max(dl.spec_round(T, D, chip, 1, 512, 0.9, k)["speedup"] for k in range(1, 17))
+    assert dl.best_round(T, D, chip, batch=8, ctx=512, alpha=0.0) == (0, None)           # 草稿从不被接受：不投机
+    g, r = dl.best_round(T, D, chip, batch=1, ctx=512, alpha=0.9)
+    assert g >= 1 and r["speedup"] == max(dl.spec_round(T, D, chip, batch=1, ctx=512, alpha=0.9,
+                                                        gamma=k)["speedup"] for k in range(1, 17))
     with pytest.raises(ValueError, match="batch"):
-        dl.verify_time(T, chip, 0, 100, 1)
+        dl.verify_time(T, chip, batch=0, ctx=100, n_tokens=1)
     with pytest.raises(ValueError, match="gamma"):
-        dl.spec_round(T, D, chip, 1, 100, 0.8, -1)
+        dl.spec_round(T, D, chip, batch=1, ctx=100, alpha=0.8, gamma=-1)
+
+
+# ---------------------------------------------------------------------------
+# issue 10：原来悄悄通过的输入
+# ---------------------------------------------------------------------------
+def test_best_gamma_without_optimum_raises():
+    with pytest.raises(ValueError, match="alpha=1 且 c=0"):
+        dl.best_gamma(1.0, 0)
+    with pytest.warns(RuntimeWarning, match="gamma_max"):
+        dl.best_gamma(0.999, 0.001, gamma_max=8)
+
+
+def test_prob_tolerance_follows_dtype():
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(3, 5000)).astype(np.float32)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True)).astype(np.float32)        # float32 的 softmax：和离 1 差 ~1e-7
+    assert np.abs(p.astype(np.float64).sum(axis=1) - 1).max() > dl.PROB_TOL
+    out, beta = dl.spec_output_dist(p, p)                              # 原来：ValueError（容差固定 1e-9）
+    assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0)
+    assert dl.prob_tol(np.float64, 5000) == dl.PROB_TOL and dl.prob_tol(np.float32, 5000) > 1e-4
+    with pytest.raises(ValueError, match="归一化"):                  # 真没归一化的 float32 表照样拒绝
+        dl.spec_output_dist(p * np.float32(1.01), p)
+
+
+def test_fits_in_memory_and_capacity_errors():
+    with pytest.raises(ValueError, match="models 不能为空"):
+        dl.fits_in_memory([], dl.A100_40G, 1, 10)
+    h100 = load_lab("lecture01", "hw_specs").H100_SXM
+    with pytest.raises(dl.llm_math.CapacityError):                     # 405B 在一张 H100 上：没有"加速比"
+        dl.spec_round(dl.llm_math.LLAMA31_405B, dl.LLAMA32_1B, h100, batch=1, ctx=1024, alpha=0.8, gamma=4)
+    with pytest.raises(dl.llm_math.CapacityError):
+        dl.verify_time(dl.llm_math.LLAMA31_405B, h100, batch=1, ctx=1024, n_tokens=5)
+
+
+def test_sample_rows_rng_must_be_a_generator():
+    with pytest.raises(TypeError, match="np.random.Generator"):
+        dl.sample_rows(np.ones((2, 3)) / 3, rng=0)

@@ -71,7 +71,7 @@ def test_rows_without_keys_convention(s):
 
 def test_naive_attention_known_answer():
     """K = 0 时可见的 key 分数全相同：O_i = 前 n_i 行 V 的平均，L_i = log n_i（右下角对齐；n_i = 0 → 0、−∞）。"""
-    Q, _, _, _ = _qkv(3, 5, 3, 4, 2)
+    Q, _, _, _ = _qkv(seed=3, N=5, Nk=3, d=4, dv=2)
     K, V = np.zeros((3, 4)), np.arange(6.0).reshape(3, 2)
     O, L = fl.naive_attention(Q, K, V, causal=True)
     for i, n_vis in enumerate((0, 0, 1, 2, 3)):                # N = 5 > Nk = 3：前 2 行什么也看不见
@@ -86,15 +86,15 @@ def test_naive_attention_known_answer():
 
 def test_bottom_right_alignment():
     """N < Nk：最后一个 query 看见所有 key，第一个 query 看见 Nk − N + 1 个。"""
-    Q, K, V, _ = _qkv(0, 3, 7, 4, 2)
+    Q, K, V, _ = _qkv(seed=0, N=3, Nk=7, d=4, dv=2)
     _, P, _ = fl.standard_attention(Q, K, V, causal=True)
     assert [int((row > 0).sum()) for row in P] == [5, 6, 7]
 
 
 def test_backward_finite_differences_non_square():
-    Q, K, V, dO = _qkv(5, 6, 9, 3, 4)
-    O, L, _ = fl.flash_fwd(Q, K, V, 4, 3, True, order="fa1")
-    grads = fl.flash_bwd(Q, K, V, O, dO, L, 4, 3, True)[:3]
+    Q, K, V, dO = _qkv(seed=5, N=6, Nk=9, d=3, dv=4)
+    O, L, _ = fl.flash_fwd(Q, K, V, Br=4, Bc=3, causal=True, order="fa1")
+    grads = fl.flash_bwd(Q, K, V, O, dO, L, Br=4, Bc=3, causal=True)[:3]
     eps = 1e-6
     for which in range(3):
         X = (Q, K, V)[which]
@@ -283,7 +283,7 @@ def test_decode_time_model_properties():
     for c in (1, 2, 4, 8, 16, 32):
         other = fl.decode_attention_time(**kw, method="fd", gpu=fl.H100_DEC, splits=c)
         assert best["t"] <= 1.01 * other["t"]
-    assert fl.best_splits(1, 8, 8, 3, 64)[0] <= 3            # 段数不超过 key 数
+    assert fl.best_splits(B=1, Hq=8, Hkv=8, S=3, d=64)[0] <= 3            # 段数不超过 key 数
 
 
 @pytest.mark.parametrize("B, Hq, Hkv, S, d, elem", [(2, 32, 8, 8192, 128, 2), (3, 256, 2, 1000, 64, 1),
@@ -376,15 +376,15 @@ Q4 = np.ones((4, 3))
     (lambda: fl.softmax_3pass(np.array([1.0, np.nan])), ValueError, "x"),
     (lambda: fl.split_kv_decode(Q4, Q4, Q4, 0), ValueError, "n_splits"),
     (lambda: fl.block_sizes(0, 64), ValueError, "M"),
-    (lambda: fl.fa_io_formula(10, 4, 100, "fa9"), ValueError, "order"),
+    (lambda: fl.fa_io_formula(N=10, d=4, M=100, order="fa9"), ValueError, "order"),
     (lambda: fl.fa_io_formula(10, 4, 100, Br=2), ValueError, "Bc"),
-    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "paged"), ValueError, "method"),
-    (lambda: fl.decode_attention_time(1, 30, 8, 100, 64, "fd"), ValueError, "Hq"),
-    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "fd", splits=0), ValueError, "splits"),
-    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "fd", gpu="H100"), TypeError, "gpu"),
-    (lambda: fl.decode_attention_time(1, 32, 8, 100, 64, "fa2", block_m=0), ValueError, "block_m"),
-    (lambda: fl.best_splits(1, 32, 8, 100, 64, gpu=fl.TimelineParams()), TypeError, "gpu"),
-    (lambda: fl.best_splits(0, 32, 8, 100, 64), ValueError, "B"),
+    (lambda: fl.decode_attention_time(B=1, Hq=32, Hkv=8, S=100, d=64, method="paged"), ValueError, "method"),
+    (lambda: fl.decode_attention_time(B=1, Hq=30, Hkv=8, S=100, d=64, method="fd"), ValueError, "Hq"),
+    (lambda: fl.decode_attention_time(B=1, Hq=32, Hkv=8, S=100, d=64, method="fd", splits=0), ValueError, "splits"),
+    (lambda: fl.decode_attention_time(B=1, Hq=32, Hkv=8, S=100, d=64, method="fd", gpu="H100"), TypeError, "gpu"),
+    (lambda: fl.decode_attention_time(B=1, Hq=32, Hkv=8, S=100, d=64, method="fa2", block_m=0), ValueError, "block_m"),
+    (lambda: fl.best_splits(B=1, Hq=32, Hkv=8, S=100, d=64, gpu=fl.TimelineParams()), TypeError, "gpu"),
+    (lambda: fl.best_splits(B=0, Hq=32, Hkv=8, S=100, d=64), ValueError, "B"),
     (lambda: fl.llama_1b_ops(kernels="5"), ValueError, "kernels"),
     (lambda: fl.timeline(fl.llama_1b_ops(), "graphs"), ValueError, "mode"),
     (lambda: fl.timeline([], "kernels"), ValueError, "ops"),
@@ -394,3 +394,17 @@ def test_bad_input_is_rejected_with_a_named_argument(call, exc, word):
     with pytest.raises(exc, match=None) as info:
         call()
     assert word in str(info.value)
+
+
+# issue 10：merge_states 不让 numpy 悄悄广播；开关只收 True / False
+def test_merge_states_rejects_mismatched_shapes_and_string_flags():
+    m, l, o = np.zeros(3), np.ones(3), np.ones((3, 4))
+    with pytest.raises(ValueError, match="形状"):
+        fl.merge_states((m, l, o), (np.zeros(2), np.ones(2), np.ones((2, 4))))
+    with pytest.raises(ValueError, match="形状"):
+        fl.merge_states((m, l, o), (m, l, np.ones((3, 5))))
+    with pytest.raises(ValueError, match="形状"):
+        fl.merge_states((m, l, None), (np.zeros((3, 1)), np.ones((3, 1)), None))
+    Q = np.random.default_rng(0).normal(size=(5, 8))
+    with pytest.raises(TypeError, match="causal"):
+        fl.standard_attention(Q, Q, Q, causal="False")

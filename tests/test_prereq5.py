@@ -209,8 +209,9 @@ def test_busbw_definitions_match_nccl_tests():
 def test_vectorized_sizes_match_scalar_calls():
     sizes = np.array([0.0, 1e3, 7.5e6, 2e9])
     for algo in AR_ALGOS:
-        vec = cs.allreduce_time(sizes, 6, 1e-6, 1e-10, algo)
-        assert np.allclose(vec, [cs.allreduce_time(float(s), 6, 1e-6, 1e-10, algo) for s in sizes], rtol=1e-15)
+        vec = cs.allreduce_time(sizes, p=6, alpha=1e-6, beta=1e-10, algo=algo)
+        assert np.allclose(vec, [cs.allreduce_time(float(s), p=6, alpha=1e-6, beta=1e-10,
+                                                   algo=algo) for s in sizes], rtol=1e-15)
 
 
 # ---------------------------------------------------------------- 第 5 讲用的接口
@@ -235,9 +236,9 @@ def test_tp_allreduce_time_interface():
     (lambda: cs.tp_allreduce_time(-1.0, 8, 450e9), "n_bytes"),
     (lambda: cs.tp_allreduce_time(-1.0, 1, 450e9), "n_bytes"),
     (lambda: cs.tp_allreduce_time(1e6, 8, 450e9, algo="nvls"), "ring"),
-    (lambda: cs.allreduce_time(1e6, 4, -1e-6, 1e-9), "alpha"),
-    (lambda: cs.allreduce_time(float("nan"), 4, 1e-6, 1e-9), "n_bytes"),
-    (lambda: cs.allgather_time(1e6, 6, 1e-6, 1e-9, algo="rec_doubling"), "2 的幂"),
+    (lambda: cs.allreduce_time(n_bytes=1e6, p=4, alpha=-1e-6, beta=1e-9), "alpha"),
+    (lambda: cs.allreduce_time(float("nan"), p=4, alpha=1e-6, beta=1e-9), "n_bytes"),
+    (lambda: cs.allgather_time(n_bytes=1e6, p=6, alpha=1e-6, beta=1e-9, algo="rec_doubling"), "2 的幂"),
     (lambda: cs.reduce_scatter_terms(1e6, 3, "rec_halving"), "2 的幂"),
     (lambda: cs.rec_halving_reduce_scatter(rand_bufs(0, 6, 12)), "2 的幂"),
     (lambda: cs.cost_terms("gather", 1e6, 4), "allreduce"),
@@ -248,7 +249,7 @@ def test_tp_allreduce_time_interface():
     (lambda: cs.ring_all_reduce([np.ones(3)], op="prod"), "sum"),
     (lambda: cs.tree_broadcast(np.ones(3), 4, root=4), "root"),
     (lambda: cs.hierarchical_all_reduce(rand_bufs(0, 6, 12), 4), "gpus_per_node"),
-    (lambda: cs.crossover_bytes("allreduce", 1, 1e-6, 1e-9), "p"),
+    (lambda: cs.crossover_bytes("allreduce", p=1, alpha=1e-6, beta=1e-9), "p"),
     (lambda: cs.fit_alpha_beta([1e3, 1e3], [1e-5, 2e-5], p=2), "不同"),
 ])
 def test_bad_inputs_raise_with_named_argument(call, match):
@@ -258,11 +259,11 @@ def test_bad_inputs_raise_with_named_argument(call, match):
 
 def test_type_errors():
     with pytest.raises(TypeError, match="p"):
-        cs.allreduce_time(1e6, 4.0, 1e-6, 1e-9)
+        cs.allreduce_time(n_bytes=1e6, p=4.0, alpha=1e-6, beta=1e-9)
     with pytest.raises(TypeError, match="xs"):
         cs.ring_all_reduce(np.ones((4, 3)))
     with pytest.raises(TypeError, match="n_bytes"):
-        cs.allreduce_time("1e6", 4, 1e-6, 1e-9)
+        cs.allreduce_time("1e6", p=4, alpha=1e-6, beta=1e-9)
 
 
 # ---------------------------------------------------------------- 拟合与表格
@@ -302,3 +303,29 @@ def test_demos_label_byte_sizes_one_way():
                 bad.append(f"{path.name}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
     assert CU.fmt_bytes(4 * 2 ** 20) == "4.19 MB" and CU.fmt_bytes(1024) == "1.02 kB"
+
+
+# issue 10：β < 0 不是答案；非整数的个数全课程同一个约定（TypeError）
+def test_fit_alpha_beta_rejects_decreasing_times_and_non_integer_counts():
+    n = np.array([1e3, 1e4, 1e5, 1e6])
+    with pytest.raises(ValueError, match="斜率"):
+        cs.fit_alpha_beta(n, [4e-3, 3e-3, 2e-3, 1e-3], p=4)
+    with pytest.raises(TypeError, match="p"):
+        cs.allreduce_time(1e6, 2.5, 1e-6, 1e-9)
+    lm = load_lab("lecture01", "llm_math")
+    with pytest.raises(TypeError, match="d_model"):
+        lm.ModelConfig("x", n_layers=2, d_model=2.5, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
+
+
+def test_gloo_demo_never_oversubscribes_cores():
+    # issue 10：2 核上跑 4 个进程测的是调度（α 翻倍、拟合误差 ~47%）；演示只用不超过核数的进程数
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "prereq5", "05_gloo_allreduce_measure.py")
+    spec = importlib.util.spec_from_file_location("gloo_demo_05", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.process_counts((2, 4), 2) == ([2], [4])
+    assert demo.process_counts((2, 4), 16) == ([2, 4], [])
+    assert demo.process_counts((4,), 1) == ([2], [4])
+    assert 1 <= demo.usable_cores()

@@ -155,32 +155,30 @@ def main(argv=None):
     print(f"检查 {len(items)} 项（演示：{mode}；并行 {a.jobs}；Python {sys.version.split()[0]}）")
     t_all = time.perf_counter()
     results = {}
+    order = {it.label: k for k, it in enumerate(items, 1)}
 
     def work(it):
         results[it.label] = run_item(it, full=a.full, timeout=a.timeout)
         status, dt, info = results[it.label]
         extra = f"  {info}" if status == "skip" else ""
-        print(f"  {SYMBOL[status]:4s} {it.label:{width}s} {dt:7.1f} s{extra}", flush=True)
+        # 每项只打印一次（完成时；并行时是完成顺序，方括号里是发现顺序的编号）
+        print(f"  [{order[it.label]:{len(str(len(items)))}d}/{len(items)}] {SYMBOL[status]:4s} {it.label:{width}s} "
+              f"{dt:7.1f} s{extra}", flush=True)
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(work, items))
     wall = time.perf_counter() - t_all
 
-    # 最后按发现顺序再打印一遍完整的表（并行时上面的逐行输出是完成顺序）
-    print()
-    print(f"  {'':4s} {'项目':{width - 2}s} {'秒':>8s}")
     counts = {"ok": 0, "fail": 0, "skip": 0}
     for it in items:
-        status, dt, info = results[it.label]
-        counts[status] += 1
-        extra = f"  ({info})" if status == "skip" else ""
-        print(f"  {SYMBOL[status]:4s} {it.label:{width}s} {dt:7.1f} s{extra}")
+        counts[results[it.label][0]] += 1
     for it in items:
         status, _, info = results[it.label]
         if status == "fail":
             print(f"\n----- ✗ {it.label} 的输出（末尾）-----\n{info.rstrip()}")
+    slow = sorted(items, key=lambda it: -results[it.label][1])[:3]
     print(f"\n{counts['ok']} passed, {counts['fail']} failed, {counts['skip']} skipped  "
-          f"（墙钟 {wall:.0f} s）")
+          f"（墙钟 {wall:.0f} s；最慢：{', '.join(f'{it.label} {results[it.label][1]:.1f} s' for it in slow)}）")
     return 1 if counts["fail"] else 0
 
 
