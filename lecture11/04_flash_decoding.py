@@ -159,7 +159,7 @@ def main():
     lo = min(speed[g.name, 1, 32, 8, 131072] for g in GPUS if g is not fl.A100_DEC)
     hi = max(speed[g.name, 1, 32, 8, 131072] for g in GPUS if g is not fl.A100_DEC)
     print(f"\n和公开数字比：上表 H100 / H200、batch 1、128K 的 {lo:.1f}–{hi:.1f}× 是**注意力这一个内核**"
-          "在理想化时间模型里的比值；Flash-Decoding 的作者（Dao、Haziza、Massa、Sizov，2023 年 10 月的博客 [S83]）"
+          "在理想化时间模型里的比值；Flash-Decoding 的作者（Dao、Haziza、Massa、Sizov，2023 年 10 月的博客 [S90]）"
           "公布的是"
           "\"很长的序列上，生成最多快 8 倍\"——那是**端到端**的生成速度，矩阵乘法、采样等不受影响的部分也算在里面，"
           "所以必然小于内核本身的比值。另外模型里的 FA2 式内核在 batch 1 时把 1 行 query 补成 128 行、变成算力受限，"
