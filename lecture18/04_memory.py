@@ -147,10 +147,10 @@ def plot(res, s_list, h, n, c, quick):
     modes = [Line2D([], [], color=f"C{k}", lw=3, label=LABELS[m]) for k, m in enumerate(fl.MODES)]
     ax1.legend(handles=modes + [Line2D([], [], color="k", marker="o", label="peak (fwd + bwd)"),
                                 Line2D([], [], color="k", ls="--", marker="s", label="kept for backward")],
-               fontsize=11, loc="upper left")
+               fontsize=12, loc="upper left")
     ax2.legend(handles=modes + [Line2D([], [], color="k", marker="o", ls="", ms=10, label="measured"),
                                 Line2D([], [], color="k", alpha=0.6, label="table 1 formula (x2 for FP32)")],
-               fontsize=11, loc="upper left")
+               fontsize=12, loc="upper left")
     ax1.set_title(f"One layer, forward + backward (h={h}, {n} heads, FP32)")
     ax2.set_title("Largest forward activation vs Ring Attention table 1")
     for ax in (ax1, ax2):
