@@ -93,7 +93,7 @@ def _block_mode(qpos, kpos, causal):
 # =============================================================================
 # 测量（torchrun，一个进程一块 GPU）
 # =============================================================================
-def _events_time(fn, reps, trials=3):
+def _events_time(fn, reps, trials=7):
     """CUDA 事件计时：预热一次，然后 trials 组、每组连着 reps 次取平均，取最快的一组（秒）。"""
     import torch
     fn()                                                  # 预热（也让 NCCL 建好通道）
@@ -165,7 +165,7 @@ def _timing(ll, rank, world, device, n, seed):
     g = torch.Generator(device=device).manual_seed(seed + rank)
     q, k, v = (torch.randn(1, HEADS, n, D, generator=g, device=device, dtype=torch.bfloat16) for _ in range(3))
     idx = ll.shard_index(n * world, world, "striped")
-    reps = 3 if n >= 32768 else 10
+    reps = 5 if n >= 32768 else 10
     ring = _events_time(lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block), reps)
     serial = _events_time(lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block,
                                                          overlap=False), reps)
