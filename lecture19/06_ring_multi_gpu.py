@@ -19,10 +19,8 @@
     python3 lecture19/06_ring_multi_gpu.py [--quick]
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -199,26 +197,13 @@ def _timing(ll, rank, world, device, n, seed):
             "full_block_tflops": flops_full / _max_over_ranks(full_block, device) / 1e12}
 
 
-def _versions(torch):
-    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(0),
-            "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"), "heads": HEADS, "d": D, "dtype": "bfloat16"}
-    for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
-                     ("topology", ["nvidia-smi", "topo", "-m"])):
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-            info[key] = out if key == "topology" else out.splitlines()[0]     # 每块 GPU 一行，取第一行
-        except (OSError, subprocess.SubprocessError) as e:
-            info[key] = f"unavailable: {e}"
-    return info
-
-
 def measure(out_path, seed):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     import torch
     if not torch.cuda.is_available():
         print("SKIP: --measure 需要 CUDA GPU（每个进程一块），用 torchrun --nproc_per_node=P 启动")
         sys.exit(SKIP)
+    import comm_sim as cs
     import long_lab as ll
     rank, world, device = ll.init_distributed()
     import torch.distributed as dist
@@ -229,9 +214,9 @@ def measure(out_path, seed):
         if rank == 0:
             print(f"n = {n}: {times[-1]}", flush=True)
     if rank == 0:
-        res = {"meta": {**_versions(torch), "world": world, "seed": seed, "layout_timed": "striped",
-                        "causal_timed": True,
-                        "timing": "CUDA events, warm-up then mean of reps; max over ranks"},
+        res = {"meta": {**cs.nccl_environment(torch), "heads": HEADS, "d": D, "dtype": "bfloat16", "world": world,
+                        "seed": seed, "layout_timed": "striped", "causal_timed": True,
+                        "timing": "CUDA events, warm-up then fastest of 7 groups of reps; max over ranks"},
                "checks": checks, "times": times}
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
         with open(out_path, "w") as f:

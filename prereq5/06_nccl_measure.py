@@ -17,10 +17,8 @@
     python3 prereq5/06_nccl_measure.py [--quick]
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -86,20 +84,6 @@ def _check_correct(dist, torch, world, rank, device):
     return max(float((ar - expect).abs().max()), float((ag - ag_ref).abs().max()), float((rs - rs_ref).abs().max()))
 
 
-def _versions(torch):
-    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(0),
-            "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE")}
-    for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
-                     ("topology", ["nvidia-smi", "topo", "-m"])):
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-            info[key] = out if key == "topology" else out.splitlines()[0]     # 每块 GPU 一行，取第一行
-        except (OSError, subprocess.SubprocessError) as e:
-            info[key] = f"unavailable: {e}"
-    return info
-
-
 def measure(out_path):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")      # NVLink multicast 保持关闭（共享机器的要求）
     import torch
@@ -125,7 +109,7 @@ def measure(out_path):
             rows.append({"collective": name, "bytes": n_bytes, "seconds": float(t[0]), "iters": iters})
         del ops
     if rank == 0:
-        result = {"meta": {**_versions(torch), "world": world, "dtype": "float32", "max_abs_error": err,
+        result = {"meta": {**cs.nccl_environment(torch), "world": world, "dtype": "float32", "max_abs_error": err,
                            "timing": "CUDA events around `iters` back-to-back calls after 5 warm-ups; "
                                      "fastest of 5 such groups; max over ranks of the per-call mean"},
                   "rows": rows}

@@ -724,6 +724,26 @@ _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda 
                "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0}
 
 
+def nccl_environment(torch):
+    """
+    实测结果文件的"这是在哪测的"：日期、GPU、驱动、torch / NCCL 版本、NCCL_NVLS_ENABLE、`nvidia-smi topo -m`。
+    传入已导入的 torch（本模块不依赖 torch）；在有 GPU 的机器上、测量脚本里调用。
+    """
+    import datetime
+    import subprocess
+    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(0),
+            "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE")}
+    for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+                     ("topology", ["nvidia-smi", "topo", "-m"])):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+            info[key] = out if key == "topology" else out.splitlines()[0]     # 每块 GPU 一行，取第一行
+        except (OSError, subprocess.SubprocessError, IndexError) as e:
+            info[key] = f"unavailable: {e}"
+    return info
+
+
 def bus_factor(collective, p):
     """nccl-tests PERFORMANCE.md [S68]：busbw = algbw × 这个系数。"""
     return _BUS_FACTOR[check_choice("collective", collective, sorted(_BUS_FACTOR))](check_int("p", p, lo=1))
