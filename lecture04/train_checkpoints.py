@@ -10,8 +10,8 @@ tokens/s、种子、torch 版本、每个文件的 SHA-256）。已经核对通�
 运行：python3 lecture04/train_checkpoints.py [--only modern baseline] [--force] [--threads N] [--quick] [--bench]
       --quick：每个模型只训几十步，写到临时文件夹并核对一遍（检查流程用，从不写 checkpoints/）。
       --bench：只量每个配置一步训练的 tokens/s（预热 5 步、计 20 步），不训练、不写文件。
-时间：12 个模型，每个 1500 步 × 2048 token = 3.1M token。一步训练在 1 个线程上约 30k tokens/s（--bench 量），
-      一个模型约 100 s；两个进程各 1 线程并行（--only 分两半、--threads 1）整套约 10–20 分钟。
+时间：12 个模型，每个 1500 步 × 2048 token = 3.1M token。空闲的 2 核课程机器上 --bench --threads 1 实测
+      44–67k tokens/s（一个模型 46–69 s，12 个合计约 11 分钟，不含评估）；两个进程各 1 线程并行约一半。
       入库的这套是在 6 个进程抢 2 个核的机器上这样训的，用了 36 分钟（每个模型的秒数见 manifest.json）。
       机器忙时别让 torch 开 2 个线程：线程互相等待，实测慢 3–5 倍（--threads 1）。
 """
