@@ -1391,7 +1391,7 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, qk_scale, S_MAX, N_
                          N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     split = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
     h = bh % N_KV_HEADS
     seq_len = tl.minimum(tl.load(SEQLENS + b), S_MAX)            # 截到 S_max：坏的长度也不会越界读
@@ -1443,7 +1443,7 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob,
                          BLOCK_S: tl.constexpr):
     """程序 (r, b·Hk + h)：第 r 行（组内头 g、新 token i）的 num_splits 段 → 一个输出向量。"""
     r = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)
     b = bh // N_KV_HEADS
     h = bh % N_KV_HEADS
     splits = tl.arange(0, BLOCK_S)
