@@ -1,7 +1,7 @@
 """
 Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样写成 GPU 内核，又怎样证明它算对了？
 
-本文件里的两个版本（像 llm.c 的 attention_forward.cu：后一版 = 前一版 + 新东西，每版有自己的检查命令）
+本文件里的三个版本（像 llm.c 的 attention_forward.cu：后一版 = 前一版 + 新东西，每版有自己的检查命令）
   v1  最小内核 mini_attention(q, k, v, causal)：约 150 行，Triton 教程 06-fused-attention 的范围。
       前向 = 一层在线 softmax 循环；反向 = D = Σ dO∘O（torch 算）+ dK/dV 内核 + dQ 内核。
       限制：q、k、v 形状相同（Nq = Nk，Hq = Hk），d ∈ {16, 32, 64, 128}，每个块都做掩码。
@@ -13,14 +13,18 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
       d. 主机端：同一组形状第二次起直接调用编译好的内核（_Plan），不求梯度的小调用从 ~190 µs 降到 ~40–65 µs
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
           python3 lecture11/triton_flash.py --kernel full
-  两版都和同一个 float64 参考 reference_attention 逐项比较 out、LSE、dQ、dK、dV：CPU 上用 Triton 解释器
-  （fp32，误差 < CPU_TOL），GPU 上用 flash-attn 的判据（误差 ≤ 2 × PyTorch 自己 bf16/fp16 注意力的误差）。
+  v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
+      GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步
+          python3 lecture11/triton_flash.py --kernel decode
+  v1、v2 和 float64 参考 reference_attention 逐项比较 out、LSE、dQ、dK、dV，v3 对照 reference_decode 和 SDPA：
+  CPU 上用 Triton 解释器（fp32，误差 < CPU_TOL），GPU 上用 flash-attn 的判据
+  （误差 ≤ 2 × PyTorch 自己 bf16/fp16 注意力的误差）。
 
 形状（flash-attn 的布局）：q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]，LSE [B, Hq, Nq]（自然对数）。
 速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v6）：v2 前向 1.09–1.46×、反向 1.06–1.22× SDPA-FLASH。
 
 运行：
-  python3 lecture11/triton_flash.py [--kernel minimal|full|all] [--seed N]
+  python3 lecture11/triton_flash.py [--kernel minimal|full|decode|all] [--seed N]
       有 GPU：bf16/fp16 真实尺寸；没有 GPU：以 TRITON_INTERPRET=1 重新运行自己（CPU 解释器，小尺寸 fp32）。
       每次运行打印种子；失败时用 --seed 复现同一组输入。
   python3 lecture11/06_triton_bench.py    和 PyTorch SDPA 的 FLASH / CUDNN / EFFICIENT 后端比速度
@@ -1329,7 +1333,9 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
 
 
 def _selftest(kernel="all", seed=None):
-    kernels = KERNELS if kernel == "all" else (check_choice("kernel", kernel, KERNELS),)
+    check_choice("kernel", kernel, ("all", *KERNELS, "decode"))
+    kernels = KERNELS if kernel == "all" else tuple(k for k in KERNELS if k == kernel)
+    run_decode = kernel in ("all", "decode")
     if torch.cuda.is_available() and not INTERPRET:
         print(f"triton_flash 自检：GPU（{torch.cuda.get_device_name()}，torch {torch.__version__}，"
               f"triton {triton.__version__}），bf16/fp16，真实尺寸")
@@ -1338,6 +1344,9 @@ def _selftest(kernel="all", seed=None):
             rows = check_gpu(name, seed=seed)
             print(f"triton_flash 自检通过（GPU，{name}）：{len(rows)} 项误差都 ≤ 2 × PyTorch 低精度注意力的误差，"
                   f"{time.time() - t0:.0f} s")
+        for dtype in (torch.bfloat16, torch.float16) if run_decode else ():
+            worst = check_decode("cuda", dtype, seed=seed)
+            print(f"triton_flash 自检通过（GPU，decode，{dtype}）：最大相对误差 {worst:.1e} ≤ 2 × SDPA 的误差")
         return
     if not INTERPRET:
         # 没有 GPU：以解释器模式重新运行自己（TRITON_INTERPRET 必须在定义内核之前设置）
@@ -1354,6 +1363,257 @@ def _selftest(kernel="all", seed=None):
         worst = check_cpu(name, seed=seed)
         print(f"triton_flash 自检通过（解释器，{name}）：out、LSE、dQ/dK/dV 和 float64 参考的最大误差 {worst:.1e} "
               f"< {CPU_TOL:.0e}（LSE 是最大绝对误差，其余是相对误差），{time.time() - t0:.0f} s")
+    if run_decode:
+        t0 = time.time()
+        worst = check_decode("cpu", torch.float32, seed=seed)
+        print(f"triton_flash 自检通过（解释器，decode）：flash_decode 和 float64 参考的最大相对误差 {worst:.1e} "
+              f"< {CPU_TOL:.0e}，{time.time() - t0:.0f} s")
+
+
+# ============================================================================
+# v3：flash-decoding（split-KV）
+#   decode 时每个序列只有 1 个（或几个）新 query，FlashAttention 的"一个程序一个 Q 块"只有 B·Hq 个程序，
+#   GPU 上 132 个 SM 大半空着（B = 1 时尤其如此）。flash-decoding 把 key 轴也切开：
+#     第一步 _decode_split_kernel：grid (num_splits, B·Hk)，程序 (s, b·Hk + h) 读第 b 个序列、第 h 个 K/V 头的
+#       第 s 段 key；同一组 R = Hq/Hk 个 query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：
+#       K/V 只读一遍），写出这一段的部分结果：归一化过的 o_s 和 lse_s（以 2 为底）到 fp32 草稿区；
+#     第二步 _decode_merge_kernel：每一行把 num_splits 段合并（LSE 合并，flash_lab 的 flash-decoding 一节）：
+#       M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s。
+#   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
+#   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
+#   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
+#   每段的长度在内核里由 L_b 算（⌈L_b / num_splits⌉ 向上取到 BLOCK_N 的倍数），主机端不需要知道 L_b。
+# ============================================================================
+@triton.jit
+def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
+                         stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+                         stride_vb, stride_vn, stride_vh,
+                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    split = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
+    b = bh // N_KV_HEADS
+    h = bh % N_KV_HEADS
+    seq_len = tl.minimum(tl.load(SEQLENS + b), S_MAX)            # 截到 S_max：坏的长度也不会越界读
+    chunk = tl.cdiv(tl.cdiv(seq_len, N_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+
+    rows = tl.arange(0, BLOCK_M)                  # 行 r = g·n + i：组内第 g 个 query 头、第 i 个新 token
+    g = rows // N_NEW
+    i = rows % N_NEW
+    row_ok = rows < R * N_NEW
+    last_key = seq_len - N_NEW + i                # 第 i 个新 token 的位置 = 它能看到的最后一个 key
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + b * stride_qb + i[:, None] * stride_qn + (h * R + g)[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)                            # [BLOCK_M, d]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)       # 以 2 为底的行最大值
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale                # [BLOCK_M, BLOCK_N]，log2 单位
+        visible = col_ok[None, :] & (cols[None, :] <= last_key[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # 整行还没看到 key：别算出 −inf − (−inf)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    seen = l_i > 0                                # 这一段里没有可见 key 的行：o = 0、lse = −∞（合并时权重 0）
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    part = (bh * N_SPLITS + split) * BLOCK_M + rows                  # 草稿区 [B·Hk, num_splits, BLOCK_M, (d)]
+    tl.store(LSE_PART + part, lse)
+    tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o)
+
+
+@triton.jit
+def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
+                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    """程序 (r, b·Hk + h)：第 r 行（组内头 g、新 token i）的 num_splits 段 → 一个输出向量。"""
+    r = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // N_KV_HEADS
+    h = bh % N_KV_HEADS
+    splits = tl.arange(0, BLOCK_S)
+    s_ok = splits < N_SPLITS
+    part = (bh * N_SPLITS + splits) * BLOCK_M + r                                   # [BLOCK_S]
+    lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
+    w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]
+    offs_d = tl.arange(0, HEAD_DIM)
+    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)               # [d]
+    g = r // N_NEW
+    i = r % N_NEW
+    tl.store(OUT + b * stride_ob + i * stride_on + (h * R + g) * stride_oh + offs_d, out.to(OUT.dtype.element_ty))
+
+
+DECODE_BLOCK_N = 16 if INTERPRET else 64      # 每次循环读的 key 数；解释器用小块，几十个 key 也跨好几块
+MAX_SPLITS = 256
+
+
+def decode_splits(B, Hk, S, n_sm=132, block_n=None):
+    """
+    split 的启发式（和 flash_lab.best_splits 同一个想法：程序数大约铺满所有 SM，每段至少一个块）。
+
+    【规则】B·Hk 个 (序列, K/V 头) 已经 ≥ n_sm 时不切（1 段）；否则取最小的 2 的幂 s 使 B·Hk·s ≥ n_sm，
+        再截到 ⌊S / block_n⌋（每段至少 block_n 个 key）和 MAX_SPLITS。S 用缓存长度 S_max（主机端不知道每个
+        序列的真实长度，读它要同步）。
+    """
+    B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
+    n_sm = check_int("n_sm", n_sm, lo=1)
+    block_n = DECODE_BLOCK_N if block_n is None else check_int("block_n", block_n, lo=1)
+    want = triton.next_power_of_2(max(1, -(-n_sm // (B * Hk))))
+    return max(1, min(want, S // block_n, MAX_SPLITS))
+
+
+_N_SM = {}
+
+
+def _sm_count(device):
+    if device.type != "cuda":
+        return 132                                # 解释器：按 H100/H200 的 SM 数算，和 GPU 上选同样的段数
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _N_SM:                          # 每个设备只查一次（不同步，只是属性）
+        _N_SM[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _N_SM[key]
+
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):
+    """
+    flash-decoding：新 token 的 query 对 KV 缓存的有效前缀做注意力。
+
+    【形状】q [B, Hq, d]（每个序列 1 个新 token）或 [B, n, Hq, d]（n 个新 token，它们之间 causal，右下角对齐：
+        第 i 个位于 L_b − n + i）；k_cache、v_cache [B, S_max, Hk, d]；cache_seqlens int32 [B]，1 ≤ L_b ≤ S_max
+        （n 个 token 时 L_b ≥ n，n ≤ 64）→ 返回和 q 同形状、同 dtype。Hq 是 Hk 的倍数，d 是 16…256 之间的 2 的幂。
+    【num_splits】key 轴切成几段（None → decode_splits）；段数多于块数时多出的段为空，结果不变。
+    【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
+    """
+    squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
+    q4 = q.unsqueeze(1) if squeeze else q                                            # [B, n, Hq, d]
+    batch, n_new, hq, d = q4.shape
+    s_max, hk = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hk
+    if splits is None:
+        splits = decode_splits(batch, hk, s_max, _sm_count(q.device))
+    block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
+    o_part = torch.empty((batch * hk, splits, block_m, d), device=q.device, dtype=torch.float32)
+    lse_part = torch.empty((batch * hk, splits, block_m), device=q.device, dtype=torch.float32)
+    out = torch.empty_like(q4)
+    _decode_split_kernel[(splits, batch * hk)](
+        q4, k_cache, v_cache, cache_seqlens, o_part, lse_part, scale * math.log2(math.e), s_max, hk, splits,
+        q4.stride(0), q4.stride(1), q4.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, PREC=_prec(q.dtype),
+        num_warps=4, num_stages=2)
+    _decode_merge_kernel[(group * n_new, batch * hk)](
+        o_part, lse_part, out, hk, splits, out.stride(0), out.stride(1), out.stride(2),
+        N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        num_warps=4)
+    return out.squeeze(1) if squeeze else out
+
+
+def reference_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None, dtype=torch.float64):
+    """
+    参考实现：逐个序列只取有效前缀 [0, L_b)，GQA 用 repeat_interleave 把 K/V 头复制 R 份，按 dtype（默认 float64）
+    算普通的 softmax(q kᵀ·scale) v，n 个新 token 之间右下角对齐的 causal。形状约定同 flash_decode。
+    """
+    squeeze = q.dim() == 3
+    q4 = q.unsqueeze(1) if squeeze else q                                            # [B, n, Hq, d]
+    n_new, hq, d = q4.shape[1:]
+    group = hq // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    outs = []
+    for b, length in enumerate(cache_seqlens.tolist()):
+        qb = q4[b].to(dtype).transpose(0, 1)                                         # [Hq, n, d]
+        kb = k_cache[b, :length].to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)   # [Hq, L, d]
+        vb = v_cache[b, :length].to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+        s = qb @ kb.transpose(1, 2) * scale                                          # [Hq, n, L]
+        pos = length - n_new + torch.arange(n_new, device=q.device)
+        s = s.masked_fill(torch.arange(length, device=q.device)[None, :] > pos[:, None], float("-inf"))
+        outs.append((torch.softmax(s, dim=-1) @ vb).transpose(0, 1))                 # [n, Hq, d]
+    out = torch.stack(outs)
+    return out.squeeze(1) if squeeze else out
+
+
+def sdpa_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """第二个参考：torch 的 F.scaled_dot_product_attention 在每个序列的有效前缀上（同 dtype，enable_gqa）。"""
+    squeeze = q.dim() == 3
+    q4 = q.unsqueeze(1) if squeeze else q
+    n_new = q4.shape[1]
+    outs = []
+    for b, length in enumerate(cache_seqlens.tolist()):
+        qb = q4[b].transpose(0, 1).unsqueeze(0)                                      # [1, Hq, n, d]
+        kb = k_cache[b, :length].transpose(0, 1).unsqueeze(0)                        # [1, Hk, L, d]
+        vb = v_cache[b, :length].transpose(0, 1).unsqueeze(0)
+        mask = torch.arange(length, device=q.device)[None, :] <= (length - n_new
+                                                                 + torch.arange(n_new, device=q.device))[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=softmax_scale,
+                                                             enable_gqa=True)
+        outs.append(o[0].transpose(0, 1))                                            # [n, Hq, d]
+    out = torch.stack(outs)
+    return out.squeeze(1) if squeeze else out
+
+
+def make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new=1, dtype=torch.float32, device="cpu"):
+    """随机的一组 decode 输入：缓存里有效前缀之外填 NaN（读到就会露馅）。返回 (q, k_cache, v_cache, seqlens)。"""
+    shape_q = (batch, hq, d) if n_new == 1 else (batch, n_new, hq, d)
+    q = torch.randn(shape_q, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    k = torch.randn((batch, s_max, hk, d), generator=gen, dtype=torch.float32)
+    v = torch.randn((batch, s_max, hk, d), generator=gen, dtype=torch.float32)
+    for b, length in enumerate(lengths):
+        k[b, length:] = float("nan")
+        v[b, length:] = float("nan")
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    return q, k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype), seqlens.to(device)
+
+
+def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
+    """自检用例：不规则的 B 和长度（含 1 和 S_max）、GQA 1/2/4、n = 1 和 3、段数 1 / 自动 / 多于块数。"""
+    f = 16 if big else 1                          # GPU 上把缓存放大 16 倍
+    specs = [  # (名字, lengths, S_max, Hq, Hk, d, n, num_splits)
+        ("n=1 GQA4 auto", [37, 1, 50], 50, 8, 2, 32, 1, None),
+        ("n=1 MHA 1 split", [23 * f, 64 * f], 64 * f, 2, 2, 64, 1, 1),
+        ("n=3 GQA2 5 splits", [3, 41 * f, 29 * f], 45 * f, 4, 2, 16, 3, 5),
+        ("n=1 GQA4 splits>blocks", [19, 7], 21, 4, 1, 128, 1, 9),
+    ]
+    for name, lengths, s_max, hq, hk, d, n_new, splits in specs:
+        yield name, splits, make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n_new, dtype, device)
+
+
+def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
+    """
+    v3 的检查：flash_decode 对 float64 参考。CPU（解释器，fp32）：误差 < CPU_TOL；GPU（fp16/bf16）：
+    误差 ≤ 2 × 同 dtype 的 SDPA 对 float64 参考的误差（flash-attn 的判据）。先打印再断言。
+    """
+    seed = _pick_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    print(f"  [decode] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel decode --seed {seed}）")
+    worst, failed = 0.0, []
+    for name, splits, (q, k, v, lens) in decode_cases(gen, device, dtype, big=device != "cpu"):
+        ref = reference_decode(q, k, v, lens)
+        err = _rel_err(flash_decode(q, k, v, lens, num_splits=splits), ref)
+        limit = CPU_TOL if dtype == torch.float32 else 2 * _rel_err(sdpa_decode(q, k, v, lens), ref) + 1e-6
+        if verbose or not err < limit:
+            print(f"  {name:<28s} out {err:.1e}（上限 {limit:.1e}）" + ("" if err < limit else "  ✗"))
+        failed += [] if err < limit else [(name, err)]
+        worst = max(worst, err)
+    assert not failed, f"flash_decode 误差超过上限（种子 {seed}）：{failed}"
+    return worst
 
 
 # ============================================================================
@@ -1569,9 +1829,62 @@ def _check_cu(name, cu, total, max_len, device):
     return cu.contiguous(), n
 
 
+def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale):
+    """flash_decode 的输入检查：只查不需要同步的性质（形状、dtype、设备）；cache_seqlens 的值只在 CPU 上查。"""
+    where = "flash_decode"
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{where}：{name}.dtype 必须是 float16、bfloat16 或 float32 之一，收到 {t.dtype}")
+    if q.dim() not in (3, 4):
+        raise ValueError(f"{where}：q 必须是 [B, Hq, d]（1 个新 token）或 [B, n, Hq, d]，收到形状 {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"{where}：k_cache、v_cache 必须是形状相同的 [B, S_max, Hk, d]，收到 "
+                         f"{tuple(k_cache.shape)} 和 {tuple(v_cache.shape)}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"{where}：q、k_cache、v_cache 的 dtype 必须相同，收到 {q.dtype}、{k_cache.dtype}、"
+                        f"{v_cache.dtype}")
+    if INTERPRET and not q.is_cuda and q.dtype == torch.bfloat16:
+        raise TypeError(f"{where}：Triton 解释器（CPU）上不支持 bfloat16（结果是错的）：请用 float32 或 float16")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"{where}：q、k_cache、v_cache 必须在同一个设备上，收到 {q.device}、{k_cache.device}、"
+                         f"{v_cache.device}")
+    batch, n_new, (hq, d) = q.shape[0], (1 if q.dim() == 3 else q.shape[1]), q.shape[-2:]
+    s_max, hk = k_cache.shape[1], k_cache.shape[2]
+    if k_cache.shape[0] != batch:
+        raise ValueError(f"{where}：q 和 k_cache 的 batch 维必须相同，收到 {batch} 和 {k_cache.shape[0]}")
+    if k_cache.shape[3] != d:
+        raise ValueError(f"{where}：q 和 k_cache 的 head dim 必须相同，收到 {d} 和 {k_cache.shape[3]}")
+    check_choice("head dim d", d, (16, 32, 64, 128, 256), where)   # tl.arange 要 2 的幂，tl.dot 要 ≥ 16
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"{where}：query 头数 Hq 必须是 K/V 头数 Hk 的整数倍（GQA/MQA），收到 Hq={hq}、Hk={hk}")
+    check_int("n（新 token 数，q.shape[1]）", n_new, lo=1, hi=64, where=where, type_error=ValueError)
+    check_int("S_max（k_cache.shape[1]）", s_max, lo=1, where=where, type_error=ValueError)
+    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
+        raise ValueError(f"{where}：q、k_cache、v_cache 的最后一维必须连续（stride(-1) == 1）")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"{where}：cache_seqlens 必须是 int32 的 torch.Tensor，"
+                        f"收到 {getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    if tuple(cache_seqlens.shape) != (batch,) or cache_seqlens.device != q.device:
+        raise ValueError(f"{where}：cache_seqlens 必须是形状 [B]=({batch},)、和 q 在同一设备（{q.device}）上，"
+                         f"收到形状 {tuple(cache_seqlens.shape)}、设备 {cache_seqlens.device}")
+    if not cache_seqlens.is_cuda:     # CPU 上查值不用同步；GPU 上不查（内核把长度截到 S_max，不会越界读）
+        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if lo < n_new or hi > s_max:
+            raise ValueError(f"{where}：cache_seqlens 的每个值必须在 n…S_max = {n_new}…{s_max} 之间"
+                             f"（有效前缀不能超过缓存，且要包含 n 个新 token），收到最小 {lo}、最大 {hi}")
+    if num_splits is not None:
+        num_splits = check_int("num_splits", _scalar(num_splits), lo=1, hi=MAX_SPLITS, where=where,
+                               type_error=ValueError)
+    _check_runnable(q)
+    return q.dim() == 3, _check_scale(softmax_scale, d, where), num_splits
+
+
 def _parse_args(argv=None):
     ap = argparse.ArgumentParser(description="triton_flash 自检：v1 最小内核、v2 完整内核和 float64 参考比较")
-    ap.add_argument("--kernel", choices=("all", *KERNELS), default="all", help="检查哪一版（默认两版都查）")
+    ap.add_argument("--kernel", choices=("all", *KERNELS, "decode"), default="all",
+                    help="检查哪一版（minimal = v1、full = v2、decode = v3；默认全查）")
     ap.add_argument("--seed", type=int, default=None, help="随机输入的种子（默认由时间决定，运行时会打印）")
     return ap.parse_args(argv)
 

@@ -1,0 +1,187 @@
+"""lecture11/triton_flash.py 的 v3 flash_decode（split-KV）测试：Triton 解释器（CPU，fp32 / fp16，小尺寸）
+对照 float64 参考 reference_decode 和 torch 的 F.scaled_dot_product_attention（只取有效前缀）。
+
+解释器的打开方式和 tests/test_lecture11_triton.py 相同：加载模块时临时设置 TRITON_INTERPRET=1、加载完恢复原值，
+每个测试运行期间再由 autouse fixture 设上。缓存里有效前缀之外填 NaN：内核读到一个就会让结果变成 NaN。
+"""
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labload import load_lab
+
+_saved = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"      # 要在第一次 import triton 之前设置（triton 导入时就读它）
+try:
+    pytest.importorskip("triton", reason="没有安装 triton（requirements.txt 只在 Linux 上装它）")
+    tf = load_lab("lecture11", "triton_flash")
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+F32, F16 = torch.float32, torch.float16
+TOL = tf.CPU_TOL
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def gen(request):
+    """每个测试一组新的随机输入（种子打印出来，失败时可复现）。"""
+    seed = (hash(request.node.name) ^ int(torch.randint(0, 2**30, (1,)))) % 2**31
+    print("seed", seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _check(case, splits, dtype):
+    """ours 对 float64 参考：fp32 < TOL；fp16 ≤ 2 × 同 dtype SDPA 的误差。fp32 时再和 SDPA（fp32）直接比。"""
+    q, k, v, lens = case
+    ref = tf.reference_decode(q, k, v, lens)
+    ours = tf.flash_decode(q, k, v, lens, num_splits=splits)
+    assert ours.shape == q.shape and ours.dtype == q.dtype
+    err = tf._rel_err(ours, ref)
+    sdpa_err = tf._rel_err(tf.sdpa_decode(q, k, v, lens), ref)
+    print(f"err {err:.2e}  sdpa {sdpa_err:.2e}")
+    if dtype == F32:
+        assert err < TOL
+        assert tf._rel_err(ours, tf.sdpa_decode(q, k, v, lens).double()) < TOL
+    else:
+        assert err <= 2 * sdpa_err + 1e-6
+    return ours
+
+
+# (lengths, S_max, Hq, Hk, d, n)：不规则的 B，长度含 1（n = 1 时）、n（n = 3 时）和 S_max
+SHAPES = [
+    ([1, 37, 50], 50, 2, 2, 32, 1),          # GQA 1
+    ([29, 64], 64, 4, 2, 64, 1),             # GQA 2
+    ([45], 45, 8, 2, 16, 1),                 # GQA 4，B = 1
+    ([3, 33, 17, 40], 40, 4, 1, 16, 3),      # n = 3、GQA 4（MQA），长度 = n
+    ([19, 3], 27, 2, 2, 128, 3),             # n = 3、GQA 1、d = 128
+    ([8, 30], 30, 4, 2, 32, 3),              # n = 3、GQA 2
+]
+
+
+@pytest.mark.parametrize("splits", [1, 3, None, 16], ids=["1split", "3splits", "auto", "16splits"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"L{s[0]}-R{s[2] // s[3]}-n{s[5]}" for s in SHAPES])
+def test_matches_references_fp32(gen, shape, splits):
+    lengths, s_max, hq, hk, d, n = shape
+    _check(tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32), splits, F32)
+
+
+@pytest.mark.parametrize("shape", SHAPES[1::2], ids=[f"L{s[0]}-R{s[2] // s[3]}-n{s[5]}" for s in SHAPES[1::2]])
+@pytest.mark.parametrize("splits", [1, 5])
+def test_matches_references_fp16(gen, shape, splits):
+    lengths, s_max, hq, hk, d, n = shape
+    _check(tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F16), splits, F16)
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(3, 70), min_size=1, max_size=3), group=st.sampled_from([1, 2, 4]),
+       n=st.sampled_from([1, 2, 3]), splits=st.integers(1, 12), seed=st.integers(0, 2**31 - 1))
+def test_splitting_does_not_change_the_result(lengths, group, n, splits, seed):
+    """LSE 合并是精确的：任意段数（含多于块数、空段）和 1 段的结果相同，也都等于 float64 参考。"""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, max(lengths) + 2, 2 * group, 2, 16, n, F32)
+    one = tf.flash_decode(q, k, v, lens, num_splits=1)
+    many = tf.flash_decode(q, k, v, lens, num_splits=splits)
+    assert tf._rel_err(many, one.double()) < TOL
+    assert tf._rel_err(many, tf.reference_decode(q, k, v, lens)) < TOL
+
+
+def test_n_tokens_equal_n_single_token_steps(gen):
+    """n 个新 token 一起算 = 一个一个地 decode（第 i 个只看到 L − n + i + 1 个 key）：causal、右下角对齐。"""
+    lengths, n = [5, 31, 18], 3
+    q, k, v, lens = tf.make_decode_case(gen, 3, lengths, 31, 4, 2, 32, n, F32)
+    together = tf.flash_decode(q, k, v, lens, num_splits=2)                 # [B, n, Hq, d]
+    for i in range(n):
+        step_lens = lens - (n - 1 - i)
+        alone = tf.flash_decode(q[:, i].contiguous(), k, v, step_lens, num_splits=2)
+        assert tf._rel_err(together[:, i], alone.double()) < TOL
+
+
+def test_softmax_scale_and_strided_inputs(gen):
+    """自定义 softmax_scale；q 和缓存是更大张量的切片（只有最后一维连续）。"""
+    q, k, v, lens = tf.make_decode_case(gen, 2, [13, 26], 26, 4, 1, 32, 1, F32)
+    big_k = torch.randn(2, 30, 3, 32, generator=gen)
+    big_k[:, :26, 1] = k[:, :, 0]
+    ks = big_k[:, :26, 1:2]                                        # [B, 26, 1, d]，步长不是连续张量的步长
+    ref = tf.reference_decode(q, ks, v, lens, softmax_scale=0.3)
+    assert tf._rel_err(tf.flash_decode(q, ks, v, lens, num_splits=3, softmax_scale=0.3), ref) < TOL
+
+
+def test_lengths_beyond_cache_are_clamped_by_the_kernel(gen, monkeypatch):
+    """GPU 上不检查 L > S_max（要同步）：内核把长度截到 S_max。跳过主机端检查，直接看内核的行为。"""
+    q, k, v, lens = tf.make_decode_case(gen, 2, [20, 20], 20, 2, 1, 16, 1, F32)
+    check = tf._check_decode
+    monkeypatch.setattr(tf, "_check_decode", lambda q_, *a: (True, 1 / math.sqrt(16), 4))
+    too_long = torch.tensor([20 + 9, 10**6], dtype=torch.int32)
+    ours = tf.flash_decode(q, k, v, too_long)
+    monkeypatch.setattr(tf, "_check_decode", check)
+    assert tf._rel_err(ours, tf.reference_decode(q, k, v, lens)) < TOL
+
+
+def test_decode_splits_heuristic():
+    for B, hk, S in [(1, 8, 32768), (1, 8, 1000), (8, 8, 8192), (64, 8, 131072), (3, 1, 5), (1, 1, 10**6)]:
+        s = tf.decode_splits(B, hk, S, n_sm=132, block_n=64)
+        assert 1 <= s <= tf.MAX_SPLITS and (s == 1 or S // s >= 64)               # 每段至少一个块
+        if B * hk >= 132:
+            assert s == 1                                                          # SM 已经铺满：不切
+        elif S // 64 >= 2 * s and s < tf.MAX_SPLITS:
+            assert B * hk * s >= 132                                               # 没有被长度限制时铺满 SM
+    assert tf.decode_splits(1, 8, 32768) > tf.decode_splits(8, 8, 32768) >= tf.decode_splits(64, 8, 32768)
+    for bad in [dict(B=0, Hk=1, S=1), dict(B=1, Hk=1, S=0), dict(B=1, Hk=1, S=8, n_sm=0)]:
+        with pytest.raises(ValueError):
+            tf.decode_splits(**bad)
+
+
+def _good(gen):
+    return tf.make_decode_case(gen, 2, [5, 9], 12, 4, 2, 16, 1, F32)
+
+
+@pytest.mark.parametrize("mutate,exc,word", [
+    (lambda q, k, v, L: (q.double(), k, v, L), TypeError, "q.dtype"),
+    (lambda q, k, v, L: (q, k.half(), v, L), TypeError, "dtype"),
+    (lambda q, k, v, L: (q.numpy(), k, v, L), TypeError, "q"),
+    (lambda q, k, v, L: (q[0], k, v, L), ValueError, "q"),
+    (lambda q, k, v, L: (q, k, v[:, :5], L), ValueError, "v_cache"),
+    (lambda q, k, v, L: (q[:, :3], k, v, L), ValueError, "Hq"),
+    (lambda q, k, v, L: (q[1:], k, v, L[1:]), ValueError, "batch"),
+    (lambda q, k, v, L: (q[..., :8], k[..., :8], v[..., :8], L), ValueError, "head dim"),
+    (lambda q, k, v, L: (q, k, v, L.long()), TypeError, "cache_seqlens"),
+    (lambda q, k, v, L: (q, k, v, [5, 9]), TypeError, "cache_seqlens"),
+    (lambda q, k, v, L: (q, k, v, L[:1]), ValueError, "cache_seqlens"),
+    (lambda q, k, v, L: (q, k, v, L + 4), ValueError, "cache_seqlens"),      # 9 + 4 > S_max = 12
+    (lambda q, k, v, L: (q, k, v, L * 0), ValueError, "cache_seqlens"),      # 长度 0 < n = 1
+    (lambda q, k, v, L: (q.unsqueeze(1).expand(2, 6, 4, 16), k, v, L), ValueError, "cache_seqlens"),  # 5 < n = 6
+])
+def test_bad_inputs(gen, mutate, exc, word):
+    args = mutate(*_good(gen))
+    with pytest.raises(exc, match=word):
+        tf.flash_decode(*args)
+
+
+@pytest.mark.parametrize("kw,exc,word", [
+    (dict(num_splits=0), ValueError, "num_splits"),
+    (dict(num_splits=2.5), ValueError, "num_splits"),
+    (dict(num_splits=tf.MAX_SPLITS + 1), ValueError, "num_splits"),
+    (dict(softmax_scale=0), ValueError, "softmax_scale"),
+    (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
+])
+def test_bad_options(gen, kw, exc, word):
+    with pytest.raises(exc, match=word):
+        tf.flash_decode(*_good(gen), **kw)
+
+
+def test_bf16_rejected_in_interpreter(gen):
+    q, k, v, lens = _good(gen)
+    with pytest.raises(TypeError, match="bfloat16"):
+        tf.flash_decode(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens)
