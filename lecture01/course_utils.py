@@ -199,6 +199,30 @@ def save_figure(fig, script, what, dpi=120, quick=False, path=None):
 
 
 # =============================================================================
+# GPU 计时
+# =============================================================================
+def cuda_time(fn, reps, trials=5, warmup=1):
+    """
+    GPU 上一次 fn() 的时间（秒）：先预热 warmup 次，再 trials 组、每组连着调 reps 次，用 CUDA 事件量一组的平均，
+    取最快的一组。组内不同步主机（事件记在流上）；取最快的一组，是为了不把偶然的卡顿（建通道、别的进程、
+    频率爬升）算进去。torch 只在调用时导入（本模块只依赖标准库）。
+    """
+    import torch
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / reps)
+    return best
+
+
+# =============================================================================
 # 参数检查（各实验模块共用：坏输入要大声报错，消息写出参数名、允许的范围、收到的值）
 # =============================================================================
 def _who(name, where):
@@ -301,11 +325,12 @@ def check_choice(name, value, allowed, where=""):
     【报错】不在 allowed 里 → ValueError，消息列出全部允许的取值：「[where：]name 只能是 'a' / 'b'，收到 …」。
     """
     allowed = tuple(allowed)
+    # True == 1 在 Python 里成立：bool 只和 bool 相配（免得 mode=True 被当成 1）
     try:
-        ok = value in allowed
-    except TypeError:           # 不可比较 / 不可哈希的东西（如 numpy 数组）当作不在其中
+        ok = any(bool(a == value) and isinstance(a, bool) == isinstance(value, bool) for a in allowed)
+    except (TypeError, ValueError):     # 比不了的东西（如 numpy 数组，== 得到数组）当作不在其中
         ok = False
-    if not ok or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed if a == value):
+    if not ok:
         raise ValueError(f"{_who(name, where)} 只能是 {' / '.join(repr(a) for a in allowed)}，收到 {value!r}")
     return value
 
@@ -335,6 +360,17 @@ def check_array(name, value, ndim=None, allow_neginf=False, where=""):
 # =============================================================================
 # 自检
 # =============================================================================
+def _expect_errors(cases):
+    """自检用：cases = [(调用, 异常类型, 消息里必须有的文字)]，每个调用都必须抛这个异常、消息里有这段文字。"""
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), (text, e)
+        else:
+            raise AssertionError(f"应当报错：{text}")
+
+
 def _selftest():
     import tempfile
 
@@ -365,41 +401,29 @@ def _selftest():
         assert os.path.isdir(os.path.dirname(p)) and not os.path.exists(p)
 
     # 4) 坏输入报错，消息里写出参数名
-    for call, name in ((lambda: format_table(["a", "b"], [[1]]), "rows"),
-                       (lambda: format_table(["a", "b"], [[1, 2]], align="<"), "align"),
-                       (lambda: format_table(["a", "b"], [[1, 2]], align="<^"), "align"),
-                       (lambda: format_table([], []), "headers"),
-                       (lambda: figure_path("x.py", ""), "what")):
-        try:
-            call()
-        except ValueError as e:
-            assert name in str(e), (name, e)
-        else:
-            raise AssertionError(f"应当报错：{name}")
+    _expect_errors([(lambda: format_table(["a", "b"], [[1]]), ValueError, "rows"),
+                    (lambda: format_table(["a", "b"], [[1, 2]], align="<"), ValueError, "align"),
+                    (lambda: format_table(["a", "b"], [[1, 2]], align="<^"), ValueError, "align"),
+                    (lambda: format_table([], []), ValueError, "headers"),
+                    (lambda: figure_path("x.py", ""), ValueError, "what")])
     # 5) check_int / check_real：好值原样（转换后）返回；坏类型 TypeError、坏值 ValueError，消息写出名字、范围、值
     assert check_int("n", 3, lo=1) == 3 and type(check_int("n", 7)) is int
     assert check_int("D", 15.6e12, lo=0, whole_float=True) == 15.6e12
     assert check_real("x", 2, lo=0, lo_open=True) == 2.0 and check_real("t", math.inf, lo=0, allow_inf=True) == math.inf
     assert check_real("p", 1.0, lo=0.0, hi=1.0) == 1.0
-    for call, exc, text in ((lambda: check_int("batch", True), TypeError, "batch"),
-                            (lambda: check_int("batch", 2.0), TypeError, "batch"),
-                            (lambda: check_int("batch", 2.5, whole_float=True), TypeError, "batch"),
-                            (lambda: check_int("batch", math.nan, whole_float=True), ValueError, "batch"),
-                            (lambda: check_int("batch", 0, lo=1, where="f"), ValueError,
-                             "f：batch 必须是整数，且 ≥ 1，收到 0"),
-                            (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),
-                            (lambda: check_real("eps", float("nan"), lo=0), ValueError, "eps"),
-                            (lambda: check_real("eps", math.inf), ValueError, "eps"),
-                            (lambda: check_real("eps", 0.0, lo=0, lo_open=True), ValueError, "> 0"),
-                            (lambda: check_real("mfu", 1.5, lo=0, hi=1), ValueError, "≤ 1"),
-                            (lambda: check_real("mfu", 1.0, hi=1, hi_open=True), ValueError, "< 1"),
-                            (lambda: check_real("mfu", "a"), TypeError, "mfu")):
-        try:
-            call()
-        except exc as e:
-            assert text in str(e), (text, e)
-        else:
-            raise AssertionError(f"应当报错：{text}")
+    _expect_errors([(lambda: check_int("batch", True), TypeError, "batch"),
+                    (lambda: check_int("batch", 2.0), TypeError, "batch"),
+                    (lambda: check_int("batch", 2.5, whole_float=True), TypeError, "batch"),
+                    (lambda: check_int("batch", math.nan, whole_float=True), ValueError, "batch"),
+                    (lambda: check_int("batch", 0, lo=1, where="f"), ValueError,
+                     "f：batch 必须是整数，且 ≥ 1，收到 0"),
+                    (lambda: check_int("n", 2.5, type_error=ValueError), ValueError, "n"),
+                    (lambda: check_real("eps", float("nan"), lo=0), ValueError, "eps"),
+                    (lambda: check_real("eps", math.inf), ValueError, "eps"),
+                    (lambda: check_real("eps", 0.0, lo=0, lo_open=True), ValueError, "> 0"),
+                    (lambda: check_real("mfu", 1.5, lo=0, hi=1), ValueError, "≤ 1"),
+                    (lambda: check_real("mfu", 1.0, hi=1, hi_open=True), ValueError, "< 1"),
+                    (lambda: check_real("mfu", "a"), TypeError, "mfu")])
     # 6) check_bool / check_choice / check_array
     assert check_bool("causal", True) is True and check_bool("causal", False) is False
     try:                                                       # numpy 的 bool_（比较的结果）也是开关
@@ -410,23 +434,17 @@ def _selftest():
     assert check_choice("kind", "ring", ("ring", "tree")) == "ring"
     a = check_array("s", [[1, -math.inf]], ndim=2, allow_neginf=True)
     assert a.dtype.name == "float64" and a.shape == (1, 2)
-    for call, exc, text in ((lambda: check_bool("causal", "False"), TypeError, "causal"),
-                            (lambda: check_bool("causal", 1), TypeError, "True 或 False"),
-                            (lambda: check_bool("tied", None, where="ModelConfig"), TypeError, "ModelConfig：tied"),
-                            (lambda: check_choice("kind", "rign", ("ring", "tree")), ValueError, "'ring' / 'tree'"),
-                            (lambda: check_choice("kind", ["ring"], ("ring",)), ValueError, "kind"),
-                            (lambda: check_choice("mode", True, (1, 2)), ValueError, "mode"),
-                            (lambda: check_array("s", ["a"]), TypeError, "s"),
-                            (lambda: check_array("s", [1.0], ndim=2), ValueError, "2 维"),
-                            (lambda: check_array("s", [math.nan]), ValueError, "NaN"),
-                            (lambda: check_array("s", [-math.inf]), ValueError, "有限值"),
-                            (lambda: check_array("s", [math.inf], allow_neginf=True), ValueError, "−∞")):
-        try:
-            call()
-        except exc as e:
-            assert text in str(e), (text, e)
-        else:
-            raise AssertionError(f"应当报错：{text}")
+    _expect_errors([(lambda: check_bool("causal", "False"), TypeError, "causal"),
+                    (lambda: check_bool("causal", 1), TypeError, "True 或 False"),
+                    (lambda: check_bool("tied", None, where="ModelConfig"), TypeError, "ModelConfig：tied"),
+                    (lambda: check_choice("kind", "rign", ("ring", "tree")), ValueError, "'ring' / 'tree'"),
+                    (lambda: check_choice("kind", ["ring"], ("ring",)), ValueError, "kind"),
+                    (lambda: check_choice("mode", True, (1, 2)), ValueError, "mode"),
+                    (lambda: check_array("s", ["a"]), TypeError, "s"),
+                    (lambda: check_array("s", [1.0], ndim=2), ValueError, "2 维"),
+                    (lambda: check_array("s", [math.nan]), ValueError, "NaN"),
+                    (lambda: check_array("s", [-math.inf]), ValueError, "有限值"),
+                    (lambda: check_array("s", [math.inf], allow_neginf=True), ValueError, "−∞")])
     got = merge_identical([("a", [1, 2], [3, 4]), ("b", [1, 2], [5, 6]), ("c", [1, 2], [3, 4])])
     assert [g[0] for g in got] == ["a = c", "b"], got
     with tempfile.TemporaryDirectory() as tmp:

@@ -91,20 +91,10 @@ def _block_mode(qpos, kpos, causal):
 # =============================================================================
 # 测量（torchrun，一个进程一块 GPU）
 # =============================================================================
-def _events_time(fn, reps, trials=7):
-    """CUDA 事件计时：预热一次，然后 trials 组、每组连着 reps 次取平均，取最快的一组（秒）。"""
-    import torch
-    fn()                                                  # 预热（也让 NCCL 建好通道）
-    best = float("inf")
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b) / 1e3 / reps)
-    return best
+def _cuda_time(fn, reps):
+    """course_utils.cuda_time：预热一次，7 组、每组连着 reps 次取平均，取最快的一组（秒）。"""
+    from course_utils import cuda_time
+    return cuda_time(fn, reps, trials=7)
 
 
 def _paired_gap(fa, fb, pairs):
@@ -185,8 +175,8 @@ def _timing(ll, rank, world, device, n, seed):
     q, k, v = (torch.randn(1, HEADS, n, D, generator=g, device=device, dtype=torch.bfloat16) for _ in range(3))
     idx = ll.shard_index(n * world, world, "striped")
     reps = 5 if n >= 32768 else 10
-    ring = _events_time(lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block), reps)
-    serial = _events_time(lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block,
+    ring = _cuda_time(lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block), reps)
+    serial = _cuda_time(lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block,
                                                          overlap=False), reps)
     overlapped = lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block)  # noqa: E731
     serial_fn = lambda: ll.ring_attention_dist(q, k, v, True, "striped", block=flash_block, overlap=False)  # noqa: E731
@@ -210,10 +200,10 @@ def _timing(ll, rank, world, device, n, seed):
             for r in dist.batch_isend_irecv(ops):
                 r.wait()
 
-    comp = _events_time(compute_only, reps)
-    comm = _events_time(comm_only, reps)
+    comp = _cuda_time(compute_only, reps)
+    comm = _cuda_time(comm_only, reps)
     flops_full = 4.0 * n * n * D * HEADS                 # 一块不掩码的 n×n：QKᵀ 和 PV 各 2·n·n·d，每个头
-    full_block = _events_time(lambda: _flash_state(q, k, v, False, scale), reps)
+    full_block = _cuda_time(lambda: _flash_state(q, k, v, False, scale), reps)
     return {"n_local": n, "world": world, "ring_s": _max_over_ranks(ring, device),
             "serial_s": _max_over_ranks(serial, device),
             "serial_minus_ring_paired_s": -_max_over_ranks(-gap, device),     # 各进程里最小的（最保守）

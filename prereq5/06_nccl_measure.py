@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import fmt_bytes, format_table, save_figure  # noqa: E402
+from course_utils import cuda_time, fmt_bytes, format_table, save_figure  # noqa: E402
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "nccl_measure.json")
@@ -41,22 +41,6 @@ NVLINK4_EFFECTIVE = 370e9                          # 维护者给的有效 busbw
 # =============================================================================
 # 测量（每个进程一块 GPU；torchrun 启动）
 # =============================================================================
-def _timed(fn, iters, trials=5):
-    """CUDA 事件计时：连着发 iters 次取平均，重复 trials 组取最快的一组（秒）。
-    事件在流上，组内不同步主机；取最快的一组，是为了不让偶然一次的卡顿（建通道、别的进程）算进链路本身的时间。"""
-    import torch
-    best = float("inf")
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / iters)
-    return best
-
-
 def _ops(dist, torch, n_bytes, world, device):
     """三种集合通信各自的缓冲区和调用；n_bytes 按 comm_sim 的约定（all-gather：拼起来之后的总大小）。"""
     n = n_bytes // 4
@@ -102,9 +86,8 @@ def measure(out_path):
         ops = _ops(dist, torch, n_bytes, world, device)
         iters = int(min(200, max(5, 4e9 / n_bytes)))   # 小消息多测几次，大消息 5 次就够（每次几 ms）
         for name in COLLECTIVES:
-            _timed(ops[name], 5, trials=1)               # 预热：建立通道、选协议
             dist.barrier()
-            t = torch.tensor([_timed(ops[name], iters)], device=device)
+            t = torch.tensor([cuda_time(ops[name], iters, trials=5, warmup=5)], device=device)   # 预热：建通道、选协议
             dist.all_reduce(t, op=dist.ReduceOp.MAX)     # 最慢的那个进程决定集合通信的时间
             rows.append({"collective": name, "bytes": n_bytes, "seconds": float(t[0]), "iters": iters})
         del ops

@@ -1,45 +1,23 @@
 """lecture11/triton_flash.py 的 v3 flash_decode（split-KV）测试：Triton 解释器（CPU，fp32 / fp16，小尺寸）
 对照 float64 参考 reference_decode 和 torch 的 F.scaled_dot_product_attention（只取有效前缀）。
 
-解释器的打开方式和 tests/test_lecture11_triton.py 相同：加载模块时临时设置 TRITON_INTERPRET=1、加载完恢复原值，
-每个测试运行期间再由 autouse fixture 设上。缓存里有效前缀之外填 NaN：内核读到一个就会让结果变成 NaN。
+解释器的打开方式见 tests/triton_interp.py（和 test_lecture11_triton.py 共用）。
+缓存里有效前缀之外填 NaN：内核读到一个就会让结果变成 NaN。
 """
 import math
-import os
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labload import load_lab
+from triton_interp import load_triton_flash
 
-_saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"      # 要在第一次 import triton 之前设置（triton 导入时就读它）
-try:
-    pytest.importorskip("triton", reason="没有安装 triton（requirements.txt 只在 Linux 上装它）")
-    tf = load_lab("lecture11", "triton_flash")
-finally:
-    if _saved is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
+tf = load_triton_flash()
+pytestmark = pytest.mark.usefixtures("triton_interpret")   # 每个测试运行期间打开解释器（conftest.py）
 
 F32, F16 = torch.float32, torch.float16
 TOL = tf.CPU_TOL
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-@pytest.fixture
-def gen(request):
-    """每个测试一组新的随机输入（种子打印出来，失败时可复现）。"""
-    seed = (hash(request.node.name) ^ int(torch.randint(0, 2**30, (1,)))) % 2**31
-    print("seed", seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def _check(case, splits, dtype):

@@ -1,8 +1,8 @@
 """lecture11/triton_flash.py 的测试：v1 最小内核和 v2 完整内核，Triton 解释器（CPU，fp32，小尺寸）对照 float64 参考；
 GPU 用例在有 CUDA 时跑。
 
-解释器必须在定义内核之前打开，启动内核时 Triton 还会再读一次：加载模块时临时设置 TRITON_INTERPRET=1，
-加载完恢复原值；本文件的每个测试运行期间再由 autouse fixture 设上（不影响同一进程里的其他测试文件）。
+解释器必须在定义内核之前打开，启动内核时 Triton 还会再读一次：怎么做见 tests/triton_interp.py（和
+test_lecture11_decode.py 共用）。
 """
 import math
 import os
@@ -14,33 +14,13 @@ import pytest
 import torch
 
 from labload import ROOT, load_lab
+from triton_interp import load_triton_flash
 
-_saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"      # 要在第一次 import triton 之前设置（triton 导入时就读它）
-try:
-    pytest.importorskip("triton", reason="没有安装 triton（requirements.txt 只在 Linux 上装它）")
-    tf = load_lab("lecture11", "triton_flash")
-finally:
-    if _saved is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
+tf = load_triton_flash()
+pytestmark = pytest.mark.usefixtures("triton_interpret")   # 每个测试运行期间打开解释器（conftest.py）
 
 F32 = torch.float32
 TOL = tf.CPU_TOL     # fp32 解释器对 float64 参考的误差上限（和模块自检同一个）
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-@pytest.fixture
-def gen(request):
-    """每个测试一组新的随机输入（种子由测试名和时间决定，失败时打印出来便于复现）。"""
-    seed = (hash(request.node.name) ^ int(torch.randint(0, 2**30, (1,)))) % 2**31
-    print("seed", seed)
-    return torch.Generator().manual_seed(seed)
 
 
 # 解释器的分块大小（BLOCK_M, BLOCK_N, warps, stages）。模块默认是 fwd/dQ 的 query 块比 key 块小、dK/dV 反过来；
