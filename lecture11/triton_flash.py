@@ -1373,23 +1373,56 @@ def _selftest(kernel="all", seed=None):
 # ============================================================================
 # v3：flash-decoding（split-KV）
 #   decode 时每个序列只有 1 个（或几个）新 query，FlashAttention 的"一个程序一个 Q 块"只有 B·Hq 个程序，
-#   GPU 上 132 个 SM 大半空着（B = 1 时尤其如此）。flash-decoding 把 key 轴也切开：
-#     第一步 _decode_split_kernel：grid (num_splits, B·Hk)，程序 (s, b·Hk + h) 读第 b 个序列、第 h 个 K/V 头的
-#       第 s 段 key；同一组 R = Hq/Hk 个 query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：
-#       K/V 只读一遍），写出这一段的部分结果：归一化过的 o_s 和 lse_s（以 2 为底）到 fp32 草稿区；
-#     第二步 _decode_merge_kernel：每一行把 num_splits 段合并（LSE 合并，flash_lab 的 flash-decoding 一节）：
-#       M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s。
+#   GPU 上 132 个 SM 大半空着（B = 1 时尤其如此）。flash-decoding 把 key 轴也切开，一个内核 _decode_kernel：
+#     grid (num_splits, B·Hk)，程序 (s, b·Hk + h) 读第 b 个序列、第 h 个 K/V 头的第 s 段 key；同一组 R = Hq/Hk 个
+#     query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：K/V 只读一遍）。
+#     num_splits = 1：直接写输出。num_splits > 1：每段把部分结果（归一化过的 o_s 和以 2 为底的 lse_s）写进 fp32
+#     草稿区，再把 (b, h) 的计数器加 1；**最后到的那个程序**负责合并（LSE 合并，flash_lab 的 flash-decoding 一节）：
+#       M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s，然后把计数器清零，留给下一次调用。
+#     比"再启动一个合并内核"省一次启动和一次内核间的空档（B = 1、S = 32k 时整个内核才 ~30 µs，这很要紧）。
 #   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
 #   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
 #   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
 #   每段的长度在内核里由 L_b 算（⌈L_b / num_splits⌉ 向上取到 BLOCK_N 的倍数），主机端不需要知道 L_b。
 # ============================================================================
 @triton.jit
-def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
-                         stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
-                         stride_vb, stride_vn, stride_vh,
-                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
+                  N_NEW: tl.constexpr, R: tl.constexpr):
+    """第 r = g·n + i 行 → 输出 [b, i, h·R + g, :]。"""
+    g = rows // N_NEW
+    i = rows % N_NEW
+    ptrs = OUT + b * stride_ob + i[:, None] * stride_on + (h * R + g)[:, None] * stride_oh + offs_d[None, :]
+    tl.store(ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_merge(O_PART, LSE_PART, first, rows, row_ok, offs_d, N_SPLITS,
+                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """把草稿区里一个 (b, h) 的 N_SPLITS 段依次合并（在线 LSE 合并）。.cg：绕过 L1，读到别的 SM 刚写的值。"""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for s in range(0, N_SPLITS):
+        part = (first + s) * BLOCK_M + rows
+        lse_s = tl.load(LSE_PART + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        o_s = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)       # 到目前为止各段都是空的
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse_s - m_safe)
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        total = total * alpha + w
+        m = m_new
+    return acc / tl.where(total > 0, total, 1.0)[:, None]
+
+
+@triton.jit
+def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
+                   stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+                   stride_ob, stride_on, stride_oh,
+                   N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
@@ -1400,12 +1433,11 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, qk_scale, S_MAX, N_
     hi = tl.minimum(lo + chunk, seq_len)
 
     rows = tl.arange(0, BLOCK_M)                  # 行 r = g·n + i：组内第 g 个 query 头、第 i 个新 token
-    g = rows // N_NEW
-    i = rows % N_NEW
     row_ok = rows < R * N_NEW
-    last_key = seq_len - N_NEW + i                # 第 i 个新 token 的位置 = 它能看到的最后一个 key
+    last_key = seq_len - N_NEW + rows % N_NEW     # 第 i 个新 token 的位置 = 它能看到的最后一个 key
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + b * stride_qb + i[:, None] * stride_qn + (h * R + g)[:, None] * stride_qh + offs_d[None, :]
+    q_ptrs = (Q + b * stride_qb + (rows % N_NEW)[:, None] * stride_qn + (h * R + rows // N_NEW)[:, None] * stride_qh
+              + offs_d[None, :])
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)                            # [BLOCK_M, d]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)       # 以 2 为底的行最大值
@@ -1419,7 +1451,10 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, qk_scale, S_MAX, N_
         k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale                # [BLOCK_M, BLOCK_N]，log2 单位
-        visible = col_ok[None, :] & (cols[None, :] <= last_key[:, None])
+        if N_NEW == 1:
+            visible = col_ok[None, :]
+        else:
+            visible = col_ok[None, :] & (cols[None, :] <= last_key[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # 整行还没看到 key：别算出 −inf − (−inf)
@@ -1431,38 +1466,23 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, qk_scale, S_MAX, N_
 
     seen = l_i > 0                                # 这一段里没有可见 key 的行：o = 0、lse = −∞（合并时权重 0）
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    part = (bh * N_SPLITS + split) * BLOCK_M + rows                  # 草稿区 [B·Hk, num_splits, BLOCK_M, (d)]
-    tl.store(LSE_PART + part, lse)
-    tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o)
+    if SPLIT:
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        part = (bh * N_SPLITS + split) * BLOCK_M + rows                  # 草稿区 [B·Hk, num_splits, BLOCK_M, (d)]
+        tl.store(LSE_PART + part, lse, mask=row_ok)
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.debug_barrier()                        # 本程序所有线程的写都在计数之前（计数是 release：别的 SM 看得见）
+        arrived = tl.atomic_add(COUNTERS + bh, 1, sem="acq_rel", scope="gpu")
+        if arrived == N_SPLITS - 1:               # 最后一个到的：其余各段都已写好
+            o = _decode_merge(O_PART, LSE_PART, bh * N_SPLITS, rows, row_ok, offs_d, N_SPLITS, BLOCK_M, HEAD_DIM)
+            _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh, N_NEW, R)
+            tl.atomic_xchg(COUNTERS + bh, 0, sem="relaxed", scope="gpu")     # 清零：下一次调用接着用
+    else:
+        _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh, N_NEW, R)
 
 
-@triton.jit
-def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
-                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
-    """程序 (r, b·Hk + h)：第 r 行（组内头 g、新 token i）的 num_splits 段 → 一个输出向量。"""
-    r = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // N_KV_HEADS
-    h = bh % N_KV_HEADS
-    splits = tl.arange(0, BLOCK_S)
-    s_ok = splits < N_SPLITS
-    part = (bh * N_SPLITS + splits) * BLOCK_M + r                                   # [BLOCK_S]
-    lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
-    w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]
-    offs_d = tl.arange(0, HEAD_DIM)
-    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)               # [d]
-    g = r // N_NEW
-    i = r % N_NEW
-    tl.store(OUT + b * stride_ob + i * stride_on + (h * R + g) * stride_oh + offs_d, out.to(OUT.dtype.element_ty))
-
-
-DECODE_BLOCK_N = 16 if INTERPRET else 64      # 每次循环读的 key 数；解释器用小块，几十个 key 也跨好几块
+# 每次循环读的 key 数、warp 数、流水级数（解释器用小块，几十个 key 也跨好几块）
+DECODE_CONFIG = (16, 4, 1) if INTERPRET else (64, 4, 2)
 MAX_SPLITS = 256
 
 
@@ -1476,7 +1496,7 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
     n_sm = check_int("n_sm", n_sm, lo=1)
-    block_n = DECODE_BLOCK_N if block_n is None else check_int("block_n", block_n, lo=1)
+    block_n = DECODE_CONFIG[0] if block_n is None else check_int("block_n", block_n, lo=1)
     want = triton.next_power_of_2(max(1, -(-n_sm // (B * Hk))))
     return max(1, min(want, S // block_n, MAX_SPLITS))
 
@@ -1493,6 +1513,30 @@ def _sm_count(device):
     return _N_SM[key]
 
 
+class _Scratch:
+    """
+    flash_decode 的草稿区（各段的 o_s、lse_s）和计数器，按 (设备, stream) 缓存、只增不减：每次调用不再新建张量。
+    计数器由内核自己清零（最后到的程序合并后写 0），所以只在第一次分配时置零。同一个 stream 上的调用按顺序执行，
+    不会同时用同一块；不同 stream 各有一份。CUDA 图捕获期间分配的不缓存（那块内存属于图）。
+    """
+    _cache = {}
+
+    @classmethod
+    def get(cls, device, n_rows, d):
+        """n_rows = B·Hk·num_splits·BLOCK_M 行 → (o_part [n_rows·d]，lse_part [n_rows]，counters [n_rows])。"""
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device, stream)
+        have = cls._cache.get(key)
+        if have is not None and have[0].numel() >= n_rows * d and have[1].numel() >= n_rows:
+            return have
+        bufs = (torch.empty(n_rows * d, device=device, dtype=torch.float32),
+                torch.empty(n_rows, device=device, dtype=torch.float32),
+                torch.zeros(n_rows, device=device, dtype=torch.int32))
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            cls._cache[key] = bufs
+        return bufs
+
+
 def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):
     """
     flash-decoding：新 token 的 query 对 KV 缓存的有效前缀做注意力。
@@ -1502,29 +1546,58 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
         （n 个 token 时 L_b ≥ n，n ≤ 64）→ 返回和 q 同形状、同 dtype。Hq 是 Hk 的倍数，d 是 16…256 之间的 2 的幂。
     【num_splits】key 轴切成几段（None → decode_splits）；段数多于块数时多出的段为空，结果不变。
     【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
+        同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核）；可以在 CUDA 图里捕获。
     """
+    key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan:
+        out = torch.empty_like(q)
+        if plan((q, k_cache, v_cache, cache_seqlens, out), q.device.index):
+            return out
+    return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, DECODE_CONFIG,
+                   key if _should_record(key) else None)
+
+
+def _decode_key(q, k, v, lens, num_splits, softmax_scale):
+    """快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、stream、16 字节对齐、两个参数）。
+    只给 GPU；不是张量、参数不可哈希等情况返回 None（走正常路径，由 _check_decode 报错）。"""
+    try:
+        if INTERPRET or not q.is_cuda:
+            return None
+        dev = q.get_device()
+        return ("decode", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                lens.dtype, lens.shape, lens.stride(), dev, k.get_device(), v.get_device(), lens.get_device(),
+                q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, lens.data_ptr() % 16,
+                num_splits, type(num_splits), softmax_scale, type(softmax_scale),
+                triton.runtime.driver.active.get_current_stream(dev))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None):
+    """正常路径：检查输入、选段数、拿草稿区、启动；plan_key 不是 None 时把这次启动记成 _Plan。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
-    q4 = q.unsqueeze(1) if squeeze else q                                            # [B, n, Hq, d]
-    batch, n_new, hq, d = q4.shape
+    batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
+    block_n, warps, stages = config
     if splits is None:
-        splits = decode_splits(batch, hk, s_max, _sm_count(q.device))
+        splits = decode_splits(batch, hk, s_max, _sm_count(q.device), block_n)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
-    o_part = torch.empty((batch * hk, splits, block_m, d), device=q.device, dtype=torch.float32)
-    lse_part = torch.empty((batch * hk, splits, block_m), device=q.device, dtype=torch.float32)
-    out = torch.empty_like(q4)
-    _decode_split_kernel[(splits, batch * hk)](
-        q4, k_cache, v_cache, cache_seqlens, o_part, lse_part, scale * math.log2(math.e), s_max, hk, splits,
-        q4.stride(0), q4.stride(1), q4.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, PREC=_prec(q.dtype),
-        num_warps=4, num_stages=2)
-    _decode_merge_kernel[(group * n_new, batch * hk)](
-        o_part, lse_part, out, hk, splits, out.stride(0), out.stride(1), out.stride(2),
-        N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-        num_warps=4)
-    return out.squeeze(1) if squeeze else out
+    o_part, lse_part, counters = _Scratch.get(q.device, batch * hk * max(splits, 2) * block_m, d)
+    out = torch.empty_like(q)
+    # q、out 是 [B, Hq, d] 时没有 n 这一维：它的步长记 0（唯一的 i = 0）
+    sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
+    so = (out.stride(0), 0, out.stride(1)) if squeeze else (out.stride(0), out.stride(1), out.stride(2))
+    args = (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, counters, scale * math.log2(math.e),
+            s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so)
+    kwargs = dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
+                  SPLIT=splits > 1, num_warps=warps, num_stages=stages)
+    grid = (splits, batch * hk)
+    _decode_kernel[grid](*args, **kwargs)
+    if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记
+        _PLANS[plan_key] = _Plan.build(_decode_kernel, args, kwargs, grid, (q, k_cache, v_cache, cache_seqlens, out))
+    return out
 
 
 def reference_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None, dtype=torch.float64):
