@@ -1388,33 +1388,30 @@ def _selftest(kernel="all", seed=None):
 @triton.jit
 def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
                   N_NEW: tl.constexpr, R: tl.constexpr):
-    """第 r = g·n + i 行 → 输出 [b, i, h·R + g, :]。"""
-    g = rows // N_NEW
-    i = rows % N_NEW
-    ptrs = OUT + b * stride_ob + i[:, None] * stride_on + (h * R + g)[:, None] * stride_oh + offs_d[None, :]
-    tl.store(ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    """第 r = g·n + i 行 → 输出 [b, i, h·R + g, :]（rows 可以是一个块的行，也可以是单独一行）。"""
+    ptrs = OUT + b * stride_ob + (rows % N_NEW) * stride_on + (h * R + rows // N_NEW) * stride_oh
+    tl.store(ptrs + offs_d, o.to(OUT.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
-def _decode_merge(O_PART, LSE_PART, first, rows, row_ok, offs_d, N_SPLITS,
-                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """把草稿区里一个 (b, h) 的 N_SPLITS 段依次合并（在线 LSE 合并）。.cg：绕过 L1，读到别的 SM 刚写的值。"""
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for s in range(0, N_SPLITS):
-        part = (first + s) * BLOCK_M + rows
-        lse_s = tl.load(LSE_PART + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        o_s = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-        m_new = tl.maximum(m, lse_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)       # 到目前为止各段都是空的
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse_s - m_safe)
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        total = total * alpha + w
-        m = m_new
-    return acc / tl.where(total > 0, total, 1.0)[:, None]
+def _decode_merge_row(O_PART, LSE_PART, OUT, first, r, b, h, offs_d, N_SPLITS, stride_ob, stride_on, stride_oh,
+                      N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """
+    第 r 行的 N_SPLITS 段一次读进来合并：lse [BLOCK_S]、o [BLOCK_S, d]。所有段同时读（不是一段一段地等），
+    .cg：只在 L2 缓存，绕过 L1——读到的是别的 SM 刚写的值，不是本 SM 的 L1 里的旧值。
+    """
+    splits = tl.arange(0, BLOCK_S)
+    s_ok = splits < N_SPLITS
+    part = (first + splits) * (R * N_NEW) + r                                       # [BLOCK_S]
+    lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                cache_modifier=".cg")
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
+    w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]：每段占的 softmax 质量
+    total = tl.sum(w, 0)
+    merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [d]
+    _decode_store(OUT, merged, b, h, r, offs_d < HEAD_DIM, offs_d, stride_ob, stride_on, stride_oh, N_NEW, R)
 
 
 @triton.jit
@@ -1422,7 +1419,7 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
@@ -1468,37 +1465,54 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     if SPLIT:
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        part = (bh * N_SPLITS + split) * BLOCK_M + rows                  # 草稿区 [B·Hk, num_splits, BLOCK_M, (d)]
+        part = (bh * N_SPLITS + split) * (R * N_NEW) + rows     # 草稿区 [B·Hk, num_splits, R·n, (d)]：只存真的行
         tl.store(LSE_PART + part, lse, mask=row_ok)
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
         tl.debug_barrier()                        # 本程序所有线程的写都在计数之前（计数是 release：别的 SM 看得见）
         arrived = tl.atomic_add(COUNTERS + bh, 1, sem="acq_rel", scope="gpu")
         if arrived == N_SPLITS - 1:               # 最后一个到的：其余各段都已写好
-            o = _decode_merge(O_PART, LSE_PART, bh * N_SPLITS, rows, row_ok, offs_d, N_SPLITS, BLOCK_M, HEAD_DIM)
-            _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh, N_NEW, R)
+            if R * N_NEW <= 16:
+                for r in tl.static_range(R * N_NEW):      # 行之间互不依赖：展开后各行的读可以同时在路上
+                    _decode_merge_row(O_PART, LSE_PART, OUT, bh * N_SPLITS, r, b, h, offs_d, N_SPLITS,
+                                      stride_ob, stride_on, stride_oh, N_NEW, R, HEAD_DIM, BLOCK_S)
+            else:                                         # 行很多（大组 × 多个新 token）：不展开，免得编译太久
+                for r in range(0, R * N_NEW):
+                    _decode_merge_row(O_PART, LSE_PART, OUT, bh * N_SPLITS, r, b, h, offs_d, N_SPLITS,
+                                      stride_ob, stride_on, stride_oh, N_NEW, R, HEAD_DIM, BLOCK_S)
             tl.atomic_xchg(COUNTERS + bh, 0, sem="relaxed", scope="gpu")     # 清零：下一次调用接着用
     else:
-        _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh, N_NEW, R)
+        _decode_store(OUT, o, b, h, rows[:, None], row_ok[:, None], offs_d[None, :], stride_ob, stride_on, stride_oh,
+                      N_NEW, R)
 
 
 # 每次循环读的 key 数、warp 数、流水级数（解释器用小块，几十个 key 也跨好几块）
-DECODE_CONFIG = (16, 4, 1) if INTERPRET else (64, 4, 2)
+DECODE_CONFIG = (16, 4, 1) if INTERPRET else (128, 4, 3)
 MAX_SPLITS = 256
+MAX_DECODE_ROWS = 128          # (Hq/Hk)·n 的上限：一个程序的 Q 块行数
 
 
 def decode_splits(B, Hk, S, n_sm=132, block_n=None):
     """
-    split 的启发式（和 flash_lab.best_splits 同一个想法：程序数大约铺满所有 SM，每段至少一个块）。
+    split 的启发式（和 flash_lab.best_splits 同一个想法：程序数排成整波、铺满所有 SM；FlashAttention-2 的
+    num_splits_heuristic 也是这样挑的）。
 
-    【规则】B·Hk 个 (序列, K/V 头) 已经 ≥ n_sm 时不切（1 段）；否则取最小的 2 的幂 s 使 B·Hk·s ≥ n_sm，
-        再截到 ⌊S / block_n⌋（每段至少 block_n 个 key）和 MAX_SPLITS。S 用缓存长度 S_max（主机端不知道每个
-        序列的真实长度，读它要同步）。
+    【规则】B·Hk·s 个程序排成 ⌈B·Hk·s / n_sm⌉ 波，波效率 = 程序数 / (波数 · n_sm)。在 1…⌊S / block_n⌋（每段至少
+        一个块，且 ≤ MAX_SPLITS）里取波效率 ≥ 0.95 × 最高波效率的最小 s（段越少，合并越省事）。
+        S 用缓存长度 S_max（主机端不知道每个序列的真实长度，读它要同步）。
+    【实测】H200（132 个 SM，每个 SM 同时只放得下一个 (128, 4, 3) 配置的程序）上，Hk = 8 时 B = 1 / 8 / 64
+        最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
     n_sm = check_int("n_sm", n_sm, lo=1)
     block_n = DECODE_CONFIG[0] if block_n is None else check_int("block_n", block_n, lo=1)
-    want = triton.next_power_of_2(max(1, -(-n_sm // (B * Hk))))
-    return max(1, min(want, S // block_n, MAX_SPLITS))
+    cap = max(1, min(MAX_SPLITS, S // block_n))
+
+    def efficiency(s):
+        programs = B * Hk * s
+        return programs / (math.ceil(programs / n_sm) * n_sm)
+
+    best = max(efficiency(s) for s in range(1, cap + 1))
+    return next(s for s in range(1, cap + 1) if efficiency(s) >= 0.95 * best)
 
 
 _N_SM = {}
@@ -1584,7 +1598,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     if splits is None:
         splits = decode_splits(batch, hk, s_max, _sm_count(q.device), block_n)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
-    o_part, lse_part, counters = _Scratch.get(q.device, batch * hk * max(splits, 2) * block_m, d)
+    o_part, lse_part, counters = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q)
     # q、out 是 [B, Hq, d] 时没有 n 这一维：它的步长记 0（唯一的 i = 0）
     sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
@@ -1592,7 +1606,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     args = (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, counters, scale * math.log2(math.e),
             s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so)
     kwargs = dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
-                  SPLIT=splits > 1, num_warps=warps, num_stages=stages)
+                  SPLIT=splits > 1, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=warps,
+                  num_stages=stages)
     grid = (splits, batch * hk)
     _decode_kernel[grid](*args, **kwargs)
     if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记
@@ -1933,6 +1948,9 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"{where}：query 头数 Hq 必须是 K/V 头数 Hk 的整数倍（GQA/MQA），收到 Hq={hq}、Hk={hk}")
     check_int("n（新 token 数，q.shape[1]）", n_new, lo=1, hi=64, where=where, type_error=ValueError)
+    if hq // hk * n_new > MAX_DECODE_ROWS:       # 一个程序把 R·n 行放在一个块里：块太大放不进寄存器
+        raise ValueError(f"{where}：每组 query 头数 × 新 token 数 (Hq/Hk)·n 不能超过 {MAX_DECODE_ROWS}，"
+                         f"收到 Hq={hq}、Hk={hk}、n={n_new}（{hq // hk * n_new} 行）")
     check_int("S_max（k_cache.shape[1]）", s_max, lo=1, where=where, type_error=ValueError)
     if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
         raise ValueError(f"{where}：q、k_cache、v_cache 的最后一维必须连续（stride(-1) == 1）")

@@ -45,6 +45,7 @@ SHAPES = [
     ([3, 33, 17, 40], 40, 4, 1, 16, 3),      # n = 3、GQA 4（MQA），长度 = n
     ([19, 3], 27, 2, 2, 128, 3),             # n = 3、GQA 1、d = 128
     ([8, 30], 30, 4, 2, 32, 3),              # n = 3、GQA 2
+    ([20, 33], 40, 8, 1, 16, 3),             # n = 3、GQA 8：24 行 > 16，合并走不展开的循环
 ]
 
 
@@ -107,15 +108,26 @@ def test_lengths_beyond_cache_are_clamped_by_the_kernel(gen, monkeypatch):
     assert tf._rel_err(ours, tf.reference_decode(q, k, v, lens)) < TOL
 
 
-def test_decode_splits_heuristic():
-    for B, hk, S in [(1, 8, 32768), (1, 8, 1000), (8, 8, 8192), (64, 8, 131072), (3, 1, 5), (1, 1, 10**6)]:
-        s = tf.decode_splits(B, hk, S, n_sm=132, block_n=64)
-        assert 1 <= s <= tf.MAX_SPLITS and (s == 1 or S // s >= 64)               # 每段至少一个块
-        if B * hk >= 132:
-            assert s == 1                                                          # SM 已经铺满：不切
-        elif S // 64 >= 2 * s and s < tf.MAX_SPLITS:
-            assert B * hk * s >= 132                                               # 没有被长度限制时铺满 SM
-    assert tf.decode_splits(1, 8, 32768) > tf.decode_splits(8, 8, 32768) >= tf.decode_splits(64, 8, 32768)
+def _wave_efficiency(programs, n_sm=132):
+    return programs / (math.ceil(programs / n_sm) * n_sm)
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 300), hk=st.integers(1, 16), S=st.integers(1, 300_000), block_n=st.sampled_from([16, 64, 128]))
+def test_decode_splits_fill_waves(B, hk, S, block_n):
+    """段数 s：每段至少一个块；波效率不比最好的差 5% 以上；比 s 少的段数都达不到这个标准。"""
+    s = tf.decode_splits(B, hk, S, n_sm=132, block_n=block_n)
+    cap = max(1, min(tf.MAX_SPLITS, S // block_n))
+    assert 1 <= s <= cap
+    best = max(_wave_efficiency(B * hk * c) for c in range(1, cap + 1))
+    assert _wave_efficiency(B * hk * s) >= 0.95 * best
+    assert all(_wave_efficiency(B * hk * c) < 0.95 * best for c in range(1, s))
+
+
+def test_decode_splits_measured_optimum():
+    """H200 上实测最快的段数（results/decode_bench.json 的 sweep）：Hk = 8、BLOCK_N = 128 时 B = 1 / 8 / 64 → 16 / 2 / 1。"""
+    assert [tf.decode_splits(B, 8, 32768, block_n=128) for B in (1, 8, 64)] == [16, 2, 1]
+    assert tf.decode_splits(1, 8, 1024, block_n=128) == 8                        # 短缓存：每段至少一个块
     for bad in [dict(B=0, Hk=1, S=1), dict(B=1, Hk=1, S=0), dict(B=1, Hk=1, S=8, n_sm=0)]:
         with pytest.raises(ValueError):
             tf.decode_splits(**bad)
@@ -140,6 +152,8 @@ def _good(gen):
     (lambda q, k, v, L: (q, k, v, L + 4), ValueError, "cache_seqlens"),      # 9 + 4 > S_max = 12
     (lambda q, k, v, L: (q, k, v, L * 0), ValueError, "cache_seqlens"),      # 长度 0 < n = 1
     (lambda q, k, v, L: (q.unsqueeze(1).expand(2, 6, 4, 16), k, v, L), ValueError, "cache_seqlens"),  # 5 < n = 6
+    (lambda q, k, v, L: (torch.zeros(2, 33, 4, 16), torch.zeros(2, 40, 1, 16), torch.zeros(2, 40, 1, 16),
+                         L + 30), ValueError, "Hq/Hk"),                    # 4 × 33 行 > MAX_DECODE_ROWS
 ])
 def test_bad_inputs(gen, mutate, exc, word):
     args = mutate(*_good(gen))
