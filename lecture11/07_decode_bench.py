@@ -42,8 +42,9 @@ IMPLS = ("ours", "sdpa", "fa2")
 OVERHEAD_S = (1024, 8192)                        # 主机开销：B = 1 的小形状
 SWEEP_SHAPES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192), (8, 32768), (64, 1024),
                 (64, 8192))
-SWEEP_CONFIGS = [(128, 4, 3), (128, 4, 4), (128, 8, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3)]
-SWEEP_SPLITS = (1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64)
+SWEEP_CONFIGS = [(128, 4, 3), (128, 8, 3), (64, 4, 3), (64, 4, 4)]
+SWEEP_SPLITS = (1, 2, 4, 8, 16, 24, 32, 33, 48, 64)
+SWEEP_MERGES = ("last", "kernel")               # 最后到的程序合并（一个内核） / 另起合并内核（两个内核）
 
 
 # =============================================================================
@@ -266,17 +267,20 @@ def sweep(torch, tf):
         kv_bytes = 2 * B * S * HK * D * 2
         for cfg in SWEEP_CONFIGS:
             for splits in SWEEP_SPLITS:
-                if splits * cfg[0] > S:
-                    continue
-                try:
-                    t = graph_time(torch, lambda q=q, k=k, v=v, lens=lens, s=splits, c=cfg:
-                                   tf._decode(q, k, v, lens, s, None, c), target_s=1e-3, trials=3)
-                except Exception as e:                 # 编译失败（共享内存不够等）：记下原因，接着测
-                    rows.append(dict(B=B, S=S, config=cfg, splits=splits, error=str(e).splitlines()[0][:160]))
-                    continue
-                rows.append(dict(B=B, S=S, config=cfg, splits=splits, gpu_s=t, tbps=kv_bytes / t / 1e12))
+                for merge in SWEEP_MERGES if splits > 1 else SWEEP_MERGES[:1]:
+                    if splits * cfg[0] > S:
+                        continue
+                    try:
+                        t = graph_time(torch, lambda q=q, k=k, v=v, lens=lens, s=splits, c=cfg, m=merge:
+                                       tf._decode(q, k, v, lens, s, None, c, merge=m), target_s=1e-3, trials=3)
+                    except Exception as e:             # 编译失败（共享内存不够等）：记下原因，接着测
+                        rows.append(dict(B=B, S=S, config=cfg, splits=splits, merge=merge,
+                                         error=str(e).splitlines()[0][:160]))
+                        continue
+                    rows.append(dict(B=B, S=S, config=cfg, splits=splits, merge=merge, gpu_s=t,
+                                     tbps=kv_bytes / t / 1e12))
         best = min((r for r in rows if r["B"] == B and r["S"] == S and "gpu_s" in r), key=lambda r: r["gpu_s"])
-        print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段 = {best['gpu_s'] * 1e6:.1f} µs "
+        print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段（{best['merge']}）= {best['gpu_s'] * 1e6:.1f} µs "
               f"（{best['tbps']:.2f} TB/s）", flush=True)
         torch.cuda.empty_cache()
     return rows

@@ -1419,7 +1419,8 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+                   MERGE_HERE: tl.constexpr = True):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
@@ -1468,8 +1469,11 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
         part = (bh * N_SPLITS + split) * (R * N_NEW) + rows     # 草稿区 [B·Hk, num_splits, R·n, (d)]：只存真的行
         tl.store(LSE_PART + part, lse, mask=row_ok)
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.debug_barrier()                        # 本程序所有线程的写都在计数之前（计数是 release：别的 SM 看得见）
-        arrived = tl.atomic_add(COUNTERS + bh, 1, sem="acq_rel", scope="gpu")
+        if MERGE_HERE:
+            tl.debug_barrier()                    # 本程序所有线程的写都在计数之前（计数是 release：别的 SM 看得见）
+            arrived = tl.atomic_add(COUNTERS + bh, 1, sem="acq_rel", scope="gpu")
+        else:                                     # 对照用：另起一个合并内核（_decode_merge_kernel）
+            arrived = -1
         if arrived == N_SPLITS - 1:               # 最后一个到的：其余各段都已写好
             if R * N_NEW <= 16:
                 for r in tl.static_range(R * N_NEW):      # 行之间互不依赖：展开后各行的读可以同时在路上
@@ -1483,6 +1487,16 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
     else:
         _decode_store(OUT, o, b, h, rows[:, None], row_ok[:, None], offs_d[None, :], stride_ob, stride_on, stride_oh,
                       N_NEW, R)
+
+
+@triton.jit
+def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
+                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """对照用的两内核写法（flash-attn 的 split-KV + combine）：程序 (r, b·Hk + h) 合并第 r 行的各段。"""
+    r = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    _decode_merge_row(O_PART, LSE_PART, OUT, bh * N_SPLITS, r, bh // N_KV_HEADS, bh % N_KV_HEADS,
+                      tl.arange(0, HEAD_DIM), N_SPLITS, stride_ob, stride_on, stride_oh, N_NEW, R, HEAD_DIM, BLOCK_S)
 
 
 # 每次循环读的 key 数、warp 数、流水级数（解释器用小块，几十个 key 也跨好几块）
@@ -1588,8 +1602,11 @@ def _decode_key(q, k, v, lens, num_splits, softmax_scale):
         return None
 
 
-def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None):
-    """正常路径：检查输入、选段数、拿草稿区、启动；plan_key 不是 None 时把这次启动记成 _Plan。"""
+def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, merge="last"):
+    """
+    正常路径：检查输入、选段数、拿草稿区、启动；plan_key 不是 None 时把这次启动记成 _Plan。
+    merge="last"：最后到的程序合并（默认，一个内核）；"kernel"：另起合并内核（07_decode_bench 的对照）。
+    """
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
@@ -1609,6 +1626,11 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
                   SPLIT=splits > 1, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=warps,
                   num_stages=stages)
     grid = (splits, batch * hk)
+    if check_choice("merge", merge, ("last", "kernel")) == "kernel" and splits > 1:
+        _decode_kernel[grid](*args, **kwargs, MERGE_HERE=False)
+        _decode_merge_kernel[(group * n_new, batch * hk)](o_part, lse_part, out, hk, splits, *so, N_NEW=n_new, R=group,
+                                                          HEAD_DIM=d, BLOCK_S=kwargs["BLOCK_S"])
+        return out
     _decode_kernel[grid](*args, **kwargs)
     if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记
         _PLANS[plan_key] = _Plan.build(_decode_kernel, args, kwargs, grid, (q, k_cache, v_cache, cache_seqlens, out))

@@ -177,3 +177,15 @@ def test_bf16_rejected_in_interpreter(gen):
     q, k, v, lens = _good(gen)
     with pytest.raises(TypeError, match="bfloat16"):
         tf.flash_decode(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_two_kernel_merge_matches(gen, splits):
+    """对照用的两内核写法（另起合并内核）和默认的"最后到的程序合并"结果相同。"""
+    q, k, v, lens = tf.make_decode_case(gen, 3, [40, 7, 33], 41, 8, 2, 32, 2, F32)
+    one = tf._decode(q, k, v, lens, splits, None, tf.DECODE_CONFIG)
+    two = tf._decode(q, k, v, lens, splits, None, tf.DECODE_CONFIG, merge="kernel")
+    assert torch.allclose(one, two, rtol=0, atol=1e-6)
+    assert tf._rel_err(two, tf.reference_decode(q, k, v, lens)) < TOL
+    with pytest.raises(ValueError, match="merge"):
+        tf._decode(q, k, v, lens, splits, None, tf.DECODE_CONFIG, merge="none")
