@@ -280,8 +280,8 @@ def sweep(torch, tf):
                     rows.append(dict(B=B, S=S, config=cfg, splits=splits, merge=merge, gpu_s=t,
                                      tbps=kv_bytes / t / 1e12))
         best = min((r for r in rows if r["B"] == B and r["S"] == S and "gpu_s" in r), key=lambda r: r["gpu_s"])
-        print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段（{best['merge']}）= {best['gpu_s'] * 1e6:.1f} µs "
-              f"（{best['tbps']:.2f} TB/s）", flush=True)
+        print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段（{best['merge']}）= "
+              f"{best['gpu_s'] * 1e6:.1f} µs（{best['tbps']:.2f} TB/s）", flush=True)
         torch.cuda.empty_cache()
     return rows
 

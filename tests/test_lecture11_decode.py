@@ -125,7 +125,8 @@ def test_decode_splits_fill_waves(B, hk, S, block_n):
 
 
 def test_decode_splits_measured_optimum():
-    """H200 上实测最快的段数（results/decode_bench.json 的 sweep）：Hk = 8、BLOCK_N = 128 时 B = 1 / 8 / 64 → 16 / 2 / 1。"""
+    """H200 上实测最快的段数（results/decode_bench.json 的 sweep）：Hk = 8、BLOCK_N = 128 时 B = 1 / 8 / 64
+    → 16 / 2 / 1。"""
     assert [tf.decode_splits(B, 8, 32768, block_n=128) for B in (1, 8, 64)] == [16, 2, 1]
     assert tf.decode_splits(1, 8, 1024, block_n=128) == 8                        # 短缓存：每段至少一个块
     for bad in [dict(B=0, Hk=1, S=1), dict(B=1, Hk=1, S=0), dict(B=1, Hk=1, S=8, n_sm=0)]:
