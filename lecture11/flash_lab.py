@@ -15,7 +15,8 @@ flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding �
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
     §2 参考与标准注意力：naive_attention（逐行按定义）、reference_lse、standard_attention(_bwd)、IO（读写计数）
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula
-    §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits
+    §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits、
+        fit_decode_gpu（用实测拟合 sm_bw_cap、launch）
     §5 megakernel：Op、LLAMA_1B、llama_1b_ops、llama_1b_expected_bytes、TimelineParams、timeline、PART_LABELS
 
 【约定】一个头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d；内部一律 float64。
@@ -640,7 +641,8 @@ def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, bloc
     【总时间】⌈CTA 数 / SM 数⌉ 波 × max(t_comp, t_mem) + 内核数 × launch
     【返回】dict：t、ctas、waves、bound（"compute" / "memory"）、util（在跑的 SM 比例）、t_comp、t_mem、
         bytes（所有 CTA 读的 K、V 总字节：fa2 = B·Hq·2·S·d·elem，fd = B·Hkv·2·S·d·elem，和段数无关）、
-        rows（一个 CTA 里 Tensor Core 按多少行做乘法）、keys（最长的 CTA 读几个 key）
+        rows（一个 CTA 里 Tensor Core 按多少行做乘法）、keys（最长的 CTA 读几个 key）、running（同时在跑的 CTA 数）、
+        n_kernels（内核个数）、cta_bytes（最长的 CTA 读的字节）
     【没有模拟】L2 复用、各 CTA 负载不均、合并内核自己的读写（每段每头 dv + 1 个数，很小）。只看趋势。
     """
     B, Hq, Hkv, S, d = (check_int(n, v, lo=1) for v, n in ((B, "B"), (Hq, "Hq"), (Hkv, "Hkv"), (S, "S"), (d, "d")))
@@ -669,7 +671,8 @@ def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, bloc
     waves = math.ceil(ctas / gpu.n_sm)
     return {"t": waves * max(t_comp, t_mem) + n_kernels * gpu.launch, "ctas": ctas, "waves": waves,
             "bound": "compute" if t_comp > t_mem else "memory", "util": running / gpu.n_sm,
-            "t_comp": t_comp, "t_mem": t_mem, "bytes": readers * 2 * S * d * elem, "rows": rows, "keys": keys}
+            "t_comp": t_comp, "t_mem": t_mem, "bytes": readers * 2 * S * d * elem, "rows": rows, "keys": keys,
+            "running": running, "n_kernels": n_kernels, "cta_bytes": 2 * keys * d * elem}
 
 
 def best_splits(B, Hq, Hkv, S, d, gpu=A100_DEC, candidates=(1, 2, 4, 8, 16, 32, 64, 128, 256)):
@@ -688,6 +691,46 @@ def best_splits(B, Hq, Hkv, S, d, gpu=A100_DEC, candidates=(1, 2, 4, 8, 16, 32, 
     res = [(c, decode_attention_time(B, Hq, Hkv, S, d, "fd", gpu, splits=c)) for c in keep]
     fastest = min(r["t"] for _, r in res)
     return next((c, r) for c, r in res if r["t"] <= 1.01 * fastest)
+
+
+def fit_decode_gpu(points, gpu=H200_DEC, caps=None, launches=None):
+    """
+    用实测的 decode 注意力时间拟合 DecodeGPU 的两个假设参数 sm_bw_cap、launch（其余不动）。
+
+    【points】dict 的列表，每个有 B、Hq、Hkv、S、d、method（"fa2" / "fd"）、splits、t（实测秒数），可选 block_m。
+    【做法】在网格上（caps：每 SM 带宽上限，默认 10…300 GB/s 对数均匀 241 个；launches：每个内核的固定开销，
+        默认 0…20 µs 每 0.05 µs 一个）找 Σ (ln 模型/实测)² 最小的一对。模型时间对这两个参数是分段的简单函数：
+        t = 波数 × max(t_comp, cta_bytes / min(cap, hbm / running)) + n_kernels × launch，所以整张网格一次算完。
+    【返回】(拟合后的 DecodeGPU, rows)；rows 每个点一行：点、实测、拟合前模型、拟合后模型（秒）。
+    """
+    if not isinstance(gpu, DecodeGPU):
+        raise TypeError(f"gpu 必须是 DecodeGPU，收到 {type(gpu).__name__}")
+    points = list(points)
+    if not points:
+        raise ValueError("points 不能是空的")
+    caps = np.geomspace(10e9, 300e9, 241) if caps is None else check_array("caps", caps, ndim=1)
+    launches = np.arange(0, 20.001e-6, 0.05e-6) if launches is None else check_array("launches", launches, ndim=1)
+    if caps.size == 0 or launches.size == 0 or caps.min() <= 0 or launches.min() < 0:
+        raise ValueError("caps 必须是正数、launches 必须 ≥ 0，且都不能是空的")
+    terms = []
+    for p in points:
+        t = check_real("points 里的 t（实测秒数）", p.get("t"), lo=0.0, lo_open=True)
+        r = decode_attention_time(p["B"], p["Hq"], p["Hkv"], p["S"], p["d"], p["method"], gpu,
+                                  splits=p.get("splits") or 1, block_m=p.get("block_m"))
+        terms.append((t, r["waves"], r["t_comp"], r["cta_bytes"], gpu.hbm / r["running"], r["n_kernels"]))
+    t, waves, t_comp, cta_bytes, share, n_k = (np.array(c, dtype=float)[:, None, None] for c in zip(*terms))
+    bw = np.minimum(caps[None, :, None], share)                                     # [点, cap, 1]
+    model = waves * np.maximum(t_comp, cta_bytes / bw) + n_k * launches[None, None, :]   # [点, cap, launch]
+    loss = (np.log(model / t) ** 2).sum(axis=0)
+    i, j = np.unravel_index(np.argmin(loss), loss.shape)
+    fitted = DecodeGPU(gpu.name, gpu.n_sm, gpu.tc_flops, gpu.hbm, gpu.tc_eff, float(caps[i]), float(launches[j]))
+    rows = []
+    for p, (t_meas, *_rest) in zip(points, terms):
+        args = (p["B"], p["Hq"], p["Hkv"], p["S"], p["d"], p["method"])
+        kw = dict(splits=p.get("splits") or 1, block_m=p.get("block_m"))
+        rows.append(dict(p, t=t_meas, before=decode_attention_time(*args, gpu, **kw)["t"],
+                         after=decode_attention_time(*args, fitted, **kw)["t"]))
+    return fitted, rows
 
 
 # =============================================================================
