@@ -3,17 +3,25 @@
 
 你会看到……
   1. 已提交的实测（lecture19/results/ring_multi_gpu.json：2×H200、NCCL，一个进程一块 GPU；文件里记着日期、
-     GPU、驱动、torch / NCCL 版本和 `nvidia-smi topo -m`）。
+     GPU、驱动、torch / NCCL 版本、NCCL 的环境变量和 `nvidia-smi topo -m`）。
   2. 正确性：long_lab.ring_attention_dist 在 P 块 GPU 上（contiguous / striped，causal / 非 causal，bf16）
      拼出的输出，和整条序列的 float64 注意力比；判据是 flash-attn 的规则：误差 ≤ 2 × PyTorch 自己 bf16 SDPA 的误差。
-  3. 每块 GPU 4k … 64k token（16 头，d = 128，bf16，causal，striped 布局）：每轮只算的时间、只传的时间、
-     两者重叠后的真实一轮时间、通信被藏住的比例、tokens/s。每块用 PyTorch 的 FlashAttention-2 内核
-     （aten._scaled_dot_product_flash_attention，它返回每行的 logsumexp），状态按第 18 讲的 (m, ℓ, o) 合并。
-  4. 模型：一轮计算 = 这一轮的 FLOPs / 实测的单块吞吐；一轮通信 = α + 字节 × β（prereq5/06 的 NCCL 拟合）；
-     重叠后 = max(计算, 通信)。P = 4 / 8 用同一个模型外推（**是模型，没有在 4 / 8 卡上测过**）。
-  5. 图：lecture19/figures/06_ring_multi_gpu_overlap.png
+  3. 每轮的时间线（每块 GPU 4k … 64k token，16 头，d = 128，bf16，causal，striped）：long_lab.RingEvents 在真正重叠的
+     环里，计算流上用 CUDA 事件夹住每轮的"算"（块注意力 + 合并），旁路流上夹住"传"（NCCL 的 P2P 收发）。
+     重叠率 = |传 ∩ 算| / |传|：传的这段时间里设备同时在算的比例——直接读出来，不靠两个总时间相减。
+     同样的环不重叠地跑一遍（先传完再算），得到"单独算""单独传"的每轮时间：和重叠时比，看 NCCL 的内核抢走了
+     多少 SM / 显存带宽（算变慢了多少），以及传本身是否变慢。
+  4. 变体（每个一次 torchrun；NCCL 的环境变量在建通信器时读）：默认；NCCL_MAX_NCHANNELS=2（NCCL 少占 SM）；
+     每块换成第 11 讲的 Triton FlashAttention（triton_flash.flash_attn_func，return_lse=True）。
+  5. 模型：一轮计算 = 这一轮的 FLOPs / 实测的单块吞吐；一轮通信 = α + 字节 × β（prereq5/06 的 NCCL 拟合）；
+     重叠后 = max(计算, 通信)。P = 4 / 8 没有在真机上测过。
+  6. 图：lecture19/figures/06_ring_multi_gpu_overlap.png（被藏住的比例、每轮的实测 vs 模型）
 
-在 P 块 GPU 上重新测（写 lecture19/results/ring_multi_gpu.json，约 2 分钟）：
+在 2 块 GPU 上重新测时间线（三个变体 + 合并进 ring_multi_gpu.json，约 3–4 分钟）：
+    bash lecture19/run_ring_gpu.sh
+  没有 GPU 时走一遍同样的代码（gloo + 小尺寸，结果写到临时目录，不碰提交的文件）：
+    bash lecture19/run_ring_gpu.sh --cpu
+正确性 + 旧的总时间计时（重写 ring_multi_gpu.json 的 checks / times，保留时间线，约 2 分钟）：
     torchrun --nproc_per_node=2 lecture19/06_ring_multi_gpu.py --measure
 只读结果、画图（没有 GPU 也行；check-all 跑的就是这个）：
     python3 lecture19/06_ring_multi_gpu.py [--quick]
@@ -43,33 +51,79 @@ CHECK_LENS = (1024, 4096)                            # 正确性检查用的每�
 # =============================================================================
 def flash_block(q, k, v, qpos, kpos, causal, scale):
     """
-    ring_attention_dist 的 block 钩子（GPU）：q [B, H, n, d]，k、v [B, H, m, d]（bf16），qpos / kpos 是 CPU 上的
-    全局位置。返回 ((m, ℓ, o) 或 None, 算了多少对)。
+    ring_attention_dist 的 block 钩子（GPU，PyTorch 的 FlashAttention-2 内核）：q [B, H, n, d]，k、v [B, H, m, d]
+    （bf16），qpos / kpos 是 CPU 上的全局位置。返回 ((m, ℓ, o) 或 None, 算了多少对)。
 
     一个已归一化的块输出 O 和它的 lse 就是一个合法的状态：m = lse、ℓ = 1、o = O（合并时 exp(m − m') 的换算一样成立）。
     因果掩码只会出现三种块：整块可见（键都在查询之前）、整块在未来（跳过）、和自己那段（对角块，is_causal）；
     striped 布局里"上一块设备"的那段是错开一位的对角块：第 i 个查询看得见第 j < i 个键——去掉第 0 个查询和
     最后一个键，就又是普通的对角块，第 0 行什么也看不见（状态 (−∞, 0, 0)）。
     """
+    return _block_with(_flash_state, q, k, v, qpos, kpos, causal, scale)
+
+
+def triton_block(q, k, v, qpos, kpos, causal, scale):
+    """同 flash_block，每块换成第 11 讲的 triton_flash.flash_attn_func（GPU；CPU 上要 TRITON_INTERPRET=1）。"""
+    return _block_with(_triton_state, q, k, v, qpos, kpos, causal, scale)
+
+
+def explicit_block(q, k, v, qpos, kpos, causal, scale):
+    """同 flash_block，每块用显式的分数矩阵（float64）：CPU 上（gloo）走一遍测量代码时用。"""
+    return _block_with(_explicit_state, q, k, v, qpos, kpos, causal, scale)
+
+
+def _block_with(state, q, k, v, qpos, kpos, causal, scale):
+    """三种块的分派（见 flash_block）；state(q, k, v, is_causal, scale) → ((lse, 1, O), None) 算一块。"""
     import torch
     n, m = q.shape[-2], k.shape[-2]
     mode = _block_mode(qpos, kpos, causal)
     if mode == "skip":
         return None, 0
     if mode == "shifted":
-        (m1, l1, o1), _ = _flash_state(q[..., 1:, :], k[..., :-1, :], v[..., :-1, :], True, scale)
+        (m1, l1, o1), _ = state(q[..., 1:, :], k[..., :-1, :], v[..., :-1, :], True, scale)
         pad_m = torch.full_like(m1[..., :1], float("-inf"))
-        state = (torch.cat([pad_m, m1], -1), torch.cat([torch.zeros_like(l1[..., :1]), l1], -1),
-                 torch.cat([torch.zeros_like(o1[..., :1, :]), o1], -2))
-        return state, (n - 1) * n // 2
-    state, _ = _flash_state(q, k, v, mode == "diag", scale)
-    return state, (n * (n + 1) // 2 if mode == "diag" else n * m)
+        st = (torch.cat([pad_m, m1], -1), torch.cat([torch.zeros_like(l1[..., :1]), l1], -1),
+              torch.cat([torch.zeros_like(o1[..., :1, :]), o1], -2))
+        return st, (n - 1) * n // 2
+    st, _ = state(q, k, v, mode == "diag", scale)
+    return st, (n * (n + 1) // 2 if mode == "diag" else n * m)
 
 
 def _flash_state(q, k, v, is_causal, scale):
     import torch
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[:2]
     return (lse, torch.ones_like(lse), out.float()), None       # lse: [B, H, n] float32
+
+
+def _triton_state(q, k, v, is_causal, scale):
+    """
+    triton_flash 用 flash-attn 的布局 [B, N, H, d]：transpose(1, 2) 只换步长、不拷贝（内核接受任意步长；B = 1 时
+    它内部的 reshape 也是视图）。causal 按右下角对齐，对角块 n = m，和左上角对齐一样。
+    """
+    import torch
+    out, lse = _triton_flash().flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               softmax_scale=scale, causal=is_causal, return_lse=True)
+    return (lse, torch.ones_like(lse), out.transpose(1, 2).float()), None     # out [B, n, H, d] → [B, H, n, d]
+
+
+def _triton_flash():
+    """按需导入 lecture11/triton_flash（只有选了 triton 块才导入；它在导入时读 TRITON_INTERPRET）。"""
+    sys.path.insert(0, os.path.join(HERE, "..", "lecture11"))
+    import triton_flash
+    return triton_flash
+
+
+def _explicit_state(q, k, v, is_causal, scale):
+    """和 FlashAttention 内核同样的输出 (lse, 1, O)，显式算 float64 的分数矩阵（参考；CPU）。"""
+    import torch
+    S = (q.double() @ k.double().transpose(-2, -1)) * scale          # [B, H, n, m]
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(S, -1)                                      # [B, H, n]
+    return (lse, torch.ones_like(lse), torch.softmax(S, -1) @ v.double()), None
+
+
+BLOCKS = {"aten": flash_block, "triton": triton_block, "explicit": explicit_block}
 
 
 def _block_mode(qpos, kpos, causal):
@@ -126,21 +180,21 @@ def _max_over_ranks(x, device):
     return float(t[0])
 
 
-def _check_correctness(ll, rank, world, device, seed):
+def _check_correctness(ll, rank, world, device, seed, block=flash_block, lens=CHECK_LENS, heads=HEADS, d=D):
     """每个 rank 按同一种子造出整条序列，拿自己那段跑环；rank 0 收齐后和 float64 参考比。"""
     import torch
     import torch.distributed as dist
     rows = []
-    for n in CHECK_LENS:
+    for n in lens:
         N = n * world
         g = torch.Generator(device=device).manual_seed(seed + n)
-        Q, K, V = (torch.randn(1, HEADS, N, D, generator=g, device=device, dtype=torch.bfloat16) for _ in range(3))
+        Q, K, V = (torch.randn(1, heads, N, d, generator=g, device=device, dtype=torch.bfloat16) for _ in range(3))
         for layout in ll.LAYOUTS:
             for causal in (False, True):
                 idx = ll.shard_index(N, world, layout)
                 mine = idx[rank].to(device)
                 o = ll.ring_attention_dist(Q[..., mine, :], K[..., mine, :], V[..., mine, :], causal, layout,
-                                           block=flash_block)
+                                           block=block)
                 o = o.to(torch.bfloat16).contiguous()
                 parts = [torch.empty_like(o) for _ in range(world)]
                 dist.all_gather(parts, o)
@@ -233,11 +287,304 @@ def measure(out_path, seed):
                         "seed": seed, "layout_timed": "striped", "causal_timed": True,
                         "timing": "CUDA events, warm-up then fastest of 7 groups of reps; max over ranks"},
                "checks": checks, "times": times}
+        if os.path.exists(out_path):                      # 时间线（--timeline + --merge 写的）原样保留
+            with open(out_path) as f:
+                old = json.load(f)
+            if "timeline" in old:
+                res["timeline"] = old["timeline"]
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)
         print(f"结果写入 {out_path}；正确性 {sum(c['ok'] for c in checks)}/{len(checks)}")
     dist.destroy_process_group()
+
+
+# =============================================================================
+# 时间线：每轮的"算"和"传"各在什么时候（torchrun，一个进程一块 GPU；没有 GPU 时 gloo + CPU）
+# =============================================================================
+MODES = ("overlapped", "serial", "plain")  # 重叠的环（记录）、先传完再算的环（记录）、重叠的环（不记录：记录器的开销）
+PREROLL_S = 3e-3          # 每个环之前计算流空转这么久：主机趁机把整个环排进队列，事件只反映设备上的先后
+LEN_BUDGET_S = 4.0        # 每个长度计时的预算（三种环各 reps 次）；reps 夹在 [MIN_REPS, MAX_REPS] 里
+MIN_REPS, MAX_REPS = 12, 60
+TIMELINE_DIR = os.path.join(HERE, "results", "ring_timeline")     # 每个变体一个 JSON（run_ring_gpu.sh 写）
+SIZES = {   # 长度、头数、d、dtype、正确性检查的长度、每种环的次数（None：按预算）
+    "gpu": dict(lens=LOCAL_LENS, heads=HEADS, d=D, dtype="bfloat16", check_lens=(1024,), reps=None),
+    "gpu-quick": dict(lens=(1024, 2048), heads=HEADS, d=D, dtype="bfloat16", check_lens=(1024,), reps=5),
+    "cpu": dict(lens=(24, 40), heads=2, d=8, dtype="float64", check_lens=(16,), reps=3),
+}
+
+
+def _aligned_start(dist, torch, device, flag, sleep_cycles):
+    """
+    两块 GPU 同时开始下一个环，而且主机跑在设备前面：主机同步 → 一次 all-reduce、再同步（两个进程一起出发）→
+    计算流空转 PREROLL_S（主机这时把整个环排进队列）→ 再一次 all-reduce（两块 GPU 同时走出这个内核，环在两边
+    同时开始，不把"对方晚到"算成通信时间）。CPU（gloo）上只做一次 barrier。
+    """
+    if device.type != "cuda":
+        dist.barrier()
+        return
+    torch.cuda.synchronize(device)
+    dist.all_reduce(flag)
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(sleep_cycles)
+    dist.all_reduce(flag)
+
+
+def _sleep_cycles(torch, device, seconds):
+    """torch.cuda._sleep 的参数是时钟周期：先量 100 万个周期有多长，再换算成 seconds 秒。"""
+    if device.type != "cuda":
+        return 0
+    torch.cuda._sleep(1000)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(1_000_000)
+    e1.record()
+    e1.synchronize()
+    return int(seconds / (e0.elapsed_time(e1) / 1e3 / 1e6))
+
+
+class _Stopwatch:
+    """不带记录器的环用：CUDA 事件（GPU）或 perf_counter（CPU）。"""
+
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device.type == "cuda"
+        if self.cuda:
+            self.e0 = torch.cuda.Event(enable_timing=True)
+            self.e0.record()
+        else:
+            import time
+            self.t0 = time.perf_counter()
+
+    def stop(self):
+        if not self.cuda:
+            import time
+            return time.perf_counter() - self.t0
+        e1 = self.torch.cuda.Event(enable_timing=True)
+        e1.record()
+        e1.synchronize()
+        return self.e0.elapsed_time(e1) / 1e3
+
+
+def _time_fn(torch, fn, device, reps):
+    """一次 fn() 的时间（秒）：GPU 上 course_utils.cuda_time（3 组取最快），CPU 上 3 次取最快。"""
+    if device.type == "cuda":
+        from course_utils import cuda_time
+        return cuda_time(fn, reps, trials=3)
+    import time
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _median(xs):
+    return float(np.median(xs))
+
+
+def _median_rounds(rows, key):
+    """每轮分开取中位数（这一轮没有传时是 None）。"""
+    P = len(rows[0][key])
+    return [None if rows[0][key][r] is None else _median([x[key][r] for x in rows]) for r in range(P)]
+
+
+def rank_summary(samples):
+    """
+    一个进程、一个长度的所有样本 → 中位数（秒 / 比例）。samples[mode] = [timeline_summary 或 {"ring_s"}, ...]，
+    三种环交替地各跑 reps 次，第 i 个 overlapped 和第 i 个 serial 是挨着跑的一对。
+      overlap            |传 ∩ 算| / |传|（重叠的环，每个环一个数，取中位数；p10 / p90 另记）
+      compute_ring_s / compute_alone_s   每轮"算"的时长：重叠的环里 / 不重叠的环里（没有并发的传）
+      comm_ring_s / comm_alone_s         每轮"传"的时长：同上
+      compute_slowdown_s Σ算(重叠) − Σ算(不重叠)，逐对相减取中位数：并发的 NCCL 内核让计算慢了多少
+      comm_exposed_s     Σ(|传| − |传 ∩ 算|)：传的时候设备上没在算的时间
+      exposed_s          重叠的环 − Σ算（露在外面的通信 + 环自己的拼 K/V、分配、归一化）
+      hidden_effective   (不重叠的环 − 重叠的环) / Σ传(不重叠)，逐对：重叠实际省下的时间占通信的比例
+                         （= 重叠率里扣掉"计算被拖慢"的那部分）
+      recorder_overhead  重叠的环（记录）/ 重叠的环（不记录）− 1
+    """
+    ov, se, pl = samples["overlapped"], samples["serial"], samples["plain"]
+    pairs = list(zip(ov, se))
+    comm_sent = any(x is not None for x in ov[0]["per_round_comm_s"])
+    out = {"reps": len(ov), "ring_s": _median([x["ring_s"] for x in ov]),
+           "ring_plain_s": _median([x["ring_s"] for x in pl]), "ring_serial_s": _median([x["ring_s"] for x in se]),
+           "compute_ring_s": _median_rounds(ov, "per_round_compute_s"),
+           "compute_alone_s": _median_rounds(se, "per_round_compute_s"),
+           "comm_ring_s": _median_rounds(ov, "per_round_comm_s"),
+           "comm_alone_s": _median_rounds(se, "per_round_comm_s"),
+           "compute_slowdown_s": _median([o["compute_s"] - s["compute_s"] for o, s in pairs]),
+           "comm_exposed_s": _median([x["comm_exposed_s"] for x in ov]),
+           "exposed_s": _median([x["exposed_s"] for x in ov]),
+           "serial_exposed_s": _median([x["exposed_s"] for x in se])}
+    out["recorder_overhead"] = out["ring_s"] / out["ring_plain_s"] - 1
+    if comm_sent:
+        shares = [x["overlap"] for x in ov]
+        out["overlap"] = _median(shares)
+        out["overlap_p10_p90"] = [float(np.percentile(shares, 10)), float(np.percentile(shares, 90))]
+        out["hidden_effective"] = _median([(s["ring_s"] - o["ring_s"]) / max(s["comm_s"], 1e-12) for o, s in pairs])
+    return out
+
+
+def _timeline_length(ll, torch, dist, block, state, rank, world, device, n, cfg, seed, sleep_cycles):
+    """每块 n 个 token：预热 → 三种环交替各 reps 次 → 这个进程的中位数（和原始样本）。"""
+    dtype = getattr(torch, cfg["dtype"])
+    g = torch.Generator(device=device).manual_seed(seed + rank)
+    q, k, v = (torch.randn(1, cfg["heads"], n, cfg["d"], generator=g, device=device, dtype=dtype) for _ in range(3))
+    idx = ll.shard_index(n * world, world, "striped")
+    scale = cfg["d"] ** -0.5
+    for rnd in range(world):               # 先在本卡上把每一轮的块算一遍（Triton 在这里编译、调优，不在环里）
+        block(q, k, v, idx[rank], idx[(rank - rnd) % world], True, scale)
+    ev = ll.RingEvents(device)
+    flag = torch.zeros(1, device=device)
+
+    def run(mode):
+        _aligned_start(dist, torch, device, flag, sleep_cycles)
+        if mode == "plain":
+            watch = _Stopwatch(torch, device)
+            out = ll.ring_attention_dist(q, k, v, True, "striped", block=block)
+            return {"ring_s": watch.stop()}, out
+        out = ll.ring_attention_dist(q, k, v, True, "striped", block=block, overlap=mode == "overlapped", events=ev)
+        return ll.timeline_summary(ev.timeline()), out
+
+    warm = {}
+    for _ in range(2):                    # 预热（NCCL 建连接、分配器、内核），顺便比较三种环的输出
+        for mode in MODES:
+            warm[mode] = run(mode)
+    diff = max(float((warm[m][1].double() - warm["plain"][1].double()).abs().max()) for m in MODES)
+    t_ring = _max_over_ranks(warm["plain"][0]["ring_s"], device)     # 各进程用同一个 reps（否则会互相等死）
+    reps = cfg["reps"] or int(min(MAX_REPS, max(MIN_REPS, LEN_BUDGET_S / (3 * (t_ring + PREROLL_S + 1e-3)))))
+    samples = {m: [] for m in MODES}
+    for i in range(reps):
+        for mode in (MODES if i % 2 == 0 else MODES[::-1]):         # 交替先后：慢漂移对三种环一样
+            samples[mode].append(run(mode)[0])
+    stats = {}
+    ll.ring_attention_dist(q, k, v, True, "striped", block=block, stats=stats)          # 只为拿每轮的对数
+    full_s = _time_fn(torch, lambda: state(q, k, v, False, scale), device, 2 if n >= 32768 else 5)
+    example = {}
+    for mode in ("overlapped", "serial"):                           # 一个环的原始区间（画甘特图用）
+        _aligned_start(dist, torch, device, flag, sleep_cycles)
+        ll.ring_attention_dist(q, k, v, True, "striped", block=block, overlap=mode == "overlapped", events=ev)
+        example[mode] = ev.timeline()
+    return {"rank": rank, **rank_summary(samples), "pairs_per_round": [r["pairs"] for r in stats["rounds"]],
+            "full_block_tflops": 4.0 * n * n * cfg["d"] * cfg["heads"] / full_s / 1e12,
+            "recorder_output_max_diff": diff, "example": example, "samples": samples}
+
+
+def _round_floats(x, digits=4):
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, dict):
+        return {k: _round_floats(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_round_floats(v, digits) for v in x]
+    return x
+
+
+def _comm_ratio(r):
+    ring, alone = r["comm_ring_s"][0], r["comm_alone_s"][0]
+    return "-" if ring is None or not alone else f"{ring / alone:.2f}"
+
+
+def _per_rank(ranks, key, mult=1.0):
+    """进度行：各进程的一个数，"a/b"。"""
+    return "/".join(f"{r[key] * mult:.3f}" if r.get(key) is not None else "-" for r in ranks)
+
+
+def _variant_meta(torch, args, cfg, world, sleep_cycles, device):
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL"))}
+    if device.type == "cuda":
+        import comm_sim as cs
+        meta = cs.nccl_environment(torch)
+        meta.pop("topology", None)                 # 拓扑已经在文件的 meta 里
+    else:
+        import datetime
+        meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "gpu": "cpu (gloo)"}
+    meta.update(variant=args.variant, block=args.block, env=env, world=world, heads=cfg["heads"], d=cfg["d"],
+                dtype=cfg["dtype"], layout="striped", causal=True, seed=args.seed, preroll_s=PREROLL_S,
+                preroll_cycles=sleep_cycles, sizes=args.sizes)
+    if args.block == "triton":
+        import triton
+        meta["triton"] = triton.__version__
+    return meta
+
+
+def timeline(args):
+    """--timeline：一个变体（一次 torchrun）。rank 0 把所有进程的结果写进 args.out。"""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    import torch
+    import long_lab as ll
+    cpu = args.cpu or not torch.cuda.is_available()
+    args.sizes = "cpu" if cpu else ("gpu-quick" if args.quick else "gpu")
+    if cpu and args.block == "aten":
+        args.block = "explicit"             # aten 的 flash 内核只有 GPU 版
+    cfg = SIZES[args.sizes]
+    rank, world, device = ll.init_distributed("gloo" if cpu else None)
+    import torch.distributed as dist
+    block = BLOCKS[args.block]
+    state = {"aten": _flash_state, "triton": _triton_state, "explicit": _explicit_state}[args.block]
+    sleep_cycles = _sleep_cycles(torch, device, PREROLL_S)
+    meta = _variant_meta(torch, args, cfg, world, sleep_cycles, device)
+    if rank == 0:
+        print(f"[{args.variant}] block = {args.block}，{meta.get('gpu')} × {world}，NCCL 环境：{meta['env']}",
+              flush=True)
+    checks = _check_correctness(ll, rank, world, device, args.seed, block=block, lens=cfg["check_lens"],
+                                heads=cfg["heads"], d=cfg["d"])
+    if rank == 0:
+        print(f"[{args.variant}] 正确性 {sum(c['ok'] for c in checks)}/{len(checks)}", flush=True)
+    lengths = []
+    for n in cfg["lens"]:
+        mine = _timeline_length(ll, torch, dist, block, state, rank, world, device, n, cfg, args.seed, sleep_cycles)
+        ranks = [None] * world
+        dist.all_gather_object(ranks, mine)
+        lengths.append({"n_local": n, "kv_bytes_per_round": 2 * cfg["heads"] * n * cfg["d"] *
+                        torch.tensor([], dtype=getattr(torch, cfg["dtype"])).element_size(), "ranks": ranks})
+        if rank == 0:
+            print(f"[{args.variant}] n = {n}: reps {ranks[0]['reps']}, ring {_per_rank(ranks, 'ring_s', 1e3)} ms, "
+                  f"overlap {_per_rank(ranks, 'overlap')}, hidden_effective {_per_rank(ranks, 'hidden_effective')}, "
+                  f"comm in ring / alone {'/'.join(_comm_ratio(r) for r in ranks)}, "
+                  f"recorder diff {max(r['recorder_output_max_diff'] for r in ranks):.1e}", flush=True)
+    if rank == 0:
+        for length in lengths:                  # 原始样本只留 4 位有效数字、不缩进：文件小一些
+            for r in length["ranks"]:
+                r["samples"] = _round_floats(r["samples"])
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "checks": checks, "lengths": lengths}, f, separators=(",", ":"))
+        print(f"[{args.variant}] 写入 {args.out}", flush=True)
+    dist.destroy_process_group()
+
+
+TIMELINE_METHOD = (
+    "Per ring round, CUDA events on the compute stream bracket compute (block attention + merge); the K/V exchange "
+    "is issued from a side stream whose two events bracket the NCCL P2P kernel. overlap = |comm ∩ compute| / |comm|. "
+    "Each ring starts after a 3 ms GPU spin (host queues the whole ring) and an all-reduce (ranks start together). "
+    "Modes alternate per repetition: overlapped (recorded), serial (recorded; gives compute/comm alone), plain "
+    "(not recorded; recorder overhead). Values are per-rank medians over repetitions after 2 warm-ups.")
+
+
+def merge(paths, results):
+    """--merge：各变体的 JSON → results 的 "timeline" 一节（去掉原始样本；其余各节不动）。"""
+    res = {}
+    if os.path.exists(results):
+        with open(results) as f:
+            res = json.load(f)
+    variants = {}
+    for p in paths:
+        with open(p) as f:
+            v = json.load(f)
+        for length in v["lengths"]:
+            for r in length["ranks"]:
+                r.pop("samples", None)
+        variants[v["meta"]["variant"]] = v
+    if not variants:
+        raise SystemExit("--merge：没有可合并的变体 JSON")
+    first = next(iter(variants.values()))["meta"]
+    keys = ("date", "gpu", "driver", "torch", "nccl", "NCCL_NVLS_ENABLE", "world", "heads", "d", "dtype", "layout",
+            "causal", "preroll_s", "sizes")
+    res["timeline"] = {"meta": {k: first.get(k) for k in keys}, "method": TIMELINE_METHOD, "variants": variants}
+    with open(results, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"合并 {len(variants)} 个变体（{', '.join(variants)}）→ {results}")
 
 
 # =============================================================================
@@ -270,7 +617,7 @@ def report(res):
 
     model = p2p_model()
     rows, out = [], []
-    for t in res["times"]:
+    for t in res.get("times", []):
         P, n = t["world"], t["n_local"]
         exposed = max(0.0, t["ring_s"] - t["compute_s"])          # 重叠的环比"只算"多出来的时间
         # 被藏住的通信 = 不重叠的环 − 重叠的环：两者走同一段代码（拼 K/V、分配缓冲、合并状态），固定开销相互抵消
@@ -282,19 +629,109 @@ def report(res):
         out.append((n, hidden, t["ring_s"], m_ring, exposed / t["ring_s"]))
         rows.append([f"{n // 1024}k", fmt_time(t["compute_s"] / P), fmt_time(m_comp), fmt_time(t["comm_s"] / (P - 1)),
                      fmt_time(m_comm), fmt_time(t["serial_s"]), fmt_time(t["ring_s"]), fmt_time(m_ring),
-                     f"{hidden:.0%}", f"{exposed / t['ring_s']:.1%}", f"{P * n / t['ring_s'] / 1e6:.2f}"])
-    print(f"\n== 每块 GPU n 个 token，P = {res['meta']['world']}，causal + striped（每轮的实测 / 模型；整个环）")
+                     f"{hidden:.0%}", f"{exposed / t['ring_s']:.1%}", f"{exposed / t['comm_s']:.0%}",
+                     f"{P * n / t['ring_s'] / 1e6:.2f}"])
+    if not rows:
+        return out
+    print(f"\n== 旧读法（总时间相减）：每块 GPU n 个 token，P = {res['meta']['world']}，causal + striped")
     print(format_table(["每块 n", "一轮计算", "模型", "一轮通信", "模型(α-β)", "不重叠的环", "重叠的环", "模型",
-                        "通信被藏住", "露在外面/总时间", "M tokens/s"], rows))
+                        "通信被藏住", "露在外面/总时间", "露在外面/只传", "M tokens/s"], rows))
     print("  通信被藏住 = (不重叠的环 − 重叠的环，两者交替成对地测、取差的中位数) / 只传；\n"
           "  露在外面 = 重叠的环 − 只算（同样几块、不传、也不拼 K/V），\n"
           "  所以它还含着环自己的固定开销（拼 K/V、分配接收缓冲），是通信代价的上界。\n"
           "  模型：一轮计算 = 这一轮的 FLOPs / 单块实测吞吐，"
           "一轮通信 = α + K/V 字节 × β（prereq5/06 的 NCCL 拟合），重叠后每轮取两者的大者。\n"
-          "  两种读法不一致（见 lecture19/results/NOTES.md）：按\"露在外面\"，每块 ≥ 16k 时重叠的环只比只算多 1–3%，\n"
-          "  通信像是几乎全藏住了；按成对测的\"不重叠 − 重叠\"，只藏住了 10–45%。两者的差别来自单次调用与连续调用\n"
-          "  的计时方式，还没查清；可靠的结论只是\"不论藏没藏住，通信都只占总时间的几个百分点\"。")
+          "  两种读法看起来不一致（见 lecture19/results/NOTES.md），一半是分母不同：\"露在外面/总时间\"的 0.6–3% 是\n"
+          "  占整个环的比例，换成占通信的比例（\"露在外面/只传\"）就是 10–90%；另一半是噪声：两个总时间相减，\n"
+          "  差只有环的 1–5%，和计时起伏同一量级。下面的时间线（如果已经测了）按轮直接读重叠，不靠总时间相减。")
     return out
+
+
+def report_timeline(tl):
+    """时间线一节：每个变体一张表（每个长度、每个进程一行），对照 80% 的目标；返回画图用的数。"""
+    from course_utils import fmt_time, format_table
+    meta = tl["meta"]
+    print(f"\n== 时间线（{meta.get('date')}，{meta.get('gpu')} × {meta.get('world')}，torch {meta.get('torch')}，"
+          f"NCCL {meta.get('nccl')}；{meta.get('heads')} 头，d = {meta.get('d')}，{meta.get('dtype')}，"
+          "causal + striped）")
+    print("  方法：" + tl["method"])
+    model = p2p_model()
+    data = {}
+    for name, v in tl["variants"].items():
+        vm = v["meta"]
+        print(f"\n-- 变体 {name}：block = {vm['block']}，NCCL 环境 {vm['env']}"
+              + (f"，triton {vm['triton']}" if vm.get("triton") else ""))
+        checks = v.get("checks", [])
+        lens = sorted({c["n_local"] for c in checks})
+        print(f"   正确性 {sum(c['ok'] for c in checks)}/{len(checks)}（每块 {lens}）")
+        assert all(c["ok"] for c in checks), f"变体 {name} 的环和单卡注意力不一致"
+        rows, per_len = [], []
+        for length in v["lengths"]:
+            n = length["n_local"]
+            for r in length["ranks"]:
+                _check_rank(r, name, n)
+                comp_alone, comp_ring = sum(r["compute_alone_s"]), sum(r["compute_ring_s"])
+                comm_alone = sum(x for x in r["comm_alone_s"] if x is not None)
+                comm_ring = sum(x for x in r["comm_ring_s"] if x is not None)
+                rows.append([f"{n // 1024}k" if n >= 1024 else n, r["rank"], fmt_time(r["ring_s"]),
+                             fmt_time(comp_alone), fmt_time(comp_ring), f"{comp_ring / comp_alone - 1:+.1%}",
+                             fmt_time(comm_alone), fmt_time(comm_ring), _pct(r.get("overlap")),
+                             fmt_time(r["comm_exposed_s"]), fmt_time(r["exposed_s"]), _pct(r.get("hidden_effective")),
+                             f"{r['recorder_overhead']:+.1%}"])
+            per_len.append(_length_point(length, vm, model))
+        print(format_table(["每块 n", "rank", "重叠的环", "Σ算·单独", "Σ算·环里", "算变慢", "传·单独", "传·环里",
+                            "重叠率", "传没被盖住", "环 − Σ算", "有效藏住", "记录器开销"], rows))
+        _verdict(name, per_len)
+        data[name] = per_len
+    print("  重叠率 = |传 ∩ 算| / |传|（传的时候设备同时在算的比例）；传没被盖住 = |传| − |传 ∩ 算|；\n"
+          "  算变慢 = Σ算(环里) / Σ算(单独) − 1：并发的 NCCL 内核抢 SM、显存带宽的代价；\n"
+          "  有效藏住 = (不重叠的环 − 重叠的环) / 传·单独：重叠实际省下的时间，≈ 重叠率 − 算变慢的时间 / 传·单独；\n"
+          "  环 − Σ算 还含着环自己的拼 K/V、分配缓冲、归一化；记录器开销 = 记录的环 / 不记录的环 − 1。\n"
+          "  传的区间从\"可以开始传\"（旁路流上的事件）算到 NCCL 结束：NCCL 的线程块若要等注意力内核让出 SM，\n"
+          "  这段等待也算在传里——传·环里 远大于 传·单独，就是 NCCL 在排队或被抢了带宽。")
+    return data
+
+
+def _pct(x):
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _check_rank(r, name, n):
+    """读进来的数必须自洽（不管测得好不好）：比例在 [0, 1]，没被盖住的传不超过传，记录器不改变输出。"""
+    where = f"变体 {name}，n = {n}，rank {r['rank']}"
+    if r.get("overlap") is not None:
+        assert -1e-9 <= r["overlap"] <= 1 + 1e-9, f"{where}：重叠率 {r['overlap']} 不在 [0, 1]"
+        comm = sum(x for x in r["comm_ring_s"] if x is not None)
+        assert r["comm_exposed_s"] <= comm * (1 + 1e-6) + 1e-9, f"{where}：没被盖住的传比传还长"
+    # 同样的内核、同样的顺序：输出应当逐位相同；留 1e-6 的余地只为不让无害的差别（比如内核换了配置）挡住报告
+    assert r["recorder_output_max_diff"] <= 1e-6, f"{where}：记录器改变了环的输出（差 {r['recorder_output_max_diff']}）"
+
+
+def _length_point(length, vm, model):
+    """一个长度的画图数据：两个比例取各进程里最差的；每轮时间取 rank 0；模型按 rank 0 的每轮对数。"""
+    ranks = length["ranks"]
+    r0 = ranks[0]
+    flops_pair = 4.0 * vm["d"] * vm["heads"]                 # 每个 (查询, 键) 对、每个头：QKᵀ 和 PV 各 2d
+    return {"n": length["n_local"],
+            "overlap": min((r["overlap"] for r in ranks if r.get("overlap") is not None), default=None),
+            "hidden_effective": min((r["hidden_effective"] for r in ranks if r.get("hidden_effective") is not None),
+                                    default=None),
+            "compute_alone_s": r0["compute_alone_s"], "compute_ring_s": r0["compute_ring_s"],
+            "comm_alone_s": r0["comm_alone_s"][0], "comm_ring_s": r0["comm_ring_s"][0],
+            "model_compute_s": [p * flops_pair / (r0["full_block_tflops"] * 1e12) for p in r0["pairs_per_round"]],
+            "model_comm_s": model[0] + length["kv_bytes_per_round"] * model[1] if model else None}
+
+
+def _verdict(name, points, target=0.8, from_n=16384):
+    """目标：每块 ≥ 16k 时 ≥ 80% 的通信被藏住。两种读法分别说一句（只陈述，不 assert：这是测量结果）。"""
+    big = [p for p in points if p["n"] >= from_n and p["overlap"] is not None]
+    if not big:
+        print(f"   [{name}] 没有每块 ≥ {from_n // 1024}k 的长度：不对照 80% 的目标")
+        return
+    ov = min(p["overlap"] for p in big)
+    he = min(p["hidden_effective"] for p in big)
+    print(f"   [{name}] 每块 ≥ {from_n // 1024}k：最低重叠率 {ov:.0%}（{'达到' if ov >= target else '没有达到'} "
+          f"{target:.0%}）；最低有效藏住 {he:.0%}（{'达到' if he >= target else '没有达到'} {target:.0%}）")
 
 
 def _causal_striped_flops(n, P):
@@ -332,23 +769,90 @@ def plot(out, quick, world):
     print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick)}")
 
 
+def plot_timeline(data, quick, world):
+    """左：被藏住的比例（每个变体：重叠率实线、有效藏住虚线）和 80% 目标；右：第一个变体每轮的实测 vs 模型。"""
+    from course_utils import pyplot, save_figure
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(16, 6.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lows = [0.0]
+    for i, (name, pts) in enumerate(data.items()):
+        pts = [p for p in pts if p["overlap"] is not None]
+        n = [p["n"] for p in pts]
+        c = colors[i % len(colors)]
+        a1.semilogx(n, [100 * p["overlap"] for p in pts], "o-", color=c, lw=2, base=2,
+                    label=f"{name}: overlap = |comm ∩ compute| / |comm|")
+        a1.semilogx(n, [100 * p["hidden_effective"] for p in pts], "s--", color=c, lw=2, base=2,
+                    label=f"{name}: time saved / comm (serial − overlapped)")
+        lows += [100 * p["hidden_effective"] for p in pts]
+    a1.axhline(80, color="gray", ls=":")
+    a1.text(0.02, 83, "target: 80% hidden", transform=a1.get_yaxis_transform(), fontsize=12)
+    a1.set_ylim(max(min(lows) - 5, -100), 105)        # 有效藏住可以是负的（重叠反而更慢）；太负的画到框外
+    a1.set_xlabel("tokens per GPU")
+    a1.set_ylabel("share of communication hidden (%)")
+    a1.set_title(f"Ring attention on {world} GPUs: how much comm is hidden")
+    a1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    name, pts = next(iter(data.items()))
+    n = [p["n"] for p in pts]
+    ms = 1e3
+    for r, mk in ((0, "o"), (1, "s")):
+        if all(len(p["compute_alone_s"]) > r for p in pts):
+            a2.loglog(n, [p["compute_alone_s"][r] * ms for p in pts], mk, color=colors[0], ms=8, mfc="none",
+                      label=f"compute round {r}, alone")
+            a2.loglog(n, [p["compute_ring_s"][r] * ms for p in pts], mk, color=colors[0], ms=5,
+                      label=f"compute round {r}, in overlapped ring")
+            a2.loglog(n, [p["model_compute_s"][r] * ms for p in pts], "-" if r == 0 else ":", color=colors[0],
+                      lw=1.5, label=f"model: round {r} FLOPs / block throughput")
+    a2.loglog(n, [p["comm_alone_s"] * ms for p in pts], "^", color=colors[1], ms=8, mfc="none", label="comm, alone")
+    a2.loglog(n, [p["comm_ring_s"] * ms for p in pts], "v", color=colors[1], ms=6, label="comm, in overlapped ring")
+    if all(p["model_comm_s"] is not None for p in pts):
+        a2.loglog(n, [p["model_comm_s"] * ms for p in pts], "--", color=colors[1], lw=1.5,
+                  label="model: α + bytes·β (NCCL fit)")
+    a2.set_xscale("log", base=2)
+    a2.set_xlabel("tokens per GPU")
+    a2.set_ylabel("time per ring round (ms)")
+    a2.set_title(f"Per round, variant '{name}', rank 0")
+    a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    for a in (a1, a2):
+        a.grid(True, alpha=0.3)
+        a.set_xticks(n, [f"{x // 1024}k" if x >= 1024 else str(x) for x in n])
+        a.minorticks_off()
+    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    ap.add_argument("--measure", action="store_true", help="在 GPU 上测量并写结果（torchrun 启动）")
+    ap.add_argument("--measure", action="store_true", help="正确性 + 旧的总时间计时（GPU，torchrun 启动）")
+    ap.add_argument("--timeline", action="store_true", help="每轮的时间线，一个变体（torchrun 启动；没有 GPU 时 gloo）")
+    ap.add_argument("--variant", default="default", help="--timeline：变体的名字（写进 JSON）")
+    ap.add_argument("--block", default="aten", choices=sorted(BLOCKS), help="--timeline：每块用哪个内核")
+    ap.add_argument("--out", default=None, help="--timeline：这个变体的 JSON（默认 results/ring_timeline/<变体>.json）")
+    ap.add_argument("--cpu", action="store_true", help="--timeline：强制 gloo + CPU + 小尺寸（检查代码用）")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="把各变体的 JSON 合并进 --results 的 timeline 一节")
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="同完整版：只读已提交的结果")
+    ap.add_argument("--quick", action="store_true",
+                    help="读结果时同完整版；--timeline 时用小尺寸（GPU 上 1k、2k，几秒）")
     args = ap.parse_args()
     print(f"随机种子 seed = {args.seed}")
     if args.measure:
         return measure(args.results, args.seed)
+    if args.timeline:
+        args.out = args.out or os.path.join(TIMELINE_DIR, f"{args.variant}.json")
+        return timeline(args)
+    if args.merge:
+        return merge(args.merge, args.results)
     if not os.path.exists(args.results):
-        print(f"SKIP: 没有实测结果 {args.results}；在多块 GPU 的机器上用 torchrun 加 --measure 生成")
+        print(f"SKIP: 没有实测结果 {args.results}；在多块 GPU 的机器上用 bash lecture19/run_ring_gpu.sh 生成")
         sys.exit(SKIP)
     with open(args.results) as f:
         res = json.load(f)
     out = report(res)
-    plot(out, args.quick, res["meta"]["world"])
+    if "timeline" in res:
+        plot_timeline(report_timeline(res["timeline"]), args.quick, res["meta"]["world"])
+    else:
+        print("\n（还没有时间线：bash lecture19/run_ring_gpu.sh 在 2 块 GPU 上测，合并进这个文件）")
+        plot(out, args.quick, res["meta"]["world"])
 
 
 if __name__ == "__main__":

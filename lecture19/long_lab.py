@@ -23,6 +23,8 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
     RingLedger / ring_attention   环形注意力的单进程模拟（contiguous / striped 两种切法），记账每轮工作量和发送量
     ring_attention_dist / init_distributed / run_ring   真正的环形注意力：torch.distributed 点对点收发
                                   （本机 gloo 多进程；torchrun + NCCL 时每个进程一块 GPU）
+    RingEvents / overlap_share / timeline_summary   每轮"算"和"传"的起止（CUDA 事件或 perf_counter）与重叠率
+                                  |传 ∩ 算| / |传|
     flops_per_token               训练每个 token 的 FLOPs（参数部分 + 注意力部分）
     activation_bytes / max_seq_len   每层激活显存（Ring Attention 论文表 1；用第 18 讲的那一份）
 
@@ -34,6 +36,7 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
 import contextlib
 import copy
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -893,7 +896,8 @@ def _check_ring(Q, K, V, P, causal, layout):
 # =====================================================================
 # 6. 真正的环形注意力：torch.distributed 点对点收发
 # =====================================================================
-def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, stats=None, block=None, overlap=True):
+def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, stats=None, block=None, overlap=True,
+                        events=None):
     """
     每个进程调用一次：q、k、v 是**本进程**那一段（(..., n, d)，全序列 N = n·P），返回本段的输出 (..., n, d)。
     【每一轮】先发起 K/V 的收发（batch_isend_irecv：发给 rank+1、从 rank−1 收，K、V 拼成一个张量一次发），
@@ -904,7 +908,9 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
         block：算一块的函数 block(q, k, v, qpos, kpos, causal, scale) → (状态 或 None, 对数)，默认 _block
         （显式的分数矩阵）；位置 qpos / kpos 是 CPU 上的张量，判断块的种类不必碰 GPU。
         GPU 上的长序列换成 FlashAttention 内核（见演示 06 的 flash_block）；
-        overlap=False：先等这一轮的 K/V 传完再算（不重叠的对照组，两者之差就是被藏住的通信）。
+        overlap=False：先等这一轮的 K/V 传完再算（不重叠的对照组，两者之差就是被藏住的通信）；
+        events：RingEvents 记录器（不给就什么也不记、主机上没有多余的工作）：每一轮"算"和"传"的起止，
+        在设备上打点、不同步，算完一个环之后用 events.timeline() 读出。
     【设备】张量在哪就在哪算：gloo 用 CPU 张量，NCCL 用本进程 GPU 上的张量。
     """
     import torch.distributed as dist
@@ -916,6 +922,8 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
     block = _block if block is None else block
     nxt = dist.get_global_rank(group, (rank + 1) % P) if group is not None else (rank + 1) % P
     prv = dist.get_global_rank(group, (rank - 1) % P) if group is not None else (rank - 1) % P
+    if events is not None:
+        events.begin(P)
     kv = torch.stack([k, v]).contiguous()                           # [2, ..., n, d]：一次发两块
     acc = None
     rounds = []
@@ -923,31 +931,178 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
         reqs, buf = [], None
         if rnd < P - 1:                                             # 最后一轮不必再传
             buf = torch.empty_like(kv)
-            ops = [dist.P2POp(dist.isend, kv, nxt, group), dist.P2POp(dist.irecv, buf, prv, group)]
-            reqs = dist.batch_isend_irecv(ops)
+            if events is None:
+                reqs = _exchange(kv, buf, nxt, prv, group)
+            else:
+                reqs = events.exchange(rnd, functools.partial(_exchange, kv, buf, nxt, prv, group))
             if not overlap:
-                for r in reqs:
-                    r.wait()
+                reqs = _wait_all(reqs, events, rnd)
         t0 = time.perf_counter()
+        if events is not None:
+            events.compute(rnd, 0)
         kpos = idx[(rank - rnd) % P]
         st, pairs = block(q, kv[0], kv[1], qpos, kpos, causal, scale)
         if st is not None:
             acc = st if acc is None else merge_states(acc, st)
+        if events is not None:
+            events.compute(rnd, 1)
         timed = stats is not None and q.is_cuda
         if timed:
             torch.cuda.synchronize(q.device)
         t1 = time.perf_counter()
-        for r in reqs:
-            r.wait()
-        if timed and reqs:
+        waited = bool(reqs)
+        _wait_all(reqs, events, rnd)
+        if timed and waited:
             torch.cuda.synchronize(q.device)
         t2 = time.perf_counter()
-        rounds.append({"compute_s": t1 - t0, "wait_s": t2 - t1, "pairs": pairs, "sent": kv.numel() if reqs else 0})
+        rounds.append({"compute_s": t1 - t0, "wait_s": t2 - t1, "pairs": pairs,
+                       "sent": kv.numel() if buf is not None else 0})
         if buf is not None:
             kv = buf
     if stats is not None:
         stats["rounds"] = rounds
-    return finalize(acc)[0]
+    out = finalize(acc)[0]
+    if events is not None:
+        events.end()
+    return out
+
+
+def _exchange(kv, buf, nxt, prv, group):
+    """一轮的 K/V 交换：发给下一个、从上一个收，一次 batch（返回要等的请求）。"""
+    import torch.distributed as dist
+    ops = [dist.P2POp(dist.isend, kv, nxt, group), dist.P2POp(dist.irecv, buf, prv, group)]
+    return dist.batch_isend_irecv(ops)
+
+
+def _wait_all(reqs, events, rnd):
+    """等收发结束（GPU 上：让当前流等 NCCL 的流，主机不阻塞）；返回空列表，同一批请求不会被等两次。"""
+    for r in reqs:
+        r.wait()
+    if events is not None and reqs:
+        events.waited(rnd)
+    return []
+
+
+class RingEvents:
+    """
+    ring_attention_dist 的记录器：每一轮"算"（块注意力 + 合并）和"传"（K/V 的点对点收发）在设备上的起止时刻。
+    【GPU】计算流上记 CUDA 事件；收发改从一条旁路流发起：旁路流先等计算流（K/V 已经写好），记"传·起"，
+        发起 NCCL 的 P2P（NCCL 在自己的流上跑，开跑前等旁路流），旁路流再等 NCCL 结束、记"传·止"。
+        这两个事件夹住的就是 NCCL 的收发内核（含等对方就绪、等 SM 空出来）；计算流上的工作和不记录时完全一样。
+        所有事件在同一块设备上，时间都相对环开始时（begin）的那个事件；整个环只在 timeline() 里同步一次。
+        要让这些时刻只反映设备上的先后，主机得跑在设备前面：调用前在计算流上排一段空转（演示 06 的 _aligned_start）。
+    【CPU（gloo）】time.perf_counter；gloo 的收发在后台线程里进行，"传·止"取 wait 返回的时刻（上界）。
+    【用法】ev = RingEvents(device)；ring_attention_dist(..., events=ev)；ev.timeline() →
+        {"ring_s": 整个环, "rounds": [{"compute": (起, 止), "comm": (起, 止) 或 None}, ...]}（秒）。
+        同一个 ev 可以反复用（每次 begin 清空）。
+    """
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.side = torch.cuda.Stream(self.device) if self.cuda else None
+        self.marks = {}
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()                                   # 当前流（计算流，或 exchange 里的旁路流）
+        return e
+
+    def begin(self, P):
+        self.P = P
+        self.marks = {"ring": [self._mark(), None]}
+
+    def end(self):
+        self.marks["ring"][1] = self._mark()
+
+    def compute(self, rnd, which):
+        self.marks.setdefault(("compute", rnd), [None, None])[which] = self._mark()
+
+    def exchange(self, rnd, send):
+        """发起第 rnd 轮的收发（send() 返回请求）；GPU 上从旁路流发起并在旁路流上记它的起止。"""
+        if not self.cuda:
+            self.marks[("comm", rnd)] = [self._mark(), None]
+            return send()
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.side):
+            start = self._mark()
+            reqs = send()
+            for r in reqs:                           # 旁路流等 NCCL 结束；计算流之后在 _wait_all 里自己再等
+                r.wait()
+            self.marks[("comm", rnd)] = [start, self._mark()]
+        return reqs
+
+    def waited(self, rnd):
+        if not self.cuda:                            # GPU 上"传·止"已经在旁路流上记好了
+            self.marks[("comm", rnd)][1] = self._mark()
+
+    def timeline(self):
+        """同步一次，读出所有时刻（秒，相对环开始）。"""
+        t0 = self.marks["ring"][0]
+        if self.cuda:
+            self.marks["ring"][1].synchronize()
+            self.side.synchronize()
+
+        def at(m):
+            return t0.elapsed_time(m) / 1e3 if self.cuda else m - t0
+
+        rounds = []
+        for rnd in range(self.P):
+            c = self.marks[("compute", rnd)]
+            m = self.marks.get(("comm", rnd))
+            rounds.append({"compute": (at(c[0]), at(c[1])), "comm": None if m is None else (at(m[0]), at(m[1]))})
+        return {"ring_s": at(self.marks["ring"][1]), "rounds": rounds}
+
+
+def covered(span, spans):
+    """span = (起, 止) 里有多长被 spans（若干区间，可重叠）盖住：|span ∩ ∪ spans|。"""
+    a, b = span
+    merged = []
+    for s, e in sorted((max(s, a), min(e, b)) for s, e in spans):     # 先裁到 span 里，再合并重叠的
+        if e <= s:
+            continue
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return sum(e - s for s, e in merged)
+
+
+def overlap_share(comm, computes):
+    """
+    重叠率 = |传 ∩ 算| / |传|：传的这段时间里，有多少时间设备同时在算（0–1）。
+    传完全落在算里面 → 1；两者不相交 → 0；传的时长为 0 时按"全被盖住"算 1。
+    """
+    a, b = comm
+    if b < a:
+        raise ValueError(f"overlap_share：comm 区间的止 {b} 早于起 {a}")
+    return 1.0 if b == a else covered(comm, computes) / (b - a)
+
+
+def timeline_summary(tl):
+    """
+    一个环的 timeline() → 这个环的几个数（秒）：
+      ring_s        整个环（begin 到 end）
+      compute_s     每轮"算"的时长之和；per_round_compute_s / per_round_comm_s：每轮的（没有传的轮是 None）
+      comm_s        每轮"传"的时长之和
+      overlap       Σ|传 ∩ 算| / Σ|传|（没有传时为 None）
+      comm_exposed_s Σ(|传| − |传 ∩ 算|)：传的时候设备上没有在算的时间
+      exposed_s     ring_s − compute_s：环里不在算的时间（露在外面的通信 + 拼 K/V、分配缓冲、归一化）
+    """
+    computes = [r["compute"] for r in tl["rounds"]]
+    comms = [r["comm"] for r in tl["rounds"] if r["comm"] is not None]
+    comp = [e - s for s, e in computes]
+    comm = [e - s for s, e in comms]
+    hid = [covered(c, computes) for c in comms]
+    out = {"ring_s": tl["ring_s"], "compute_s": sum(comp), "comm_s": sum(comm),
+           "per_round_compute_s": comp, "per_round_comm_s": [None if r["comm"] is None else r["comm"][1] - r["comm"][0]
+                                                             for r in tl["rounds"]],
+           "overlap": (sum(hid) / sum(comm) if sum(comm) > 0 else 1.0) if comms else None,
+           "comm_exposed_s": sum(comm) - sum(hid)}
+    out["exposed_s"] = out["ring_s"] - out["compute_s"]
+    return out
 
 
 def init_distributed(backend=None):
@@ -987,10 +1142,13 @@ def _ring_worker(rank, P, port, jobs, outdir):
             mine = shard_index(job["N"], P, job["layout"])[rank]
             q, k, v = (t[..., mine, :].to(device) for t in (Q, K, V))    # 本进程只拿自己那一段
             stats = {}
+            events = RingEvents(device) if job.get("events") else None
             dist.barrier()
             t0 = time.perf_counter()
-            o = ring_attention_dist(q, k, v, job["causal"], job["layout"], stats=stats)
+            o = ring_attention_dist(q, k, v, job["causal"], job["layout"], stats=stats, events=events)
             stats["total_s"] = time.perf_counter() - t0
+            if events is not None:
+                stats["timeline"] = events.timeline()
             torch.save({"o": o.cpu(), "stats_json": json.dumps(stats)}, os.path.join(outdir, f"job{j}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -1007,7 +1165,8 @@ def run_ring(P, jobs, backend="gloo"):
     """
     在本机起 P 个进程（torch.multiprocessing，Linux 上 fork、别处 spawn；空闲的 localhost 端口；gloo + CPU），
     依次跑 jobs 里的每个任务：
-    job = {"N", "d", "causal", "layout", "seed", "heads"（可省）}。每个进程按种子造出同一份 Q、K、V，只取自己那段，
+    job = {"N", "d", "causal", "layout", "seed", "heads"（可省）, "events"（可省：True 时用 RingEvents 记时间线，
+    放进统计的 "timeline"）}。每个进程按种子造出同一份 Q、K、V，只取自己那段，
     调 ring_attention_dist；主进程收回各段输出拼好。
     【返回】[(O，形状同 make_qkv 的 Q；每个 rank 的统计 [{"rounds": [...], "total_s": …}, ...]), ...]，和 jobs 一一对应
     """
@@ -1037,7 +1196,9 @@ def _check_job(job, P):
     job.setdefault("causal", True)
     job.setdefault("layout", "contiguous")
     job.setdefault("seed", 0)
+    job.setdefault("events", False)
     check_bool("causal", job["causal"], where=w)
+    check_bool("events", job["events"], where=w)
     check_choice("layout", job["layout"], LAYOUTS, where=w)
     if N % P:
         raise ValueError(f"{w}：序列长度 N = {N} 必须能被进程数 P = {P} 整除")

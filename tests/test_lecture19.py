@@ -3,6 +3,8 @@
 _selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里不重复；这里测：
 环形注意力（模拟）在随机形状、两种切法、因果与否、随机 P 上 = 整条序列的注意力（float64）；
 真的 torch.distributed 环形注意力（2 个进程、gloo）= 整条序列的注意力，发送量 = RingLedger；
+时间线的算术（重叠率、每轮汇总）在合成区间上的性质，记录器（RingEvents）在 gloo 上不改变输出；
+演示 06 的块函数（aten / Triton 的布局换算 / 显式核）和时间线的汇总、合并、报告、画图（合成数据）；
 掩码按定义逐项核对；任务的不变量；提交的检查点能读、SHA-256 对得上、在没用过的针上准确率 ≥ 0.9；
 损坏 / 配置不符的检查点会带警告重新训练；坏输入报错。
 """
@@ -246,38 +248,176 @@ def test_bad_inputs():
         L.get_checkpoint(task, "nonexistent")
 
 
-def test_demo06_flash_block_matches_full_attention():
-    """演示 06 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：逐设备、逐轮合并 = 整条注意力。"""
+def _demo06():
     import importlib.util
     path = os.path.join(os.path.dirname(__file__), "..", "lecture19", "06_ring_multi_gpu.py")
     spec = importlib.util.spec_from_file_location("lecture19_demo06", path)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
+    return demo
 
-    def explicit_state(q, k, v, is_causal, scale):          # 和 FlashAttention 内核同样的输出：(lse, 1, O)
-        S = (q.double() @ k.double().transpose(-2, -1)) * scale
-        if is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-        lse = torch.logsumexp(S, -1)
-        return (lse, torch.ones_like(lse), torch.softmax(S, -1) @ v.double()), None
 
-    demo._flash_state = explicit_state
-    g = torch.Generator().manual_seed(7)
+def _explicit_state(q, k, v, is_causal, scale):          # 和 FlashAttention 内核同样的输出：(lse, 1, O)
+    S = (q.double() @ k.double().transpose(-2, -1)) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(S, -1)
+    return (lse, torch.ones_like(lse), torch.softmax(S, -1) @ v.double()), None
+
+
+def _check_block_fn(block, seed=7, atol=1e-12):
+    """逐设备、逐轮用 block 合并 = 整条注意力（P = 2, 3, 4；两种布局；因果与否）。"""
+    g = torch.Generator().manual_seed(seed)
     for P in (2, 3, 4):
         for layout in L.LAYOUTS:
             for causal in (False, True):
                 N, d = 11 * P, 8
-                Q, K, V = (torch.randn(2, N, d, generator=g, dtype=torch.float64) for _ in range(3))
+                Q, K, V = (torch.randn(1, 2, N, d, generator=g, dtype=torch.float64) for _ in range(3))
                 idx = L.shard_index(N, P, layout)
                 O = torch.empty_like(Q)
                 for r in range(P):
                     acc = None
                     for rnd in range(P):
                         s = (r - rnd) % P
-                        st, _ = demo.flash_block(Q[..., idx[r], :], K[..., idx[s], :], V[..., idx[s], :],
-                                                 idx[r], idx[s], causal, d ** -0.5)
+                        st, _ = block(Q[..., idx[r], :], K[..., idx[s], :], V[..., idx[s], :],
+                                      idx[r], idx[s], causal, d ** -0.5)
                         if st is not None:
                             acc = st if acc is None else L.merge_states(acc, st)
                     O[..., idx[r], :] = L.finalize(acc)[0]
-                ref = _ref(Q, K, V, causal)
-                assert torch.allclose(O, ref, atol=1e-12), (P, layout, causal)
+                assert torch.allclose(O, _ref(Q, K, V, causal), atol=atol, rtol=0), (P, layout, causal)
+
+
+def test_demo06_flash_block_matches_full_attention():
+    """演示 06 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：逐设备、逐轮合并 = 整条注意力。"""
+    demo = _demo06()
+    demo._flash_state = _explicit_state
+    _check_block_fn(demo.flash_block)
+    _check_block_fn(demo.explicit_block)                 # CPU 测量用的块：同一个分派
+
+
+def test_demo06_triton_block_layout():
+    """
+    triton_block 的布局换算：把 triton_flash 换成一个按 flash-attn 约定（[B, N, H, d]，lse [B, H, N]，
+    causal 右下角对齐）写的参考，环的结果仍 = 整条注意力；传进去的是 [B, H, N, d] 的转置视图（没有拷贝）。
+    """
+    demo = _demo06()
+
+    class FakeTriton:
+        @staticmethod
+        def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False):
+            assert return_lse and q.stride(-1) == 1 and q.stride(1) == q.shape[-1]    # N 维步长 = d：转置视图
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))              # [B, H, N, d]
+            S = (qh @ kh.transpose(-2, -1)) * softmax_scale
+            if causal:                                                        # 右下角对齐
+                nq, nk = S.shape[-2:]
+                S = S.masked_fill(torch.ones(nq, nk, dtype=torch.bool).triu(nk - nq + 1), float("-inf"))
+            return (torch.softmax(S, -1) @ vh).transpose(1, 2), torch.logsumexp(S, -1)
+
+    demo._triton_flash = lambda: FakeTriton
+    _check_block_fn(demo.triton_block, seed=8, atol=1e-6)      # 块输出和 aten 路径一样转成 float32
+
+
+# ---------------------------------------------------------------------------------------------- 时间线的算术
+def _cells(a, b):
+    return set(range(a, b))
+
+
+@settings(deadline=None, max_examples=60)
+@given(comm=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+       computes=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=4))
+def test_overlap_share_properties(comm, computes):
+    """整数端点：被盖住的长度 = 数单位格子；重叠率 ∈ [0, 1]；传 ⊂ 算 → 1；不相交 → 0。"""
+    comm = tuple(sorted(comm))
+    computes = [tuple(sorted(c)) for c in computes]
+    union = set().union(*[_cells(*c) for c in computes]) if computes else set()
+    assert L.covered(comm, computes) == len(_cells(*comm) & union)
+    share = L.overlap_share(comm, computes)
+    assert 0.0 <= share <= 1.0
+    a, b = comm
+    if b > a:
+        assert share == pytest.approx(len(_cells(a, b) & union) / (b - a))
+        assert L.overlap_share(comm, computes + [(a - 1, b + 2)]) == 1.0                  # 传完全在算里面
+        assert L.overlap_share(comm, [(s, e) for s, e in computes if e <= a or s >= b]) == 0.0   # 不相交
+    with pytest.raises(ValueError, match="comm"):
+        L.overlap_share((3.0, 1.0), computes)
+
+
+def test_timeline_summary_on_synthetic_rounds():
+    """两轮：第 0 轮算 [0, 10]、传 [1, 4]（全被盖住）；第 1 轮算 [12, 20]；环 21 → 重叠 1、露在外面 21 − 18 = 3。"""
+    tl = {"ring_s": 21.0, "rounds": [{"compute": (0.0, 10.0), "comm": (1.0, 4.0)},
+                                     {"compute": (12.0, 20.0), "comm": None}]}
+    s = L.timeline_summary(tl)
+    assert s["overlap"] == 1.0 and s["comm_exposed_s"] == 0.0 and s["exposed_s"] == 3.0
+    assert s["compute_s"] == 18.0 and s["comm_s"] == 3.0 and s["per_round_comm_s"] == [3.0, None]
+    tl["rounds"][0]["comm"] = (8.0, 12.0)                   # 一半在算里、一半露在外面
+    s = L.timeline_summary(tl)
+    assert s["overlap"] == 0.5 and s["comm_exposed_s"] == 2.0
+    tl["rounds"][0]["comm"] = None                          # 没有传（P = 1）
+    assert L.timeline_summary(tl)["overlap"] is None
+
+
+def test_ring_events_gloo_record_without_changing_output():
+    """gloo、2 个进程：带记录器的环输出不变，每轮都有算的区间、只有最后一轮没有传，区间都在环里。"""
+    jobs = [dict(N=40, d=6, causal=True, layout="striped", seed=3, heads=2, events=e) for e in (False, True)]
+    (O0, _), (O1, stats) = L.run_ring(2, jobs)
+    assert torch.equal(O0, O1)
+    for s in stats:
+        tl = s["timeline"]
+        assert [r["comm"] is None for r in tl["rounds"]] == [False, True]
+        for r in tl["rounds"]:
+            for span in (r["compute"], r["comm"]):
+                if span is not None:
+                    assert 0.0 <= span[0] <= span[1] <= tl["ring_s"] + 1e-9
+        assert 0.0 <= L.timeline_summary(tl)["overlap"] <= 1.0
+
+
+def _synthetic_variant(demo, name, slow=0.0):
+    """一个变体的 JSON（两个进程、两个长度），样本由已知的区间造出来，走 rank_summary 同一条路。"""
+    lengths = []
+    for n in (4096, 16384):
+        c = n / 4096 * 1e-3                                   # 一轮算的时间（秒）
+        ranks = []
+        for rank in range(2):
+            ov = [L.timeline_summary({"ring_s": 2 * c * (1 + slow) + 1e-5, "rounds": [
+                {"compute": (0.0, c * (1 + slow)), "comm": (0.0, 0.1 * c)},
+                {"compute": (c * (1 + slow), 2 * c * (1 + slow)), "comm": None}]}) for _ in range(3)]
+            se = [L.timeline_summary({"ring_s": 2.1 * c + 1e-5, "rounds": [
+                {"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
+                {"compute": (1.1 * c, 2.1 * c), "comm": None}]}) for _ in range(3)]
+            pl = [{"ring_s": 2 * c * (1 + slow) + 1e-5}] * 3
+            summary = demo.rank_summary({"overlapped": ov, "serial": se, "plain": pl})
+            ranks.append({"rank": rank, **summary, "pairs_per_round": [n * (n + 1) // 2, n * (n - 1) // 2],
+                          "full_block_tflops": 300.0, "recorder_output_max_diff": 0.0, "example": {},
+                          "samples": {"overlapped": ov}})
+        lengths.append({"n_local": n, "kv_bytes_per_round": 2 * 16 * n * 128 * 2, "ranks": ranks})
+    meta = {"variant": name, "block": "aten", "env": {"NCCL_NVLS_ENABLE": "0"}, "heads": 16, "d": 128,
+            "dtype": "bfloat16", "world": 2, "date": "2026-12-01", "gpu": "synthetic"}
+    return {"meta": meta, "checks": [{"n_local": 1024, "ok": True}], "lengths": lengths}
+
+
+def test_demo06_rank_summary_merge_report_plot(tmp_path):
+    """合成数据：重叠率 1、有效藏住 = 省下的时间 / 传；合并去掉原始样本、保留其他各节；报告和画图跑得通。"""
+    demo = _demo06()
+    paths = []
+    for name, slow in (("default", 0.0), ("nchannels2", 0.05)):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(_synthetic_variant(demo, name, slow)))
+        paths.append(str(p))
+    v = json.loads(open(paths[0]).read())
+    r = v["lengths"][1]["ranks"][0]
+    assert r["overlap"] == 1.0 and r["comm_exposed_s"] == 0.0
+    assert r["hidden_effective"] == pytest.approx(1.0)                   # 2.1c − 2c = 0.1c = 全部的传
+    assert r["compute_alone_s"] == pytest.approx([4e-3, 4e-3]) and r["comm_alone_s"][1] is None
+    slow = json.loads(open(paths[1]).read())["lengths"][1]["ranks"][0]
+    assert slow["hidden_effective"] == pytest.approx(0.0, abs=1e-9)      # 算慢 5% 正好吃掉省下的 0.1c
+    results = tmp_path / "ring_multi_gpu.json"
+    results.write_text(json.dumps({"meta": {"world": 2}, "checks": [], "times": []}))
+    demo.merge(paths, str(results))
+    res = json.loads(results.read_text())
+    assert set(res) == {"meta", "checks", "times", "timeline"}
+    assert list(res["timeline"]["variants"]) == ["default", "nchannels2"]
+    assert all("samples" not in r for v in res["timeline"]["variants"].values() for x in v["lengths"]
+               for r in x["ranks"])
+    data = demo.report_timeline(res["timeline"])
+    assert data["default"][1]["overlap"] == 1.0
+    demo.plot_timeline(data, quick=True, world=2)
