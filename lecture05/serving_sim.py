@@ -6,7 +6,8 @@ serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几�
     变成多少、满足 SLO 的有效吞吐（goodput）是多少？张量并行（TP）省了多少显存、快了多少、在 all-reduce 上花了多少？
 
 【里面有什么】
-    时间模型    StepCost、StepModel（prefill / decode / 混合一步的时间、KV 容量、TP 的 all-reduce）、A100_40G
+    时间模型    StepCost、StepModel（prefill / decode / 混合一步的时间、KV 容量、TP 的 all-reduce）、A100_40G；
+               H200_MEASURED、h200_measured_step（H200 上实测拟合的 mfu / mbu / 开销：step_bench.py 与演示 06）
     请求与指标  Request、make_requests（泊松到达 + 长度分布）、summarize（TTFT / TPOT / 吞吐 / goodput）、littles_law
     调度模拟    simulate_static（静态批处理，FasterTransformer 式）、simulate_continuous（迭代级，可选分块 prefill）；
                两者之下的 iteration_schedule 是迭代级调度的引擎，第 6 讲的 Orca 模拟也用它
@@ -47,7 +48,7 @@ import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
 from course_utils import figure_path, format_table, merge_identical, save_figure  # noqa: E402,F401  演示共用
-from course_utils import check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
 MFU = 0.6              # 能用到的峰值算力比例（假设）
@@ -55,6 +56,13 @@ MBU = 0.8              # 能用到的峰值带宽比例（假设）
 STEP_OVERHEAD_S = 1e-3  # 每步固定开销，秒（假设）
 GPU_MEM_UTIL = 0.9     # 可用显存比例：vLLM gpu_memory_utilization 的老默认值 [S61]
 ACT_BYTES = 2.0        # all-reduce 传的激活是 BF16
+
+# ---- H200 上实测拟合的参数（不是假设）----
+# step_bench.py --measure 在 H200 上测 Llama-3.2-1B / 3.1-8B 形状的 prefill 与 decode（results/step_measure.json），
+# 演示 06_step_calibration.py 拟合 StepModel：mfu、mbu 共用；overhead_eager = 逐个启动内核（PyTorch eager）的每步开销，
+# overhead_graph = 整步录成 CUDA graph 后的开销。None：还没有提交实测结果。
+# tests/test_lecture05_step_bench.py 断言它等于对已提交 JSON 的拟合：数据变了，这里必须跟着改。
+H200_MEASURED = None
 
 # Orca / DistServe 实验用的 A100 40GB
 # （312 TFLOPS BF16 稠密、1555 GB/s、NVLink3 每方向 300 GB/s [S1, S3]）。
@@ -345,6 +353,20 @@ class StepModel:
     def __repr__(self):
         return (f"StepModel({self.model.name} on {self.chip.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
                 f"overhead={self.overhead * 1e3:g} ms, KV cap={self._kv_cap} tokens)")
+
+
+def h200_measured_step(model, mode="graph", **kw):
+    """
+    用 H200 实测拟合的参数（H200_MEASURED）建 StepModel：StepModel(model, hw_specs.H200, mfu, mbu, overhead)。
+    mode："graph"（整步一个 CUDA graph，引擎的做法）或 "eager"（逐个启动内核）。kw 传给 StepModel（tp、mem_util……）。
+    【边界】还没有实测结果（H200_MEASURED is None）：ValueError，说怎么生成。
+    """
+    check_choice("mode", mode, ("eager", "graph"), where="h200_measured_step")
+    if H200_MEASURED is None:
+        raise ValueError("H200_MEASURED 还没有填：在 H200 上运行 python3 lecture05/step_bench.py --measure，"
+                         "再运行 lecture05/06_step_calibration.py，把它打印的一行粘贴进 serving_sim.py")
+    p = H200_MEASURED
+    return StepModel(model, hw_specs.H200, mfu=p["mfu"], mbu=p["mbu"], overhead=p[f"overhead_{mode}"], **kw)
 
 
 # =============================================================================

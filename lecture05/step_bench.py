@@ -1,0 +1,828 @@
+"""
+step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的一步对得上吗？
+
+【问题】serving_sim.StepModel 用 roofline + 假设的 mfu 0.6、mbu 0.8、每步 1 ms 开销预测引擎一步的时间。在 H200 上
+    真跑 Llama 形状的模型（随机权重，BF16）的 prefill 和 decode（decode 分 eager 和 CUDA graph），量出来多少？
+    拟合出来的 mfu、mbu 和两种开销是多少？拟合之后还差在哪里、为什么？
+
+【里面有什么】
+    模型    LlamaShaped（RMSNorm、RoPE、SwiGLU 用第 4 讲 modern_lm 的积木；qkv 一个矩阵；lm_head 按 tied 共享词嵌入）、
+            build_model（meta 设备上建，再在目标设备上随机初始化）、alloc_cache（预分配的 KV cache）、
+            reference_logits（不用 cache、不用 SDPA 的朴素注意力：等价性检查的参考）
+    测量    plan_points（网格）、measure（CUDA 事件计时；放不下的点记 skipped 和原因）、profile_kernels（每步几个内核）
+    拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、fit_step_params（平方对数比：网格 + 阻尼
+            高斯-牛顿）、compare_points（逐点：模型 / 实测 / 比值）、explain_point（这一点模型没算到什么）、
+            constant_text（粘贴进 serving_sim.H200_MEASURED 的一行）、synthetic_results（StepModel 生成的"实测"）
+
+【约定】KV cache [L, 2, B, G, S_max, dh]（2 = K、V；G = KV 头数）。prefill：n 个等长输入 [n, T] 从位置 0 开始，
+    写 cache 的前 T 格，只算最后一个 token 的 logits（引擎也只对它采样）。decode：每个序列已有 context 个 token，
+    新 token 在位置 context，看 context + 1 个键（批内上下文一样长）。decode 的 GQA：一组的 R = H/G 个 query 头
+    当作 R 个 query 位置 [B, G, R, dh]，每个 KV 头只读一遍（与 enable_gqa 结果相同，不复制 K/V）。
+    和 StepModel 对照：prefill ↔ prefill_time([T] × n)，decode ↔ decode_time(B, B·(context + 1))，芯片 hw_specs.H200。
+    时间：秒；显存：字节。
+
+【运行】python3 lecture05/step_bench.py                                 # 自检（CPU，几秒）
+        python3 lecture05/step_bench.py --measure                       # H200：约 1–2 分钟，写 results/ 下的 JSON
+        python3 lecture05/step_bench.py --measure --device cpu --quick  # 小模型在 CPU 上走一遍（写到临时目录）
+【依赖】torch、numpy；../lecture01（llm_math、hw_specs、course_utils）、../lecture04（modern_lm）、serving_sim。
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+for _sub in ("lecture01", "lecture04"):
+    sys.path.insert(0, os.path.join(HERE, "..", _sub))
+
+import hw_specs  # noqa: E402
+import llm_math  # noqa: E402
+import serving_sim as ss  # noqa: E402
+from course_utils import check_choice, check_int, check_real, cuda_time, fmt_bytes  # noqa: E402
+from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
+
+SKIP = 77
+ROPE_BASE = 500_000.0       # Llama 3 的 RoPE 底数（只影响数值，不影响时间）
+INIT_STD = 0.02             # 随机权重的标准差（BF16 里 32 层也不溢出）
+CHIP = hw_specs.H200        # 拟合和对照用的芯片（测量在 H200 上）
+MODELS = (llm_math.LLAMA32_1B, llm_math.LLAMA31_8B)
+GRID = {"prefill_n": (1, 2, 4, 8), "prefill_len": (128, 512, 1024, 4096),
+        "decode_batch": (1, 8, 32, 64, 128, 256), "decode_ctx": (512, 2048, 8192)}
+EXTRA_DECODE = (("Llama-3.2-1B", 1, 160),)   # 第 11 讲时间线模型的那一步：1B、批 1、上下文 160
+MODES = ("eager", "graph")
+# --quick：小模型、小网格（CPU 上几秒走完整条代码路径）
+TINY = llm_math.ModelConfig("tiny", n_layers=2, d_model=48, n_heads=6, n_kv_heads=2, d_head=8, d_ff=80, vocab=101)
+QUICK_GRID = {"prefill_n": (1, 2), "prefill_len": (16, 40), "decode_batch": (1, 3), "decode_ctx": (24, 64)}
+TRIAL_S = 0.025             # 每组计时大约多长（秒）：reps = TRIAL_S ÷ 一次的时间，至少 1 次
+TRIALS = 3                  # 几组，取最快的一组（course_utils.cuda_time）
+TIME_BUDGET_S = 210.0       # 测量的时间预算（秒）：超出后剩下的点记为 skipped
+WORKSPACE_BYTES = 1 << 30   # 每个点在 KV 和激活之外留的显存（cuBLAS 工作区、分配器碎片）
+RESULTS = os.path.join(HERE, "results", "step_measure.json")
+DEFAULT_PARAMS = {"mfu": ss.MFU, "mbu": ss.MBU, "overhead_eager": ss.STEP_OVERHEAD_S,
+                  "overhead_graph": ss.STEP_OVERHEAD_S}
+
+
+# =============================================================================
+# 1. Llama 形状的 decoder，带预分配的 KV cache
+# =============================================================================
+class Layer(nn.Module):
+    """一层：x + attn(norm1(x))，再 x + mlp(norm2(x))。wqkv 把 q、k、v 三个投影拼成一个矩阵（引擎的做法）。"""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.d_model
+        self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
+        self.wqkv = nn.Linear(d, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.wo = nn.Linear(cfg.q_dim, d, bias=False)
+        self.mlp = SwiGLU(d, cfg.d_ff)
+
+
+class LlamaShaped(nn.Module):
+    """
+    forward(ids [B, T], cache [L, 2, B, G, S_max, dh], pos0, last_only=True) → logits [B, 1 或 T, V]。
+    两种步：pos0 = 0 的 prefill（因果注意力，只看这 T 个新 token）；T = 1 的 decode（看 cache 前 pos0 + 1 格）。
+    新 token 的 K、V 写进 cache 的第 pos0 … pos0 + T − 1 格。
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model)
+        self.head = None if cfg.tied else nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.cos = self.sin = None      # RoPE 表 [max_pos, dh/2]，build_model 放到设备上
+
+    def forward(self, ids, cache, pos0=0, last_only=True):
+        _check_step(self, ids, cache, pos0)
+        x = self.tok(ids)                                             # [B, T, d]
+        for li, layer in enumerate(self.layers):
+            x = x + self.attention(layer, layer.norm1(x), cache[li], pos0)
+            x = x + layer.mlp(layer.norm2(x))
+        if last_only:
+            x = x[:, -1:]                                             # [B, 1, d]：只有最后一个 token 要采样
+        w = self.tok.weight if self.cfg.tied else self.head.weight    # [V, d]
+        return F.linear(self.norm(x), w)                              # [B, 1 或 T, V]
+
+    def attention(self, layer, x, kv, pos0):
+        """x [B, T, d]；kv = 这一层的 cache [2, B, G, S_max, dh]。返回 [B, T, d]。"""
+        c = self.cfg
+        B, T, _ = x.shape
+        H, G, dh = c.n_heads, c.n_kv_heads, c.d_head
+        q, k, v = layer.wqkv(x).split([H * dh, G * dh, G * dh], dim=-1)
+        q = q.view(B, T, H, dh).transpose(1, 2)                       # [B, H, T, dh]
+        k = k.view(B, T, G, dh).transpose(1, 2)                       # [B, G, T, dh]
+        v = v.view(B, T, G, dh).transpose(1, 2)
+        cos, sin = self.cos[pos0:pos0 + T], self.sin[pos0:pos0 + T]   # [T, dh/2]
+        q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
+        kv[0, :, :, pos0:pos0 + T] = k                                # 写 cache：[B, G, T, dh]
+        kv[1, :, :, pos0:pos0 + T] = v
+        if T == 1:
+            # decode：一组的 R 个 query 头当作 R 个 query 位置，新 token 看得见 cache 里前 pos0 + 1 格的全部键
+            qg = q.reshape(B, G, H // G, dh)                          # [B, G, R, dh]：头 h = g·R + r
+            o = F.scaled_dot_product_attention(qg, kv[0, :, :, :pos0 + 1], kv[1, :, :, :pos0 + 1])
+            o = o.reshape(B, H, 1, dh)                                # [B, H, 1, dh]
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # [B, H, T, dh]
+        return layer.wo(o.transpose(1, 2).reshape(B, T, H * dh))      # [B, T, H·dh] → [B, T, d]
+
+
+def build_model(cfg, device="cpu", dtype=torch.float32, seed=0, max_pos=256):
+    """在 meta 设备上建（不占内存）、转成 dtype、在 device 上分配，再随机初始化：矩阵 N(0, INIT_STD)，RMSNorm 的缩放 1。
+    8B 模型这样建只占 BF16 的 16 GB，不会先建一份 FP32。max_pos：RoPE 表的长度（最大位置 + 1）。"""
+    _check_build(cfg, dtype, max_pos)
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = LlamaShaped(cfg)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, INIT_STD, generator=gen)
+            else:
+                p.fill_(1.0)
+    cos, sin = rope_angles(torch.arange(max_pos, dtype=torch.float64), cfg.d_head, ROPE_BASE)   # [max_pos, dh/2]
+    model.cos, model.sin = cos.to(device, dtype), sin.to(device, dtype)
+    return model.eval()
+
+
+def alloc_cache(cfg, batch, max_seq, dtype, device):
+    """预分配的 KV cache [L, 2, B, G, S_max, dh]（torch.empty：内容未定义，prefill / decode 只读写过的格子）。"""
+    batch = check_int("batch", batch, lo=1, where="alloc_cache")
+    max_seq = check_int("max_seq", max_seq, lo=1, where="alloc_cache")
+    return torch.empty(cfg.n_layers, 2, batch, cfg.n_kv_heads, max_seq, cfg.d_head, dtype=dtype, device=device)
+
+
+@torch.no_grad()
+def reference_logits(model, ids):
+    """参考：整段 [B, T] 一次算完，所有位置的 logits [B, T, V]。注意力写成朴素的 softmax(QKᵀ/√dh + 因果掩码)·V，
+    GQA 用 repeat_interleave 把 K、V 复制到每个 query 头；不用 cache、不用 SDPA。"""
+    c = model.cfg
+    B, T = ids.shape
+    H, G, dh = c.n_heads, c.n_kv_heads, c.d_head
+    cos, sin = model.cos[:T], model.sin[:T]
+    mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()           # [T, T]：查询 i 看键 j ≤ i
+    x = model.tok(ids)                                                            # [B, T, d]
+    for layer in model.layers:
+        h = layer.norm1(x)
+        q, k, v = layer.wqkv(h).split([H * dh, G * dh, G * dh], dim=-1)
+        q = apply_rope_half(q.view(B, T, H, dh).transpose(1, 2), cos, sin)       # [B, H, T, dh]
+        k = apply_rope_half(k.view(B, T, G, dh).transpose(1, 2), cos, sin)       # [B, G, T, dh]
+        k = k.repeat_interleave(H // G, dim=1)                                   # [B, H, T, dh]
+        v = v.view(B, T, G, dh).transpose(1, 2).repeat_interleave(H // G, dim=1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(dh)                            # [B, H, T, T]
+        p = s.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        x = x + layer.wo((p @ v).transpose(1, 2).reshape(B, T, H * dh))
+        x = x + layer.mlp(layer.norm2(x))
+    w = model.tok.weight if c.tied else model.head.weight
+    return F.linear(model.norm(x), w)                                             # [B, T, V]
+
+
+# =============================================================================
+# 2. 测量：网格、计时、显存够不够
+# =============================================================================
+def plan_points(models, grid, modes=MODES, extra=EXTRA_DECODE):
+    """测量网格（还没测的点）：每个模型 prefill n × T（eager），decode 批 × 上下文（每种 mode 各一点），加上 extra。"""
+    pts = []
+    for cfg in models:
+        for n in grid["prefill_n"]:
+            for T in grid["prefill_len"]:
+                pts.append({"model": cfg.name, "kind": "prefill", "n_prompts": n, "prompt_len": T, "mode": "eager",
+                            "tokens": n * T})
+        pairs = [(b, c) for c in grid["decode_ctx"] for b in grid["decode_batch"]]
+        pairs += [(b, c) for name, b, c in extra if name == cfg.name]
+        for b, c in pairs:
+            for mode in modes:
+                pts.append({"model": cfg.name, "kind": "decode", "batch": b, "context": c, "mode": mode, "tokens": b})
+    return pts
+
+
+def point_shape(p):
+    """这一点的 (序列数, cache 长度 S_max, 每序列送进几个 token, 起始位置 pos0)。"""
+    if p["kind"] == "prefill":
+        return p["n_prompts"], p["prompt_len"], p["prompt_len"], 0
+    return p["batch"], p["context"] + 1, 1, p["context"]
+
+
+def point_bytes(cfg, p, elem=2):
+    """这一点在权重之外要的显存：(KV cache 字节, 工作区字节的估计)。工作区 = 固定 1 GiB + 每个 token 几份
+    MLP 宽度的激活（gate、up、乘积、残差）+ logits（fp32 算）。"""
+    n, S, T, _ = point_shape(p)
+    kv = n * S * cfg.kv_bytes_per_token(elem)
+    work = WORKSPACE_BYTES + 4 * n * T * (cfg.d_ff + cfg.d_model) * elem + 4 * n * cfg.vocab
+    return kv, work
+
+
+def time_fn(fn, device, trial_s=TRIAL_S, trials=TRIALS):
+    """一次 fn() 的时间（秒）和每组的次数 reps。GPU：course_utils.cuda_time（CUDA 事件，组内不同步主机）；
+    CPU：perf_counter。reps 让每组大约 trial_s 秒。"""
+    if device.type == "cuda":
+        one = cuda_time(fn, 1, trials=1, warmup=1)
+        reps = max(1, min(500, int(trial_s / max(one, 1e-7))))
+        return cuda_time(fn, reps, trials=trials, warmup=0), reps
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    reps = max(1, min(500, int(trial_s / max(time.perf_counter() - t0, 1e-7))))
+    best = math.inf
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best, reps
+
+
+def capture_graph(fn):
+    """把一次 fn() 录成 CUDA graph（先在旁路流上预热两次：cuBLAS、SDPA 的工作区在录之前分配好）。返回 graph。"""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def fits_chip(cfg, p, chip=CHIP, elem=2):
+    """不上卡的估计：权重 + KV + 工作区 ≤ 芯片的可分配显存（chip.alloc_bytes）。synthetic_points 用它挑点。"""
+    kv, work = point_bytes(cfg, p, elem)
+    return cfg.weight_bytes(elem) + kv + work <= chip.alloc_bytes
+
+
+def no_room(cfg, p, device, elem):
+    """放不下就返回原因（一句话），放得下返回 None。GPU：KV + 工作区 > 此刻的空闲显存（权重已经在卡上）。"""
+    if device.type != "cuda":
+        return None
+    kv, work = point_bytes(cfg, p, elem)
+    free = torch.cuda.mem_get_info()[0]
+    if kv + work <= free:
+        return None
+    return (f"KV cache {fmt_bytes(kv)} + workspace {fmt_bytes(work)} > free {fmt_bytes(free)} "
+            f"(weights {fmt_bytes(cfg.weight_bytes(elem))} already loaded)")
+
+
+@torch.no_grad()
+def profile_kernels(model, device, dtype):
+    """一次 prefill（1 × 128）和一次 eager decode（批 8、上下文 512）各启动了多少个 GPU 内核、注意力用的哪个内核
+    （torch.profiler）。用来解释 eager 的开销（每步的启动次数）和 SDPA 选了哪个后端。失败时返回原因。"""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for kind, p in (("prefill", {"kind": "prefill", "n_prompts": 1, "prompt_len": 128}),
+                    ("decode", {"kind": "decode", "batch": 8, "context": 512})):
+        n, S, T, pos0 = point_shape(p)
+        cache = alloc_cache(model.cfg, n, S, dtype, device).zero_()
+        ids = torch.zeros(n, T, dtype=torch.long, device=device)
+        model(ids, cache, pos0)
+        torch.cuda.synchronize()
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                model(ids, cache, pos0)
+                torch.cuda.synchronize()
+            names = [e.name for e in prof.events() if str(e.device_type).endswith("CUDA")
+                     and not e.name.startswith(("Memcpy", "Memset"))]
+            attn = sorted({nm[:120] for nm in names if any(w in nm.lower() for w in ("flash", "fmha", "attention",
+                                                                                      "cudnn", "softmax"))})
+            out[kind] = {"n_kernels": len(names), "attention_kernels": attn}
+        except Exception as e:                          # 只是说明用的信息：profiler 出问题不该让测量失败
+            out[kind] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    return out
+
+
+@torch.no_grad()
+def measure_group(model, group, device, dtype, seed):
+    """测同一个形状的一组点（decode 的 eager 和 graph 共用一份 cache）。结果写进各点的字典。"""
+    cfg = model.cfg
+    n, S, T, pos0 = point_shape(group[0])
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cache = alloc_cache(cfg, n, S, dtype, device)
+    if pos0 > 0:
+        cache.normal_(generator=gen)                  # decode：前 context 格当作已经写好的 KV（随机值）
+    ids = torch.randint(cfg.vocab, (n, T), device=device, generator=gen)
+
+    def step():
+        return model(ids, cache, pos0)
+
+    graph = None
+    try:
+        for p in group:
+            if p["mode"] == "graph":
+                if device.type != "cuda":
+                    p.update(status="skipped", reason="CUDA graph needs a CUDA device")
+                    continue
+                graph = capture_graph(step)
+                sec, reps = time_fn(graph.replay, device)
+            else:
+                sec, reps = time_fn(step, device)
+            p.update(status="ok", seconds=sec, reps=reps, trials=TRIALS)
+    except Exception as e:                              # 如 torch.cuda.OutOfMemoryError：记下原因，接着测别的点
+        for p in group:
+            if "status" not in p:
+                p.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}")
+    finally:
+        graph = cache = None                            # 放掉 cache 和 graph 的显存池，下一点才有地方
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def measure(models, grid, device, dtype, out_path, budget_s=TIME_BUDGET_S, quick=False, seed=0, log=print):
+    """测 plan_points(models, grid) 的每一点，写 out_path（每测完一个模型写一次：中途超时也留下已测的）。
+    返回结果字典 {"meta", "models", "points"}。"""
+    device = torch.device(device)
+    t_start = time.perf_counter()
+    points = plan_points(models, grid, MODES, extra=() if quick else EXTRA_DECODE)
+    res = {"meta": run_meta(device, dtype, quick, budget_s),
+           "models": {m.name: dataclasses.asdict(m) for m in models}, "points": points}
+    elem = torch.tensor([], dtype=dtype).element_size()
+    log(f"{len(points)} 个点、{len(models)} 个模型，设备 {device}，{dtype}；时间预算 {budget_s:.0f} s；"
+        f"结果 → {out_path}")
+    for cfg in models:
+        mine = [p for p in points if p["model"] == cfg.name]
+        max_pos = max(point_shape(p)[1] for p in mine)
+        t0 = time.perf_counter()
+        model = build_model(cfg, device, dtype, seed=seed, max_pos=max_pos)
+        log(f"[{time.perf_counter() - t_start:6.1f} s] 建好 {cfg.name}（{time.perf_counter() - t0:.1f} s）")
+        groups = {}
+        for p in mine:
+            groups.setdefault((p["kind"],) + point_shape(p), []).append(p)
+        for group in groups.values():
+            why = no_room(cfg, group[0], device, elem)
+            if why is None and time.perf_counter() - t_start > budget_s:
+                why = f"time budget {budget_s:.0f} s used up"
+            if why is not None:
+                for p in group:
+                    p.update(status="skipped", reason=why)
+            else:
+                measure_group(model, group, device, dtype, seed)
+            log(f"[{time.perf_counter() - t_start:6.1f} s] {cfg.name} " + "；".join(_point_line(p) for p in group))
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        res["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+        _write_json(res, out_path)
+    if device.type == "cuda" and not quick and time.perf_counter() - t_start < budget_s:
+        # 最后才开 profiler（CUPTI 开过之后可能给后面的每次内核启动添开销，不能让它碰到计时）
+        res["meta"]["kernels"] = {cfg.name: _profile_model(cfg, device, dtype, seed, log) for cfg in models}
+        res["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+        _write_json(res, out_path)
+    n_ok = sum(p.get("status") == "ok" for p in points)
+    log(f"完成：{n_ok}/{len(points)} 个点测到，{res['meta']['wall_s']} s；写入 {out_path}")
+    return res
+
+
+def _profile_model(cfg, device, dtype, seed, log):
+    model = build_model(cfg, device, dtype, seed=seed, max_pos=1024)
+    prof = profile_kernels(model, device, dtype)
+    log(f"{cfg.name} 每步的 GPU 内核：{json.dumps(prof, ensure_ascii=False)}")
+    del model
+    torch.cuda.empty_cache()
+    return prof
+
+
+def _point_line(p):
+    where = (f"prefill {p['n_prompts']}×{p['prompt_len']}" if p["kind"] == "prefill"
+             else f"decode B={p['batch']} ctx={p['context']}")
+    what = f"{p['seconds'] * 1e3:.3f} ms" if p.get("status") == "ok" else f"{p.get('status')}: {p.get('reason')}"
+    return f"{where} {p['mode']} {what}"
+
+
+def _write_json(res, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def run_meta(device, dtype, quick, budget_s):
+    """测量文件里"在哪、怎么测的"：GPU、驱动（nvidia-smi）、torch / CUDA 版本、日期、dtype、计时方法。"""
+    meta = {"device": device.type, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat(), "dtype": str(dtype).replace("torch.", ""), "quick": quick,
+            "budget_s": budget_s, "chip_for_model": CHIP.name,
+            "timing": f"CUDA events; warm-up, then the fastest of {TRIALS} groups of reps "
+                      f"(~{TRIAL_S * 1e3:.0f} ms each)",
+            "prefill": "n equal prompts from position 0, causal SDPA (enable_gqa); logits for the last token only",
+            "decode": "uniform context; new token at position context attends context + 1 keys; GQA as [B, G, R, dh]",
+            "cache_layout": "[L, 2, B, G, S_max, dh], preallocated; decode cache filled with random values",
+            "graph": "one decode step captured with static inputs (torch.cuda.graph), timed by replay"}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(gpu=torch.cuda.get_device_name(device), total_memory=props.total_memory,
+                    driver=_nvidia_smi("driver_version"), sm_count=props.multi_processor_count)
+    else:
+        meta.update(gpu=None, cpu_threads=torch.get_num_threads())
+    return meta
+
+
+def _nvidia_smi(field):
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def load_results(path=RESULTS):
+    """读测量 JSON，返回 (结果字典, {模型名: ModelConfig})。"""
+    with open(path) as f:
+        res = json.load(f)
+    return res, {name: llm_math.ModelConfig(**d) for name, d in res["models"].items()}
+
+
+# =============================================================================
+# 3. 拟合：StepModel 的 mfu、mbu、两种开销
+# =============================================================================
+def ideal_times(points, configs, chip=CHIP):
+    """
+    每一点在 StepModel 里的两边（mfu = mbu = 1、开销 0）：t_compute、t_memory（秒，数组）。任意参数下
+    StepModel 的一步 = max(t_compute / mfu, t_memory / mbu) + overhead（tp = 1，没有通信）。
+    mem_util = 1：这里只比时间，不让 StepModel 的 90% 显存策略（A5）拒绝实际放得下的点。
+    """
+    _check_points(points, configs)
+    steps, tc, tm = {}, [], []
+    for p in points:
+        name = p["model"]
+        if name not in steps:
+            steps[name] = ss.StepModel(configs[name], chip, mfu=1.0, mbu=1.0, overhead=0.0, mem_util=1.0)
+        c = _step_cost(steps[name], p)
+        tc.append(float(c.t_compute))
+        tm.append(float(c.t_memory))
+    return np.array(tc), np.array(tm)
+
+
+def _step_cost(step, p):
+    if p["kind"] == "prefill":
+        return step.prefill_cost([p["prompt_len"]] * p["n_prompts"])
+    return step.decode_cost(p["batch"], p["batch"] * (p["context"] + 1))
+
+
+def predict(tc, tm, graph, params):
+    """max(tc / mfu, tm / mbu) + (graph 点用 overhead_graph，其余 overhead_eager)。"""
+    og = params["overhead_graph"] if params["overhead_graph"] is not None else 0.0
+    return np.maximum(tc / params["mfu"], tm / params["mbu"]) + np.where(graph, og, params["overhead_eager"])
+
+
+def fit_step_params(points, configs, chip=CHIP):
+    """
+    拟合 StepModel 的 mfu、mbu（两种 mode 共用）和 overhead_eager、overhead_graph：
+    最小化 Σ log²(模型 / 实测)（相对误差，大小点一样重）。只用 status == "ok" 的点。
+    做法：mfu、mbu 在 [0.02, 1] 的对数网格上、每种开销在 {0} ∪ [1 µs, 50 ms] 的对数网格上穷举
+    （给定 mfu、mbu，两种开销各管各的点，可以分开取最好的），再从最好的格点和默认值里较好的那个出发做坐标搜索
+    （对数坐标，步长减半到 1e-7）。没有 graph 点时 overhead_graph 为 None。
+    返回 {"mfu", "mbu", "overhead_eager", "overhead_graph", "loss", "n_points"}。
+    """
+    ok = _ok_points(points)
+    tc, tm = ideal_times(ok, configs, chip)
+    meas = np.array([p["seconds"] for p in ok])
+    graph = np.array([p["mode"] == "graph" for p in ok])
+    has_graph = bool(graph.any())
+    if graph.all():
+        raise ValueError("points 里至少要有一个 eager 点（prefill 都是 eager）")
+
+    def residuals(x):                                 # x = (log mfu, log mbu, log oe, log og)
+        """r_i = log(模型 / 实测) 和它对 x 的导数 J [点, 4]。"""
+        mfu, mbu, oe, og = np.exp(x)
+        c, m = tc / mfu, tm / mbu
+        o = np.where(graph, og, oe)
+        pred = np.maximum(c, m) + o
+        J = np.zeros((len(pred), 4))
+        J[:, 0] = np.where(c >= m, -c, 0.0) / pred        # ∂ log pred / ∂ log mfu（只在算力那一边）
+        J[:, 1] = np.where(c >= m, 0.0, -m) / pred
+        J[:, 2] = np.where(graph, 0.0, o) / pred
+        J[:, 3] = np.where(graph, o, 0.0) / pred
+        return np.log(pred / meas), J
+
+    def loss(x):
+        return float(np.sum(residuals(x)[0] ** 2))
+
+    active = np.array([True, True, True, has_graph])
+    x0 = _grid_start(tc, tm, meas, graph)
+    xd = np.log([DEFAULT_PARAMS[k] for k in ("mfu", "mbu", "overhead_eager", "overhead_graph")])
+    x = min((x0, xd), key=loss)
+    x = _levenberg_marquardt(residuals, x, active)
+    x = _coordinate_search(loss, x, active, step=0.01)
+    mfu, mbu, oe, og = (float(v) for v in np.exp(x))
+    return {"mfu": mfu, "mbu": mbu, "overhead_eager": oe, "overhead_graph": og if has_graph else None,
+            "loss": loss(x), "n_points": len(ok)}
+
+
+def _grid_start(tc, tm, meas, graph):
+    """网格上最好的 (log mfu, log mbu, log oe, log og)。"""
+    eff = np.geomspace(0.02, 1.0, 31)
+    ovh = np.concatenate([[1e-9], np.geomspace(1e-6, 0.05, 50)])                # 1e-9 ≈ 0（取对数用）
+    base = np.maximum(tc / eff[:, None, None], tm / eff[None, :, None])          # [mfu, mbu, 点]
+    best, total = [], 0.0
+    for sel in (~graph, graph):
+        if not sel.any():
+            best.append(np.zeros(base.shape[:2], dtype=int))
+            continue
+        pred = base[:, :, sel, None] + ovh                                       # [mfu, mbu, 点, 开销]
+        err = np.sum(np.log(pred / meas[sel, None]) ** 2, axis=2)                # [mfu, mbu, 开销]
+        best.append(err.argmin(axis=2))
+        total = total + err.min(axis=2)
+    i, j = np.unravel_index(np.argmin(total), total.shape)
+    return np.log([eff[i], eff[j], ovh[best[0][i, j]], ovh[best[1][i, j]]])
+
+
+X_HI = np.log([1.0, 1.0, 5.0, 5.0])      # mfu、mbu ≤ 1（StepModel 的范围）；开销 ≤ 5 s
+X_LO = np.log([1e-3, 1e-3, 1e-9, 1e-9])  # 开销 1e-9 s 就是 0
+
+
+def _levenberg_marquardt(residuals, x, active, iters=300):
+    """阻尼高斯-牛顿：解 (JᵀJ + λ·diag(JᵀJ)) δ = −Jᵀr，变好就收下并减小 λ，变差就加大 λ；参数夹在 [X_LO, X_HI]。"""
+    x = np.clip(np.array(x, dtype=float), X_LO, X_HI)
+    r, J = residuals(x)
+    f, lam = float(r @ r), 1e-3
+    for _ in range(iters):
+        Ja = J[:, active]                                     # [点, 可调的参数]
+        A = Ja.T @ Ja
+        delta = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -(Ja.T @ r))
+        y = x.copy()
+        y[active] += delta
+        y = np.clip(y, X_LO, X_HI)
+        ry, Jy = residuals(y)
+        fy = float(ry @ ry)
+        if fy < f:
+            done = f - fy <= 1e-15 * f or fy < 1e-28
+            x, r, J, f, lam = y, ry, Jy, fy, max(lam / 3, 1e-12)
+            if done:
+                break
+        else:
+            lam *= 4
+            if lam > 1e12:
+                break
+    return x
+
+
+def _coordinate_search(loss, x, active, step=0.5, tol=1e-7):
+    """坐标（模式）搜索：每个坐标试 ±step，有改进就走，没有就步长减半，直到 step < tol。兜底：max() 的折点上
+    导数不连续，高斯-牛顿偶尔停在折点旁边。"""
+    x, fx = np.array(x, dtype=float), loss(x)
+    while step >= tol:
+        moved = False
+        for k in np.nonzero(active)[0]:
+            for sgn in (1.0, -1.0):
+                y = x.copy()
+                y[k] += sgn * step
+                y = np.clip(y, X_LO, X_HI)
+                fy = loss(y)
+                if fy < fx:
+                    x, fx, moved = y, fy, True
+                    break
+        if not moved:
+            step /= 2
+    return x
+
+
+def compare_points(points, configs, params, chip=CHIP):
+    """逐点：StepModel(model, chip, mfu, mbu, overhead = 这一点的 mode 的开销) 的预测 vs 实测。
+    返回字典列表（原来的字段 + model_s、ratio = 模型 / 实测、bound）。预测直接问 StepModel（不是拟合用的公式）。"""
+    rows = []
+    for p in _ok_points(points):
+        ovh = params[f"overhead_{p['mode']}"]
+        step = ss.StepModel(configs[p["model"]], chip, mfu=params["mfu"], mbu=params["mbu"],
+                            overhead=ovh if ovh is not None else 0.0, mem_util=1.0)
+        c = _step_cost(step, p)
+        t = float(c.total)
+        rows.append({**p, "model_s": t, "ratio": t / p["seconds"], "bound": str(c.bound)})
+    return rows
+
+
+def error_summary(rows):
+    """{"median": 中位 |模型/实测 − 1|, "worst": |log 比值| 最大的那一行}。"""
+    err = np.array([abs(r["ratio"] - 1) for r in rows])
+    worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
+    return {"median": float(np.median(err)), "worst": worst}
+
+
+def explain_point(row, cfg, kernels_per_step=None):
+    """这一点 StepModel 没有算到的东西（中文短句的列表），数字由 cfg 算出；kernels_per_step：实测的一次 decode
+    启动几个 GPU 内核（meta["kernels"]，没有就不写具体数）。"""
+    notes = []
+    flops_tok = cfg.linear_flops_per_token()
+    head = 2 * cfg.d_model * cfg.vocab                              # lm_head 每个 token 的 FLOPs
+    if row["kind"] == "prefill":
+        n, T = row["n_prompts"], row["prompt_len"]
+        attn = cfg.attn_flops_per_token(1) * n * T * (T + 1) / 2
+        total = n * T * flops_tok + attn
+        notes.append(f"模型按每个 token 都过 lm_head 计 FLOPs，实测只算最后一个 token 的 logits："
+                     f"多算了 {(n * T - n) * head / total:.0%} 的 FLOPs")
+        notes.append(f"注意力占模型 FLOPs 的 {attn / total:.0%}：FlashAttention 的算力效率和矩阵乘不同，"
+                     f"共用一个 mfu 会偏")
+    else:
+        b, ctx = row["batch"], row["context"]
+        kv = b * (ctx + 1) * cfg.kv_bytes_per_token(2)
+        w = cfg.matmul_params() * 2
+        notes.append(f"读 KV 占模型字节的 {kv / (kv + w):.0%}：decode 注意力（每个 KV 头一个 R 行的小查询）的带宽效率"
+                     f"和读权重的矩阵乘不同")
+        if row["mode"] == "eager":
+            k = (f"每步启动 {kernels_per_step} 个 GPU 内核（每层约 {kernels_per_step / cfg.n_layers:.0f} 个）"
+                 if kernels_per_step else "每层几十次内核启动")
+            notes.append(f"eager：{k}，主机开销和层数成正比（这里 {cfg.n_layers} 层）；"
+                         f"一个固定的 overhead 描述不了层数不同的两个模型")
+        if b <= 8:
+            notes.append("批很小：矩阵乘是细长的 GEMV，达不到大矩阵的带宽")
+    notes.append(f"这一点在模型里是 {row['bound']} 受限；roofline 的 max() 假设两边完全重叠")
+    return notes
+
+
+def constant_text(fit, meta):
+    """拟合结果 → 粘贴进 serving_sim.py 的 H200_MEASURED = {...}（5 位有效数字；三行，每行不超过 120 字符）。"""
+    return (f'H200_MEASURED = {{"mfu": {fit["mfu"]:.5g}, "mbu": {fit["mbu"]:.5g}, '
+            f'"overhead_eager": {fit["overhead_eager"]:.5g}, "overhead_graph": {fit["overhead_graph"]:.5g},\n'
+            f'                 "source": "measured on {meta.get("gpu")} {meta.get("date")}, '
+            f'torch {meta.get("torch")}; "\n'
+            f'                           "lecture05/results/step_measure.json"}}')
+
+
+def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
+    """用 StepModel 自己生成"实测"（拟合恢复测试与演示的测试用）：plan_points 里放得下（fits_chip）的每一点，
+    秒数 = 模型 × exp(noise·N(0,1))。"""
+    rng = np.random.default_rng(seed)
+    configs = {m.name: m for m in models}
+    pts = [p for p in plan_points(models, grid) if fits_chip(configs[p["model"]], p, chip)]
+    tc, tm = ideal_times(pts, configs, chip)
+    t = predict(tc, tm, np.array([p["mode"] == "graph" for p in pts]), params)
+    for p, s in zip(pts, t * np.exp(noise * rng.standard_normal(len(pts)))):
+        p.update(status="ok", seconds=float(s))
+    return pts
+
+
+def synthetic_results(params, noise=0.0, seed=0, models=MODELS, grid=GRID):
+    """和 measure 写的 JSON 同样结构的合成结果（meta 里标着 synthetic），演示的测试用。"""
+    meta = {"synthetic": True, "gpu": "synthetic (StepModel)", "driver": "-", "torch": torch.__version__, "cuda": None,
+            "date": datetime.date.today().isoformat(), "dtype": "bfloat16", "device": "none", "quick": False,
+            "params": params, "noise": noise, "seed": seed}
+    return {"meta": meta, "models": {m.name: dataclasses.asdict(m) for m in models},
+            "points": synthetic_points(models, grid, params, noise=noise, seed=seed)}
+
+
+# =============================================================================
+# 输入检查（放在教学代码之后）
+# =============================================================================
+def _check_build(cfg, dtype, max_pos):
+    if not isinstance(cfg, llm_math.ModelConfig):
+        raise TypeError(f"build_model：cfg 必须是 llm_math.ModelConfig，收到 {type(cfg).__name__}")
+    if cfg.qkv_bias or cfg.n_pos or cfg.extra_per_layer or cfg.extra_final:
+        raise ValueError(f"build_model：cfg 必须是 Llama 形状（没有 qkv 偏置、可学习位置、额外参数），收到 {cfg}")
+    if cfg.d_head % 2:
+        raise ValueError(f"build_model：d_head 必须是偶数（RoPE 两两配对），收到 {cfg.d_head}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"build_model：dtype 必须是浮点 torch.dtype，收到 {dtype!r}")
+    check_int("max_pos", max_pos, lo=1, where="build_model")
+
+
+def _check_step(model, ids, cache, pos0):
+    """forward 的入口检查（几个整数比较，不碰 GPU 上的值）。"""
+    c = model.cfg
+    if not torch.is_tensor(ids) or ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"ids 必须是 [B, T] 的整数张量，收到 {getattr(ids, 'shape', type(ids).__name__)}")
+    B, T = ids.shape
+    want = (c.n_layers, 2, B, c.n_kv_heads, c.d_head)
+    if not torch.is_tensor(cache) or cache.ndim != 6 or tuple(cache.shape[:4]) + (cache.shape[5],) != want:
+        raise ValueError(f"cache 必须是 [L, 2, B, G, S_max, dh] = [{want[0]}, 2, {B}, {want[3]}, S_max, {want[4]}]，"
+                         f"收到 {getattr(cache, 'shape', type(cache).__name__)}")
+    if not isinstance(pos0, int) or isinstance(pos0, bool) or pos0 < 0:
+        raise TypeError(f"pos0 必须是 ≥ 0 的 Python 整数，收到 {pos0!r}")
+    if pos0 > 0 and T > 1:
+        raise ValueError(f"一步只能是 prefill（pos0 = 0）或 decode（T = 1）；收到 pos0 = {pos0}、T = {T}")
+    if pos0 + T > min(cache.shape[4], model.cos.shape[0]):
+        raise ValueError(f"pos0 + T = {pos0 + T} 超过 cache 长度 S_max = {cache.shape[4]} 或 RoPE 表长度 "
+                         f"{model.cos.shape[0]}")
+
+
+def _ok_points(points):
+    if not isinstance(points, (list, tuple)):
+        raise TypeError(f"points 必须是点（字典）的列表，收到 {type(points).__name__}")
+    ok = [p for p in points if p.get("status", "ok") == "ok"]
+    if not ok:
+        raise ValueError("points 里没有测到的点（status == 'ok'）")
+    for p in ok:
+        check_real("seconds", p.get("seconds"), lo=0.0, lo_open=True, where=f"点 {p}")
+    return ok
+
+
+def _check_points(points, configs):
+    for p in points:
+        if not isinstance(p, dict):
+            raise TypeError(f"points 的元素必须是字典，收到 {type(p).__name__}")
+        if p.get("model") not in configs:
+            raise ValueError(f"点的 model = {p.get('model')!r} 不在 configs 里（有：{sorted(configs)}）")
+        check_choice("kind", p.get("kind"), ("prefill", "decode"), where="点")
+        check_choice("mode", p.get("mode"), MODES, where="点")
+        keys = ("n_prompts", "prompt_len") if p["kind"] == "prefill" else ("batch", "context")
+        for k in keys:
+            check_int(k, p.get(k), lo=1 if k != "context" else 0, where=f"{p['kind']} 点")
+
+
+# =============================================================================
+# 自检与命令行
+# =============================================================================
+def check_cache_equivalence(cfg, batch, prompt, n_decode, dtype=torch.float64, seed=0):
+    """prefill(prompt 个) + 逐个 decode（n_decode 步）的 logits vs 整段一次算（SDPA 与朴素参考）。返回两个最大误差。"""
+    model = build_model(cfg, "cpu", dtype, seed=seed, max_pos=prompt + n_decode)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(cfg.vocab, (batch, prompt + n_decode), generator=gen)     # [B, P + n]
+    with torch.no_grad():
+        cache = alloc_cache(cfg, batch, prompt + n_decode, dtype, "cpu")
+        got = [model(ids[:, :prompt], cache, 0)[:, 0]]                           # [B, V]：位置 P − 1 的 logits
+        for j in range(n_decode - 1):
+            got.append(model(ids[:, prompt + j:prompt + j + 1], cache, prompt + j)[:, 0])
+        got = torch.stack(got, dim=1)                                             # [B, n, V]
+        full = model(ids, alloc_cache(cfg, batch, prompt + n_decode, dtype, "cpu"), 0, last_only=False)
+    ref = reference_logits(model, ids)                                            # [B, P + n, V]
+    want = full[:, prompt - 1:prompt + n_decode - 1]
+    return float((got - want).abs().max()), float((full - ref).abs().max())
+
+
+def _selftest():
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)            # 小张量：多线程只有同步开销（2 核的课程机上还会和别的进程抢）
+    # 1. 预分配 cache 的 prefill + decode = 整段一次算 = 朴素注意力参考（不规则尺寸、GQA、tied 与不 tied）
+    for tied, (B, P, n) in ((False, (3, 7, 5)), (True, (2, 1, 4))):
+        cfg = llm_math.ModelConfig("odd", n_layers=2, d_model=40, n_heads=6, n_kv_heads=2, d_head=6, d_ff=52,
+                                   vocab=97, tied=tied)
+        e_cache, e_ref = check_cache_equivalence(cfg, B, P, n)
+        assert e_cache < 1e-10 and e_ref < 1e-10, (tied, e_cache, e_ref)
+    e32, _ = check_cache_equivalence(TINY, 2, 5, 3, dtype=torch.float32)
+    assert e32 < 1e-4, e32
+    # 2. 拟合从 StepModel 自己生成的点里找回真参数（完整的 H200 网格形状）
+    true = {"mfu": 0.71, "mbu": 0.83, "overhead_eager": 3.1e-3, "overhead_graph": 4.2e-5}
+    pts = synthetic_points(MODELS, GRID, true)
+    fit = fit_step_params(pts, {m.name: m for m in MODELS})
+    for k in true:
+        assert abs(fit[k] - true[k]) <= 1e-3 * true[k], (k, fit[k], true[k])
+    rows = compare_points(pts, {m.name: m for m in MODELS}, fit)
+    assert error_summary(rows)["median"] < 1e-4
+    # 3. 坏输入：清楚的 TypeError / ValueError
+    m = build_model(TINY, max_pos=8)
+    cache = alloc_cache(TINY, 1, 8, torch.float32, "cpu")
+    for bad, exc in ((lambda: build_model("8B"), TypeError),
+                     (lambda: m(torch.zeros(1, 2, dtype=torch.long), cache, 3), ValueError),
+                     (lambda: m(torch.zeros(1, 1, dtype=torch.long), cache, 8), ValueError),
+                     (lambda: m(torch.zeros(2, 1, dtype=torch.long), cache, 0), ValueError),
+                     (lambda: fit_step_params([], {}), ValueError),
+                     (lambda: fit_step_params([{**pts[0], "seconds": -1.0}], {m.name: m for m in MODELS}),
+                      ValueError)):
+        try:
+            bad()
+            raise AssertionError("坏输入没有报错")
+        except exc:
+            pass
+    print(f"step_bench 自检通过：cache 的 prefill + decode = 整段 = 朴素参考（float64 误差 < 1e-10），"
+          f"拟合找回 mfu {fit['mfu']:.3f}、mbu {fit['mbu']:.3f}、开销 {fit['overhead_eager'] * 1e3:.2f} / "
+          f"{fit['overhead_graph'] * 1e6:.1f} µs（{time.perf_counter() - t0:.1f} s）")
+
+
+def _parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="StepModel vs 实测的一步（不带 --measure：自检）")
+    ap.add_argument("--measure", action="store_true", help="测量并写 JSON（默认 CUDA）")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--quick", action="store_true", help="小模型、小网格（写到临时目录）")
+    ap.add_argument("--out", default=None, help=f"结果路径（默认 {os.path.relpath(RESULTS)}；--quick 时在临时目录）")
+    ap.add_argument("--budget-s", type=float, default=TIME_BUDGET_S, help="测量的时间预算，秒")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def measure_main(args):
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("SKIP: --measure --device cuda 需要 CUDA GPU；在 CPU 上试整条路径用 --device cpu --quick")
+        sys.exit(SKIP)
+    out = args.out or (os.path.join(tempfile.gettempdir(), "step_measure_quick.json") if args.quick else RESULTS)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    if args.device == "cpu":
+        torch.set_num_threads(1)        # 小矩阵上多线程只有同步开销（2 核的课程机上还会互相抢）
+    print(f"随机种子 seed = {args.seed}")
+    res = measure((TINY,) if args.quick else MODELS, QUICK_GRID if args.quick else GRID, args.device, dtype, out,
+                  budget_s=args.budget_s, quick=args.quick, seed=args.seed, log=lambda s: print(s, flush=True))
+    configs = {n: llm_math.ModelConfig(**d) for n, d in res["models"].items()}
+    if any(p.get("status") == "ok" for p in res["points"]) and not args.quick:
+        fit = fit_step_params(res["points"], configs)
+        print("拟合（对 H200 的 StepModel）：\n" + constant_text(fit, res["meta"]))
+
+
+if __name__ == "__main__":
+    _args = _parse_args()
+    if _args.measure:
+        measure_main(_args)
+    else:
+        _selftest()

@@ -1,0 +1,217 @@
+"""第 5 讲 step_bench（实测一步 vs StepModel）的测试：cache 等价、拟合恢复、坏输入、CPU 上的测量路径、演示的 skip，
+以及 serving_sim.H200_MEASURED 与已提交 JSON 的拟合一致（自检和演示 --quick 由 test_harness.py 在子进程里跑）。"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from labload import ROOT, load_lab
+
+sb = load_lab("lecture05", "step_bench")
+ss = load_lab("lecture05", "serving_sim")
+lm = load_lab("lecture01", "llm_math")
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CONFIGS = {m.name: m for m in sb.MODELS}
+DEMO = os.path.join(ROOT, "lecture05", "06_step_calibration.py")
+COMMITTED = os.path.join(ROOT, "lecture05", "results", "step_measure.json")
+
+
+def _tiny(tied=False, G=2, R=3, dh=6):
+    return lm.ModelConfig("odd", n_layers=2, d_model=40, n_heads=G * R, n_kv_heads=G, d_head=dh, d_ff=52, vocab=97,
+                          tied=tied)
+
+
+# ---------------------------------------------------------------------------
+# 模型：预分配 cache 的 prefill + decode = 整段一次算 = 朴素参考
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("tied,G,R,B,P,n", [(False, 2, 3, 3, 7, 5), (True, 1, 4, 2, 1, 4), (False, 3, 1, 1, 11, 3),
+                                            (True, 4, 2, 5, 3, 6)])
+def test_cache_prefill_decode_equals_full_forward(tied, G, R, B, P, n):
+    """MHA（R = 1）、GQA、MQA（G = 1），tied 与否，长度 1 的 prompt（第一步就走 decode 路径）。"""
+    e_cache, e_ref = sb.check_cache_equivalence(_tiny(tied, G, R), B, P, n, seed=B * 100 + P)
+    assert e_cache < 1e-10 and e_ref < 1e-10, (e_cache, e_ref)
+
+
+def test_cache_equivalence_float32():
+    e_cache, e_ref = sb.check_cache_equivalence(sb.TINY, 3, 9, 4, dtype=torch.float32, seed=3)
+    assert e_cache < 1e-4 and e_ref < 1e-4, (e_cache, e_ref)
+
+
+def test_model_matches_llm_math_param_count():
+    """建出来的模型的参数个数 = llm_math.ModelConfig.n_params()（tied 时 lm_head 不另算）：StepModel 数的就是它。"""
+    for tied in (False, True):
+        cfg = _tiny(tied)
+        m = sb.build_model(cfg, max_pos=8)
+        assert sum(p.numel() for p in m.parameters()) == cfg.n_params()
+
+
+def test_decode_writes_only_its_slot():
+    cfg = sb.TINY
+    m = sb.build_model(cfg, max_pos=16)
+    cache = sb.alloc_cache(cfg, 2, 16, torch.float32, "cpu").fill_(7.0)
+    with torch.no_grad():
+        m(torch.zeros(2, 1, dtype=torch.long), cache, 5)
+    changed = (cache != 7.0).any(dim=(0, 1, 2, 3, 5))             # [S_max]：哪些位置被写了
+    assert changed.nonzero().flatten().tolist() == [5]
+
+
+# ---------------------------------------------------------------------------
+# 拟合
+# ---------------------------------------------------------------------------
+@settings(max_examples=12, **SETTINGS)
+@given(mfu=st.floats(0.2, 1.0), mbu=st.floats(0.3, 1.0), oe=st.floats(1e-4, 8e-3), og=st.floats(1e-6, 5e-4))
+def test_fit_recovers_parameters_from_step_model_points(mfu, mbu, oe, og):
+    true = {"mfu": mfu, "mbu": mbu, "overhead_eager": oe, "overhead_graph": og}
+    fit = sb.fit_step_params(sb.synthetic_points(sb.MODELS, sb.GRID, true), CONFIGS)
+    for k, v in true.items():
+        assert abs(fit[k] - v) <= 1e-3 * v, (k, fit[k], v)
+    assert fit["loss"] < 1e-8
+
+
+def test_fit_with_noise_and_without_graph_points():
+    true = {"mfu": 0.7, "mbu": 0.82, "overhead_eager": 3e-3, "overhead_graph": 4e-5}
+    pts = sb.synthetic_points(sb.MODELS, sb.GRID, true, noise=0.03, seed=4)
+    fit = sb.fit_step_params(pts, CONFIGS)
+    for k in ("mfu", "mbu", "overhead_eager"):
+        assert abs(fit[k] / true[k] - 1) < 0.05, (k, fit[k])
+    eager = [p for p in pts if p["mode"] == "eager"]
+    fe = sb.fit_step_params(eager, CONFIGS)
+    assert fe["overhead_graph"] is None and abs(fe["mfu"] / true["mfu"] - 1) < 0.05
+
+
+def test_fit_prediction_is_step_model():
+    """拟合用的向量化公式 = 直接问 StepModel（compare_points）：两者不会分家。"""
+    params = {"mfu": 0.55, "mbu": 0.9, "overhead_eager": 2e-3, "overhead_graph": 3e-5}
+    pts = sb.synthetic_points(sb.MODELS, sb.GRID, params)
+    for r in sb.compare_points(pts, CONFIGS, params):
+        assert abs(r["ratio"] - 1) < 1e-12, r
+    # decode 的账：decode_time(B, B·(context + 1))
+    r = next(r for r in sb.compare_points(pts, CONFIGS, params) if r["kind"] == "decode" and r["mode"] == "graph")
+    st_ = ss.StepModel(CONFIGS[r["model"]], sb.CHIP, mfu=0.55, mbu=0.9, overhead=3e-5, mem_util=1.0)
+    assert r["model_s"] == st_.decode_time(r["batch"], r["batch"] * (r["context"] + 1))
+
+
+def test_fit_never_worse_than_defaults():
+    pts = sb.synthetic_points(sb.MODELS, sb.GRID, dict(sb.DEFAULT_PARAMS), noise=0.02, seed=1)
+    fit = sb.fit_step_params(pts, CONFIGS)
+    before = sum(math.log(r["ratio"]) ** 2 for r in sb.compare_points(pts, CONFIGS, sb.DEFAULT_PARAMS))
+    assert fit["loss"] <= before
+
+
+def test_plan_and_memory_rule():
+    pts = sb.plan_points(sb.MODELS, sb.GRID)
+    assert len(pts) == 2 * (16 + 18 * 2) + 2          # 两个模型 × (prefill 16 + decode 18 × 2) + 第 11 讲那一步
+    p8 = {(p["batch"], p["context"]): p for p in pts if p["model"] == "Llama-3.1-8B" and p["kind"] == "decode"}
+    assert not sb.fits_chip(CONFIGS["Llama-3.1-8B"], p8[(256, 8192)])      # 275 GB 的 KV
+    assert not sb.fits_chip(CONFIGS["Llama-3.1-8B"], p8[(128, 8192)])      # 137 GB 的 KV + 16 GB 权重
+    assert sb.fits_chip(CONFIGS["Llama-3.1-8B"], p8[(64, 8192)])
+    p1 = [p for p in pts if p["model"] == "Llama-3.2-1B" and p["kind"] == "decode"]
+    assert all(sb.fits_chip(CONFIGS["Llama-3.2-1B"], p) for p in p1)
+    assert sum(p["context"] == 160 for p in p1) == 2                      # eager 与 graph
+
+
+# ---------------------------------------------------------------------------
+# 坏输入
+# ---------------------------------------------------------------------------
+def test_bad_inputs_raise_clear_errors():
+    m = sb.build_model(sb.TINY, max_pos=8)
+    cache = sb.alloc_cache(sb.TINY, 1, 8, torch.float32, "cpu")
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(TypeError, match="ModelConfig"):
+        sb.build_model("Llama-3.1-8B")
+    with pytest.raises(TypeError, match="dtype"):
+        sb.build_model(sb.TINY, dtype=torch.int32)
+    with pytest.raises(ValueError, match="d_head"):
+        sb.build_model(_tiny(dh=5))
+    with pytest.raises(TypeError, match="ids"):
+        m(ids.float(), cache, 0)
+    with pytest.raises(ValueError, match="cache"):
+        m(torch.zeros(2, 1, dtype=torch.long), cache, 0)
+    with pytest.raises(ValueError, match="prefill"):
+        m(torch.zeros(1, 3, dtype=torch.long), cache, 2)
+    with pytest.raises(ValueError, match="S_max"):
+        m(ids, cache, 8)
+    with pytest.raises(TypeError, match="pos0"):
+        m(ids, cache, 1.0)
+    with pytest.raises(ValueError, match="batch"):
+        sb.alloc_cache(sb.TINY, 0, 8, torch.float32, "cpu")
+    good = sb.synthetic_points(sb.MODELS, sb.GRID, dict(sb.DEFAULT_PARAMS))
+    with pytest.raises(ValueError, match="没有测到"):
+        sb.fit_step_params([], CONFIGS)
+    with pytest.raises(ValueError, match="seconds"):
+        sb.fit_step_params([{**good[0], "seconds": -1.0}], CONFIGS)
+    with pytest.raises(ValueError, match="model"):
+        sb.fit_step_params([{**good[0], "model": "GPT-5"}], CONFIGS)
+    with pytest.raises(ValueError, match="kind"):
+        sb.fit_step_params([{**good[0], "kind": "train"}], CONFIGS)
+    with pytest.raises(ValueError, match="eager"):
+        sb.fit_step_params([p for p in good if p["mode"] == "graph"], CONFIGS)
+    with pytest.raises(ValueError, match="mode"):
+        ss.h200_measured_step(lm.LLAMA31_8B, mode="compiled")
+
+
+# ---------------------------------------------------------------------------
+# 测量路径（CPU 小模型）与演示
+# ---------------------------------------------------------------------------
+def test_measure_runs_on_cpu_quick(tmp_path):
+    out = tmp_path / "q.json"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res = sb.measure((sb.TINY,), sb.QUICK_GRID, "cpu", torch.float32, str(out), quick=True, log=lambda s: None)
+    finally:
+        torch.set_num_threads(threads)
+    back, configs = sb.load_results(str(out))
+    assert back["points"] == json.loads(json.dumps(res["points"])) and configs["tiny"] == sb.TINY
+    eager = [p for p in back["points"] if p["mode"] == "eager"]
+    graph = [p for p in back["points"] if p["mode"] == "graph"]
+    assert eager and all(p["status"] == "ok" and p["seconds"] > 0 for p in eager)
+    assert graph and all(p["status"] == "skipped" and "CUDA" in p["reason"] for p in graph)
+    assert back["meta"]["device"] == "cpu" and back["meta"]["quick"] is True
+
+
+def _run_demo(*args):
+    return subprocess.run([sys.executable, DEMO, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_demo_skips_without_results(tmp_path):
+    r = _run_demo("--quick", "--results", str(tmp_path / "missing.json"))
+    assert r.returncode == 77, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("SKIP:")
+
+
+def test_demo_runs_on_synthetic_results(tmp_path):
+    true = {"mfu": 0.72, "mbu": 0.85, "overhead_eager": 3e-3, "overhead_graph": 5e-5}
+    path = tmp_path / "syn.json"
+    path.write_text(json.dumps(sb.synthetic_results(true, noise=0.03, seed=2)))
+    r = _run_demo("--quick", "--results", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "拟合出的参数" in r.stdout and "最差的一点" in r.stdout and "第 11 讲" in r.stdout
+
+
+# ---------------------------------------------------------------------------
+# serving_sim.H200_MEASURED 与已提交的实测绑在一起
+# ---------------------------------------------------------------------------
+@pytest.mark.skipif(not os.path.exists(COMMITTED), reason="lecture05/results/step_measure.json 还没有提交")
+def test_h200_measured_equals_fit_of_committed_json():
+    res, configs = sb.load_results(COMMITTED)
+    fit = sb.fit_step_params(res["points"], configs)
+    assert ss.H200_MEASURED is not None, "把这三行粘贴进 serving_sim.py：\n" + sb.constant_text(fit, res["meta"])
+    for k in ("mfu", "mbu", "overhead_eager", "overhead_graph"):
+        assert abs(ss.H200_MEASURED[k] - fit[k]) <= 1e-3 * abs(fit[k]), (k, ss.H200_MEASURED[k], fit[k])
+    step = ss.h200_measured_step(lm.LLAMA31_8B, mode="eager")
+    assert step.mfu == ss.H200_MEASURED["mfu"] and step.overhead == ss.H200_MEASURED["overhead_eager"]
+
+
+def test_no_measured_constants_without_committed_json():
+    if os.path.exists(COMMITTED):
+        pytest.skip("已有实测结果：由 test_h200_measured_equals_fit_of_committed_json 检查")
+    assert ss.H200_MEASURED is None
+    with pytest.raises(ValueError, match="H200_MEASURED"):
+        ss.h200_measured_step(lm.LLAMA31_8B)
