@@ -1373,13 +1373,14 @@ def _selftest(kernel="all", seed=None):
 # ============================================================================
 # v3：flash-decoding（split-KV）
 #   decode 时每个序列只有 1 个（或几个）新 query，FlashAttention 的"一个程序一个 Q 块"只有 B·Hq 个程序，
-#   GPU 上 132 个 SM 大半空着（B = 1 时尤其如此）。flash-decoding 把 key 轴也切开，一个内核 _decode_kernel：
-#     grid (num_splits, B·Hk)，程序 (s, b·Hk + h) 读第 b 个序列、第 h 个 K/V 头的第 s 段 key；同一组 R = Hq/Hk 个
-#     query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：K/V 只读一遍）。
-#     num_splits = 1：直接写输出。num_splits > 1：每段把部分结果（归一化过的 o_s 和以 2 为底的 lse_s）写进 fp32
-#     草稿区，再把 (b, h) 的计数器加 1；**最后到的那个程序**负责合并（LSE 合并，flash_lab 的 flash-decoding 一节）：
-#       M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s，然后把计数器清零，留给下一次调用。
-#     比"再启动一个合并内核"省一次启动和一次内核间的空档（B = 1、S = 32k 时整个内核才 ~30 µs，这很要紧）。
+#   GPU 上 132 个 SM 大半空着（B = 1 时尤其如此）。flash-decoding 把 key 轴也切开，分两步（两个内核）：
+#     第一步 _decode_kernel：grid (num_splits, B·Hk)，程序 (s, b·Hk + h) 读第 b 个序列、第 h 个 K/V 头的第 s 段 key；
+#       同一组 R = Hq/Hk 个 query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：K/V 只读一遍）。
+#       num_splits = 1 时直接写输出（没有第二步）；否则把这一段的部分结果（归一化过的 o_s、以 2 为底的 lse_s）写进
+#       fp32 草稿区（只存 R·n 个真的行）。
+#     第二步 _decode_merge_kernel：程序 (r, b·Hk + h) 一次读进第 r 行的所有段，LSE 合并（flash_lab 的 flash-decoding
+#       一节）：M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s。
+#     试过"最后到的程序合并"（一个内核、原子计数器，省一次启动）：H200 上反而慢 2–4 µs（results/NOTES.md 的 v3.1）。
 #   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
 #   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
 #   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
@@ -1394,33 +1395,11 @@ def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stri
 
 
 @triton.jit
-def _decode_merge_row(O_PART, LSE_PART, OUT, first, r, b, h, offs_d, N_SPLITS, stride_ob, stride_on, stride_oh,
-                      N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """
-    第 r 行的 N_SPLITS 段一次读进来合并：lse [BLOCK_S]、o [BLOCK_S, d]。所有段同时读（不是一段一段地等），
-    .cg：只在 L2 缓存，绕过 L1——读到的是别的 SM 刚写的值，不是本 SM 的 L1 里的旧值。
-    """
-    splits = tl.arange(0, BLOCK_S)
-    s_ok = splits < N_SPLITS
-    part = (first + splits) * (R * N_NEW) + r                                       # [BLOCK_S]
-    lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                cache_modifier=".cg")
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
-    w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]：每段占的 softmax 质量
-    total = tl.sum(w, 0)
-    merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [d]
-    _decode_store(OUT, merged, b, h, r, offs_d < HEAD_DIM, offs_d, stride_ob, stride_on, stride_oh, N_NEW, R)
-
-
-@triton.jit
-def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
+def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-                   MERGE_HERE: tl.constexpr = True):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
@@ -1469,21 +1448,6 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
         part = (bh * N_SPLITS + split) * (R * N_NEW) + rows     # 草稿区 [B·Hk, num_splits, R·n, (d)]：只存真的行
         tl.store(LSE_PART + part, lse, mask=row_ok)
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
-        if MERGE_HERE:
-            tl.debug_barrier()                    # 本程序所有线程的写都在计数之前（计数是 release：别的 SM 看得见）
-            arrived = tl.atomic_add(COUNTERS + bh, 1, sem="acq_rel", scope="gpu")
-        else:                                     # 对照用：另起一个合并内核（_decode_merge_kernel）
-            arrived = -1
-        if arrived == N_SPLITS - 1:               # 最后一个到的：其余各段都已写好
-            if R * N_NEW <= 16:
-                for r in tl.static_range(R * N_NEW):      # 行之间互不依赖：展开后各行的读可以同时在路上
-                    _decode_merge_row(O_PART, LSE_PART, OUT, bh * N_SPLITS, r, b, h, offs_d, N_SPLITS,
-                                      stride_ob, stride_on, stride_oh, N_NEW, R, HEAD_DIM, BLOCK_S)
-            else:                                         # 行很多（大组 × 多个新 token）：不展开，免得编译太久
-                for r in range(0, R * N_NEW):
-                    _decode_merge_row(O_PART, LSE_PART, OUT, bh * N_SPLITS, r, b, h, offs_d, N_SPLITS,
-                                      stride_ob, stride_on, stride_oh, N_NEW, R, HEAD_DIM, BLOCK_S)
-            tl.atomic_xchg(COUNTERS + bh, 0, sem="relaxed", scope="gpu")     # 清零：下一次调用接着用
     else:
         _decode_store(OUT, o, b, h, rows[:, None], row_ok[:, None], offs_d[None, :], stride_ob, stride_on, stride_oh,
                       N_NEW, R)
@@ -1492,15 +1456,26 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, qk_scale, 
 @triton.jit
 def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
                          N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """对照用的两内核写法（flash-attn 的 split-KV + combine）：程序 (r, b·Hk + h) 合并第 r 行的各段。"""
+    """第二步：程序 (r, b·Hk + h) 把第 r 行（组内头 g、新 token i）的 N_SPLITS 段一次读进来合并。"""
     r = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    _decode_merge_row(O_PART, LSE_PART, OUT, bh * N_SPLITS, r, bh // N_KV_HEADS, bh % N_KV_HEADS,
-                      tl.arange(0, HEAD_DIM), N_SPLITS, stride_ob, stride_on, stride_oh, N_NEW, R, HEAD_DIM, BLOCK_S)
+    splits = tl.arange(0, BLOCK_S)
+    s_ok = splits < N_SPLITS
+    part = (bh * N_SPLITS + splits) * (R * N_NEW) + r                               # [BLOCK_S]
+    offs_d = tl.arange(0, HEAD_DIM)
+    lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
+    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)   # [BLOCK_S, d]
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
+    w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]：每段占的 softmax 质量
+    total = tl.sum(w, 0)
+    merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [d]
+    _decode_store(OUT, merged, bh // N_KV_HEADS, bh % N_KV_HEADS, r, offs_d < HEAD_DIM, offs_d,
+                  stride_ob, stride_on, stride_oh, N_NEW, R)
 
 
 # 每次循环读的 key 数、warp 数、流水级数（解释器用小块，几十个 key 也跨好几块）
-DECODE_CONFIG = (16, 4, 1) if INTERPRET else (128, 4, 3)
+DECODE_CONFIG = (16, 4, 1) if INTERPRET else (64, 4, 4)     # H200 上的 sweep 选的（results/NOTES.md 的 v3.1）
 MAX_SPLITS = 256
 MAX_DECODE_ROWS = 128          # (Hq/Hk)·n 的上限：一个程序的 Q 块行数
 
@@ -1543,23 +1518,22 @@ def _sm_count(device):
 
 class _Scratch:
     """
-    flash_decode 的草稿区（各段的 o_s、lse_s）和计数器，按 (设备, stream) 缓存、只增不减：每次调用不再新建张量。
-    计数器由内核自己清零（最后到的程序合并后写 0），所以只在第一次分配时置零。同一个 stream 上的调用按顺序执行，
-    不会同时用同一块；不同 stream 各有一份。CUDA 图捕获期间分配的不缓存（那块内存属于图）。
+    flash_decode 的草稿区（各段的 o_s、lse_s），按 (设备, stream) 缓存、只增不减：每次调用不再新建张量。
+    同一个 stream 上的调用按顺序执行，不会同时用同一块；不同 stream 各有一份。CUDA 图捕获期间分配的不缓存
+    （那块内存属于图）。
     """
     _cache = {}
 
     @classmethod
     def get(cls, device, n_rows, d):
-        """n_rows = B·Hk·num_splits·BLOCK_M 行 → (o_part [n_rows·d]，lse_part [n_rows]，counters [n_rows])。"""
+        """n_rows = B·Hk·num_splits·R·n 行 → (o_part [n_rows·d]，lse_part [n_rows])，fp32。"""
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
         key = (device, stream)
         have = cls._cache.get(key)
         if have is not None and have[0].numel() >= n_rows * d and have[1].numel() >= n_rows:
             return have
         bufs = (torch.empty(n_rows * d, device=device, dtype=torch.float32),
-                torch.empty(n_rows, device=device, dtype=torch.float32),
-                torch.zeros(n_rows, device=device, dtype=torch.int32))
+                torch.empty(n_rows, device=device, dtype=torch.float32))
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             cls._cache[key] = bufs
         return bufs
@@ -1577,10 +1551,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
         同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核）；可以在 CUDA 图里捕获。
     """
     key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan:
+    plans = _PLANS.get(key) if key is not None else None
+    if plans:                                     # 一到两个 _Plan（第一步、第二步）
         out = torch.empty_like(q)
-        if plan((q, k_cache, v_cache, cache_seqlens, out), q.device.index):
+        tensors = (q, k_cache, v_cache, cache_seqlens, out)
+        if plans[0](tensors, q.device.index):
+            if len(plans) > 1:
+                plans[1](tensors, q.device.index)
             return out
     return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, DECODE_CONFIG,
                    key if _should_record(key) else None)
@@ -1602,11 +1579,8 @@ def _decode_key(q, k, v, lens, num_splits, softmax_scale):
         return None
 
 
-def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, merge="last"):
-    """
-    正常路径：检查输入、选段数、拿草稿区、启动；plan_key 不是 None 时把这次启动记成 _Plan。
-    merge="last"：最后到的程序合并（默认，一个内核）；"kernel"：另起合并内核（07_decode_bench 的对照）。
-    """
+def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None):
+    """正常路径：检查输入、选段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
@@ -1615,25 +1589,27 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     if splits is None:
         splits = decode_splits(batch, hk, s_max, _sm_count(q.device), block_n)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
-    o_part, lse_part, counters = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
+    o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q)
     # q、out 是 [B, Hq, d] 时没有 n 这一维：它的步长记 0（唯一的 i = 0）
     sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
     so = (out.stride(0), 0, out.stride(1)) if squeeze else (out.stride(0), out.stride(1), out.stride(2))
-    args = (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, counters, scale * math.log2(math.e),
-            s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so)
-    kwargs = dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
-                  SPLIT=splits > 1, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=warps,
-                  num_stages=stages)
-    grid = (splits, batch * hk)
-    if check_choice("merge", merge, ("last", "kernel")) == "kernel" and splits > 1:
-        _decode_kernel[grid](*args, **kwargs, MERGE_HERE=False)
-        _decode_merge_kernel[(group * n_new, batch * hk)](o_part, lse_part, out, hk, splits, *so, N_NEW=n_new, R=group,
-                                                          HEAD_DIM=d, BLOCK_S=kwargs["BLOCK_S"])
-        return out
-    _decode_kernel[grid](*args, **kwargs)
+    launches = [(_decode_kernel, (splits, batch * hk),
+                 (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, scale * math.log2(math.e),
+                  s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
+                 dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
+                      SPLIT=splits > 1, num_warps=warps, num_stages=stages))]
+    if splits > 1:
+        launches.append((_decode_merge_kernel, (group * n_new, batch * hk),
+                         (o_part, lse_part, out, hk, splits, *so),
+                         dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+                              num_warps=4)))
+    for kernel, grid, args, kwargs in launches:
+        kernel[grid](*args, **kwargs)
     if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记
-        _PLANS[plan_key] = _Plan.build(_decode_kernel, args, kwargs, grid, (q, k_cache, v_cache, cache_seqlens, out))
+        tensors = (q, k_cache, v_cache, cache_seqlens, out)
+        plans = tuple(_Plan.build(kernel, args, kwargs, grid, tensors) for kernel, grid, args, kwargs in launches)
+        _PLANS[plan_key] = all(plans) and plans
     return out
 
 
