@@ -508,13 +508,17 @@ def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_on, stride_oh, stride_dn, stri
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, lse_base, delta_base, lo, fs, fe, hi,
-                cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn, lse_base, delta_base,
+                lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
                 seed, rng_base, max_k, dropout_p,
                 STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr):
-    """flash_bwd 的内层循环（对固定的 K_j、V_j 走第 STAGE 段的 Q 块 i）：dV_j += Pᵀ dO_i，dK_j += dSᵀ Q_i。"""
+                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """
+    flash_bwd 的内层循环（对固定的 K_j、V_j 走第 STAGE 段的 Q 块 i）：dV_j += Pᵀ dO_i，dK_j += dSᵀ Q_i。
+    ATOMIC_DQ：顺便把 dS_ij K_j 原子加进 fp32 的 dQ 累加器（FA2 的做法，每对块 5 次矩阵乘）；
+    别的 program（别的 key 块）也在加同一行，加的先后每次不同，所以 dQ 不逐位可复现。
+    """
     MASKED: tl.constexpr = STAGE != 1
     start, stop = _stage_bounds(lo, fs, fe, hi, STAGE)
     for start_m in range(start, stop, BLOCK_M):
@@ -542,20 +546,32 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, lse_base, d
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=PREC)
         ds = p * (dp - delta[:, None])                                                # dS = P∘(dP − D)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        if ATOMIC_DQ:                      # dQ_i += dS K_j（scale 在最后换 dtype 时乘）
+            dq = tl.dot(ds.to(k.dtype), k, input_precision=PREC)                      # [BLOCK_M, D]，fp32
+            dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :], sem="relaxed")
+            elif BLOCK_D != HEAD_DIM:
+                tl.atomic_add(dq_ptrs, dq, mask=(offs_d < HEAD_DIM)[None, :], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
+def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                  sm_scale, seed, dropout_p,
                  stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
-                 stride_dkn, stride_dkh, stride_dvn, stride_dvh,
+                 stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh,
                  stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                  n_heads_k, group, max_q, max_k, tune_n,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr):
-    """K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。"""
+                 HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """
+    K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。
+    ATOMIC_DQ：DQ 是 fp32 的累加器（调用前清零），dQ 也在这里算（原子加）；否则 DQ 不用，dQ 由 _dq_kernel 算。
+    """
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_k
@@ -586,13 +602,15 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                                                   stride_sb, stride_sh, stride_bb, stride_bh, HAS_ALIBI)
         q_base = Q + q0.to(tl.int64) * stride_qn + h * stride_qh
         do_base = DO + q0.to(tl.int64) * stride_dn + h * stride_dh
+        dq_base = DQ + q0.to(tl.int64) * stride_dqn + h * stride_dqh
         lse_base = LSE2 + h * stride_lh + q0
         delta_base = DELTA + h * stride_lh + q0
         for stage in tl.static_range(3):
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, lse_base, delta_base,
-                                 lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base,
-                                 stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, stage, HEAD_DIM, BLOCK_D,
-                                 BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn,
+                                 lse_base, delta_base, lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
+                                 slope2, bias_base, stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, stage,
+                                 HEAD_DIM, BLOCK_D, BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC,
+                                 ATOMIC_DQ)
     dk = dk * sm_scale                # S = scale·QKᵀ ⇒ dK = scale·dSᵀQ
     mask = (cols < len_k)[:, None] & (offs_d < HEAD_DIM)[None, :]
     tl.store(DK + k0.to(tl.int64) * stride_dkn + hk * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
@@ -699,6 +717,9 @@ def _cfg(bm, bn, warps, stages):
 FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
 DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 3)]
 DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)]
+# 带原子 dQ 的 dK/dV 内核：每个 Q 块多一个 [BLOCK_M, d] 的 fp32 dQ 块，寄存器更紧，所以没有 (32, 128) 这种长 key 块
+# 配 4 warp 的组合；还没有在 GPU 上实测挑选过（results/NOTES.md）
+DKDV_ATOMIC_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 64, 4, 3)]
 
 
 _TUNE_KEY = ["tune_n", "HEAD_DIM", "WIN_L", "WIN_R"]
@@ -711,26 +732,32 @@ def _prune_fwd(configs, named_args, **kwargs):
     return keep or configs
 
 
-def _tuned(kernel, configs, extra_key=(), prune=None):
+def _tuned(kernel, configs, extra_key=(), prune=None, reset_to_zero=None):
     extra = {"prune_configs_by": {"early_config_prune": prune}} if prune else {}
-    return triton.autotune(configs=configs, key=_TUNE_KEY + list(extra_key), **extra)(kernel)
+    # reset_to_zero：原子累加的输出在每次试跑之前清零（否则几个配置的试跑会叠加进同一个 dQ）
+    return triton.autotune(configs=configs, key=_TUNE_KEY + list(extra_key), reset_to_zero=reset_to_zero,
+                           **extra)(kernel)
 
 
 def _fixed_config(kind, block_d, dtype):
     """不调优时用的配置 (BLOCK_M, BLOCK_N, warps, stages)（解释器用很小的块，好让几十行的序列也跨好几个块）。"""
     if INTERPRET:
-        return {"fwd": (16, 32, 4, 1), "dkdv": (32, 16, 4, 1), "dq": (16, 32, 4, 1)}[kind]
+        blocks = {"fwd": (16, 32, 4, 1), "dkdv": (32, 16, 4, 1), "dkdv_atomic": (32, 16, 4, 1), "dq": (16, 32, 4, 1)}
+        return blocks[kind]
     big = block_d > 128 or dtype == torch.float32
     if kind == "fwd":
         return (64, 64, 4, 2) if big else (128, 64, 8, 3)      # 不调优路径（alibi、bias、dropout、窗口）
-    if kind == "dkdv":
+    if kind in ("dkdv", "dkdv_atomic"):
         return (32, 64, 4, 2) if big else (64, 64, 4, 2)
     return (64, 32, 4, 2) if big else (64, 64, 4, 2)
 
 
-_KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}
+# "dkdv" 和 "dkdv_atomic" 是同一个内核（ATOMIC_DQ = False / True），各有自己的配置表和 autotune 缓存
+_KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dkdv_atomic": _dkdv_kernel, "dq": _dq_kernel}
 _TUNED = {} if INTERPRET else {"fwd": _tuned(_fwd_kernel, FWD_CONFIGS, ["TMA"], _prune_fwd),
-                               "dkdv": _tuned(_dkdv_kernel, DKDV_CONFIGS), "dq": _tuned(_dq_kernel, DQ_CONFIGS)}
+                               "dkdv": _tuned(_dkdv_kernel, DKDV_CONFIGS),
+                               "dkdv_atomic": _tuned(_dkdv_kernel, DKDV_ATOMIC_CONFIGS, reset_to_zero=["DQ"]),
+                               "dq": _tuned(_dq_kernel, DQ_CONFIGS)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -741,7 +768,8 @@ class Launch:
       autotune  GPU 上对常用路径（d ≤ 128 的 fp16/bf16、没有附加特性）自动调优；解释器里总是固定配置
       poison    输出和梯度先填 NaN：内核漏写的元素会变成 NaN 被检查抓到
       tma       Hopper：前向的 K、V 用 TMA 张量描述符读（H200 实测更慢，默认关；留着复现对比）
-      blocks    {"fwd" / "dkdv" / "dq": (BLOCK_M, BLOCK_N, warps, stages)}：覆盖固定配置（测试、调优实验用）
+      blocks    {"fwd" / "dkdv" / "dkdv_atomic" / "dq": (BLOCK_M, BLOCK_N, warps, stages)}：覆盖固定配置（测试、
+                调优实验用）；"dkdv_atomic" 是 deterministic=False 时带原子 dQ 的那个 dK/dV 内核
     """
     autotune: bool = True
     poison: bool = False
@@ -758,7 +786,7 @@ def _launch(kind, n_blocks_of, args, meta, use_tune, dtype, launch, record=None)
     record = (键, 张量)：启动之后把这次启动记成 _Plan（同样形状的下一次调用走快速路径）。
     """
     grid1 = meta.pop("grid1")
-    blk = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
+    blk = "BLOCK_N" if kind.startswith("dkdv") else "BLOCK_M"
     # 只对 d ≤ 128 的 fp16/bf16 调优：大 head dim 和 fp32 用固定的小块（大块放不下，也省编译时间）
     if (use_tune and launch.autotune and kind in _TUNED and meta["BLOCK_D"] <= 128 and dtype != torch.float32
             and not (launch.blocks and kind in launch.blocks)):
@@ -938,7 +966,12 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
     return o, lse
 
 
-def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
+def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch,
+         deterministic):
+    """
+    deterministic=False：Delta 预处理 + 一个 dK/dV 内核，dQ 原子加进 fp32 累加器（每对块 5 次矩阵乘）；
+    deterministic=True：Delta + dK/dV 内核 + 单独的 dQ 内核（7 次矩阵乘，没有原子操作，逐位可复现）。
+    """
     total_q, hq, d = q.shape
     hk = k.shape[1]
     batch = cu_q.numel() - 1
@@ -959,11 +992,19 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, WIN_L=win[0], WIN_R=win[1], HAS_ALIBI=slopes is not None,
                 HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype))
     plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0
-    args = (q, k, v, do, dk, dv, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
+    # 原子路径的 dQ 先在 fp32 里累加（每个元素由多个 key 块的 program 加上去），最后乘 scale、换成输入的 dtype
+    dq_acc = None if deterministic else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dq_arg = q if deterministic else dq_acc                        # 确定性路径不用 DQ：随便给一个指针
+    args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_arg.stride(0), dq_arg.stride(1),
             lse.stride(0), *sb, *ss, hk, hq // hk, max_q, max_k, tune_n)
-    _launch("dkdv", lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk), plain, q.dtype, launch)
+    kind = "dkdv" if deterministic else "dkdv_atomic"
+    _launch(kind, lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk, ATOMIC_DQ=not deterministic),
+            plain, q.dtype, launch)
+    if not deterministic:
+        torch.mul(dq_acc, scale, out=dq)                         # S = scale·QKᵀ ⇒ dQ = scale·dS K（一次读写）
+        return dq, dk, dv
     args = (q, k, v, do, dq, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
             dq.stride(0), dq.stride(1),
@@ -976,10 +1017,11 @@ class _FlashAttn(torch.autograd.Function):
     """autograd 包装：前向存 q、k、v、o、lse（都是 O(N) 的），反向重算 P。"""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch,
+                deterministic):
         o, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
+        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, deterministic)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -987,7 +1029,7 @@ class _FlashAttn(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.extra)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _window(causal, window_size):
@@ -1007,14 +1049,16 @@ def _draw_seed(seed, dropout_p):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bias=None, alibi_slopes=None,
                     window_size=(-1, -1), return_lse=False, seed=None, return_encoded_softmax=False,
-                    enable_profiling=False, launch=None):
+                    enable_profiling=False, launch=None, deterministic=False):
     """
     q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]（return_lse 时再返回 lse [B, Hq, Nq]，自然对数）。
     causal / window_size=(left, right) 按右下角对齐（见 v2 的约定）；dropout 的掩码由 seed 决定，反向重新生成。
+    deterministic（flash-attn 的名字）：False = 反向的 dQ 用原子加（快，求和顺序每次不同，dQ 的末位会变）；
+    True = dK/dV 和 dQ 分两个内核，没有原子操作，梯度逐位可复现。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
     """
     opts = _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse,
-                        seed, return_encoded_softmax, enable_profiling, launch)
+                        seed, return_encoded_softmax, enable_profiling, launch, deterministic)
     batch, nq, hq, d = q.shape
     nk = k.shape[1]
     # 等长的 batch 看成 varlen：[B, N, H, d] → [B·N, H, d]（连续张量只是换个视图）
@@ -1025,7 +1069,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     args = (qp, kp, vp, cu_q, cu_k, nq, nk, opts.scale, opts.window, opts.slopes, opts.bias, opts.dropout_p,
             opts.seed, opts.launch)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse = _FlashAttn.apply(*args)
+        o, lse = _FlashAttn.apply(*args, opts.deterministic)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
         o, lse = _fwd(*args, plan_key=_plan_key(qp, kp, vp, opts))
     out = o.view(batch, nq, hq, d)
@@ -1046,17 +1090,18 @@ def _plan_key(qp, kp, vp, opts):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, alibi_slopes=None, window_size=(-1, -1),
                            return_lse=False, seed=None, return_encoded_softmax=False, enable_profiling=False,
-                           launch=None):
+                           launch=None, deterministic=False):
     """
     变长序列打包在一起：q [total_q, Hq, d]，k、v [total_k, Hk, d]；第 b 段是 cu_seqlens[b] : cu_seqlens[b + 1]。
     返回 out [total_q, Hq, d]（return_lse 时再返回 lse [Hq, total_q]）。bias 不支持（它是每段 N×N 的输入）。
+    deterministic 同 flash_attn_func。
     """
     opts = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
-                         enable_profiling, launch)
+                         enable_profiling, launch, deterministic)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     o, lse = _FlashAttn.apply(q, k, v, opts.cu_q, opts.cu_k, opts.max_q, opts.max_k, opts.scale, opts.window,
-                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch)
+                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch, opts.deterministic)
     return (o, lse) if opts.return_lse else o
 
 
@@ -1692,6 +1737,7 @@ class _Options:
     bias: object
     return_lse: bool
     launch: Launch
+    deterministic: bool = False
     cu_q: object = None
     cu_k: object = None
     max_q: int = 0
@@ -1699,7 +1745,7 @@ class _Options:
 
 
 def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal, alibi_slopes, window_size,
-                   return_lse, seed, return_encoded_softmax, enable_profiling, launch):
+                   return_lse, seed, return_encoded_softmax, enable_profiling, launch, deterministic=False):
     """
     两个入口共用的标量参数检查；返回 _Options（bias、cu_seqlens 由调用者补上）。
     每次调用都要走这里：最常见的写法（Python 的 bool / float / int）先用几个 type 比较放行，
@@ -1734,22 +1780,23 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
         seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
     return _Options(scale=_check_scale(softmax_scale, d, where), window=_window(causal, win), dropout_p=p,
                     seed=_draw_seed(seed, p), slopes=_check_slopes(alibi_slopes, batch, hq, device), bias=None,
-                    return_lse=return_lse, launch=launch)
+                    return_lse=return_lse, launch=launch, deterministic=_flag("deterministic", deterministic, where))
 
 
 def _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
-                 return_encoded_softmax, enable_profiling, launch):
+                 return_encoded_softmax, enable_profiling, launch, deterministic=False):
     _check_qkv(q, k, v, packed=False)
     batch, nq, hq, d = q.shape
     opts = _check_options("flash_attn_func", d, batch, hq, q.device, dropout_p, softmax_scale, causal, alibi_slopes,
-                          window_size, return_lse, seed, return_encoded_softmax, enable_profiling, launch)
+                          window_size, return_lse, seed, return_encoded_softmax, enable_profiling, launch,
+                          deterministic)
     opts.bias = _check_bias(bias, q, batch, hq, nq, k.shape[1])
     return opts
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax, enable_profiling,
-                  launch):
+                  launch, deterministic=False):
     _check_qkv(q, k, v, packed=True)
     cu_q, max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
     cu_k, max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
@@ -1757,7 +1804,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         raise ValueError(f"cu_seqlens_q 和 cu_seqlens_k 的长度必须相同（B + 1），收到 {cu_q.numel()} 和 {cu_k.numel()}")
     opts = _check_options("flash_attn_varlen_func", q.shape[-1], cu_q.numel() - 1, q.shape[1], q.device, dropout_p,
                           softmax_scale, causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
-                          enable_profiling, launch)
+                          enable_profiling, launch, deterministic)
     opts.cu_q, opts.cu_k, opts.max_q, opts.max_k = cu_q, cu_k, max(max_q, 1), max(max_k, 1)
     return opts
 
