@@ -12,6 +12,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
       c. 特性：滑动窗口、ALiBi、bias、dropout（Philox 随机数，反向重新生成同一张掩码）
       d. 主机端：同一组形状第二次起直接调用编译好的内核（_Plan），不求梯度的小调用从 ~190 µs 降到 ~40–65 µs
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
+      f. 反向：默认 dQ 原子加（FA2，每对块 5 次矩阵乘）；deterministic=True 时另用 dQ 内核（7 次，逐位可复现）
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
       GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步
@@ -21,7 +22,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
   （误差 ≤ 2 × PyTorch 自己 bf16/fp16 注意力的误差）。
 
 形状（flash-attn 的布局）：q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]，LSE [B, Hq, Nq]（自然对数）。
-速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v6）：v2 前向 1.09–1.46×、反向 1.06–1.22× SDPA-FLASH。
+速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v6）：v2 前向 1.09–1.46×、反向（split）1.06–1.22× SDPA-FLASH。
 
 运行：
   python3 lecture11/triton_flash.py [--kernel minimal|full|decode|all] [--seed N]
@@ -231,9 +232,13 @@ def mini_attention(q, k, v, causal=False, softmax_scale=None):
 #   O, L = _normalize(acc, m, l)       循环后除一次 l；l = 0 的行 O = 0、LSE = −inf；LSE 乘 ln 2 换回自然对数
 #   flash_bwd：D = Σ dO∘O              _delta_kernel（顺便把 LSE 换成 log2 单位，空行换成 +inf）
 #   flash_bwd 外层 j（dK_j、dV_j）     _dkdv_kernel：K/V 块不动，走 Q 块；GQA 组内的 query 头也在这个 program
-#                                      里依次累加，所以不用原子加
-#   dQ_i += dS K_j                     _dq_kernel：Q 块不动，走 K/V 块，dQ 写一次。代价：QKᵀ、dO Vᵀ 各多算一遍
-#                                      （7 次矩阵乘而不是 5 次），换来没有原子操作、结果逐位可复现
+#                                      里依次累加，所以 dK、dV 不用原子加
+#   dQ_i += dS K_j                     两种做法（deterministic 选）：
+#                                      False（默认，FA2）：同一个 _dkdv_kernel 里 ATOMIC_DQ = True，每对块顺手算
+#                                        dS K_j，原子加进 fp32 累加器：每对块 5 次矩阵乘（QKᵀ、dO Vᵀ、Pᵀ dO、dSᵀ Q、
+#                                        dS K），但加的先后由 GPU 调度决定，dQ 的末位每次可能不同
+#                                      True：_dq_kernel，Q 块不动，走 K/V 块，dQ 写一次。代价：QKᵀ、dO Vᵀ 各多算
+#                                        一遍（7 次矩阵乘），换来没有原子操作、结果逐位可复现
 #
 # 三段循环：对一个 Q 块，要看的 key 块是 [lo, hi)，其中对块里每一行都合法的是 [fs, fe)。循环分三段
 #   （STAGE 0/1/2）：[lo, fs) 带掩码、[fs, fe) 不带掩码、[fe, hi) 带掩码；causal 时第 0 段为空、第 2 段是对角块。
@@ -1209,14 +1214,18 @@ def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, 
 KERNELS = ("minimal", "full")
 
 
-def run_ours(case, kernel="full", launch=None):
-    """跑我们的内核（v1 "minimal" 或 v2 "full"，前向 + 反向），返回 (out, lse, dq, dk, dv)，都是 float64。"""
+def run_ours(case, kernel="full", launch=None, deterministic=False):
+    """
+    跑我们的内核（v1 "minimal" 或 v2 "full"，前向 + 反向），返回 (out, lse, dq, dk, dv)，都是 float64。
+    deterministic 只对 v2 有意义（False：原子 dQ；True：dK/dV + dQ 两个内核）；v1 的反向总是两个内核。
+    """
     q, k, v = (case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
     if check_choice("kernel", kernel, KERNELS, where="run_ours") == "minimal":
         out, lse = mini_attention(q, k, v, causal=case["causal"])
     else:
         kw = dict(causal=case["causal"], window_size=case["window"], dropout_p=case["dropout_p"],
-                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch)
+                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch,
+                  deterministic=deterministic)
         if case["varlen"]:
             out, lse = flash_attn_varlen_func(q, k, v, case["cu_q"], case["cu_k"], case["max_q"], case["max_k"], **kw)
         else:
@@ -1263,6 +1272,18 @@ FIELDS = ("out", "lse", "dq", "dk", "dv")
 def field_errors(ours, ref):
     """run_ours / run_reference 的两组结果 → {字段: 误差}：LSE 用最大绝对误差，其余用相对误差（NaN 算作无穷大）。"""
     return {f: (_lse_err(a, b) if f == "lse" else _rel_err(a, b)) for f, a, b in zip(FIELDS, ours, ref)}
+
+
+def both_backward_errors(case, kernel, ref, launch=None):
+    """
+    v2 的两条反向路径都查：默认路径（原子 dQ）的 out、LSE、dQ、dK、dV，再加 deterministic=True 路径的
+    "dq:split"、"dk:split"、"dv:split"（前向两条路径相同，不重复列）。v1 只有前五项。
+    """
+    errs = field_errors(run_ours(case, kernel, launch), ref)
+    if kernel == "full":
+        split = field_errors(run_ours(case, kernel, launch, deterministic=True), ref)
+        errs.update({f"{f}:split": split[f] for f in ("dq", "dk", "dv")})
+    return errs
 
 
 def cpu_cases(gen, kernel="full"):
@@ -1333,7 +1354,7 @@ def check_cpu(kernel="full", seed=None, verbose=True):
     gen = torch.Generator().manual_seed(seed)
     worst, failed = 0.0, []
     for case in cpu_cases(gen, kernel):
-        errs = field_errors(run_ours(case, kernel), run_reference(case))
+        errs = both_backward_errors(case, kernel, run_reference(case))
         bad = {f: e for f, e in errs.items() if not e < CPU_TOL}
         if verbose or bad:
             print(f"  {case['name']:<32s} " + "  ".join(f"{f} {e:.1e}" for f, e in errs.items())
@@ -1348,8 +1369,9 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
               verbose=True):
     """
     GPU 检查（flash-attn 的判据）：对每个输出，‖ours − ref64‖/‖ref64‖ ≤ 2 × ‖torch低精度 − ref64‖/‖ref64‖，
-    "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。poison：v2 的输出先填 NaN；autotune=False：
-    固定配置，每个用例少编译几个版本（调优路径由 06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
+    "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。v2 的两条反向路径（原子 dQ、split）都查。
+    poison：v2 的输出先填 NaN；autotune=False：固定配置，每个用例少编译几个版本（调优路径由
+    06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
     """
     kernel = check_choice("kernel", kernel, KERNELS, where="check_gpu")
     launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison))
@@ -1359,20 +1381,19 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     rows = []
     for dtype in dtypes:
         for case in gpu_cases(gen, dtype, kernel):
-            ours = run_ours(case, kernel, launch)
             ref = run_reference(case)
-            low = run_reference(case, dtype=dtype)
-            errs, torch_errs = field_errors(ours, ref), field_errors(low, ref)
-            for f in FIELDS:
-                e, t = errs[f], torch_errs[f]
+            errs = both_backward_errors(case, kernel, ref, launch)          # v2：原子 dQ 和 split 两条反向
+            torch_errs = field_errors(run_reference(case, dtype=dtype), ref)
+            for f, e in errs.items():
+                t = torch_errs[f.split(":")[0]]                             # "dq:split" 和 dq 比同一个 torch 误差
                 rows.append((str(dtype).replace("torch.", ""), case["name"], f, e, t, e <= 2 * t + 1e-6))
-            del ours, ref, low
+            del ref
             torch.cuda.empty_cache()
     failed = [r for r in rows if not r[-1]]
     if verbose or failed:
-        print(f"  {'dtype':<9s}{'case':<30s}{'field':<6s}{'ours':>10s}{'torch':>10s}  ok")
+        print(f"  {'dtype':<9s}{'case':<30s}{'field':<10s}{'ours':>10s}{'torch':>10s}  ok")
         for dt, name, f, e, t, ok in (rows if verbose else failed):
-            print(f"  {dt:<9s}{name:<30s}{f:<6s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'}")
+            print(f"  {dt:<9s}{name:<30s}{f:<10s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'}")
     assert not failed, f"GPU 检查失败（种子 {seed}）：{failed}"
     return rows
 
@@ -1406,8 +1427,9 @@ def _selftest(kernel="all", seed=None):
     for name in kernels:
         t0 = time.time()
         worst = check_cpu(name, seed=seed)
-        print(f"triton_flash 自检通过（解释器，{name}）：out、LSE、dQ/dK/dV 和 float64 参考的最大误差 {worst:.1e} "
-              f"< {CPU_TOL:.0e}（LSE 是最大绝对误差，其余是相对误差），{time.time() - t0:.0f} s")
+        paths = "（反向两条路径：原子 dQ、split）" if name == "full" else ""
+        print(f"triton_flash 自检通过（解释器，{name}）：out、LSE、dQ/dK/dV{paths}和 float64 参考的最大误差 "
+              f"{worst:.1e} < {CPU_TOL:.0e}（LSE 是最大绝对误差，其余是相对误差），{time.time() - t0:.0f} s")
     if run_decode:
         t0 = time.time()
         worst = check_decode("cpu", torch.float32, seed=seed)
