@@ -141,6 +141,32 @@ def test_both_backward_paths_random_sizes(gen, kw, deterministic):
                   deterministic=deterministic)
 
 
+def test_atomic_autotune_zeroes_dq_between_trials(gen, monkeypatch):
+    """
+    GPU 上原子 dQ 的内核经过 autotune：每个配置试跑几次，都加进同一个 dQ 累加器。模块的 Autotuner 带
+    reset_to_zero=["DQ"]（每次试跑前、选定后正式跑之前清零）；这里在解释器里用同一个 Autotuner、假的计时函数
+    （每个配置跑两次）走一遍调优路径（fp16、没有附加特性），dQ 仍然对（没有清零时误差是几倍）。
+    """
+    tuned = tf._tuned_kernels()["dkdv_atomic"]
+    if not hasattr(tuned, "_do_bench"):
+        pytest.skip("这个 triton 版本的 Autotuner 没有 _do_bench，换不掉计时函数")
+
+    def two_runs(kernel_call, quantiles):
+        kernel_call()
+        kernel_call()
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuned, "_do_bench", two_runs)
+    monkeypatch.setitem(tf._TUNED, "dkdv_atomic", tuned)
+    case = _case("autotune", gen, batch=1, nq=45, nk=37, hq=2, hk=1, d=32, dtype=torch.float16, causal=True)
+    ref = tf.run_reference(case)
+    errs = tf.field_errors(tf.run_ours(case), ref)
+    torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
+    assert len(tuned.cache) == 1                                     # 真的走了调优路径
+    for field in ("dq", "dk", "dv"):
+        assert errs[field] <= 2 * torch_errs[field] + 1e-6, (field, errs[field], torch_errs[field])
+
+
 def test_deterministic_backward_is_bitwise_reproducible(gen):
     """deterministic=True：同样的输入两次反向逐位相同；两条路径的 dK、dV 是同一个机制（逐位相同），dQ 只差舍入。"""
     q, k, v = (torch.randn(1, n, h, 24, generator=gen) for n, h in ((37, 4), (45, 2), (45, 2)))
