@@ -5,12 +5,16 @@
   - 同一组输入上，我们的 Triton 内核（triton_flash.py）、SDPA 的 FLASH（FlashAttention-2）、CUDNN、EFFICIENT
     三个后端的前向、反向 TFLOP/s；形状：d ∈ {64, 128}，N ∈ {1k, 4k, 16k}，B·N = 32k 个 token，H·d = 2048，
     causal 与否。
+  - 我们的反向有两条路径，同一次运行里都测："ours" = 默认（deterministic=False：dQ 原子加，每对块 5 次
+    矩阵乘），"ours-split" = deterministic=True（dK/dV、dQ 两个内核，7 次矩阵乘，逐位可复现；只测反向，
+    前向和 ours 是同一个内核）。
   - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
-    （5 次矩阵乘 / 2 次，flash-attn 的惯例；我们的反向实际做 7 次，多出来的重算不算 FLOP）。
+    （5 次矩阵乘 / 2 次，flash-attn 的惯例；split 路径实际做 7 次，多出来的重算不算 FLOP）。
   - 每个形状先跑一遍前向 + 反向，SDPA 的三个后端的输出和梯度都和我们的内核对照（bf16 对 bf16，
     相对误差 < 2e-2，NaN 算不一致）；不一致的逐个打印、记进 JSON 的 failures，测量结束时 assert 没有。
   - 我们的内核先正常跑一遍（autotune 在这一遍选好配置），再用 Launch(poison=True) 跑一遍拿来对照：
-    输出和梯度先填 NaN，选中的配置漏写任何元素都会变成 NaN 被抓到。
+    输出和梯度先填 NaN，选中的配置漏写任何元素都会变成 NaN 被抓到；调优那一遍的结果也和它对照
+    （原子 dQ 的调优要在每次试跑前把 dQ 累加器清零，没清零时这一遍的 dQ 会是几倍大）。
   - --quick 打印时 TFLOP/s 由 JSON 里的毫秒数和上面的 FLOP 公式现算，并核对和测量时记下的一致。
   - 目标行的 ✓ / ✗ 是速度目标（性能），不是正确性：正确性不过关时脚本直接报错退出。
 
@@ -34,7 +38,8 @@ from course_utils import format_table, pyplot, save_figure  # noqa: E402
 RESULTS = os.path.join(HERE, "results")
 JSON_NAME = "triton_bench.json"
 PNG_NAME = "triton_bench.png"
-PROVIDERS = ("ours", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+PROVIDERS = ("ours", "ours-split", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+BWD_ONLY = ("ours-split",)            # 前向和 ours 是同一个内核：只测反向
 TOKENS, HIDDEN = 32768, 2048          # B·N 和 H·d 固定
 SEQLENS = (1024, 4096, 16384)
 HEAD_DIMS = (64, 128)
@@ -60,10 +65,19 @@ def tflops_of(r):
     return flops(r["B"], r["H"], r["N"], r["d"], r["causal"], r["mode"]) / (r["ms"] * 1e-3) / 1e12
 
 
+def ours_bwd(meta):
+    """这份结果里 "ours" 的反向是哪条路径：v6 及以前的 JSON 没有这个键，那时只有 split（dK/dV + dQ 两个内核）。"""
+    return meta.get("ours_bwd", "split")
+
+
 def print_table(res):
     meta = res["meta"]
     print(f"GPU: {meta['gpu']}  driver {meta['driver']}  torch {meta['torch']}  triton {meta['triton']}  "
           f"({meta['date']})")
+    if ours_bwd(meta) == "split":
+        print("（这份结果测量时只有一条反向路径：ours 的反向是 split（dK/dV + dQ 两个内核），没有 ours-split 一列）")
+    else:
+        print("（ours 的反向 = 原子 dQ，deterministic=False；ours-split = deterministic=True 的两个内核，只测反向）")
     rows = res["rows"]
     for r in rows:       # 存下的 TFLOP/s 必须就是 flops()/ms：表里的数和文件开头写的 FLOP 算法一致
         assert abs(tflops_of(r) / r["tflops"] - 1) < 1e-9, r
@@ -75,12 +89,13 @@ def print_table(res):
         any_r = next(iter(sel.values()))
         tfl = {p: tflops_of(sel[p]) for p in PROVIDERS if p in sel}
         ratios = [f"{tfl['ours'] / tfl[p]:.2f}" if "ours" in tfl and p in tfl else "—"
-                  for p in ("sdpa-flash", "sdpa-cudnn")]
+                  for p in ("sdpa-flash", "sdpa-cudnn", "ours-split")]
         table.append([mode, str(causal), d, n, any_r["B"], any_r["H"]]
                      + [f"{tfl[p]:.1f}" if p in tfl else "—" for p in PROVIDERS] + ratios)
-    print(format_table(["mode", "causal", "d", "N", "B", "H", *PROVIDERS, "ours/flash", "ours/cudnn"], table,
-                       align="<<" + ">" * (len(table[0]) - 2)))
-    print("（单位 TFLOP/s；ours/flash ≥ 1.0、d = 128 且 N ≥ 4k 时前向 ours/cudnn ≥ 0.8 是目标）")
+    print(format_table(["mode", "causal", "d", "N", "B", "H", *PROVIDERS, "ours/flash", "ours/cudnn", "ours/split"],
+                       table, align="<<" + ">" * (len(table[0]) - 2)))
+    print("（单位 TFLOP/s；ours/flash ≥ 1.0、d = 128 且 N ≥ 4k 时前向 ours/cudnn ≥ 0.8 是目标；"
+          "ours/split = 原子 dQ 比 split 快多少，只在反向）")
     report = target_report(rows)
     for line in report:
         print(line)
@@ -142,38 +157,52 @@ def sdpa_fn(torch, backend_name):
     return run
 
 
-def bench_one(fn, q, k, v, do, causal, args, do_bench, check_fn=None):
+def _outputs(out, qq, kk, vv):
+    return [out.detach().float(), qq.grad.float(), kk.grad.float(), vv.grad.float()]
+
+
+def bench_one(fn, q, k, v, do, causal, args, do_bench, check_fn=None, time_fwd=True):
     """
-    跑一次前向 + 反向（拿输出和梯度做对照），再分别计时前向和反向。返回 (got, ms_fwd, ms_bwd)。
-    check_fn：先用 fn 跑一遍（autotune 选配置），对照用的结果由 check_fn（同一内核、输出先填 NaN）算。
+    跑一次前向 + 反向（拿输出和梯度做对照），再分别计时前向和反向。返回 (got, ms_fwd, ms_bwd, first)。
+    check_fn：先用 fn 跑一遍（autotune 选配置，结果记为 first），对照用的结果 got 由 check_fn（同一内核、
+    输出先填 NaN）算；没有 check_fn 时 first 是 None。time_fwd=False：不计时前向（ms_fwd 是 None）。
     """
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    first = None
     if check_fn is not None:
-        fn(qq, kk, vv, causal).backward(do)
+        out = fn(qq, kk, vv, causal)
+        out.backward(do)
+        first = _outputs(out, qq, kk, vv)
         qq.grad = kk.grad = vv.grad = None
     out = (check_fn or fn)(qq, kk, vv, causal)
     out.backward(do, retain_graph=True)
-    got = [out.detach().float(), qq.grad.float(), kk.grad.float(), vv.grad.float()]
+    got = _outputs(out, qq, kk, vv)
     out = fn(qq, kk, vv, causal)                               # 计时用正常启动（不填 NaN）的计算图
-    ms_fwd = do_bench(lambda: fn(qq, kk, vv, causal), warmup=args.warmup, rep=args.rep)
+    ms_fwd = do_bench(lambda: fn(qq, kk, vv, causal), warmup=args.warmup, rep=args.rep) if time_fwd else None
     ms_bwd = do_bench(lambda: out.backward(do, retain_graph=True), warmup=args.warmup, rep=args.rep,
                       grad_to_none=[qq, kk, vv])
-    return got, ms_fwd, ms_bwd
+    return got, ms_fwd, ms_bwd, first
 
 
 def measure(args):
+    import time
+
     import torch
     import triton
     sys.path.insert(0, HERE)
     import triton_flash as tf
 
     torch.manual_seed(0)
+    t_start = time.time()
     meta = gpu_meta(torch, triton)
+    meta["ours_bwd"] = "atomic"                               # "ours" 的反向 = 默认路径（原子 dQ）
     rows, failures = [], []
-    fns = {"ours": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c)}
     poison = tf.Launch(poison=True)
-    check_ours = lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=poison)  # noqa: E731
-    for p in PROVIDERS[1:]:
+    fns, checks = {}, {}
+    for p, det in (("ours", False), ("ours-split", True)):
+        fns[p] = lambda q, k, v, c, det=det: tf.flash_attn_func(q, k, v, causal=c, deterministic=det)
+        checks[p] = lambda q, k, v, c, det=det: tf.flash_attn_func(q, k, v, causal=c, deterministic=det, launch=poison)
+    for p in PROVIDERS[2:]:
         fns[p] = sdpa_fn(torch, p)
     for d in HEAD_DIMS:
         for n in args.seqlens:
@@ -183,11 +212,17 @@ def measure(args):
                 ref = None
                 for p in PROVIDERS:
                     try:
-                        got, ms_fwd, ms_bwd = bench_one(fns[p], q, k, v, do, causal, args, triton.testing.do_bench,
-                                                        check_ours if p == "ours" else None)
+                        got, ms_fwd, ms_bwd, first = bench_one(fns[p], q, k, v, do, causal, args,
+                                                               triton.testing.do_bench, checks.get(p),
+                                                               time_fwd=p not in BWD_ONLY)
                     except Exception as e:                     # 不支持该形状或编译失败：记下来，不计时
                         print(f"  {p} d={d} N={n} causal={causal}: 不可用（{str(e).splitlines()[0][:80]}）")
                         continue
+                    if first is not None:                      # autotune 那一遍 vs 选定配置、输出先填 NaN 的一遍
+                        errs = [tf._rel_err(a, b) for a, b in zip(first, got)]
+                        if not max(errs) < 2e-2:
+                            failures.append((f"{p}（autotune 那一遍）", d, n, causal, errs))
+                            print(f"  ✗ {p} d={d} N={n} causal={causal} autotune 那一遍和填 NaN 的一遍不一致：{errs}")
                     if ref is None:
                         ref = got                              # 第一个是我们的内核：其余后端和它对照
                     else:                                      # 两边有 NaN 时误差是 NaN / inf：也算不一致
@@ -196,6 +231,8 @@ def measure(args):
                             failures.append((p, d, n, causal, errs))
                             print(f"  ✗ {p} d={d} N={n} causal={causal} 和 {PROVIDERS[0]} 不一致：{errs}")
                     for mode, ms in (("fwd", ms_fwd), ("bwd", ms_bwd)):
+                        if ms is None:
+                            continue
                         tfl = flops(batch, heads, n, d, causal, mode) / (ms * 1e-3) / 1e12
                         rows.append(dict(provider=p, mode=mode, causal=causal, d=d, N=n, B=batch, H=heads,
                                          ms=ms, tflops=tfl))
@@ -204,6 +241,8 @@ def measure(args):
                 torch.cuda.empty_cache()
     meta["autotune"] = {kind: {str(key): str(cfg) for key, cfg in kern.cache.items()}
                         for kind, kern in tf._TUNED.items()}
+    meta["wall_s"] = round(time.time() - t_start, 1)
+    print(f"  测量用时 {meta['wall_s']:.0f} s（含编译和 autotune）")
     return dict(meta=meta, rows=rows, failures=[list(map(str, f)) for f in failures])
 
 
@@ -388,31 +427,39 @@ def fastpath_checks(torch, tf):
 
 
 def plot(res, path, quick=False):
-    """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画四个实现的 TFLOP/s；图例放在图外，不挡柱子。
-    完整图存到 path（和 JSON 放在一起）；quick=True 时进 lecture11/figures/quick/，不动已提交的图。返回路径。"""
+    """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画各实现的 TFLOP/s（ours-split 只在反向）；
+    图例放在图外，不挡柱子。完整图存到 path（和 JSON 放在一起）；quick=True 时进 lecture11/figures/quick/，
+    不动已提交的图。返回路径。"""
     plt = pyplot()
     rows = res["rows"]
     ns = sorted({x["N"] for x in rows})
-    width = 0.8 / len(PROVIDERS)
+    colors = {p: f"C{i}" for i, p in enumerate(PROVIDERS)}          # 同一个实现在每个面板里颜色相同
+    names = {"ours": "ours (atomic dQ)" if ours_bwd(res["meta"]) == "atomic" else "ours",
+             "ours-split": "ours-split (deterministic)"}
     fig, axes = plt.subplots(2, 4, figsize=(17, 8.5), sharey="row")
     panels = [(d, c) for d in HEAD_DIMS for c in (False, True)]
+    legend = {}
     for r, mode in enumerate(("fwd", "bwd")):
+        provs = [p for p in PROVIDERS if any(x["provider"] == p and x["mode"] == mode for x in rows)]
+        width = 0.8 / len(provs)
         for c, (d, causal) in enumerate(panels):
             ax = axes[r][c]
-            for i, p in enumerate(PROVIDERS):
+            for i, p in enumerate(provs):
                 ys = []
                 for n in ns:
                     hit = [tflops_of(x) for x in rows if (x["provider"], x["mode"], x["d"], x["causal"], x["N"])
                            == (p, mode, d, causal, n)]
                     ys.append(hit[0] if hit else 0.0)
-                ax.bar([j + i * width for j in range(len(ns))], ys, width, label=p)
+                legend[p] = ax.bar([j + i * width for j in range(len(ns))], ys, width, color=colors[p],
+                                   label=names.get(p, p))
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ns))], [f"{n // 1024}k" for n in ns])
             ax.set_title(f"{mode}  d={d}  {'causal' if causal else 'full'}")
             ax.set_xlabel("sequence length N (B*N = 32k tokens)")
             ax.grid(axis="y", alpha=0.3)
             if c == 0:
                 ax.set_ylabel("TFLOP/s (bf16)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles = [legend[p] for p in PROVIDERS if p in legend]
+    labels = [names.get(p, p) for p in PROVIDERS if p in legend]
     meta = res["meta"]
     fig.suptitle(f"Triton FlashAttention-2 vs PyTorch SDPA  ({meta['gpu']}, torch {meta['torch']}, "
                  f"triton {meta['triton']}, {meta['date']})", y=0.995)

@@ -12,6 +12,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
       c. 特性：滑动窗口、ALiBi、bias、dropout（Philox 随机数，反向重新生成同一张掩码）
       d. 主机端：同一组形状第二次起直接调用编译好的内核（_Plan），不求梯度的小调用从 ~190 µs 降到 ~40–65 µs
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
+      f. 反向：默认 dQ 原子加（FA2，每对块 5 次矩阵乘）；deterministic=True 时另用 dQ 内核（7 次，逐位可复现）
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
       GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步
@@ -21,7 +22,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
   （误差 ≤ 2 × PyTorch 自己 bf16/fp16 注意力的误差）。
 
 形状（flash-attn 的布局）：q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]，LSE [B, Hq, Nq]（自然对数）。
-速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v6）：v2 前向 1.09–1.46×、反向 1.06–1.22× SDPA-FLASH。
+速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v6）：v2 前向 1.09–1.46×、反向（split）1.06–1.22× SDPA-FLASH。
 
 运行：
   python3 lecture11/triton_flash.py [--kernel minimal|full|decode|all] [--seed N]
@@ -231,9 +232,13 @@ def mini_attention(q, k, v, causal=False, softmax_scale=None):
 #   O, L = _normalize(acc, m, l)       循环后除一次 l；l = 0 的行 O = 0、LSE = −inf；LSE 乘 ln 2 换回自然对数
 #   flash_bwd：D = Σ dO∘O              _delta_kernel（顺便把 LSE 换成 log2 单位，空行换成 +inf）
 #   flash_bwd 外层 j（dK_j、dV_j）     _dkdv_kernel：K/V 块不动，走 Q 块；GQA 组内的 query 头也在这个 program
-#                                      里依次累加，所以不用原子加
-#   dQ_i += dS K_j                     _dq_kernel：Q 块不动，走 K/V 块，dQ 写一次。代价：QKᵀ、dO Vᵀ 各多算一遍
-#                                      （7 次矩阵乘而不是 5 次），换来没有原子操作、结果逐位可复现
+#                                      里依次累加，所以 dK、dV 不用原子加
+#   dQ_i += dS K_j                     两种做法（deterministic 选）：
+#                                      False（默认，FA2）：同一个 _dkdv_kernel 里 ATOMIC_DQ = True，每对块顺手算
+#                                        dS K_j，原子加进 fp32 累加器：每对块 5 次矩阵乘（QKᵀ、dO Vᵀ、Pᵀ dO、dSᵀ Q、
+#                                        dS K），但加的先后由 GPU 调度决定，dQ 的末位每次可能不同
+#                                      True：_dq_kernel，Q 块不动，走 K/V 块，dQ 写一次。代价：QKᵀ、dO Vᵀ 各多算
+#                                        一遍（7 次矩阵乘），换来没有原子操作、结果逐位可复现
 #
 # 三段循环：对一个 Q 块，要看的 key 块是 [lo, hi)，其中对块里每一行都合法的是 [fs, fe)。循环分三段
 #   （STAGE 0/1/2）：[lo, fs) 带掩码、[fs, fe) 不带掩码、[fe, hi) 带掩码；causal 时第 0 段为空、第 2 段是对角块。
@@ -508,13 +513,17 @@ def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_on, stride_oh, stride_dn, stri
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, lse_base, delta_base, lo, fs, fe, hi,
-                cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn, lse_base, delta_base,
+                lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
                 seed, rng_base, max_k, dropout_p,
                 STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr):
-    """flash_bwd 的内层循环（对固定的 K_j、V_j 走第 STAGE 段的 Q 块 i）：dV_j += Pᵀ dO_i，dK_j += dSᵀ Q_i。"""
+                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """
+    flash_bwd 的内层循环（对固定的 K_j、V_j 走第 STAGE 段的 Q 块 i）：dV_j += Pᵀ dO_i，dK_j += dSᵀ Q_i。
+    ATOMIC_DQ：顺便把 dS_ij K_j 原子加进 fp32 的 dQ 累加器（FA2 的做法，每对块 5 次矩阵乘）；
+    别的 program（别的 key 块）也在加同一行，加的先后每次不同，所以 dQ 不逐位可复现。
+    """
     MASKED: tl.constexpr = STAGE != 1
     start, stop = _stage_bounds(lo, fs, fe, hi, STAGE)
     for start_m in range(start, stop, BLOCK_M):
@@ -542,20 +551,32 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, lse_base, d
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=PREC)
         ds = p * (dp - delta[:, None])                                                # dS = P∘(dP − D)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        if ATOMIC_DQ:                      # dQ_i += dS K_j（scale 在最后换 dtype 时乘）
+            dq = tl.dot(ds.to(k.dtype), k, input_precision=PREC)                      # [BLOCK_M, D]，fp32
+            dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :], sem="relaxed")
+            elif BLOCK_D != HEAD_DIM:
+                tl.atomic_add(dq_ptrs, dq, mask=(offs_d < HEAD_DIM)[None, :], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
+def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                  sm_scale, seed, dropout_p,
                  stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
-                 stride_dkn, stride_dkh, stride_dvn, stride_dvh,
+                 stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh,
                  stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                  n_heads_k, group, max_q, max_k, tune_n,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr):
-    """K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。"""
+                 HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """
+    K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。
+    ATOMIC_DQ：DQ 是 fp32 的累加器（调用前清零），dQ 也在这里算（原子加）；否则 DQ 不用，dQ 由 _dq_kernel 算。
+    """
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_k
@@ -586,13 +607,15 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                                                   stride_sb, stride_sh, stride_bb, stride_bh, HAS_ALIBI)
         q_base = Q + q0.to(tl.int64) * stride_qn + h * stride_qh
         do_base = DO + q0.to(tl.int64) * stride_dn + h * stride_dh
+        dq_base = DQ + q0.to(tl.int64) * stride_dqn + h * stride_dqh
         lse_base = LSE2 + h * stride_lh + q0
         delta_base = DELTA + h * stride_lh + q0
         for stage in tl.static_range(3):
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, lse_base, delta_base,
-                                 lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base,
-                                 stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, stage, HEAD_DIM, BLOCK_D,
-                                 BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn,
+                                 lse_base, delta_base, lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
+                                 slope2, bias_base, stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, stage,
+                                 HEAD_DIM, BLOCK_D, BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC,
+                                 ATOMIC_DQ)
     dk = dk * sm_scale                # S = scale·QKᵀ ⇒ dK = scale·dSᵀQ
     mask = (cols < len_k)[:, None] & (offs_d < HEAD_DIM)[None, :]
     tl.store(DK + k0.to(tl.int64) * stride_dkn + hk * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
@@ -699,6 +722,9 @@ def _cfg(bm, bn, warps, stages):
 FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
 DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 3)]
 DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)]
+# 带原子 dQ 的 dK/dV 内核：每个 Q 块多一个 [BLOCK_M, d] 的 fp32 dQ 块，寄存器更紧，所以没有 (32, 128) 这种长 key 块
+# 配 4 warp 的组合；还没有在 GPU 上实测挑选过（results/NOTES.md）
+DKDV_ATOMIC_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 64, 4, 3)]
 
 
 _TUNE_KEY = ["tune_n", "HEAD_DIM", "WIN_L", "WIN_R"]
@@ -711,26 +737,39 @@ def _prune_fwd(configs, named_args, **kwargs):
     return keep or configs
 
 
-def _tuned(kernel, configs, extra_key=(), prune=None):
+def _tuned(kernel, configs, extra_key=(), prune=None, reset_to_zero=None):
     extra = {"prune_configs_by": {"early_config_prune": prune}} if prune else {}
-    return triton.autotune(configs=configs, key=_TUNE_KEY + list(extra_key), **extra)(kernel)
+    # reset_to_zero：原子累加的输出在每次试跑之前清零（否则几个配置的试跑会叠加进同一个 dQ）
+    return triton.autotune(configs=configs, key=_TUNE_KEY + list(extra_key), reset_to_zero=reset_to_zero,
+                           **extra)(kernel)
 
 
 def _fixed_config(kind, block_d, dtype):
     """不调优时用的配置 (BLOCK_M, BLOCK_N, warps, stages)（解释器用很小的块，好让几十行的序列也跨好几个块）。"""
     if INTERPRET:
-        return {"fwd": (16, 32, 4, 1), "dkdv": (32, 16, 4, 1), "dq": (16, 32, 4, 1)}[kind]
+        blocks = {"fwd": (16, 32, 4, 1), "dkdv": (32, 16, 4, 1), "dkdv_atomic": (32, 16, 4, 1), "dq": (16, 32, 4, 1)}
+        return blocks[kind]
     big = block_d > 128 or dtype == torch.float32
     if kind == "fwd":
         return (64, 64, 4, 2) if big else (128, 64, 8, 3)      # 不调优路径（alibi、bias、dropout、窗口）
-    if kind == "dkdv":
+    if kind in ("dkdv", "dkdv_atomic"):
         return (32, 64, 4, 2) if big else (64, 64, 4, 2)
     return (64, 32, 4, 2) if big else (64, 64, 4, 2)
 
 
-_KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}
-_TUNED = {} if INTERPRET else {"fwd": _tuned(_fwd_kernel, FWD_CONFIGS, ["TMA"], _prune_fwd),
-                               "dkdv": _tuned(_dkdv_kernel, DKDV_CONFIGS), "dq": _tuned(_dq_kernel, DQ_CONFIGS)}
+# "dkdv" 和 "dkdv_atomic" 是同一个内核（ATOMIC_DQ = False / True），各有自己的配置表和 autotune 缓存
+_KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dkdv_atomic": _dkdv_kernel, "dq": _dq_kernel}
+
+
+def _tuned_kernels():
+    """GPU 上调优用的 Autotuner（解释器里不用；测试里单独建一份，换掉计时函数来检查清零）。"""
+    return {"fwd": _tuned(_fwd_kernel, FWD_CONFIGS, ["TMA"], _prune_fwd),
+            "dkdv": _tuned(_dkdv_kernel, DKDV_CONFIGS),
+            "dkdv_atomic": _tuned(_dkdv_kernel, DKDV_ATOMIC_CONFIGS, reset_to_zero=["DQ"]),
+            "dq": _tuned(_dq_kernel, DQ_CONFIGS)}
+
+
+_TUNED = {} if INTERPRET else _tuned_kernels()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -741,7 +780,8 @@ class Launch:
       autotune  GPU 上对常用路径（d ≤ 128 的 fp16/bf16、没有附加特性）自动调优；解释器里总是固定配置
       poison    输出和梯度先填 NaN：内核漏写的元素会变成 NaN 被检查抓到
       tma       Hopper：前向的 K、V 用 TMA 张量描述符读（H200 实测更慢，默认关；留着复现对比）
-      blocks    {"fwd" / "dkdv" / "dq": (BLOCK_M, BLOCK_N, warps, stages)}：覆盖固定配置（测试、调优实验用）
+      blocks    {"fwd" / "dkdv" / "dkdv_atomic" / "dq": (BLOCK_M, BLOCK_N, warps, stages)}：覆盖固定配置（测试、
+                调优实验用）；"dkdv_atomic" 是 deterministic=False 时带原子 dQ 的那个 dK/dV 内核
     """
     autotune: bool = True
     poison: bool = False
@@ -758,7 +798,7 @@ def _launch(kind, n_blocks_of, args, meta, use_tune, dtype, launch, record=None)
     record = (键, 张量)：启动之后把这次启动记成 _Plan（同样形状的下一次调用走快速路径）。
     """
     grid1 = meta.pop("grid1")
-    blk = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
+    blk = "BLOCK_N" if kind.startswith("dkdv") else "BLOCK_M"
     # 只对 d ≤ 128 的 fp16/bf16 调优：大 head dim 和 fp32 用固定的小块（大块放不下，也省编译时间）
     if (use_tune and launch.autotune and kind in _TUNED and meta["BLOCK_D"] <= 128 and dtype != torch.float32
             and not (launch.blocks and kind in launch.blocks)):
@@ -938,7 +978,12 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
     return o, lse
 
 
-def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
+def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch,
+         deterministic):
+    """
+    deterministic=False：Delta 预处理 + 一个 dK/dV 内核，dQ 原子加进 fp32 累加器（每对块 5 次矩阵乘）；
+    deterministic=True：Delta + dK/dV 内核 + 单独的 dQ 内核（7 次矩阵乘，没有原子操作，逐位可复现）。
+    """
     total_q, hq, d = q.shape
     hk = k.shape[1]
     batch = cu_q.numel() - 1
@@ -959,11 +1004,19 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, WIN_L=win[0], WIN_R=win[1], HAS_ALIBI=slopes is not None,
                 HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype))
     plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0
-    args = (q, k, v, do, dk, dv, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
+    # 原子路径的 dQ 先在 fp32 里累加（每个元素由多个 key 块的 program 加上去），最后乘 scale、换成输入的 dtype
+    dq_acc = None if deterministic else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dq_arg = q if deterministic else dq_acc                        # 确定性路径不用 DQ：随便给一个指针
+    args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_arg.stride(0), dq_arg.stride(1),
             lse.stride(0), *sb, *ss, hk, hq // hk, max_q, max_k, tune_n)
-    _launch("dkdv", lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk), plain, q.dtype, launch)
+    kind = "dkdv" if deterministic else "dkdv_atomic"
+    _launch(kind, lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk, ATOMIC_DQ=not deterministic),
+            plain, q.dtype, launch)
+    if not deterministic:
+        torch.mul(dq_acc, scale, out=dq)                         # S = scale·QKᵀ ⇒ dQ = scale·dS K（一次读写）
+        return dq, dk, dv
     args = (q, k, v, do, dq, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
             dq.stride(0), dq.stride(1),
@@ -976,10 +1029,11 @@ class _FlashAttn(torch.autograd.Function):
     """autograd 包装：前向存 q、k、v、o、lse（都是 O(N) 的），反向重算 P。"""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch,
+                deterministic):
         o, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
+        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, deterministic)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -987,7 +1041,7 @@ class _FlashAttn(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.extra)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _window(causal, window_size):
@@ -1007,14 +1061,16 @@ def _draw_seed(seed, dropout_p):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bias=None, alibi_slopes=None,
                     window_size=(-1, -1), return_lse=False, seed=None, return_encoded_softmax=False,
-                    enable_profiling=False, launch=None):
+                    enable_profiling=False, launch=None, deterministic=False):
     """
     q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]（return_lse 时再返回 lse [B, Hq, Nq]，自然对数）。
     causal / window_size=(left, right) 按右下角对齐（见 v2 的约定）；dropout 的掩码由 seed 决定，反向重新生成。
+    deterministic（flash-attn 的名字）：False = 反向的 dQ 用原子加（快，求和顺序每次不同，dQ 的末位会变）；
+    True = dK/dV 和 dQ 分两个内核，没有原子操作，梯度逐位可复现。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
     """
     opts = _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse,
-                        seed, return_encoded_softmax, enable_profiling, launch)
+                        seed, return_encoded_softmax, enable_profiling, launch, deterministic)
     batch, nq, hq, d = q.shape
     nk = k.shape[1]
     # 等长的 batch 看成 varlen：[B, N, H, d] → [B·N, H, d]（连续张量只是换个视图）
@@ -1025,7 +1081,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     args = (qp, kp, vp, cu_q, cu_k, nq, nk, opts.scale, opts.window, opts.slopes, opts.bias, opts.dropout_p,
             opts.seed, opts.launch)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse = _FlashAttn.apply(*args)
+        o, lse = _FlashAttn.apply(*args, opts.deterministic)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
         o, lse = _fwd(*args, plan_key=_plan_key(qp, kp, vp, opts))
     out = o.view(batch, nq, hq, d)
@@ -1046,17 +1102,18 @@ def _plan_key(qp, kp, vp, opts):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, alibi_slopes=None, window_size=(-1, -1),
                            return_lse=False, seed=None, return_encoded_softmax=False, enable_profiling=False,
-                           launch=None):
+                           launch=None, deterministic=False):
     """
     变长序列打包在一起：q [total_q, Hq, d]，k、v [total_k, Hk, d]；第 b 段是 cu_seqlens[b] : cu_seqlens[b + 1]。
     返回 out [total_q, Hq, d]（return_lse 时再返回 lse [Hq, total_q]）。bias 不支持（它是每段 N×N 的输入）。
+    deterministic 同 flash_attn_func。
     """
     opts = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
-                         enable_profiling, launch)
+                         enable_profiling, launch, deterministic)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     o, lse = _FlashAttn.apply(q, k, v, opts.cu_q, opts.cu_k, opts.max_q, opts.max_k, opts.scale, opts.window,
-                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch)
+                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch, opts.deterministic)
     return (o, lse) if opts.return_lse else o
 
 
@@ -1164,14 +1221,18 @@ def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, 
 KERNELS = ("minimal", "full")
 
 
-def run_ours(case, kernel="full", launch=None):
-    """跑我们的内核（v1 "minimal" 或 v2 "full"，前向 + 反向），返回 (out, lse, dq, dk, dv)，都是 float64。"""
+def run_ours(case, kernel="full", launch=None, deterministic=False):
+    """
+    跑我们的内核（v1 "minimal" 或 v2 "full"，前向 + 反向），返回 (out, lse, dq, dk, dv)，都是 float64。
+    deterministic 只对 v2 有意义（False：原子 dQ；True：dK/dV + dQ 两个内核）；v1 的反向总是两个内核。
+    """
     q, k, v = (case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
     if check_choice("kernel", kernel, KERNELS, where="run_ours") == "minimal":
         out, lse = mini_attention(q, k, v, causal=case["causal"])
     else:
         kw = dict(causal=case["causal"], window_size=case["window"], dropout_p=case["dropout_p"],
-                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch)
+                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch,
+                  deterministic=deterministic)
         if case["varlen"]:
             out, lse = flash_attn_varlen_func(q, k, v, case["cu_q"], case["cu_k"], case["max_q"], case["max_k"], **kw)
         else:
@@ -1218,6 +1279,18 @@ FIELDS = ("out", "lse", "dq", "dk", "dv")
 def field_errors(ours, ref):
     """run_ours / run_reference 的两组结果 → {字段: 误差}：LSE 用最大绝对误差，其余用相对误差（NaN 算作无穷大）。"""
     return {f: (_lse_err(a, b) if f == "lse" else _rel_err(a, b)) for f, a, b in zip(FIELDS, ours, ref)}
+
+
+def both_backward_errors(case, kernel, ref, launch=None):
+    """
+    v2 的两条反向路径都查：默认路径（原子 dQ）的 out、LSE、dQ、dK、dV，再加 deterministic=True 路径的
+    "dq:split"、"dk:split"、"dv:split"（前向两条路径相同，不重复列）。v1 只有前五项。
+    """
+    errs = field_errors(run_ours(case, kernel, launch), ref)
+    if kernel == "full":
+        split = field_errors(run_ours(case, kernel, launch, deterministic=True), ref)
+        errs.update({f"{f}:split": split[f] for f in ("dq", "dk", "dv")})
+    return errs
 
 
 def cpu_cases(gen, kernel="full"):
@@ -1288,7 +1361,7 @@ def check_cpu(kernel="full", seed=None, verbose=True):
     gen = torch.Generator().manual_seed(seed)
     worst, failed = 0.0, []
     for case in cpu_cases(gen, kernel):
-        errs = field_errors(run_ours(case, kernel), run_reference(case))
+        errs = both_backward_errors(case, kernel, run_reference(case))
         bad = {f: e for f, e in errs.items() if not e < CPU_TOL}
         if verbose or bad:
             print(f"  {case['name']:<32s} " + "  ".join(f"{f} {e:.1e}" for f, e in errs.items())
@@ -1303,8 +1376,9 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
               verbose=True):
     """
     GPU 检查（flash-attn 的判据）：对每个输出，‖ours − ref64‖/‖ref64‖ ≤ 2 × ‖torch低精度 − ref64‖/‖ref64‖，
-    "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。poison：v2 的输出先填 NaN；autotune=False：
-    固定配置，每个用例少编译几个版本（调优路径由 06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
+    "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。v2 的两条反向路径（原子 dQ、split）都查。
+    poison：v2 的输出先填 NaN；autotune=False：固定配置，每个用例少编译几个版本（调优路径由
+    06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
     """
     kernel = check_choice("kernel", kernel, KERNELS, where="check_gpu")
     launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison))
@@ -1314,20 +1388,19 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     rows = []
     for dtype in dtypes:
         for case in gpu_cases(gen, dtype, kernel):
-            ours = run_ours(case, kernel, launch)
             ref = run_reference(case)
-            low = run_reference(case, dtype=dtype)
-            errs, torch_errs = field_errors(ours, ref), field_errors(low, ref)
-            for f in FIELDS:
-                e, t = errs[f], torch_errs[f]
+            errs = both_backward_errors(case, kernel, ref, launch)          # v2：原子 dQ 和 split 两条反向
+            torch_errs = field_errors(run_reference(case, dtype=dtype), ref)
+            for f, e in errs.items():
+                t = torch_errs[f.split(":")[0]]                             # "dq:split" 和 dq 比同一个 torch 误差
                 rows.append((str(dtype).replace("torch.", ""), case["name"], f, e, t, e <= 2 * t + 1e-6))
-            del ours, ref, low
+            del ref
             torch.cuda.empty_cache()
     failed = [r for r in rows if not r[-1]]
     if verbose or failed:
-        print(f"  {'dtype':<9s}{'case':<30s}{'field':<6s}{'ours':>10s}{'torch':>10s}  ok")
+        print(f"  {'dtype':<9s}{'case':<30s}{'field':<10s}{'ours':>10s}{'torch':>10s}  ok")
         for dt, name, f, e, t, ok in (rows if verbose else failed):
-            print(f"  {dt:<9s}{name:<30s}{f:<6s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'}")
+            print(f"  {dt:<9s}{name:<30s}{f:<10s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'}")
     assert not failed, f"GPU 检查失败（种子 {seed}）：{failed}"
     return rows
 
@@ -1361,8 +1434,9 @@ def _selftest(kernel="all", seed=None):
     for name in kernels:
         t0 = time.time()
         worst = check_cpu(name, seed=seed)
-        print(f"triton_flash 自检通过（解释器，{name}）：out、LSE、dQ/dK/dV 和 float64 参考的最大误差 {worst:.1e} "
-              f"< {CPU_TOL:.0e}（LSE 是最大绝对误差，其余是相对误差），{time.time() - t0:.0f} s")
+        paths = "（反向两条路径：原子 dQ、split）" if name == "full" else ""
+        print(f"triton_flash 自检通过（解释器，{name}）：out、LSE、dQ/dK/dV{paths}和 float64 参考的最大误差 "
+              f"{worst:.1e} < {CPU_TOL:.0e}（LSE 是最大绝对误差，其余是相对误差），{time.time() - t0:.0f} s")
     if run_decode:
         t0 = time.time()
         worst = check_decode("cpu", torch.float32, seed=seed)
@@ -1778,6 +1852,7 @@ class _Options:
     bias: object
     return_lse: bool
     launch: Launch
+    deterministic: bool = False
     cu_q: object = None
     cu_k: object = None
     max_q: int = 0
@@ -1785,7 +1860,7 @@ class _Options:
 
 
 def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal, alibi_slopes, window_size,
-                   return_lse, seed, return_encoded_softmax, enable_profiling, launch):
+                   return_lse, seed, return_encoded_softmax, enable_profiling, launch, deterministic=False):
     """
     两个入口共用的标量参数检查；返回 _Options（bias、cu_seqlens 由调用者补上）。
     每次调用都要走这里：最常见的写法（Python 的 bool / float / int）先用几个 type 比较放行，
@@ -1820,22 +1895,23 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
         seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
     return _Options(scale=_check_scale(softmax_scale, d, where), window=_window(causal, win), dropout_p=p,
                     seed=_draw_seed(seed, p), slopes=_check_slopes(alibi_slopes, batch, hq, device), bias=None,
-                    return_lse=return_lse, launch=launch)
+                    return_lse=return_lse, launch=launch, deterministic=_flag("deterministic", deterministic, where))
 
 
 def _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
-                 return_encoded_softmax, enable_profiling, launch):
+                 return_encoded_softmax, enable_profiling, launch, deterministic=False):
     _check_qkv(q, k, v, packed=False)
     batch, nq, hq, d = q.shape
     opts = _check_options("flash_attn_func", d, batch, hq, q.device, dropout_p, softmax_scale, causal, alibi_slopes,
-                          window_size, return_lse, seed, return_encoded_softmax, enable_profiling, launch)
+                          window_size, return_lse, seed, return_encoded_softmax, enable_profiling, launch,
+                          deterministic)
     opts.bias = _check_bias(bias, q, batch, hq, nq, k.shape[1])
     return opts
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax, enable_profiling,
-                  launch):
+                  launch, deterministic=False):
     _check_qkv(q, k, v, packed=True)
     cu_q, max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
     cu_k, max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
@@ -1843,7 +1919,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         raise ValueError(f"cu_seqlens_q 和 cu_seqlens_k 的长度必须相同（B + 1），收到 {cu_q.numel()} 和 {cu_k.numel()}")
     opts = _check_options("flash_attn_varlen_func", q.shape[-1], cu_q.numel() - 1, q.shape[1], q.device, dropout_p,
                           softmax_scale, causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
-                          enable_profiling, launch)
+                          enable_profiling, launch, deterministic)
     opts.cu_q, opts.cu_k, opts.max_q, opts.max_k = cu_q, cu_k, max(max_q, 1), max(max_k, 1)
     return opts
 

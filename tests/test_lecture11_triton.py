@@ -24,11 +24,11 @@ TOL = tf.CPU_TOL     # fp32 解释器对 float64 参考的误差上限（和模�
 
 
 # 解释器的分块大小（BLOCK_M, BLOCK_N, warps, stages）。模块默认是 fwd/dQ 的 query 块比 key 块小、dK/dV 反过来；
-# 另外两组把大小关系反过来、或者取相等，三段循环的边界落在别的位置上。
+# 另外两组把大小关系反过来、或者取相等，三段循环的边界落在别的位置上。"dkdv_atomic" 是默认反向（原子 dQ）用的。
 BLOCKS = {
     "q<k": None,
-    "q>k": {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)},
-    "q=k": {"fwd": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1)},
+    "q>k": {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dkdv_atomic": (16, 32, 4, 1), "dq": (32, 16, 4, 1)},
+    "q=k": {"fwd": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1), "dkdv_atomic": (16, 16, 4, 1), "dq": (16, 16, 4, 1)},
 }
 
 
@@ -38,6 +38,7 @@ def blocks(request):
     cfg = BLOCKS[request.param]
     if cfg is None:
         assert tf._fixed_config("fwd", 16, F32)[:2] == (16, 32) and tf._fixed_config("dkdv", 16, F32)[:2] == (32, 16)
+        assert tf._fixed_config("dkdv_atomic", 16, F32) == tf._fixed_config("dkdv", 16, F32)
         return tf.Launch()
     return tf.Launch(blocks=cfg)
 
@@ -48,9 +49,10 @@ def _case(name, gen, batch=1, nq=20, nk=20, hq=2, hk=1, d=16, dtype=F32, **featu
                         **features)
 
 
-def _assert_close(case, launch=None, kernel="full"):
-    ours = tf.run_ours(case, kernel, launch)
-    ref = tf.run_reference(case)
+def _assert_close(case, launch=None, kernel="full", deterministic=False, ref=None):
+    """默认反向（原子 dQ）；deterministic=True 走 dK/dV + dQ 两个内核。ref 可以传进来（两条路径共用一份参考）。"""
+    ours = tf.run_ours(case, kernel, launch, deterministic=deterministic)
+    ref = tf.run_reference(case) if ref is None else ref
     errs = tf.field_errors(ours, ref)
     print(case["name"], errs)                     # 先打印误差再断言
     bad = {f: e for f, e in errs.items() if not e < TOL}
@@ -95,6 +97,98 @@ def test_block_boundary_sweep(gen, blocks, causal, window):
     case = _case(f"sweep {causal} {window}", gen, batch=0, nq=0, nk=0, hq=1, hk=1, causal=causal, window=window,
                  varlen_q=[17] * len(SWEEP_NK), varlen_k=SWEEP_NK)
     _assert_close(case, blocks)
+
+
+def test_block_boundary_sweep_split_backward(gen):
+    """
+    同一个扫描走 deterministic=True（_dq_kernel 的 Q 块不动的循环）：causal + 左侧窗口，两侧边界都在。
+    只用默认块大小：_dq_kernel 的块范围和前向是同一个 _tile_range 调用，三种块大小关系由上面的前向扫描覆盖。
+    """
+    case = _case("sweep split", gen, batch=0, nq=0, nk=0, hq=1, hk=1, causal=True, window=(20, -1),
+                 varlen_q=[17] * len(SWEEP_NK), varlen_k=SWEEP_NK)
+    _assert_close(case, deterministic=True)
+
+
+# ---------------------------------------------------------------- 两条反向路径：原子 dQ（默认）、split
+BWD_FEATURES = [
+    dict(causal=True, hq=4),                 # GQA / MQA（hk 随机取 1、2、4）、causal、Nq ≠ Nk
+    dict(window=(7, 3)),
+    dict(alibi=True, causal=True),
+    dict(bias=True),
+    dict(dropout_p=0.2, causal=True),
+    dict(varlen=True, causal=True),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("kw", BWD_FEATURES, ids=lambda kw: "+".join(kw))
+def test_both_backward_paths_random_sizes(gen, kw, deterministic):
+    """每次运行新抽的不规则尺寸（Nq、Nk、d 不是 2 的幂、GQA 组数、varlen 段长含 0），两条反向路径都对 float64 参考。"""
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=gen))
+    kw = dict(kw)
+    hq = kw.pop("hq", 2)
+    groups = [g for g in (1, 2, 4) if hq % g == 0]
+    hk = hq // groups[draw(0, len(groups))]
+    nq, nk, d = draw(3, 60), draw(3, 60), 8 * draw(1, 10)
+    if kw.pop("varlen", False):
+        lens_q = [draw(0, 30) for _ in range(3)]
+        lens_k = [draw(0, 30) if lq else draw(1, 30) for lq in lens_q]
+        kw.update(varlen_q=lens_q, varlen_k=lens_k, batch=0)
+    sizes = dict(nq=nq, nk=nk, hq=hq, hk=hk, d=d, **{k: v for k, v in kw.items() if k.startswith("varlen")})
+    print("sizes", sizes)
+    _assert_close(_case(f"{kw} {sizes}", gen, **dict(dict(batch=2, nq=nq, nk=nk, hq=hq, hk=hk, d=d), **kw)),
+                  deterministic=deterministic)
+
+
+def test_atomic_autotune_zeroes_dq_between_trials(gen, monkeypatch):
+    """
+    GPU 上原子 dQ 的内核经过 autotune：每个配置试跑几次，都加进同一个 dQ 累加器。模块的 Autotuner 带
+    reset_to_zero=["DQ"]（每次试跑前、选定后正式跑之前清零）；这里在解释器里用同一个 Autotuner、假的计时函数
+    （每个配置跑两次）走一遍调优路径（fp16、没有附加特性），dQ 仍然对（没有清零时误差是几倍）。
+    """
+    tuned = tf._tuned_kernels()["dkdv_atomic"]
+    if not hasattr(tuned, "_do_bench"):
+        pytest.skip("这个 triton 版本的 Autotuner 没有 _do_bench，换不掉计时函数")
+
+    def two_runs(kernel_call, quantiles):
+        kernel_call()
+        kernel_call()
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(tuned, "_do_bench", two_runs)
+    monkeypatch.setitem(tf._TUNED, "dkdv_atomic", tuned)
+    case = _case("autotune", gen, batch=1, nq=45, nk=37, hq=2, hk=1, d=32, dtype=torch.float16, causal=True)
+    ref = tf.run_reference(case)
+    errs = tf.field_errors(tf.run_ours(case), ref)
+    torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
+    assert len(tuned.cache) == 1                                     # 真的走了调优路径
+    for field in ("dq", "dk", "dv"):
+        assert errs[field] <= 2 * torch_errs[field] + 1e-6, (field, errs[field], torch_errs[field])
+
+
+def test_deterministic_backward_is_bitwise_reproducible(gen):
+    """deterministic=True：同样的输入两次反向逐位相同；两条路径的 dK、dV 是同一个机制（逐位相同），dQ 只差舍入。"""
+    q, k, v = (torch.randn(1, n, h, 24, generator=gen) for n, h in ((37, 4), (45, 2), (45, 2)))
+    do = torch.randn(1, 37, 4, 24, generator=gen)
+
+    def grads(deterministic):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        tf.flash_attn_func(qq, kk, vv, causal=True, window_size=(9, -1), deterministic=deterministic).backward(do)
+        return qq.grad, kk.grad, vv.grad
+
+    first, second, atomic = grads(True), grads(True), grads(False)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert torch.equal(first[1], atomic[1]) and torch.equal(first[2], atomic[2])
+    assert tf._rel_err(atomic[0].double(), first[0].double()) < TOL
+    cu = torch.tensor([0, 20, 37], dtype=torch.int32)
+    runs = []
+    for _ in range(2):
+        qq = q[0].clone().requires_grad_(True)
+        tf.flash_attn_varlen_func(qq, k[0, :37], v[0, :37], cu, cu, 20, 20, causal=True,
+                                  deterministic=True).backward(do[0])
+        runs.append(qq.grad)
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_alibi_slopes_per_batch(gen):
@@ -199,8 +293,10 @@ def test_dropout_statistics_and_reproducibility(gen):
     assert torch.allclose(out[0, :, :, 0].T, expect[0], atol=1e-5)
 
 
-def test_dropout_backward_matches_reference(gen):
-    _assert_close(_case("dropout", gen, batch=2, nq=23, nk=31, hq=4, hk=2, causal=True, dropout_p=0.25))
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dropout_backward_matches_reference(gen, deterministic):
+    _assert_close(_case("dropout", gen, batch=2, nq=23, nk=31, hq=4, hk=2, causal=True, dropout_p=0.25),
+                  deterministic=deterministic)
 
 
 def test_noncontiguous_inputs(gen):
@@ -269,13 +365,16 @@ def test_bad_cu_seqlens(cu, exc, word):
 
 
 def test_float16_on_interpreter(gen):
-    """fp16 在解释器里和 float64 参考的误差不超过 PyTorch 自己 fp16 注意力误差的 2 倍（GPU 检查的同一判据）。"""
+    """fp16 在解释器里和 float64 参考的误差不超过 PyTorch 自己 fp16 注意力误差的 2 倍（GPU 检查的同一判据）；
+    两条反向路径都查（check_gpu 用的同一个 both_backward_errors）。"""
     case = _case("fp16", gen, nq=29, nk=37, d=40, dtype=torch.float16, causal=True)
     ref = tf.run_reference(case)
-    errs = tf.field_errors(tf.run_ours(case), ref)
+    errs = tf.both_backward_errors(case, "full", ref)
     torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
-    for field in tf.FIELDS:
-        assert errs[field] <= 2 * torch_errs[field] + 1e-6, (field, errs[field], torch_errs[field])
+    assert set(errs) == {*tf.FIELDS, "dq:split", "dk:split", "dv:split"}
+    for field, e in errs.items():
+        t = torch_errs[field.split(":")[0]]
+        assert e <= 2 * t + 1e-6, (field, e, t)
 
 
 def test_seed_keywords_accepted(gen):
@@ -381,7 +480,8 @@ def test_minimal_bad_inputs_raise(make, exc, word):
 
 
 # ---------------------------------------------------------------- 开关、检查函数、脚本入口
-@pytest.mark.parametrize("flag", ["causal", "return_lse", "enable_profiling", "return_encoded_softmax"])
+@pytest.mark.parametrize("flag", ["causal", "return_lse", "enable_profiling", "return_encoded_softmax",
+                                  "deterministic"])
 @pytest.mark.parametrize("value", ["yes", "False", 1, None])
 def test_flags_must_be_bool(flag, value):
     """`causal='yes'` 以前被当成 True（字符串是真值）：每个开关只收 True / False。"""
@@ -392,11 +492,12 @@ def test_flags_must_be_bool(flag, value):
         tf.flash_attn_varlen_func(*(t[0] for t in _qkv()), cu, cu, 8, 8, **{flag: value})
 
 
-def test_poison_launch_finds_every_output_written(gen):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_poison_launch_finds_every_output_written(gen, deterministic):
     """Launch(poison=True)：输出和梯度先填 NaN；结果和正常启动逐位相同，说明内核写满了每个元素。"""
     case = _case("poison", gen, batch=2, nq=23, nk=37, hq=4, hk=2, d=40, causal=True)
-    plain = tf.run_ours(case)
-    poisoned = tf.run_ours(case, launch=tf.Launch(poison=True))
+    plain = tf.run_ours(case, deterministic=deterministic)
+    poisoned = tf.run_ours(case, launch=tf.Launch(poison=True), deterministic=deterministic)
     assert all(torch.equal(a, b) for a, b in zip(plain, poisoned))
     with pytest.raises(TypeError, match="launch"):
         tf.flash_attn_func(*_qkv(), launch={"poison": True})
