@@ -85,12 +85,14 @@ def print_groups(after):
     print(format_table(["模型", "步", "执行", "点数", "拟合/实测 中位", "范围"], rows))
 
 
-def print_worst(worst, configs, meta):
+def print_worst(worst, configs, meta, after=()):
     print(f"\n=== 拟合后最差的一点：{worst['model']} {worst['kind']} {shape_text(worst)} {worst['mode']}，"
           f"模型 {worst['model_s'] * 1e3:.3f} ms vs 实测 {worst['seconds'] * 1e3:.3f} ms"
           f"（比值 {worst['ratio']:.2f}）===")
     n_k = meta.get("kernels", {}).get(worst["model"], {}).get("decode", {}).get("n_kernels")
-    for note in sb.explain_point(worst, configs[worst["model"]], kernels_per_step=n_k):
+    peers = [r["seconds"] for r in after if shape_text(r) != shape_text(worst)
+             and all(r[k] == worst[k] for k in ("model", "kind", "mode"))]
+    for note in sb.explain_point(worst, configs[worst["model"]], kernels_per_step=n_k, peers=peers):
         print(f"  · {note}")
 
 
@@ -165,7 +167,7 @@ def main():
     table(before, after)
     ea = print_fit(fit, before, after)
     print_groups(after)
-    print_worst(ea["worst"], configs, res["meta"])
+    print_worst(ea["worst"], configs, res["meta"], after)
     print_lecture11_point(after)
     # 结论：拟合不会比默认更差（默认值是拟合的候选起点之一）；参数在 StepModel 允许的范围里
     assert fit["loss"] <= sum(math.log(r["ratio"]) ** 2 for r in before) + 1e-12

@@ -612,10 +612,18 @@ def error_summary(rows):
     return {"median": float(np.median(err)), "worst": worst}
 
 
-def explain_point(row, cfg, kernels_per_step=None):
+def explain_point(row, cfg, kernels_per_step=None, peers=None):
     """这一点 StepModel 没有算到的东西（中文短句的列表），数字由 cfg 算出；kernels_per_step：实测的一次 decode
-    启动几个 GPU 内核（meta["kernels"]，没有就不写具体数）。"""
+    启动几个 GPU 内核（meta["kernels"]，没有就不写具体数）；peers：同一模型、同一种步、同一执行方式的其余点的
+    实测秒数（eager 的 decode 受主机限制，各点本该差不多：这一点远慢于它们时，多半是测量时主机卡了一下）。"""
     notes = []
+    if peers:
+        typical = float(np.median(peers))
+        if row["seconds"] > 1.5 * typical:
+            notes.append(f"实测是同一模型、同一种步、同一执行方式其余 {len(peers)} 个点中位数"
+                         f"（{typical * 1e3:.1f} ms）的 {row['seconds'] / typical:.1f} 倍：这种步受主机限制，"
+                         "同一形状附近的点都在中位数上下，这一点更像是测量时主机的一次停顿"
+                         "（共享的测量机上主机时间时快时慢），不是模型漏算了什么")
     flops_tok = cfg.linear_flops_per_token()
     head = 2 * cfg.d_model * cfg.vocab                              # lm_head 每个 token 的 FLOPs
     if row["kind"] == "prefill":
