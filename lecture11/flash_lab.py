@@ -15,9 +15,12 @@ flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding �
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
     §2 参考与标准注意力：naive_attention（逐行按定义）、reference_lse、standard_attention(_bwd)、IO（读写计数）
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula
-    §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC、decode_attention_time、best_splits、
+    §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC / H200_DEC_MEASURED、
+        decode_attention_time、best_splits、
         fit_decode_gpu（用实测拟合 sm_bw_cap、launch）
-    §5 megakernel：Op、LLAMA_1B、llama_1b_ops、llama_1b_expected_bytes、TimelineParams、timeline、PART_LABELS
+    §5 megakernel：Op、LLAMA_1B、llama_1b_ops、llama_1b_expected_bytes、TimelineParams、H200_TIMELINE_GRAPH / _EAGER、
+        timeline、PART_LABELS、
+        pad_ops、fit_timeline（用实测拟合 small / launch）
 
 【约定】一个头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d；内部一律 float64。
     causal=True 右下角对齐：第 i 个 query 在位置 Nk − N + i，只看位置 ≤ 它的 key（flash-attn ≥ 2.1 的约定，
@@ -33,7 +36,7 @@ flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding �
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -623,6 +626,16 @@ A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB [S1]（
 # H100 SXM5 与 H200 SXM：同一颗 GH100（132 个 SM），H200 只是 HBM3e 更快；峰值与带宽取自 hw_specs
 H100_DEC = DecodeGPU("H100", 132, H100_SXM.peak_flops("bf16"), H100_SXM.mem_bw)
 H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
+# 实测拟合的 H200（不是假设）：07_decode_bench.py 在 H200 上测了我们的 flash_decode（"fd"）和 flash_attn_func 的
+# 单 query 路径（"fa2"）各 12 个点（B ∈ {1, 8, 64} × S ∈ {1k … 128k}，Hq/Hk = 32/8，d = 128，bf16），
+# fit_decode_gpu 拟合出：
+#   sm_bw_cap = 32.9 GB/s —— 一个 SM 上一个程序能拉到的带宽（假设是 80 GB/s；HBM 4.8 TB/s ÷ 132 = 36 GB/s，
+#       所以一个 SM 单独跑时也就刚够分到的那一份，拉不动更多）
+#   launch = 2.15 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）
+# 中位误差 9% → 4%（两种方法各 12 个点）。出处：lecture11/results/decode_bench.json（2026-11-30，torch 2.11.0+cu130，
+# triton 3.6.0）。tests 断言它等于对这份 JSON 的拟合：数据变了，这里必须跟着改。
+H200_DEC_MEASURED = DecodeGPU("H200 (measured)", 132, H200.peak_flops("bf16"), H200.mem_bw,
+                              sm_bw_cap=32884590578.461082, launch=2.15e-6)
 
 
 def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, block_m=None, elem=2):
@@ -847,6 +860,16 @@ class TimelineParams:
     smem_buf: float = 13 * 16 * 1024
 
 
+# 实测校准的 H200 时间线参数（不是假设；07_decode_bench.py 第 5 部分，2026-11-30，torch 2.11.0+cu130）：
+#   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.70 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
+#       重放的间隔（lecture11/results/decode_bench.json 的 launch.graph_s；普通 stream 里是 1.56 µs）；
+#   small = 1.92 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/results/step_measure.json，CUDA 图，上下文
+#       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
+#   eager 的 launch = 11.96 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
+#   其余（eff、ramp、sync……）用默认值。中位误差见 07 的第 5 部分；tests 断言它们等于对已提交 JSON 的校准。
+H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=6.98303997516632e-07, small=1.92e-6)
+H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.196e-05, small=1.92e-6)
+
 # timeline() 返回的时间分解：键 → (中文说明, 英文图例)
 PART_LABELS = {
     "weights": ("按满带宽读权重", "weights @ peak BW"),
@@ -926,6 +949,43 @@ def timeline(ops, mode, p=TimelineParams()):
         t, parts = _megakernel_timeline(ops, p, bw_sm)
     ideal = sum(o.bytes for o in ops) / p.hbm
     return {"t": t, "ideal": ideal, "bw_util": ideal / t, "parts": parts, "n_ops": len(ops)}
+
+
+def pad_ops(ops, n_kernels):
+    """
+    把算子表补到实测的内核个数：多出来的 n_kernels − len(ops) 个是小内核（ctas = 0）。PyTorch eager 把 RMSNorm、
+    RoPE、残差、类型转换拆成更多的小内核（Llama-3.2-1B 一次 decode 实测 632 个，"12" 的划分是 194 个）；
+    它们读写的几 KB 按本模型的约定不计字节。
+    """
+    ops = list(ops)
+    n_kernels = check_int("n_kernels", n_kernels, lo=len(ops))
+    return ops + [Op("extra small kernel", 0, 0)] * (n_kernels - len(ops))
+
+
+def fit_timeline(points, p, param, grid=None):
+    """
+    用实测的一步时间拟合 TimelineParams 的一个参数（"kernels" 模式）。
+    【points】(ops, 实测秒数) 的列表。【param】"small"（小内核的时间）或 "launch"（相邻内核的间隙）：
+        时间线对这两个参数是线性的（每个小内核付一次 small，每个内核付一次 launch），所以先算参数为 0 时的时间
+        和它出现的次数，再在 grid（默认 0…20 µs，每 0.01 µs 一个）上找 Σ ln²(模型/实测) 最小的值。
+    【返回】(拟合后的 TimelineParams, rows)；rows 每个点：n_ops、t（实测）、before（p 的模型）、after（拟合后）。
+    """
+    param = check_choice("param", param, ("small", "launch"))
+    if not isinstance(p, TimelineParams):
+        raise TypeError(f"p 必须是 TimelineParams，收到 {type(p).__name__}")
+    points = [(list(ops), check_real("实测秒数", t, lo=0.0, lo_open=True)) for ops, t in points]
+    if not points:
+        raise ValueError("points 不能是空的")
+    grid = np.arange(0, 20.0005e-6, 0.01e-6) if grid is None else check_array("grid", grid, ndim=1)
+    zero = replace(p, **{param: 0.0})
+    base = np.array([timeline(ops, "kernels", zero)["t"] for ops, _ in points])
+    count = np.array([len(ops) if param == "launch" else sum(o.ctas == 0 for o in ops) for ops, _ in points])
+    meas = np.array([t for _, t in points])
+    loss = (np.log((base[:, None] + count[:, None] * grid[None, :]) / meas[:, None]) ** 2).sum(axis=0)
+    fitted = replace(p, **{param: float(grid[int(np.argmin(loss))])})
+    rows = [dict(n_ops=len(ops), t=t, before=timeline(ops, "kernels", p)["t"],
+                 after=timeline(ops, "kernels", fitted)["t"]) for ops, t in points]
+    return fitted, rows
 
 
 # =============================================================================

@@ -408,3 +408,64 @@ def test_merge_states_rejects_mismatched_shapes_and_string_flags():
     Q = np.random.default_rng(0).normal(size=(5, 8))
     with pytest.raises(TypeError, match="causal"):
         fl.standard_attention(Q, Q, Q, causal="False")
+
+
+# ---------------------------------------------------------------- 用实测校准模型（07_decode_bench 用的两个拟合）
+@settings(max_examples=25, deadline=None)
+@given(cap=st.sampled_from(list(np.geomspace(10e9, 300e9, 241))[20:200:9]),
+       launch=st.sampled_from([0.5e-6, 1.3e-6, 2.15e-6, 4.0e-6, 7.5e-6]), seed=st.integers(0, 2**31))
+def test_fit_decode_gpu_recovers_the_parameters(cap, launch, seed):
+    """用已知的 sm_bw_cap、launch 生成"实测"，拟合要原样找回来（网格上的点，没有噪声）。"""
+    rng = np.random.default_rng(seed)
+    truth = fl.DecodeGPU("truth", 132, 989e12, 4.8e12, sm_bw_cap=float(cap), launch=launch)
+    pts = []
+    for _ in range(10):
+        B, S = int(rng.choice([1, 2, 8, 64])), int(rng.choice([512, 4096, 32768, 131072]))
+        method = str(rng.choice(["fd", "fa2"]))
+        splits = int(rng.choice([1, 4, 16])) if method == "fd" else 1
+        t = fl.decode_attention_time(B, 32, 8, S, 128, method, truth, splits=splits)["t"]
+        pts.append(dict(B=B, Hq=32, Hkv=8, S=S, d=128, method=method, splits=splits, t=t))
+    pts.append(dict(B=1, Hq=32, Hkv=8, S=65536, d=128, method="fa2", splits=1,       # 受 cap 限制的点，cap 才可辨
+                    t=fl.decode_attention_time(1, 32, 8, 65536, 128, "fa2", truth)["t"]))
+    fitted, rows = fl.fit_decode_gpu(pts, fl.H200_DEC)
+    assert math.isclose(fitted.launch, launch, rel_tol=1e-6)
+    assert all(math.isclose(r["after"], r["t"], rel_tol=1e-6) for r in rows)
+
+
+def test_fit_decode_gpu_bad_inputs():
+    with pytest.raises(ValueError, match="空"):
+        fl.fit_decode_gpu([])
+    with pytest.raises(TypeError, match="DecodeGPU"):
+        fl.fit_decode_gpu([dict(B=1, Hq=1, Hkv=1, S=1, d=1, method="fd", t=1e-6)], gpu="H200")
+    with pytest.raises(ValueError, match="t"):
+        fl.fit_decode_gpu([dict(B=1, Hq=1, Hkv=1, S=1, d=1, method="fd", t=0.0)])
+
+
+@pytest.mark.parametrize("param", ["small", "launch"])
+def test_fit_timeline_recovers_a_linear_parameter(param):
+    truth = fl.TimelineParams(hbm=4.8e12, launch=0.7e-6, small=1.92e-6)
+    pts = [(fl.pad_ops(fl.llama_1b_ops(c, kernels="12"), 632), fl.timeline(
+        fl.pad_ops(fl.llama_1b_ops(c, kernels="12"), 632), "kernels", truth)["t"]) for c in (160, 2048, 8192)]
+    start = fl.TimelineParams(hbm=4.8e12, launch=0.7e-6, small=1.92e-6)
+    from dataclasses import replace
+    fitted, rows = fl.fit_timeline(pts, replace(start, **{param: 9e-6}), param)
+    assert math.isclose(getattr(fitted, param), getattr(truth, param), rel_tol=1e-9, abs_tol=1e-12)
+    assert all(math.isclose(r["after"], r["t"], rel_tol=1e-9) for r in rows)
+    with pytest.raises(ValueError, match="param"):
+        fl.fit_timeline(pts, start, "eff")
+
+
+def test_pad_ops_adds_only_small_kernels():
+    ops = fl.llama_1b_ops(160, kernels="12")
+    padded = fl.pad_ops(ops, 632)
+    assert len(padded) == 632 and padded[:len(ops)] == ops and all(o.ctas == 0 and o.bytes == 0
+                                                                    for o in padded[len(ops):])
+    assert fl.timeline(padded, "kernels")["ideal"] == fl.timeline(ops, "kernels")["ideal"]   # 字节不变
+    with pytest.raises(ValueError, match="n_kernels"):
+        fl.pad_ops(ops, len(ops) - 1)
+
+
+def test_measured_h200_parameters_are_labelled_and_physical():
+    g = fl.H200_DEC_MEASURED
+    assert "measured" in g.name and 10e9 < g.sm_bw_cap < 100e9 and 0 < g.launch < 10e-6
+    assert fl.H200_TIMELINE_GRAPH.launch < fl.H200_TIMELINE_EAGER.launch      # CUDA 图的间隙比 eager 的主机间隔短
