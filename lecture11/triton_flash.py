@@ -852,12 +852,16 @@ class _Plan:
         """用新的张量启动；有启动钩子（profiler）时返回 False，让调用者走正常路径。"""
         if _launch_hooks_active():
             return False
+        self.launch(tensors, self.stream(device_index))
+        return True
+
+    def launch(self, tensors, stream):
+        """不查钩子、stream 由调用者给（一次调用启动几个内核时，这两件事只做一次）。"""
         vals = self.vals.copy()
         for i, j in self.slots:
             vals[i] = tensors[j]
-        self.run(*self.grid, self.stream(device_index), self.function, self.packed, None, None, None, *vals)
+        self.run(*self.grid, stream, self.function, self.packed, None, None, None, *vals)
         _Plan.launches += 1
-        return True
 
 
 _PLANS = {}
@@ -1613,7 +1617,7 @@ class _Scratch:
         return bufs
 
 
-def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):
+def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None, out=None):
     """
     flash-decoding：新 token 的 query 对 KV 缓存的有效前缀做注意力。
 
@@ -1621,41 +1625,53 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
         第 i 个位于 L_b − n + i）；k_cache、v_cache [B, S_max, Hk, d]；cache_seqlens int32 [B]，1 ≤ L_b ≤ S_max
         （n 个 token 时 L_b ≥ n，n ≤ 64）→ 返回和 q 同形状、同 dtype。Hq 是 Hk 的倍数，d 是 16…256 之间的 2 的幂。
     【num_splits】key 轴切成几段（None → decode_splits）；段数多于块数时多出的段为空，结果不变。
+    【out】可选：写进这个张量（和 q 同形状、同 dtype、同设备，最后一维连续，不和输入共用内存）并返回它——
+        每一步都不再分配（CUDA 图里也常这样用）。
     【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
         同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核）；可以在 CUDA 图里捕获。
     """
-    key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
+    key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     plans = _PLANS.get(key) if key is not None else None
-    if plans:                                     # 一到两个 _Plan（第一步、第二步）
-        out = torch.empty_like(q)
+    if plans and not _launch_hooks_active():     # 一到两个 _Plan（第一步、第二步）；钩子、stream 只查一次
+        if out is None:
+            out = torch.empty_like(q)
         tensors = (q, k_cache, v_cache, cache_seqlens, out)
-        if plans[0](tensors, q.device.index):
-            if len(plans) > 1:
-                plans[1](tensors, q.device.index)
-            return out
+        for plan in plans:
+            plan.launch(tensors, key[-1])
+        return out
     return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, DECODE_CONFIG,
-                   key if _should_record(key) else None)
+                   key if _should_record(key) else None, out)
 
 
-def _decode_key(q, k, v, lens, num_splits, softmax_scale):
-    """快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、stream、16 字节对齐、两个参数）。
-    只给 GPU；不是张量、参数不可哈希等情况返回 None（走正常路径，由 _check_decode 报错）。"""
+_STREAM_OF = []       # [triton 的 get_current_stream]：第一次用时取一次（每次经过 driver.active 的代理要多花时间）
+
+
+def _current_stream(device_index):
+    if not _STREAM_OF:
+        _STREAM_OF.append(triton.runtime.driver.active.get_current_stream)
+    return _STREAM_OF[0](device_index)
+
+
+def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
+    """快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、16 字节对齐、两个参数、out 的布局），
+    最后一项是当前 stream。只给 GPU；不是张量、参数不可哈希等情况返回 None（走正常路径，由 _check_decode 报错）。"""
     try:
         if INTERPRET or not q.is_cuda:
             return None
         dev = q.get_device()
+        o = None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device(),
+                                      out.data_ptr() % 16)
         return ("decode", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                 lens.dtype, lens.shape, lens.stride(), dev, k.get_device(), v.get_device(), lens.get_device(),
                 q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, lens.data_ptr() % 16,
-                num_splits, type(num_splits), softmax_scale, type(softmax_scale),
-                triton.runtime.driver.active.get_current_stream(dev))
+                num_splits, type(num_splits), softmax_scale, type(softmax_scale), o, _current_stream(dev))
     except (AttributeError, TypeError):
         return None
 
 
-def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None):
+def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None):
     """正常路径：检查输入、选段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。"""
-    squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
+    squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
@@ -1664,7 +1680,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
         splits = decode_splits(batch, hk, s_max, _sm_count(q.device), block_n)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
     o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     # q、out 是 [B, Hq, d] 时没有 n 这一维：它的步长记 0（唯一的 i = 0）
     sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
     so = (out.stride(0), 0, out.stride(1)) if squeeze else (out.stride(0), out.stride(1), out.stride(2))
@@ -1991,7 +2007,7 @@ def _check_cu(name, cu, total, max_len, device):
     return cu.contiguous(), n
 
 
-def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale):
+def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out=None):
     """flash_decode 的输入检查：只查不需要同步的性质（形状、dtype、设备）；cache_seqlens 的值只在 CPU 上查。"""
     where = "flash_decode"
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -2042,6 +2058,15 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale)
     if num_splits is not None:
         num_splits = check_int("num_splits", _scalar(num_splits), lo=1, hi=MAX_SPLITS, where=where,
                                type_error=ValueError)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != q.dtype:
+            raise TypeError(f"{where}：out 必须是 dtype 和 q 相同（{q.dtype}）的 torch.Tensor，"
+                            f"收到 {getattr(out, 'dtype', type(out).__name__)}")
+        if out.shape != q.shape or out.device != q.device or out.stride(-1) != 1:
+            raise ValueError(f"{where}：out 必须和 q 同形状 {tuple(q.shape)}、同设备 {q.device}、最后一维连续，"
+                             f"收到形状 {tuple(out.shape)}、设备 {out.device}、stride {tuple(out.stride())}")
+        if any(out.data_ptr() == t.data_ptr() for t in (q, k_cache, v_cache)):
+            raise ValueError(f"{where}：out 不能和 q、k_cache、v_cache 共用内存（内核边读边写会读到写过的值）")
     _check_runnable(q)
     return q.dim() == 3, _check_scale(softmax_scale, d, where), num_splits
 

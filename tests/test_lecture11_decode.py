@@ -101,7 +101,7 @@ def test_lengths_beyond_cache_are_clamped_by_the_kernel(gen, monkeypatch):
     """GPU 上不检查 L > S_max（要同步）：内核把长度截到 S_max。跳过主机端检查，直接看内核的行为。"""
     q, k, v, lens = tf.make_decode_case(gen, 2, [20, 20], 20, 2, 1, 16, 1, F32)
     check = tf._check_decode
-    monkeypatch.setattr(tf, "_check_decode", lambda q_, *a: (True, 1 / math.sqrt(16), 4))
+    monkeypatch.setattr(tf, "_check_decode", lambda q_, *a, **kw: (True, 1 / math.sqrt(16), 4))
     too_long = torch.tensor([20 + 9, 10**6], dtype=torch.int32)
     ours = tf.flash_decode(q, k, v, too_long)
     monkeypatch.setattr(tf, "_check_decode", check)
@@ -192,3 +192,25 @@ def test_scratch_grows_in_both_buffers(gen):
     rows = 4 * 2 * 3 * (8 // 2) * 3
     assert lse_part.numel() >= rows and o_part.numel() >= rows * 16
     assert tf._rel_err(ours, tf.reference_decode(*many_rows)) < TOL
+
+
+def test_out_argument(gen):
+    """out=：结果写进给定的张量并返回它本身；步长不连续的 out（最后一维连续）也行。"""
+    q, k, v, lens = tf.make_decode_case(gen, 3, [40, 7, 33], 41, 8, 2, 32, 2, F32)
+    ref = tf.reference_decode(q, k, v, lens)
+    out = torch.full_like(q, float("nan"))
+    assert tf.flash_decode(q, k, v, lens, num_splits=3, out=out) is out
+    assert tf._rel_err(out, ref) < TOL
+    wide = torch.full((3, 2, 8, 48), float("nan"))[..., :32]                 # [B, n, Hq, d] 的一个切片视图
+    tf.flash_decode(q, k, v, lens, out=wide)
+    assert tf._rel_err(wide, ref) < TOL
+
+
+@pytest.mark.parametrize("bad,exc", [
+    (lambda q: q.double(), TypeError), (lambda q: q[:1], ValueError), (lambda q: q.transpose(1, 2), ValueError),
+    (lambda q: q, ValueError), ("nope", TypeError)])
+def test_bad_out(gen, bad, exc):
+    q, k, v, lens = _good(gen)
+    out = bad if isinstance(bad, str) else bad(q.clone() if bad(q) is not q else q)
+    with pytest.raises(exc, match="out"):
+        tf.flash_decode(q, k, v, lens, out=out)
