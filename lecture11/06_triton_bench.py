@@ -5,16 +5,16 @@
   - 同一组输入上，我们的 Triton 内核（triton_flash.py）、SDPA 的 FLASH（FlashAttention-2）、CUDNN、EFFICIENT
     三个后端的前向、反向 TFLOP/s；形状：d ∈ {64, 128}，N ∈ {1k, 4k, 16k}，B·N = 32k 个 token，H·d = 2048，
     causal 与否。
-  - 我们的反向有两条路径，同一次运行里都测："ours" = 默认（deterministic=False：dQ 原子加，每对块 5 次
-    矩阵乘），"ours-split" = deterministic=True（dK/dV、dQ 两个内核，7 次矩阵乘，逐位可复现；只测反向，
-    前向和 ours 是同一个内核）。
+  - 我们的反向有两条路径，同一次运行里都测："ours" = 默认（split：dK/dV、dQ 两个内核，每对块 7 次矩阵乘，
+    逐位可复现），"ours-atomic" = Launch(bwd="atomic")（FA2 的 dQ 原子加，5 次矩阵乘；只测反向，前向和 ours
+    是同一个内核）。默认选 split 是因为 H200 上实测它更快（results/NOTES.md 的 v7）。
   - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
     （5 次矩阵乘 / 2 次，flash-attn 的惯例；split 路径实际做 7 次，多出来的重算不算 FLOP）。
   - 每个形状先跑一遍前向 + 反向，SDPA 的三个后端的输出和梯度都和我们的内核对照（bf16 对 bf16，
     相对误差 < 2e-2，NaN 算不一致）；不一致的逐个打印、记进 JSON 的 failures，测量结束时 assert 没有。
   - 我们的内核先正常跑一遍（autotune 在这一遍选好配置），再用 Launch(poison=True) 跑一遍拿来对照：
     输出和梯度先填 NaN，选中的配置漏写任何元素都会变成 NaN 被抓到；调优那一遍的结果也和它对照
-    （原子 dQ 的调优要在每次试跑前把 dQ 累加器清零，没清零时这一遍的 dQ 会是几倍大）。
+    （ours-atomic 的调优要在每次试跑前把 dQ 累加器清零，没清零时这一遍的 dQ 会是几倍大）。
   - --quick 打印时 TFLOP/s 由 JSON 里的毫秒数和上面的 FLOP 公式现算，并核对和测量时记下的一致。
   - 目标行的 ✓ / ✗ 是速度目标（性能），不是正确性：正确性不过关时脚本直接报错退出。
 
@@ -38,8 +38,8 @@ from course_utils import format_table, pyplot, save_figure  # noqa: E402
 RESULTS = os.path.join(HERE, "results")
 JSON_NAME = "triton_bench.json"
 PNG_NAME = "triton_bench.png"
-PROVIDERS = ("ours", "ours-split", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
-BWD_ONLY = ("ours-split",)            # 前向和 ours 是同一个内核：只测反向
+PROVIDERS = ("ours", "ours-atomic", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+BWD_ONLY = ("ours-atomic",)           # 前向和 ours 是同一个内核：只测反向
 TOKENS, HIDDEN = 32768, 2048          # B·N 和 H·d 固定
 SEQLENS = (1024, 4096, 16384)
 HEAD_DIMS = (64, 128)
@@ -65,19 +65,14 @@ def tflops_of(r):
     return flops(r["B"], r["H"], r["N"], r["d"], r["causal"], r["mode"]) / (r["ms"] * 1e-3) / 1e12
 
 
-def ours_bwd(meta):
-    """这份结果里 "ours" 的反向是哪条路径：v6 及以前的 JSON 没有这个键，那时只有 split（dK/dV + dQ 两个内核）。"""
-    return meta.get("ours_bwd", "split")
-
-
 def print_table(res):
     meta = res["meta"]
     print(f"GPU: {meta['gpu']}  driver {meta['driver']}  torch {meta['torch']}  triton {meta['triton']}  "
           f"({meta['date']})")
-    if ours_bwd(meta) == "split":
-        print("（这份结果测量时只有一条反向路径：ours 的反向是 split（dK/dV + dQ 两个内核），没有 ours-split 一列）")
-    else:
-        print("（ours 的反向 = 原子 dQ，deterministic=False；ours-split = deterministic=True 的两个内核，只测反向）")
+    print("（ours 的反向 = 默认的 split（dK/dV + dQ 两个内核）；"
+          "ours-atomic = Launch(bwd=\"atomic\")，dQ 原子加，只测反向）")
+    if meta.get("note"):
+        print(f"（{meta['note']}）")
     rows = res["rows"]
     for r in rows:       # 存下的 TFLOP/s 必须就是 flops()/ms：表里的数和文件开头写的 FLOP 算法一致
         assert abs(tflops_of(r) / r["tflops"] - 1) < 1e-9, r
@@ -89,13 +84,12 @@ def print_table(res):
         any_r = next(iter(sel.values()))
         tfl = {p: tflops_of(sel[p]) for p in PROVIDERS if p in sel}
         ratios = [f"{tfl['ours'] / tfl[p]:.2f}" if "ours" in tfl and p in tfl else "—"
-                  for p in ("sdpa-flash", "sdpa-cudnn", "ours-split")]
+                  for p in ("sdpa-flash", "sdpa-cudnn", "ours-atomic")]
         table.append([mode, str(causal), d, n, any_r["B"], any_r["H"]]
                      + [f"{tfl[p]:.1f}" if p in tfl else "—" for p in PROVIDERS] + ratios)
-    print(format_table(["mode", "causal", "d", "N", "B", "H", *PROVIDERS, "ours/flash", "ours/cudnn", "ours/split"],
+    print(format_table(["mode", "causal", "d", "N", "B", "H", *PROVIDERS, "ours/flash", "ours/cudnn", "ours/atomic"],
                        table, align="<<" + ">" * (len(table[0]) - 2)))
-    print("（单位 TFLOP/s；ours/flash ≥ 1.0、d = 128 且 N ≥ 4k 时前向 ours/cudnn ≥ 0.8 是目标；"
-          "ours/split = 原子 dQ 比 split 快多少，只在反向）")
+    print("（单位 TFLOP/s；目标见下面几行；ours/atomic = 默认的 split 比原子 dQ 快多少，只在反向）")
     report = target_report(rows)
     for line in report:
         print(line)
@@ -107,7 +101,8 @@ MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是
     不一致时脚本会报错退出，所以退出码 0 = 全部算对）。cuDNN 在 Hopper 上把一个 program 拆成搬数据的
     warpgroup 和两个轮流做矩阵乘 / softmax 的 warpgroup（warp specialization + 乒乓，FlashAttention-3 的做法），
     softmax 的 exp2 藏在 wgmma 后面；我们的 Triton 内核里 QKᵀ → softmax → PV 是串行的。Triton 3.6 能打开的
-    两个开关（TMA、warp_specialize）在 H200 上都没有变快，差距和原因见 results/NOTES.md。"""
+    两个开关（TMA、warp_specialize）在 H200 上都没有变快。反向还多一层：默认的 split 每对块做 7 次矩阵乘
+    （FLOP 按 5 次记），而少做 2 次的原子 dQ 路径在 H200 上实测更慢。差距和原因见 results/NOTES.md。"""
 
 
 def target_report(rows):
@@ -122,7 +117,9 @@ def target_report(rows):
     for name, mode, other, want, pick in (
             ("前向 ≥ 1.0× SDPA-FLASH", "fwd", "sdpa-flash", 1.0, lambda c, d, n: True),
             ("反向 ≥ 1.0× SDPA-FLASH", "bwd", "sdpa-flash", 1.0, lambda c, d, n: True),
-            ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k）", "fwd", "sdpa-cudnn", 0.8, lambda c, d, n: d == 128 and n >= 4096)):
+            ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k）", "fwd", "sdpa-cudnn", 0.8, lambda c, d, n: d == 128 and n >= 4096),
+            ("issue 16：前向 ≥ 0.9× cuDNN（N ≥ 4k）", "fwd", "sdpa-cudnn", 0.9, lambda c, d, n: n >= 4096),
+            ("issue 16：反向 ≥ 0.85× cuDNN（N ≥ 4k）", "bwd", "sdpa-cudnn", 0.85, lambda c, d, n: n >= 4096)):
         checked = [(c, d, n, ratio(mode, c, d, n, other)) for c, d, n in shapes if pick(c, d, n)]
         miss = [f"{'causal' if c else 'full'} d={d} N={n}: {x:.3f}"
                 for c, d, n, x in checked if x is not None and x < want]
@@ -195,13 +192,13 @@ def measure(args):
     torch.manual_seed(0)
     t_start = time.time()
     meta = gpu_meta(torch, triton)
-    meta["ours_bwd"] = "atomic"                               # "ours" 的反向 = 默认路径（原子 dQ）
+    meta["ours_bwd"] = "split"                                # "ours" 的反向 = 默认路径（split）
     rows, failures = [], []
-    poison = tf.Launch(poison=True)
     fns, checks = {}, {}
-    for p, det in (("ours", False), ("ours-split", True)):
-        fns[p] = lambda q, k, v, c, det=det: tf.flash_attn_func(q, k, v, causal=c, deterministic=det)
-        checks[p] = lambda q, k, v, c, det=det: tf.flash_attn_func(q, k, v, causal=c, deterministic=det, launch=poison)
+    for p, bwd in (("ours", "split"), ("ours-atomic", "atomic")):
+        normal, poison = tf.Launch(bwd=bwd), tf.Launch(bwd=bwd, poison=True)
+        fns[p] = lambda q, k, v, c, la=normal: tf.flash_attn_func(q, k, v, causal=c, launch=la)
+        checks[p] = lambda q, k, v, c, la=poison: tf.flash_attn_func(q, k, v, causal=c, launch=la)
     for p in PROVIDERS[2:]:
         fns[p] = sdpa_fn(torch, p)
     for d in HEAD_DIMS:
@@ -427,15 +424,14 @@ def fastpath_checks(torch, tf):
 
 
 def plot(res, path, quick=False):
-    """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画各实现的 TFLOP/s（ours-split 只在反向）；
+    """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画各实现的 TFLOP/s（ours-atomic 只在反向）；
     图例放在图外，不挡柱子。完整图存到 path（和 JSON 放在一起）；quick=True 时进 lecture11/figures/quick/，
     不动已提交的图。返回路径。"""
     plt = pyplot()
     rows = res["rows"]
     ns = sorted({x["N"] for x in rows})
     colors = {p: f"C{i}" for i, p in enumerate(PROVIDERS)}          # 同一个实现在每个面板里颜色相同
-    names = {"ours": "ours (atomic dQ)" if ours_bwd(res["meta"]) == "atomic" else "ours",
-             "ours-split": "ours-split (deterministic)"}
+    names = {"ours": "ours (split bwd, default)", "ours-atomic": "ours-atomic (atomic dQ)"}
     fig, axes = plt.subplots(2, 4, figsize=(17, 8.5), sharey="row")
     panels = [(d, c) for d in HEAD_DIMS for c in (False, True)]
     legend = {}

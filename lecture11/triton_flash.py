@@ -12,7 +12,8 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
       c. 特性：滑动窗口、ALiBi、bias、dropout（Philox 随机数，反向重新生成同一张掩码）
       d. 主机端：同一组形状第二次起直接调用编译好的内核（_Plan），不求梯度的小调用从 ~190 µs 降到 ~40–65 µs
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
-      f. 反向：默认 dQ 原子加（FA2，每对块 5 次矩阵乘）；deterministic=True 时另用 dQ 内核（7 次，逐位可复现）
+      f. 反向：默认 split = dK/dV 内核 + dQ 内核（每对块 7 次矩阵乘，逐位可复现）；Launch(bwd="atomic") 是 FA2 的
+         原子 dQ（5 次）。按实测选：H200 上原子路径反而慢（d = 64 是 split 的 0.90–0.94×，d = 128 是 0.71–0.81×）
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
       GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步
@@ -22,7 +23,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
   （误差 ≤ 2 × PyTorch 自己 bf16/fp16 注意力的误差）。
 
 形状（flash-attn 的布局）：q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]，LSE [B, Hq, Nq]（自然对数）。
-速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v6）：v2 前向 1.09–1.46×、反向（split）1.06–1.22× SDPA-FLASH。
+速度（H200、bf16，06_triton_bench.py，results/NOTES.md 的 v7）：v2 前向 1.10–1.51×、反向（split）1.04–1.19× SDPA-FLASH。
 
 运行：
   python3 lecture11/triton_flash.py [--kernel minimal|full|decode|all] [--seed N]
@@ -233,12 +234,14 @@ def mini_attention(q, k, v, causal=False, softmax_scale=None):
 #   flash_bwd：D = Σ dO∘O              _delta_kernel（顺便把 LSE 换成 log2 单位，空行换成 +inf）
 #   flash_bwd 外层 j（dK_j、dV_j）     _dkdv_kernel：K/V 块不动，走 Q 块；GQA 组内的 query 头也在这个 program
 #                                      里依次累加，所以 dK、dV 不用原子加
-#   dQ_i += dS K_j                     两种做法（deterministic 选）：
-#                                      False（默认，FA2）：同一个 _dkdv_kernel 里 ATOMIC_DQ = True，每对块顺手算
-#                                        dS K_j，原子加进 fp32 累加器：每对块 5 次矩阵乘（QKᵀ、dO Vᵀ、Pᵀ dO、dSᵀ Q、
-#                                        dS K），但加的先后由 GPU 调度决定，dQ 的末位每次可能不同
-#                                      True：_dq_kernel，Q 块不动，走 K/V 块，dQ 写一次。代价：QKᵀ、dO Vᵀ 各多算
-#                                        一遍（7 次矩阵乘），换来没有原子操作、结果逐位可复现
+#   dQ_i += dS K_j                     两种做法（Launch(bwd=...) 选）：
+#                                      "split"（默认）：_dq_kernel，Q 块不动，走 K/V 块，dQ 写一次。代价：QKᵀ、dO Vᵀ
+#                                        各多算一遍（每对块 7 次矩阵乘），换来没有原子操作、结果逐位可复现
+#                                      "atomic"（FA2）：同一个 _dkdv_kernel 里 ATOMIC_DQ = True，每对块顺手算 dS K_j，
+#                                        原子加进 fp32 累加器：5 次矩阵乘（QKᵀ、dO Vᵀ、Pᵀ dO、dSᵀ Q、dS K），加的
+#                                        先后由 GPU 调度决定，dQ 的末位每次可能不同
+#                                      默认是 split，因为 H200 上实测它更快：原子路径是 split 的 0.90–0.94×（d = 64）、
+#                                        0.71–0.81×（d = 128），少掉的 2 次矩阵乘没有换来时间（results/NOTES.md 的 v7）
 #
 # 三段循环：对一个 Q 块，要看的 key 块是 [lo, hi)，其中对块里每一行都合法的是 [fs, fe)。循环分三段
 #   （STAGE 0/1/2）：[lo, fs) 带掩码、[fs, fe) 不带掩码、[fe, hi) 带掩码；causal 时第 0 段为空、第 2 段是对角块。
@@ -722,8 +725,8 @@ def _cfg(bm, bn, warps, stages):
 FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
 DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 3)]
 DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)]
-# 带原子 dQ 的 dK/dV 内核：每个 Q 块多一个 [BLOCK_M, d] 的 fp32 dQ 块，寄存器更紧，所以没有 (32, 128) 这种长 key 块
-# 配 4 warp 的组合；还没有在 GPU 上实测挑选过（results/NOTES.md）
+# 带原子 dQ 的 dK/dV 内核（Launch(bwd="atomic")）：每个 Q 块多一个 [BLOCK_M, d] 的 fp32 dQ 块，寄存器更紧，所以没有
+# (32, 128) 这种长 key 块配 4 warp 的组合；没有在 GPU 上挑选过（v7 实测比 split 慢，见 results/NOTES.md）
 DKDV_ATOMIC_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 64, 4, 3)]
 
 
@@ -772,6 +775,9 @@ def _tuned_kernels():
 _TUNED = {} if INTERPRET else _tuned_kernels()
 
 
+BWD_PATHS = ("split", "atomic")             # Launch.bwd 的取值：第一个是默认
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """
@@ -781,12 +787,18 @@ class Launch:
       poison    输出和梯度先填 NaN：内核漏写的元素会变成 NaN 被检查抓到
       tma       Hopper：前向的 K、V 用 TMA 张量描述符读（H200 实测更慢，默认关；留着复现对比）
       blocks    {"fwd" / "dkdv" / "dkdv_atomic" / "dq": (BLOCK_M, BLOCK_N, warps, stages)}：覆盖固定配置（测试、
-                调优实验用）；"dkdv_atomic" 是 deterministic=False 时带原子 dQ 的那个 dK/dV 内核
+                调优实验用）；"dkdv_atomic" 是 bwd="atomic" 时带原子 dQ 的那个 dK/dV 内核
+      bwd       反向的 dQ 怎么算："split"（默认：单独的 dQ 内核，逐位可复现，H200 上实测更快）或 "atomic"
+                （FA2：dK/dV 内核里原子加进 fp32 累加器，少 2 次矩阵乘；留着对比和教学）
     """
     autotune: bool = True
     poison: bool = False
     tma: bool = False
     blocks: dict = None
+    bwd: str = "split"
+
+    def __post_init__(self):
+        check_choice("bwd", self.bwd, BWD_PATHS, where="Launch")
 
 
 DEFAULT_LAUNCH = Launch()
@@ -982,11 +994,10 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
     return o, lse
 
 
-def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch,
-         deterministic):
+def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
     """
-    deterministic=False：Delta 预处理 + 一个 dK/dV 内核，dQ 原子加进 fp32 累加器（每对块 5 次矩阵乘）；
-    deterministic=True：Delta + dK/dV 内核 + 单独的 dQ 内核（7 次矩阵乘，没有原子操作，逐位可复现）。
+    launch.bwd == "split"（默认）：Delta 预处理 + dK/dV 内核 + 单独的 dQ 内核（7 次矩阵乘，没有原子操作，逐位可复现）；
+    launch.bwd == "atomic"：Delta + 一个 dK/dV 内核，dQ 原子加进 fp32 累加器（每对块 5 次矩阵乘）。
     """
     total_q, hq, d = q.shape
     hk = k.shape[1]
@@ -1008,17 +1019,18 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, WIN_L=win[0], WIN_R=win[1], HAS_ALIBI=slopes is not None,
                 HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype))
     plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0
+    atomic = launch.bwd == "atomic"
     # 原子路径的 dQ 先在 fp32 里累加（每个元素由多个 key 块的 program 加上去），最后乘 scale、换成输入的 dtype
-    dq_acc = None if deterministic else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    dq_arg = q if deterministic else dq_acc                        # 确定性路径不用 DQ：随便给一个指针
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else None
+    dq_arg = dq_acc if atomic else q                               # split 路径不用 DQ：随便给一个指针
     args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_arg.stride(0), dq_arg.stride(1),
             lse.stride(0), *sb, *ss, hk, hq // hk, max_q, max_k, tune_n)
-    kind = "dkdv" if deterministic else "dkdv_atomic"
-    _launch(kind, lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk, ATOMIC_DQ=not deterministic),
+    kind = "dkdv_atomic" if atomic else "dkdv"
+    _launch(kind, lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk, ATOMIC_DQ=atomic),
             plain, q.dtype, launch)
-    if not deterministic:
+    if atomic:
         torch.mul(dq_acc, scale, out=dq)                         # S = scale·QKᵀ ⇒ dQ = scale·dS K（一次读写）
         return dq, dk, dv
     args = (q, k, v, do, dq, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
@@ -1033,11 +1045,10 @@ class _FlashAttn(torch.autograd.Function):
     """autograd 包装：前向存 q、k、v、o、lse（都是 O(N) 的），反向重算 P。"""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch,
-                deterministic):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
         o, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, deterministic)
+        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -1045,7 +1056,7 @@ class _FlashAttn(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.extra)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _window(causal, window_size):
@@ -1069,8 +1080,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     """
     q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]（return_lse 时再返回 lse [B, Hq, Nq]，自然对数）。
     causal / window_size=(left, right) 按右下角对齐（见 v2 的约定）；dropout 的掩码由 seed 决定，反向重新生成。
-    deterministic（flash-attn 的名字）：False = 反向的 dQ 用原子加（快，求和顺序每次不同，dQ 的末位会变）；
-    True = dK/dV 和 dQ 分两个内核，没有原子操作，梯度逐位可复现。
+    deterministic（flash-attn 的名字）：True = 梯度必须逐位可复现；False 只是"允许"不可复现。默认的反向（split：
+    dK/dV 和 dQ 分两个内核，没有原子操作）本来就逐位可复现，所以两者结果相同；Launch(bwd="atomic")（dQ 原子加）
+    和 deterministic=True 一起传报 ValueError。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
     """
     opts = _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse,
@@ -1085,7 +1097,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     args = (qp, kp, vp, cu_q, cu_k, nq, nk, opts.scale, opts.window, opts.slopes, opts.bias, opts.dropout_p,
             opts.seed, opts.launch)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse = _FlashAttn.apply(*args, opts.deterministic)
+        o, lse = _FlashAttn.apply(*args)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
         o, lse = _fwd(*args, plan_key=_plan_key(qp, kp, vp, opts))
     out = o.view(batch, nq, hq, d)
@@ -1117,7 +1129,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          enable_profiling, launch, deterministic)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     o, lse = _FlashAttn.apply(q, k, v, opts.cu_q, opts.cu_k, opts.max_q, opts.max_k, opts.scale, opts.window,
-                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch, opts.deterministic)
+                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch)
     return (o, lse) if opts.return_lse else o
 
 
@@ -1225,18 +1237,17 @@ def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, 
 KERNELS = ("minimal", "full")
 
 
-def run_ours(case, kernel="full", launch=None, deterministic=False):
+def run_ours(case, kernel="full", launch=None):
     """
     跑我们的内核（v1 "minimal" 或 v2 "full"，前向 + 反向），返回 (out, lse, dq, dk, dv)，都是 float64。
-    deterministic 只对 v2 有意义（False：原子 dQ；True：dK/dV + dQ 两个内核）；v1 的反向总是两个内核。
+    v2 的反向路径由 launch.bwd 选（默认 split，Launch(bwd="atomic") 是原子 dQ）；v1 的反向总是两个内核。
     """
     q, k, v = (case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
     if check_choice("kernel", kernel, KERNELS, where="run_ours") == "minimal":
         out, lse = mini_attention(q, k, v, causal=case["causal"])
     else:
         kw = dict(causal=case["causal"], window_size=case["window"], dropout_p=case["dropout_p"],
-                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch,
-                  deterministic=deterministic)
+                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch)
         if case["varlen"]:
             out, lse = flash_attn_varlen_func(q, k, v, case["cu_q"], case["cu_k"], case["max_q"], case["max_k"], **kw)
         else:
@@ -1287,13 +1298,14 @@ def field_errors(ours, ref):
 
 def both_backward_errors(case, kernel, ref, launch=None):
     """
-    v2 的两条反向路径都查：默认路径（原子 dQ）的 out、LSE、dQ、dK、dV，再加 deterministic=True 路径的
-    "dq:split"、"dk:split"、"dv:split"（前向两条路径相同，不重复列）。v1 只有前五项。
+    v2 的两条反向路径都查：默认路径（split）的 out、LSE、dQ、dK、dV，再加 Launch(bwd="atomic") 路径的
+    "dq:atomic"、"dk:atomic"、"dv:atomic"（前向两条路径相同，不重复列）。v1 只有前五项。
     """
+    launch = launch or DEFAULT_LAUNCH
     errs = field_errors(run_ours(case, kernel, launch), ref)
     if kernel == "full":
-        split = field_errors(run_ours(case, kernel, launch, deterministic=True), ref)
-        errs.update({f"{f}:split": split[f] for f in ("dq", "dk", "dv")})
+        atomic = field_errors(run_ours(case, kernel, dataclasses.replace(launch, bwd="atomic")), ref)
+        errs.update({f"{f}:atomic": atomic[f] for f in ("dq", "dk", "dv")})
     return errs
 
 
@@ -1380,7 +1392,7 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
               verbose=True):
     """
     GPU 检查（flash-attn 的判据）：对每个输出，‖ours − ref64‖/‖ref64‖ ≤ 2 × ‖torch低精度 − ref64‖/‖ref64‖，
-    "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。v2 的两条反向路径（原子 dQ、split）都查。
+    "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。v2 的两条反向路径（split、原子 dQ）都查。
     poison：v2 的输出先填 NaN；autotune=False：固定配置，每个用例少编译几个版本（调优路径由
     06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
     """
@@ -1393,10 +1405,10 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     for dtype in dtypes:
         for case in gpu_cases(gen, dtype, kernel):
             ref = run_reference(case)
-            errs = both_backward_errors(case, kernel, ref, launch)          # v2：原子 dQ 和 split 两条反向
+            errs = both_backward_errors(case, kernel, ref, launch)          # v2：split 和原子 dQ 两条反向
             torch_errs = field_errors(run_reference(case, dtype=dtype), ref)
             for f, e in errs.items():
-                t = torch_errs[f.split(":")[0]]                             # "dq:split" 和 dq 比同一个 torch 误差
+                t = torch_errs[f.split(":")[0]]                             # "dq:atomic" 和 dq 比同一个 torch 误差
                 rows.append((str(dtype).replace("torch.", ""), case["name"], f, e, t, e <= 2 * t + 1e-6))
             del ref
             torch.cuda.empty_cache()
@@ -1438,7 +1450,7 @@ def _selftest(kernel="all", seed=None):
     for name in kernels:
         t0 = time.time()
         worst = check_cpu(name, seed=seed)
-        paths = "（反向两条路径：原子 dQ、split）" if name == "full" else ""
+        paths = "（反向两条路径：split、原子 dQ）" if name == "full" else ""
         print(f"triton_flash 自检通过（解释器，{name}）：out、LSE、dQ/dK/dV{paths}和 float64 参考的最大误差 "
               f"{worst:.1e} < {CPU_TOL:.0e}（LSE 是最大绝对误差，其余是相对误差），{time.time() - t0:.0f} s")
     if run_decode:
@@ -1868,7 +1880,6 @@ class _Options:
     bias: object
     return_lse: bool
     launch: Launch
-    deterministic: bool = False
     cu_q: object = None
     cu_k: object = None
     max_q: int = 0
@@ -1893,6 +1904,9 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
         launch = DEFAULT_LAUNCH
     elif not isinstance(launch, Launch):
         raise TypeError(f"{where}：launch 必须是 triton_flash.Launch 或 None，收到 {type(launch).__name__}")
+    if _flag("deterministic", deterministic, where) and launch.bwd == "atomic":
+        raise ValueError(f"{where}：deterministic=True 和 Launch(bwd='atomic') 不能同时用（原子加的 dQ 不能逐位复现）；"
+                         "要可复现的梯度请用默认的 Launch(bwd='split')")
     if type(dropout_p) is float and 0.0 <= dropout_p < 1.0:
         p = dropout_p
     else:
@@ -1911,7 +1925,7 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
         seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
     return _Options(scale=_check_scale(softmax_scale, d, where), window=_window(causal, win), dropout_p=p,
                     seed=_draw_seed(seed, p), slopes=_check_slopes(alibi_slopes, batch, hq, device), bias=None,
-                    return_lse=return_lse, launch=launch, deterministic=_flag("deterministic", deterministic, where))
+                    return_lse=return_lse, launch=launch)
 
 
 def _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,

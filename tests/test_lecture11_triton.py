@@ -24,11 +24,11 @@ TOL = tf.CPU_TOL     # fp32 解释器对 float64 参考的误差上限（和模�
 
 
 # 解释器的分块大小（BLOCK_M, BLOCK_N, warps, stages）。模块默认是 fwd/dQ 的 query 块比 key 块小、dK/dV 反过来；
-# 另外两组把大小关系反过来、或者取相等，三段循环的边界落在别的位置上。"dkdv_atomic" 是默认反向（原子 dQ）用的。
+# 另外两组把大小关系反过来、或者取相等，三段循环的边界落在别的位置上。这些测试走默认反向（split）。
 BLOCKS = {
     "q<k": None,
-    "q>k": {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dkdv_atomic": (16, 32, 4, 1), "dq": (32, 16, 4, 1)},
-    "q=k": {"fwd": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1), "dkdv_atomic": (16, 16, 4, 1), "dq": (16, 16, 4, 1)},
+    "q>k": {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)},
+    "q=k": {"fwd": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1)},
 }
 
 
@@ -49,9 +49,12 @@ def _case(name, gen, batch=1, nq=20, nk=20, hq=2, hk=1, d=16, dtype=F32, **featu
                         **features)
 
 
-def _assert_close(case, launch=None, kernel="full", deterministic=False, ref=None):
-    """默认反向（原子 dQ）；deterministic=True 走 dK/dV + dQ 两个内核。ref 可以传进来（两条路径共用一份参考）。"""
-    ours = tf.run_ours(case, kernel, launch, deterministic=deterministic)
+ATOMIC = tf.Launch(bwd="atomic")     # 原子 dQ 的反向（默认是 split）
+
+
+def _assert_close(case, launch=None, kernel="full", ref=None):
+    """默认反向（split：dK/dV + dQ 两个内核）；launch=ATOMIC 走原子 dQ。ref 可以传进来（两条路径共用一份参考）。"""
+    ours = tf.run_ours(case, kernel, launch)
     ref = tf.run_reference(case) if ref is None else ref
     errs = tf.field_errors(ours, ref)
     print(case["name"], errs)                     # 先打印误差再断言
@@ -99,17 +102,17 @@ def test_block_boundary_sweep(gen, blocks, causal, window):
     _assert_close(case, blocks)
 
 
-def test_block_boundary_sweep_split_backward(gen):
+def test_block_boundary_sweep_atomic_backward(gen):
     """
-    同一个扫描走 deterministic=True（_dq_kernel 的 Q 块不动的循环）：causal + 左侧窗口，两侧边界都在。
-    只用默认块大小：_dq_kernel 的块范围和前向是同一个 _tile_range 调用，三种块大小关系由上面的前向扫描覆盖。
+    同一个扫描走 Launch(bwd="atomic")（dQ 在 dK/dV 内核的 Q 块循环里原子加，行掩码在这里）：causal + 左侧窗口，
+    两侧边界都在。只用默认块大小：它的块范围和 split 的 dK/dV 是同一个 _tile_range 调用，由上面的扫描覆盖。
     """
-    case = _case("sweep split", gen, batch=0, nq=0, nk=0, hq=1, hk=1, causal=True, window=(20, -1),
+    case = _case("sweep atomic", gen, batch=0, nq=0, nk=0, hq=1, hk=1, causal=True, window=(20, -1),
                  varlen_q=[17] * len(SWEEP_NK), varlen_k=SWEEP_NK)
-    _assert_close(case, deterministic=True)
+    _assert_close(case, ATOMIC)
 
 
-# ---------------------------------------------------------------- 两条反向路径：原子 dQ（默认）、split
+# ---------------------------------------------------------------- 两条反向路径：split（默认）、原子 dQ
 BWD_FEATURES = [
     dict(causal=True, hq=4),                 # GQA / MQA（hk 随机取 1、2、4）、causal、Nq ≠ Nk
     dict(window=(7, 3)),
@@ -120,9 +123,9 @@ BWD_FEATURES = [
 ]
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("bwd", tf.BWD_PATHS)
 @pytest.mark.parametrize("kw", BWD_FEATURES, ids=lambda kw: "+".join(kw))
-def test_both_backward_paths_random_sizes(gen, kw, deterministic):
+def test_both_backward_paths_random_sizes(gen, kw, bwd):
     """每次运行新抽的不规则尺寸（Nq、Nk、d 不是 2 的幂、GQA 组数、varlen 段长含 0），两条反向路径都对 float64 参考。"""
     def draw(lo, hi):
         return int(torch.randint(lo, hi, (1,), generator=gen))
@@ -138,7 +141,7 @@ def test_both_backward_paths_random_sizes(gen, kw, deterministic):
     sizes = dict(nq=nq, nk=nk, hq=hq, hk=hk, d=d, **{k: v for k, v in kw.items() if k.startswith("varlen")})
     print("sizes", sizes)
     _assert_close(_case(f"{kw} {sizes}", gen, **dict(dict(batch=2, nq=nq, nk=nk, hq=hq, hk=hk, d=d), **kw)),
-                  deterministic=deterministic)
+                  tf.Launch(bwd=bwd))
 
 
 def test_atomic_autotune_zeroes_dq_between_trials(gen, monkeypatch):
@@ -160,25 +163,30 @@ def test_atomic_autotune_zeroes_dq_between_trials(gen, monkeypatch):
     monkeypatch.setitem(tf._TUNED, "dkdv_atomic", tuned)
     case = _case("autotune", gen, batch=1, nq=45, nk=37, hq=2, hk=1, d=32, dtype=torch.float16, causal=True)
     ref = tf.run_reference(case)
-    errs = tf.field_errors(tf.run_ours(case), ref)
+    errs = tf.field_errors(tf.run_ours(case, launch=ATOMIC), ref)
     torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
     assert len(tuned.cache) == 1                                     # 真的走了调优路径
     for field in ("dq", "dk", "dv"):
         assert errs[field] <= 2 * torch_errs[field] + 1e-6, (field, errs[field], torch_errs[field])
 
 
-def test_deterministic_backward_is_bitwise_reproducible(gen):
-    """deterministic=True：同样的输入两次反向逐位相同；两条路径的 dK、dV 是同一个机制（逐位相同），dQ 只差舍入。"""
+def test_default_backward_is_split_and_bitwise_reproducible(gen):
+    """
+    默认反向是 split：deterministic=True 两次反向逐位相同，deterministic=False（默认）和它逐位相同（同一条路径）；
+    Launch(bwd="atomic") 的 dK、dV 是同一个机制（逐位相同），dQ 只差舍入。
+    """
     q, k, v = (torch.randn(1, n, h, 24, generator=gen) for n, h in ((37, 4), (45, 2), (45, 2)))
     do = torch.randn(1, 37, 4, 24, generator=gen)
 
-    def grads(deterministic):
+    def grads(**kw):
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-        tf.flash_attn_func(qq, kk, vv, causal=True, window_size=(9, -1), deterministic=deterministic).backward(do)
+        tf.flash_attn_func(qq, kk, vv, causal=True, window_size=(9, -1), **kw).backward(do)
         return qq.grad, kk.grad, vv.grad
 
-    first, second, atomic = grads(True), grads(True), grads(False)
+    first, second, default = grads(deterministic=True), grads(deterministic=True), grads()
+    atomic = grads(launch=ATOMIC)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, default))
     assert torch.equal(first[1], atomic[1]) and torch.equal(first[2], atomic[2])
     assert tf._rel_err(atomic[0].double(), first[0].double()) < TOL
     cu = torch.tensor([0, 20, 37], dtype=torch.int32)
@@ -293,10 +301,10 @@ def test_dropout_statistics_and_reproducibility(gen):
     assert torch.allclose(out[0, :, :, 0].T, expect[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_dropout_backward_matches_reference(gen, deterministic):
+@pytest.mark.parametrize("bwd", tf.BWD_PATHS)
+def test_dropout_backward_matches_reference(gen, bwd):
     _assert_close(_case("dropout", gen, batch=2, nq=23, nk=31, hq=4, hk=2, causal=True, dropout_p=0.25),
-                  deterministic=deterministic)
+                  tf.Launch(bwd=bwd))
 
 
 def test_noncontiguous_inputs(gen):
@@ -371,7 +379,7 @@ def test_float16_on_interpreter(gen):
     ref = tf.run_reference(case)
     errs = tf.both_backward_errors(case, "full", ref)
     torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
-    assert set(errs) == {*tf.FIELDS, "dq:split", "dk:split", "dv:split"}
+    assert set(errs) == {*tf.FIELDS, "dq:atomic", "dk:atomic", "dv:atomic"}
     for field, e in errs.items():
         t = torch_errs[field.split(":")[0]]
         assert e <= 2 * t + 1e-6, (field, e, t)
@@ -492,15 +500,30 @@ def test_flags_must_be_bool(flag, value):
         tf.flash_attn_varlen_func(*(t[0] for t in _qkv()), cu, cu, 8, 8, **{flag: value})
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_poison_launch_finds_every_output_written(gen, deterministic):
+@pytest.mark.parametrize("bwd", tf.BWD_PATHS)
+def test_poison_launch_finds_every_output_written(gen, bwd):
     """Launch(poison=True)：输出和梯度先填 NaN；结果和正常启动逐位相同，说明内核写满了每个元素。"""
     case = _case("poison", gen, batch=2, nq=23, nk=37, hq=4, hk=2, d=40, causal=True)
-    plain = tf.run_ours(case, deterministic=deterministic)
-    poisoned = tf.run_ours(case, launch=tf.Launch(poison=True), deterministic=deterministic)
+    plain = tf.run_ours(case, launch=tf.Launch(bwd=bwd))
+    poisoned = tf.run_ours(case, launch=tf.Launch(poison=True, bwd=bwd))
     assert all(torch.equal(a, b) for a, b in zip(plain, poisoned))
     with pytest.raises(TypeError, match="launch"):
         tf.flash_attn_func(*_qkv(), launch={"poison": True})
+
+
+def test_bwd_choice_is_checked():
+    """Launch.bwd 只能是 "split" / "atomic"；原子 dQ 不能逐位复现，和 deterministic=True 一起传报错
+    （两个名字都在消息里）。"""
+    for bad in ("fast", "Split", True, None):
+        with pytest.raises(ValueError, match="bwd"):
+            tf.Launch(bwd=bad)
+    assert tf.Launch().bwd == "split" == tf.BWD_PATHS[0]
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="deterministic=True.*bwd='atomic'"):
+        tf.flash_attn_func(*_qkv(), deterministic=True, launch=ATOMIC)
+    with pytest.raises(ValueError, match="deterministic=True.*bwd='atomic'"):
+        tf.flash_attn_varlen_func(*(t[0] for t in _qkv()), cu, cu, 8, 8, deterministic=True, launch=ATOMIC)
+    tf.flash_attn_func(*_qkv(), deterministic=False, launch=ATOMIC)          # 允许不可复现：可以
 
 
 def test_check_cpu_prints_seed_and_replays(capsys):
