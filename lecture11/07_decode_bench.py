@@ -217,13 +217,21 @@ def measure_table(torch, tf, rounds=3):
                 eager = wall_per_call(torch, fn, 50)
                 rows.append(dict(B=B, S=S, impl=name, gpu_s=t, gpu_rounds_s=times[name], eager_s=eager,
                                  kv_bytes=kv_bytes, err_vs_sdpa=errs[name],
-                                 splits=tf.decode_splits(B, HK, S, tf._sm_count(q.device)) if name == "ours" else None))
+                                 **(decode_choice(tf, B, S, q.device) if name == "ours" else {"splits": None})))
                 print(f"  B={B:<3d}S={S:<7d}{name:<5s} GPU {t * 1e6:9.1f} µs（各轮 "
                       + "/".join(f"{x * 1e6:.1f}" for x in times[name]) + f"）  {kv_bytes / t / 1e12:5.2f} TB/s  "
                       f"连续调用 {eager * 1e6:9.1f} µs/次  和 SDPA 的相对差 {errs[name]:.1e}", flush=True)
             del q, k, v, lens, fns, ref
             torch.cuda.empty_cache()
     return rows
+
+
+def decode_choice(tf, B, S, device):
+    """flash_decode 在这个形状上选的配置和段数（和 triton_flash._decode 的规则一样）。"""
+    n_sm = tf._sm_count(device)
+    guess = tf.decode_splits(B, HK, S, n_sm, tf.DECODE_CONFIG[0])
+    cfg = tf.DECODE_CONFIG_SHORT if S / guess <= tf.SHORT_SPLIT_KEYS else tf.DECODE_CONFIG
+    return {"config": list(cfg), "splits": tf.decode_splits(B, HK, S, n_sm, cfg[0])}
 
 
 def measure_overhead(torch, tf, calls=3000):
@@ -320,7 +328,8 @@ def measure(args):
         return SKIP
     t0 = time.time()
     res = dict(meta=gpu_meta(torch, triton))
-    res["meta"]["decode_config"] = list(tf.DECODE_CONFIG)
+    res["meta"]["decode_config"] = {"long": list(tf.DECODE_CONFIG), "short": list(tf.DECODE_CONFIG_SHORT),
+                                    "short_if_keys_per_split_le": tf.SHORT_SPLIT_KEYS}
     res["copy"] = copy_bandwidth(torch)
     res["copy_Bps"] = res["copy"]["best"]
     print("拷贝带宽（读 + 写）：" + "  ".join(f"{k} {v / 1e12:.2f} TB/s" for k, v in res["copy"].items()), flush=True)

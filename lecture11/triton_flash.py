@@ -1564,8 +1564,12 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob,
                   stride_ob, stride_on, stride_oh, N_NEW, R)
 
 
-# 每次循环读的 key 数、warp 数、流水级数（解释器用小块，几十个 key 也跨好几块）
-DECODE_CONFIG = (16, 4, 1) if INTERPRET else (64, 4, 4)     # H200 上的 sweep 选的（results/NOTES.md 的 v3.1）
+# 每次循环读的 key 数、warp 数、流水级数 (BLOCK_N, warps, stages)：H200 上 sweep 选的（results/NOTES.md 的 v3.1）。
+# 每段的 key 多时 (64, 4, 4) 略快；每段 ≤ 512 个 key 时 (128, 4, 3) 快约 10%（循环次数减半，流水线的填充 / 排空
+# 少一半）。解释器用小块，几十个 key 也跨好几块。
+DECODE_CONFIG = (16, 4, 1) if INTERPRET else (64, 4, 4)
+DECODE_CONFIG_SHORT = (16, 4, 1) if INTERPRET else (128, 4, 3)
+SHORT_SPLIT_KEYS = 512
 MAX_SPLITS = 256
 MAX_DECODE_ROWS = 128          # (Hq/Hk)·n 的上限：一个程序的 Q 块行数
 
@@ -1578,7 +1582,7 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
     【规则】B·Hk·s 个程序排成 ⌈B·Hk·s / n_sm⌉ 波，波效率 = 程序数 / (波数 · n_sm)。在 1…⌊S / block_n⌋（每段至少
         一个块，且 ≤ MAX_SPLITS）里取波效率 ≥ 0.95 × 最高波效率的最小 s（段越少，合并越省事）。
         S 用缓存长度 S_max（主机端不知道每个序列的真实长度，读它要同步）。
-    【实测】H200（132 个 SM，每个 SM 同时只放得下一个 (128, 4, 3) 配置的程序）上，Hk = 8 时 B = 1 / 8 / 64
+    【实测】H200（132 个 SM，我们的两种配置每个 SM 同时都只放得下一个程序）上，Hk = 8 时 B = 1 / 8 / 64
         最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
@@ -1651,7 +1655,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
         for plan in plans:
             plan.launch(tensors, key[-1])
         return out
-    return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, DECODE_CONFIG,
+    return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, None,
                    key if _should_record(key) else None, out)
 
 
@@ -1682,11 +1686,16 @@ def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
 
 
 def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None):
-    """正常路径：检查输入、选段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。"""
+    """正常路径：检查输入、选配置和段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。
+    config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
+    if config is None:                            # 每段的 key 少时换大块（见 DECODE_CONFIG）
+        n_sm = _sm_count(q.device)
+        guess = splits or decode_splits(batch, hk, s_max, n_sm, DECODE_CONFIG[0])
+        config = DECODE_CONFIG_SHORT if s_max / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
     block_n, warps, stages = config
     if splits is None:
         splits = decode_splits(batch, hk, s_max, _sm_count(q.device), block_n)
