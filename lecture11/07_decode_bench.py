@@ -540,7 +540,7 @@ def print_timeline_fit(res, step_res):
               f"{fl.LLAMA_1B.n_heads // fl.LLAMA_1B.n_kv_heads} 个 query 头当作几个 query 位置交给 SDPA（cuDNN 内核），"
               f"批 1 时只有 {fl.LLAMA_1B.n_kv_heads} 个程序在读 KV——正是 flash-decoding 要解决的问题；"
               "时间线模型按每个 query 头一个程序算，快了几倍。"
-              "换成本讲的 flash_decode（B = 1、S ≥ 8k 时 2.9–4.3 TB/s，见上表）就没有这个差距")
+              "换成本讲的 flash_decode（B = 1、S ≥ 8k 时 3.2–4.3 TB/s，见上表）就没有这个差距")
     for name, p in (("H200_TIMELINE_GRAPH", p_graph), ("H200_TIMELINE_EAGER", p_eager)):
         const = getattr(fl, name)
         same = all(math.isclose(getattr(p, f), getattr(const, f), rel_tol=1e-9, abs_tol=1e-15)
