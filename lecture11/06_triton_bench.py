@@ -413,8 +413,15 @@ def fastpath_checks(torch, tf):
         before = tf._Plan.launches
         fast = call()                   # 快速路径
         used = tf._Plan.launches == before + 1
-        ref, _ = tf.reference_attention(q, k, v, causal=c["causal"], window_size=c["window"])
+        ref, ref_lse = tf.reference_attention(q, k, v, causal=c["causal"], window_size=c["window"])
         err = tf._rel_err(fast.double(), ref)
+        # 同一组形状换参数（return_lse、causal 反过来）：键必须分得开，结果仍然对
+        for _ in range(3):
+            o2, lse2 = tf.flash_attn_func(q, k, v, causal=c["causal"], window_size=c["window"], return_lse=True)
+        flipped = [tf.flash_attn_func(q, k, v, causal=not c["causal"]) for _ in range(3)][-1]
+        ref_flip, _ = tf.reference_attention(q, k, v, causal=not c["causal"])
+        err = max(err, tf._rel_err(o2.double(), ref), tf._lse_err(lse2.double(), ref_lse),
+                  tf._rel_err(flipped.double(), ref_flip))
         ok = bool(torch.equal(slow, fast)) and used and err < 1e-2
         out.append(dict(case=str(c), plan_used=used, bitwise_equal=bool(torch.equal(slow, fast)), err=err, ok=ok))
         print(f"  快速路径 {c}: 用上了 {used}，和正常启动逐位相同 {bool(torch.equal(slow, fast))}，"

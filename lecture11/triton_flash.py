@@ -830,6 +830,15 @@ def _launch(kind, n_blocks_of, args, meta, use_tune, dtype, launch, record=None)
 
 
 # ---------------------------------------------------------------------------- 主机端的快速路径
+_STREAM_OF = []       # [triton 的 get_current_stream]：第一次用时取一次（每次经过 driver.active 的代理要多花时间）
+
+
+def _current_stream(device_index):
+    if not _STREAM_OF:
+        _STREAM_OF.append(triton.runtime.driver.active.get_current_stream)
+    return _STREAM_OF[0](device_index)
+
+
 class _Plan:
     """
     同一组形状的一次内核启动。Triton 的正常启动每次都要绑定 45 个参数、算特化键、查编译缓存、过 autotuner
@@ -837,7 +846,7 @@ class _Plan:
     参数表记下来，之后只换掉其中的张量，直接调用编译好的内核（Triton 的 C 启动器）。
     键（调用者给）必须包含决定编译结果的一切：形状、步长、dtype、设备、标量参数、指针是否 16 字节对齐。
     """
-    __slots__ = ("vals", "slots", "grid", "run", "function", "packed", "stream")
+    __slots__ = ("vals", "slots", "grid", "run", "function", "packed")
     launches = 0                      # 走快速路径的启动次数（检查快速路径真的用上了）
 
     @classmethod
@@ -855,7 +864,6 @@ class _Plan:
                 plan.vals[i] = None                        # 不留住第一次调用的张量
             plan.grid = (int(grid[0]), int(grid[1]), 1)
             plan.run, plan.function, plan.packed = kernel.run, kernel.function, kernel.packed_metadata
-            plan.stream = triton.runtime.driver.active.get_current_stream
             return plan
         except (AttributeError, KeyError, TypeError):
             return False
@@ -864,7 +872,7 @@ class _Plan:
         """用新的张量启动；有启动钩子（profiler）时返回 False，让调用者走正常路径。"""
         if _launch_hooks_active():
             return False
-        self.launch(tensors, self.stream(device_index))
+        self.launch(tensors, _current_stream(device_index))
         return True
 
     def launch(self, tensors, stream):
@@ -1085,6 +1093,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     和 deterministic=True 一起传报 ValueError。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
     """
+    raw_key = _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
+                         return_encoded_softmax, enable_profiling, launch, deterministic)
+    fast = _PLANS.get(raw_key) if raw_key is not None else None
+    if fast and not _launch_hooks_active():      # 这组参数检查过、这组形状启动过：直接启动（_DenseFast）
+        return fast(q, k, v)
     opts = _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse,
                         seed, return_encoded_softmax, enable_profiling, launch, deterministic)
     batch, nq, hq, d = q.shape
@@ -1099,11 +1112,64 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         o, lse = _FlashAttn.apply(*args)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
-        o, lse = _fwd(*args, plan_key=_plan_key(qp, kp, vp, opts))
+        plan_key = _plan_key(qp, kp, vp, opts)
+        o, lse = _fwd(*args, plan_key=plan_key)
+        plan = _PLANS.get(plan_key) if plan_key is not None else None
+        if plan and raw_key is not None and len(_PLANS) < 2 * _MAX_PLANS \
+                and all(a.data_ptr() == b.data_ptr() for a, b in ((q, qp), (k, kp), (v, vp))) \
+                and not torch.cuda.is_current_stream_capturing():     # 图捕获期间的 cu_seqlens 属于图：不记
+            _PLANS[raw_key] = _DenseFast(plan, cu_q, cu_k, (batch, nq, hq, d), opts.return_lse)
     out = o.view(batch, nq, hq, d)
     if opts.return_lse:
         return out, lse.view(hq, batch, nq).transpose(0, 1)     # [B, Hq, Nq]
     return out
+
+
+def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
+               return_encoded_softmax, enable_profiling, launch, deterministic):
+    """
+    flash_attn_func 最快的路径的键：直接由调用者给的原始参数组成（不检查、不 reshape），只给 GPU 上、不求梯度、
+    没有 bias / ALiBi / dropout、默认 Launch 的调用。每个标量参数连同它的类型进键（True 和 1 不算同一个）；
+    不可哈希（如 list 的 window_size）、不是张量等情况返回 None，走正常路径（由 _check_dense 检查、报错）。
+    """
+    try:
+        if (INTERPRET or bias is not None or alibi_slopes is not None or dropout_p != 0
+                or return_encoded_softmax is not False or not (launch is None or launch is DEFAULT_LAUNCH)
+                or not q.is_cuda or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                  or v.requires_grad))):
+            return None
+        scalars = (dropout_p, softmax_scale, causal, return_lse, seed, enable_profiling, deterministic, *window_size)
+        if not all(type(x) in _PLAIN for x in scalars) or type(window_size) is not tuple:
+            return None                               # numpy 标量、0 维张量、list……：交给正常路径
+        key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               q.get_device(), k.get_device(), v.get_device(), q.data_ptr() % 16, k.data_ptr() % 16,
+               v.data_ptr() % 16, scalars, tuple(map(type, scalars)))
+        hash(key)
+        return key
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+_PLAIN = (bool, int, float, type(None))
+
+
+class _DenseFast:
+    """flash_attn_func 的最快路径：一个 _Plan 加上这组形状的 cu_seqlens 和输出形状。q、k、v 直接传给内核
+    （记录时已确认 reshape 成 [B·N, H, d] 只是换视图：数据指针相同，步长在键里）。"""
+    __slots__ = ("plan", "cu_q", "cu_k", "shape", "return_lse")
+
+    def __init__(self, plan, cu_q, cu_k, shape, return_lse):
+        self.plan, self.cu_q, self.cu_k, self.shape, self.return_lse = plan, cu_q, cu_k, shape, return_lse
+
+    def __call__(self, q, k, v):
+        batch, nq, hq, d = self.shape
+        o = q.new_empty((batch * nq, hq, d))
+        lse = q.new_empty((hq, batch * nq), dtype=torch.float32)
+        self.plan.launch((q, k, v, o, lse, self.cu_q, self.cu_k), _current_stream(q.get_device()))
+        out = o.view(batch, nq, hq, d)
+        if self.return_lse:
+            return out, lse.view(hq, batch, nq).transpose(0, 1)
+        return out
 
 
 def _plan_key(qp, kp, vp, opts):
@@ -1657,15 +1723,6 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
         return out
     return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, None,
                    key if _should_record(key) else None, out)
-
-
-_STREAM_OF = []       # [triton 的 get_current_stream]：第一次用时取一次（每次经过 driver.active 的代理要多花时间）
-
-
-def _current_stream(device_index):
-    if not _STREAM_OF:
-        _STREAM_OF.append(triton.runtime.driver.active.get_current_stream)
-    return _STREAM_OF[0](device_index)
 
 
 def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
