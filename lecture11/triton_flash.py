@@ -10,7 +10,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
       a. 速度：三段循环（只有边上的块做掩码）、整块被掩码的块不进循环、exp2 + 一次 FMA、倒序发 Q 块、autotune
       b. 形状：Nq ≠ Nk（右下角对齐）、GQA / MQA、变长序列打包（varlen）、任意 d ≤ 256、任意步长
       c. 特性：滑动窗口、ALiBi、bias、dropout（Philox 随机数，反向重新生成同一张掩码）
-      d. 主机端：同一组形状第二次起直接调用编译好的内核（_Plan），不求梯度的小调用从 ~190 µs 降到 ~40–65 µs
+      d. 主机端：同一组形状、同一组参数第二次起直接调用编译好的内核（_Plan），不求梯度的小调用 ~190 → ~23–26 µs
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
       f. 反向：默认 split = dK/dV 内核 + dQ 内核（每对块 7 次矩阵乘，逐位可复现）；Launch(bwd="atomic") 是 FA2 的
          原子 dQ（5 次）。按实测选：H200 上原子路径反而慢（d = 64 是 split 的 0.90–0.94×，d = 128 是 0.71–0.81×）
