@@ -15,6 +15,8 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
     check_int / check_real / check_bool / check_choice / check_array
                                     参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
+    cuda_time / wall_per_call / graph_matches_eager / gpu_meta / nvidia_smi / load_json
+                                    GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
 
 【约定】字节用十进制（1 kB = 1000 B）；图里的文字用英文（学生机器上常缺中文字形）；检查函数返回转换后的值
     （如 numpy 整数 → int、数组 → float64），只在出错时才拼报错消息（热路径上很便宜）。
@@ -222,6 +224,74 @@ def cuda_time(fn, reps, trials=5, warmup=1):
     return best
 
 
+def wall_per_call(fn, calls, warmup=20):
+    """连续调用 calls 次的墙钟时间 / calls（秒），前后各同步一次 GPU：主机比 GPU 慢时，这就是每次调用的主机时间。"""
+    import time
+
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls
+
+
+def graph_matches_eager(fn, inputs):
+    """
+    把 fn() 捕获进一张 CUDA 图（捕获前在旁路 stream 上热身一次：编译、autotune、快速路径的记录都在图外），
+    原地换一组随机输入后重放，再直接调用一次，两者逐位比较。fn 每次可能写同一个张量（out=），所以先拷走重放的结果。
+    """
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for t in inputs:
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    replayed = out.clone()
+    return bool(torch.equal(replayed, fn()))
+
+
+def nvidia_smi(field):
+    """nvidia-smi --query-gpu=<field> 的第一行（如 "driver_version"）；没有 nvidia-smi 时返回 "unknown"。"""
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def gpu_meta(torch, **extra):
+    """测量结果里"在哪测的"：GPU、驱动、torch / CUDA / triton 版本、日期，再加上调用者给的键。"""
+    import datetime
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return dict(gpu=torch.cuda.get_device_name(), driver=nvidia_smi("driver_version"), torch=torch.__version__,
+                cuda=torch.version.cuda, triton=triton_version, date=datetime.date.today().isoformat(), **extra)
+
+
+def load_json(path):
+    """读一个已提交的结果 JSON；文件不存在时返回 None（演示据此打印 SKIP）。"""
+    import json
+    if not os.path.isfile(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
 # =============================================================================
 # 参数检查（各实验模块共用：坏输入要大声报错，消息写出参数名、允许的范围、收到的值）
 # =============================================================================
@@ -372,7 +442,16 @@ def _expect_errors(cases):
 
 
 def _selftest():
+    import json
     import tempfile
+
+    # 0) 读已提交的结果：文件不在时是 None（演示据此打印 SKIP），在时原样读回
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "r.json")
+        assert load_json(path) is None
+        with open(path, "w") as fh:
+            json.dump({"a": [1, 2.5]}, fh)
+        assert load_json(path) == {"a": [1, 2.5]}
 
     # 1) 中文对齐：每一行的显示宽度相同；分隔线在第 2 行；默认第一列左对齐、其余右对齐
     text = format_table(["模型", "参数", "备注"], [["中文名字", 1, "短"], ["ab", 12345, "长一点的说明"]])

@@ -33,7 +33,6 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ for _sub in ("lecture01", "lecture04"):
 import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
-from course_utils import check_choice, check_int, check_real, cuda_time, fmt_bytes  # noqa: E402
+from course_utils import check_choice, check_int, check_real, cuda_time, fmt_bytes, nvidia_smi  # noqa: E402
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 SKIP = 77
@@ -424,19 +423,10 @@ def run_meta(device, dtype, quick, budget_s):
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         meta.update(gpu=torch.cuda.get_device_name(device), total_memory=props.total_memory,
-                    driver=_nvidia_smi("driver_version"), sm_count=props.multi_processor_count)
+                    driver=nvidia_smi("driver_version"), sm_count=props.multi_processor_count)
     else:
         meta.update(gpu=None, cpu_threads=torch.get_num_threads())
     return meta
-
-
-def _nvidia_smi(field):
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
-        return out.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
 
 
 def load_results(path=RESULTS):

@@ -25,15 +25,14 @@
   python3 lecture11/06_triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
 """
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import format_table, pyplot, save_figure  # noqa: E402
+from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json, pyplot, save_figure,  # noqa: E402
+                          wall_per_call)
 
 RESULTS = os.path.join(HERE, "results")
 JSON_NAME = "triton_bench.json"
@@ -53,13 +52,6 @@ def flops(batch, heads, n, d, causal, mode):
 
 
 # ---------------------------------------------------------------- 打印表格（有没有 GPU 都能用）
-def load_results(path):
-    if not os.path.isfile(path):
-        return None
-    with open(path) as fh:
-        return json.load(fh)
-
-
 def tflops_of(r):
     """一行测量结果的 TFLOP/s：由毫秒数和 flops() 现算（不信 JSON 里存的那个数）。"""
     return flops(r["B"], r["H"], r["N"], r["d"], r["causal"], r["mode"]) / (r["ms"] * 1e-3) / 1e12
@@ -130,16 +122,6 @@ def target_report(rows):
 
 
 # ---------------------------------------------------------------- 测量（只在 GPU 上）
-def gpu_meta(torch, triton):
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
-    return dict(gpu=torch.cuda.get_device_name(), driver=driver, torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(), dtype="bfloat16")
-
-
 def sdpa_fn(torch, backend_name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -191,7 +173,7 @@ def measure(args):
 
     torch.manual_seed(0)
     t_start = time.time()
-    meta = gpu_meta(torch, triton)
+    meta = gpu_meta(torch, dtype="bfloat16")
     meta["ours_bwd"] = "split"                                # "ours" 的反向 = 默认路径（split）
     rows, failures = [], []
     fns, checks = {}, {}
@@ -297,23 +279,6 @@ def _load_module(path):
     return mod
 
 
-def _graph_matches_eager(torch, fn, inputs):
-    """把 fn() 捕获进 CUDA 图；换一组输入（原地拷贝）后重放，和直接调用逐位比较。"""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()                                                    # 捕获前在旁路 stream 上热身（autotune 在这里）
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    for t in inputs:
-        t.copy_(torch.randn_like(t))
-    graph.replay()
-    torch.cuda.synchronize()
-    return bool(torch.equal(out, fn()))
-
-
 def overhead(args):
     """
     主机开销：B = 1、H = 16、d = 128、bf16、causal 的小形状上，每次调用的墙钟时间（连续调用 calls 次，
@@ -323,7 +288,6 @@ def overhead(args):
     import cProfile
     import io
     import pstats
-    import time
 
     import torch
     import triton
@@ -336,17 +300,10 @@ def overhead(args):
                "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)}
         for name, fn in fns.items():
-            for _ in range(20):
-                fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - t0) / args.calls * 1e6
+            wall = wall_per_call(fn, args.calls) * 1e6
             try:
                 gpu = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
-                graph = "ok" if _graph_matches_eager(torch, fn, (q, k, v)) else "结果和直接调用不一致"
+                graph = "ok" if graph_matches_eager(fn, (q, k, v)) else "结果和直接调用不一致"
             except Exception as e:                              # 记下为什么不能捕获，不中断测量
                 gpu, graph = None, f"失败：{str(e).splitlines()[0][:120]}"
             rows.append(dict(impl=name, N=n, wall_us=wall, gpu_us=gpu,
@@ -371,7 +328,6 @@ def overhead(args):
 
 def host_parts(torch, tf, n=128, calls=5000):
     """N = 128 时主机时间的几块（每次调用的 µs，各自连续调用 calls 次）：参数检查、分配输出、整次调用。"""
-    import time
     q, k, v = (torch.randn(1, n, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     pieces = {
         "检查参数 _check_dense": lambda: tf._check_dense(q, k, v, 0.0, None, True, None, None, (-1, -1), False, None,
@@ -382,13 +338,7 @@ def host_parts(torch, tf, n=128, calls=5000):
     }
     out = {}
     for name, fn in pieces.items():
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        out[name] = (time.perf_counter() - t0) / calls * 1e6
+        out[name] = wall_per_call(fn, calls, warmup=1) * 1e6
         print(f"  主机时间的一块：{name:<32s}{out[name]:7.1f} µs", flush=True)
     return out
 
@@ -488,7 +438,7 @@ def main():
     args = ap.parse_args()
     committed = os.path.join(RESULTS, JSON_NAME)
     if args.replot:
-        res = load_results(committed)
+        res = load_json(committed)
         if res is None:
             print(f"--replot：{os.path.relpath(committed)} 不存在，先在 GPU 上测量")
             return
@@ -501,7 +451,7 @@ def main():
     except ImportError:
         has_gpu = False
     if args.quick or not has_gpu:
-        res = load_results(committed)
+        res = load_json(committed)
         why = "--quick" if args.quick else "没有 GPU"
         if res is None:
             print(f"{why}：还没有提交的测量结果（{os.path.relpath(committed)} 不存在），在 H200 上运行本脚本生成。")
@@ -514,10 +464,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.overhead:
         path = os.path.join(args.out, "host_overhead.json")
-        res = load_results(path) or {}
+        res = load_json(path) or {}
         import torch
-        import triton
-        res["meta"] = gpu_meta(torch, triton)
+        res["meta"] = gpu_meta(torch, dtype="bfloat16")
         res[args.label] = overhead(args)
         with open(path, "w") as fh:
             json.dump(res, fh, indent=1)

@@ -20,11 +20,9 @@
     python3 lecture11/07_decode_bench.py [--quick]
 """
 import argparse
-import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -34,7 +32,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from dataclasses import replace  # noqa: E402
 
 import flash_lab as fl  # noqa: E402
-from course_utils import format_table, pyplot, save_figure  # noqa: E402
+from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json, pyplot, save_figure,  # noqa: E402
+                          wall_per_call)
 from hw_specs import H200  # noqa: E402
 
 SKIP = 77
@@ -74,6 +73,11 @@ def graph_time(torch, fn, target_s=2e-3, trials=5):
     with torch.cuda.graph(graph):
         for _ in range(reps):
             fn()
+    return replay_time(torch, graph, reps, trials)
+
+
+def replay_time(torch, graph, calls, trials=5):
+    """一张装了 calls 次调用的 CUDA 图：重放 trials 次，取最快一次的时间 / calls（秒）。"""
     graph.replay()
     best = float("inf")
     for _ in range(trials):
@@ -82,32 +86,8 @@ def graph_time(torch, fn, target_s=2e-3, trials=5):
         graph.replay()
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / reps)
-    del graph
+        best = min(best, start.elapsed_time(end) / 1e3 / calls)
     return best
-
-
-def wall_per_call(torch, fn, calls):
-    """连续调用 calls 次的墙钟时间 / calls（秒）：主机比 GPU 慢时，这就是每次调用的主机时间。"""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls
-
-
-def gpu_meta(torch, triton):
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
-    return dict(gpu=torch.cuda.get_device_name(), driver=driver, torch=torch.__version__, triton=triton.__version__,
-                cuda=torch.version.cuda, n_sm=torch.cuda.get_device_properties(0).multi_processor_count,
-                date=datetime.date.today().isoformat(), dtype="bfloat16", Hq=HQ, Hk=HK, d=D)
 
 
 def copy_bandwidth(torch, gib=2):
@@ -151,17 +131,8 @@ def launch_gap(torch, n=500):
     with torch.cuda.graph(graph):
         for _ in range(n):
             sleep(0)
-    graph.replay()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / n)
-    res["graph_s"] = best
-    res["host_launch_s"] = wall_per_call(torch, lambda: sleep(0), 5 * n)
+    res["graph_s"] = replay_time(torch, graph, n)
+    res["host_launch_s"] = wall_per_call(lambda: sleep(0), 5 * n)
     return res
 
 
@@ -214,7 +185,7 @@ def measure_table(torch, tf, rounds=3):
                     times[name].append(graph_time(torch, fn))
             for name, fn in fns.items():
                 t = min(times[name])
-                eager = wall_per_call(torch, fn, 50)
+                eager = wall_per_call(fn, 50)
                 rows.append(dict(B=B, S=S, impl=name, gpu_s=t, gpu_rounds_s=times[name], eager_s=eager,
                                  kv_bytes=kv_bytes, err_vs_sdpa=errs[name],
                                  **(decode_choice(tf, B, S, q.device) if name == "ours" else {"splits": None})))
@@ -245,9 +216,9 @@ def measure_overhead(torch, tf, calls=3000):
         for name in ("ours", "ours-out", "sdpa"):
             fn = fns[name]
             gpu = graph_time(torch, fn)
-            wall = wall_per_call(torch, fn, calls)
+            wall = wall_per_call(fn, calls)
             rows.append(dict(S=S, impl=name, wall_s=wall, gpu_s=gpu, over_s=wall - gpu,
-                             graph_ok=graph_matches_eager(torch, fn, (q, k, v))))
+                             graph_ok=graph_matches_eager(fn, (q, k, v))))
             print(f"  主机开销 S={S:<6d}{name:<5s} 每次调用 {wall * 1e6:6.1f} µs  GPU {gpu * 1e6:6.1f} µs  "
                   f"多出 {(wall - gpu) * 1e6:6.1f} µs  CUDA 图逐位一致：{rows[-1]['graph_ok']}", flush=True)
     q, k, v, lens = make_inputs(torch, 1, 1024)
@@ -256,27 +227,10 @@ def measure_overhead(torch, tf, calls=3000):
              "empty_like": lambda: torch.empty_like(q),
              "flash_decode": lambda: tf.flash_decode(q, k, v, lens),
              "flash_decode(out=)": lambda: tf.flash_decode(q, k, v, lens, out=out)}
-    host = {name: wall_per_call(torch, fn, calls) for name, fn in parts.items()}
+    host = {name: wall_per_call(fn, calls) for name, fn in parts.items()}
     for name, t in host.items():
         print(f"  主机时间的一块：{name:<14s}{t * 1e6:6.2f} µs", flush=True)
     return dict(rows=rows, parts=host, plan_launches=tf._Plan.launches)
-
-
-def graph_matches_eager(torch, fn, inputs):
-    """把 fn() 捕获进 CUDA 图；原地换一组输入后重放，和直接调用逐位比较。"""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    for t in inputs:
-        t.copy_(torch.randn_like(t))
-    graph.replay()
-    replayed = out.clone()                        # fn 可能每次写同一个张量（out=）：先拷走再直接调用
-    return bool(torch.equal(replayed, fn()))
 
 
 def sweep(torch, tf):
@@ -321,13 +275,13 @@ def stress(torch, tf, calls=500):
 
 def measure(args):
     import torch
-    import triton
     import triton_flash as tf
     if not torch.cuda.is_available():
         print("SKIP: --measure 需要 CUDA GPU")
         return SKIP
     t0 = time.time()
-    res = dict(meta=gpu_meta(torch, triton))
+    res = dict(meta=gpu_meta(torch, n_sm=torch.cuda.get_device_properties(0).multi_processor_count,
+                             dtype="bfloat16", Hq=HQ, Hk=HK, d=D))
     res["meta"]["decode_config"] = {"long": list(tf.DECODE_CONFIG), "short": list(tf.DECODE_CONFIG_SHORT),
                                     "short_if_keys_per_split_le": tf.SHORT_SPLIT_KEYS}
     res["copy"] = copy_bandwidth(torch)
@@ -351,13 +305,6 @@ def measure(args):
 # =============================================================================
 # 读结果、打印（没有 GPU 也行）
 # =============================================================================
-def load(path):
-    if not os.path.isfile(path):
-        return None
-    with open(path) as fh:
-        return json.load(fh)
-
-
 def ratio_text(x):
     return f"{x:.2f}"
 
@@ -620,7 +567,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.measure:
         return measure(args)
-    res = load(RESULTS)
+    res = load_json(RESULTS)
     if res is None:
         print(f"SKIP: 还没有 {os.path.relpath(RESULTS)}（在 GPU 上运行 --measure 生成）")
         return SKIP
@@ -632,7 +579,7 @@ def main(argv=None):
     print_overhead(res)
     print("\n=== 4. 校准第 4 节的 decode_attention_time（DecodeGPU 的 sm_bw_cap、launch）===")
     _, decode_rows = print_decode_fit(res)
-    step_res = load(STEP_RESULTS)
+    step_res = load_json(STEP_RESULTS)
     timeline_table = []
     print("\n=== 5. 校准第 5 节的时间线模型 ===")
     if step_res is None:
