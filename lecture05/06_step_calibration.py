@@ -145,7 +145,7 @@ def plot(before, after, meta, quick):
     axes[1].legend(loc="upper left", fontsize=12)
     fig.suptitle(f"StepModel vs measured engine steps "
                  f"({meta.get('gpu')}, torch {meta.get('torch')}, {meta.get('date')})")
-    path = save_figure(fig, __file__, "fit", quick=quick)
+    path = save_figure(fig, __file__, "fit", quick=quick, path=os.path.join(HERE, "results", "step_calibration.png"))
     print(f"\n图：{path}")
 
 

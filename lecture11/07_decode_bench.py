@@ -520,7 +520,8 @@ def plot(res, decode_rows, timeline_table, quick):
     axes[0].set_ylabel(f"K/V read bandwidth (% of copy, {copy / 1e12:.2f} TB/s)")
     axes[-1].legend(loc="lower right")
     fig.suptitle(f"Decode attention on {res['meta']['gpu']} (bf16, {res['meta']['date']})")
-    bw_path = save_figure(fig, __file__, "bandwidth", quick=quick)
+    bw_path = save_figure(fig, __file__, "bandwidth", quick=quick,
+                          path=os.path.join(HERE, "results", "decode_bench_bandwidth.png"))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 6))
     for method, marker in (("fd", "o"), ("fa2", "^")):
@@ -554,7 +555,8 @@ def plot(res, decode_rows, timeline_table, quick):
     a2.set_ylabel("one decode step (ms)")
     a2.set_title("Llama-3.2-1B, batch 1: timeline model vs measured")
     a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
-    model_path = save_figure(fig, __file__, "models", quick=quick)
+    model_path = save_figure(fig, __file__, "models", quick=quick,
+                             path=os.path.join(HERE, "results", "decode_bench_models.png"))
     return bw_path, model_path
 
 

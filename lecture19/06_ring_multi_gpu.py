@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "prereq5"))
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ring_multi_gpu.json")
+RESULT_PNG = os.path.join(HERE, "results", "ring_multi_gpu.png")      # 完整图和结果放在一起（--quick 的小图不动它）
 NCCL_RESULTS = os.path.join(HERE, "..", "prereq5", "results", "nccl_measure.json")
 HEADS, D = 16, 128
 LOCAL_LENS = (4096, 8192, 16384, 32768, 65536)      # 每块 GPU 上的 token 数
@@ -766,7 +767,7 @@ def plot(out, quick, world):
     for a in (a1, a2):
         a.tick_params(labelsize=12)
         a.grid(True, alpha=0.3)
-    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick)}")
+    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick, path=RESULT_PNG)}")
 
 
 def plot_timeline(data, quick, world):
@@ -818,7 +819,7 @@ def plot_timeline(data, quick, world):
         a.grid(True, alpha=0.3)
         a.set_xticks(n, [f"{x // 1024}k" if x >= 1024 else str(x) for x in n])
         a.minorticks_off()
-    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick)}")
+    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick, path=RESULT_PNG)}")
 
 
 def main():

@@ -195,7 +195,8 @@ def plot(meta, data, fits, quick):
     ax.tick_params(labelsize=12)
     ax.legend(fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)   # 图下方：不压数据
     ax.grid(True, alpha=0.3)
-    print(f"\n图已保存：{save_figure(fig, __file__, 'busbw', quick=quick)}")
+    path = save_figure(fig, __file__, "busbw", quick=quick, path=os.path.join(HERE, "results", "nccl_measure.png"))
+    print(f"\n图已保存：{path}")
 
 
 def main():
