@@ -8,7 +8,7 @@
      prefill 是 eager，decode 分 eager（逐个启动内核）和 CUDA graph（整步录成一张图再重放）；
   3. 拟合（Σ log²(模型 / 实测) 最小）出的 mfu、mbu、eager / graph 两种开销；中位误差、最差的点和它差在哪；
   4. 第 11 讲时间线模型的那一步（1B、批 1、上下文 160）：eager 与 CUDA graph 差多少；
-  5. 图：figures/06_step_calibration_fit.png（模型 vs 实测，对数坐标，拟合前后）。
+  5. 图：lecture05/results/step_calibration.png（模型 vs 实测，对数坐标，拟合前后；--quick 的小图进 figures/quick/）。
 
 在 H200 上重新测（约 1–2 分钟）：python3 lecture05/step_bench.py --measure
 只读结果、拟合、画图（没有 GPU 也行）：python3 lecture05/06_step_calibration.py [--quick] [--results PATH]

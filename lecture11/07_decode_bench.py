@@ -10,7 +10,7 @@
   3. 启动间隙：一个空内核在 stream 里和在 CUDA 图里每个多少 µs（第 5 节时间线模型的 launch 参数）。
   4. 校准：flash_lab.decode_attention_time 用假设的 sm_bw_cap、launch 预测的时间 vs 实测，拟合这两个参数，
      拟合前后每个点的误差（见 flash_lab.H200_DEC_MEASURED 的文档）。
-  5. 图：lecture11/figures/07_decode_bench_*.png
+  5. 图：lecture11/results/decode_bench_bandwidth.png、decode_bench_models.png（--quick 的小图进 figures/quick/）
 
 单位：时间 µs，带宽 TB/s（10^12 字节/秒），K/V 字节 = B·S·Hk·d·2（K 和 V）·2（bf16）。
 

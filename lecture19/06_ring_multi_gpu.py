@@ -15,7 +15,7 @@
      每块换成第 11 讲的 Triton FlashAttention（triton_flash.flash_attn_func，return_lse=True）。
   5. 模型：一轮计算 = 这一轮的 FLOPs / 实测的单块吞吐；一轮通信 = α + 字节 × β（prereq5/06 的 NCCL 拟合）；
      重叠后 = max(计算, 通信)。P = 4 / 8 没有在真机上测过。
-  6. 图：lecture19/figures/06_ring_multi_gpu_overlap.png（被藏住的比例、每轮的实测 vs 模型）
+  6. 图：lecture19/results/ring_multi_gpu.png（被藏住的比例、每轮的实测 vs 模型）
 
 在 2 块 GPU 上重新测时间线（三个变体 + 合并进 ring_multi_gpu.json，约 3–4 分钟）：
     bash lecture19/run_ring_gpu.sh

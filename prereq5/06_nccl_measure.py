@@ -9,7 +9,7 @@
   3. 拟合出的 α 和 NCCL 自己调优模型里的常数比（comm_sim.nccl_ring_latency，[S71]），
      大消息的 busbw 和 NVLink 4 的单向线速 450 GB/s、维护者说的 ≈ 370 GB/s 有效值比 [S40]。
   4. 用 P = 2 拟合出的 α、β 外推 P = 4 / 8（ring 模型；**是模型，不是测量**）。
-  5. 图：prereq5/figures/06_nccl_measure_busbw.png（busbw vs 消息大小，实测点 + α-β 曲线）。
+  5. 图：prereq5/results/nccl_measure.png（busbw vs 消息大小，实测点 + α-β 曲线）。
 
 在有 ≥ 2 块 GPU 的机器上重新测（写 prereq5/results/nccl_measure.json，约 1 分钟）：
     torchrun --nproc_per_node=2 prereq5/06_nccl_measure.py --measure
