@@ -15,8 +15,9 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
     check_int / check_real / check_bool / check_choice / check_array
                                     参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
-    cuda_time / wall_per_call / graph_matches_eager / gpu_meta / nvidia_smi / load_json
+    cuda_time / wall_per_call / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
                                     GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
+    sha256_file / read_json_dict / update_json   检查点的 manifest 和结果缓存：核对文件、加锁的读-改-写
 
 【约定】字节用十进制（1 kB = 1000 B）；图里的文字用英文（学生机器上常缺中文字形）；检查函数返回转换后的值
     （如 numpy 整数 → int、数组 → float64），只在出错时才拼报错消息（热路径上很便宜）。
@@ -239,20 +240,33 @@ def wall_per_call(fn, calls, warmup=20):
     return (time.perf_counter() - t0) / calls
 
 
-def graph_matches_eager(fn, inputs):
+def capture_graph(fn, calls=1, warmup=2):
     """
-    把 fn() 捕获进一张 CUDA 图（捕获前在旁路 stream 上热身一次：编译、autotune、快速路径的记录都在图外），
-    原地换一组随机输入后重放，再直接调用一次，两者逐位比较。fn 每次可能写同一个张量（out=），所以先拷走重放的结果。
+    把 calls 次 fn() 录进一张 CUDA 图，返回 (graph, 最后一次调用的返回值)。录之前在旁路 stream 上先调 warmup 次：
+    编译、autotune、cuBLAS / SDPA 的工作区、快速路径的记录都在图外完成（图里只有内核启动）。
     """
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for _ in range(warmup):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    out = None
     with torch.cuda.graph(graph):
-        out = fn()
+        for _ in range(calls):
+            out = fn()
+    return graph, out
+
+
+def graph_matches_eager(fn, inputs):
+    """
+    把 fn() 录进 CUDA 图（capture_graph），原地换一组随机输入后重放，再直接调用一次，两者逐位比较。
+    fn 每次可能写同一个张量（out=），所以先拷走重放的结果。
+    """
+    import torch
+    graph, out = capture_graph(fn, warmup=1)
     for t in inputs:
         t.copy_(torch.randn_like(t))
     graph.replay()
@@ -281,6 +295,53 @@ def gpu_meta(torch, **extra):
         triton_version = None
     return dict(gpu=torch.cuda.get_device_name(), driver=nvidia_smi("driver_version"), torch=torch.__version__,
                 cuda=torch.version.cuda, triton=triton_version, date=datetime.date.today().isoformat(), **extra)
+
+
+def sha256_file(path):
+    """文件的 SHA-256（十六进制），按 1 MiB 一块读：检查点入库时记下，装载前核对。"""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_json_dict(path):
+    """读一个 JSON 字典；不存在、损坏或不是字典时返回 {}（manifest、缓存坏了就当没有，调用者会重建）。"""
+    import json
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+        return out if isinstance(out, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def update_json(path, change):
+    """
+    几个进程可能同时读-改-写同一个 JSON 字典（检查点的 manifest、结果缓存）：在文件锁里重读（read_json_dict）、
+    change(d) 原地修改、写临时文件再改名（别的进程永远读不到写了一半的文件）。锁文件放在系统临时目录，不进仓库；
+    没有 fcntl 的系统（Windows）不加锁，同时只跑一个训练进程即可。返回改过的字典。
+    """
+    import hashlib
+    import json
+    import tempfile
+    path = os.path.abspath(path)
+    tag = hashlib.sha1(path.encode()).hexdigest()[:12]
+    with open(os.path.join(tempfile.gettempdir(), f"cs349e_{tag}.lock"), "w") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        d = read_json_dict(path)
+        change(d)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(d, f, indent=1, ensure_ascii=False, sort_keys=True)
+        os.replace(tmp, path)
+    return d
 
 
 def load_json(path):
@@ -452,6 +513,13 @@ def _selftest():
         with open(path, "w") as fh:
             json.dump({"a": [1, 2.5]}, fh)
         assert load_json(path) == {"a": [1, 2.5]}
+        # 加锁的读-改-写：在已有内容上改；文件损坏时从空字典开始（不抛错）；SHA-256 跟着内容变
+        digest = sha256_file(path)
+        assert update_json(path, lambda d: d.update(b=3)) == {"a": [1, 2.5], "b": 3} == load_json(path)
+        assert sha256_file(path) != digest and len(digest) == 64
+        with open(path, "w") as fh:
+            fh.write("{not json")
+        assert read_json_dict(path) == {} and update_json(path, lambda d: d.update(c=1)) == {"c": 1}
 
     # 1) 中文对齐：每一行的显示宽度相同；分隔线在第 2 行；默认第一列左对齐、其余右对齐
     text = format_table(["模型", "参数", "备注"], [["中文名字", 1, "短"], ["ab", 12345, "长一点的说明"]])

@@ -36,7 +36,6 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
 
 import csv
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -53,7 +52,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from course_utils import check_bool, check_choice, check_int, check_real, format_table  # noqa: E402,F401
+from course_utils import (check_bool, check_choice, check_int, check_real, format_table,  # noqa: E402,F401
+                          read_json_dict, sha256_file, update_json)
 from llm_math import ModelConfig  # noqa: E402
 
 NORMS = ("rms", "layer")
@@ -858,22 +858,10 @@ def language():
     return ChunkCopyLanguage(**LANG)
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_manifest(ckpt_dir=CKPT_DIR):
-    path = os.path.join(ckpt_dir, "manifest.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            man = json.load(f)
-        return man if isinstance(man, dict) and isinstance(man.get("models"), dict) else {"models": {}}
-    except (OSError, ValueError):
-        return {"models": {}}
+    """checkpoints/manifest.json：{"models": {名字: {config, train, files: {文件: SHA-256}}}}；坏了就当空的。"""
+    man = read_json_dict(os.path.join(ckpt_dir, "manifest.json"))
+    return man if isinstance(man.get("models"), dict) else {"models": {}}
 
 
 def verify_checkpoint(name, ckpt_dir=CKPT_DIR, tc=None):
@@ -892,7 +880,7 @@ def verify_checkpoint(name, ckpt_dir=CKPT_DIR, tc=None):
         path = os.path.join(ckpt_dir, fn)
         if not os.path.exists(path):
             return None, f"缺文件 {fn}"
-        if sha256(path) != digest:
+        if sha256_file(path) != digest:
             return None, f"{fn} 的 SHA-256 对不上（文件损坏或被改过）"
     try:
         state = torch.load(os.path.join(ckpt_dir, f"{name}.pt"), map_location="cpu", weights_only=True)
@@ -938,7 +926,7 @@ def train_and_save(name, ckpt_dir=CKPT_DIR, tc=None, progress=True, log=print):
              "optimal_loss": round(opt, 5), "seconds": round(seconds, 1),
              "tokens_per_s": round(tc.steps * tc.batch * tc.seq / max(seconds, 1e-9)), "seed": tc.seed,
              "n_params": model.n_params(), "torch": torch.__version__,
-             "files": {os.path.basename(pt): sha256(pt), os.path.basename(csv_path): sha256(csv_path)}}
+             "files": {os.path.basename(pt): sha256_file(pt), os.path.basename(csv_path): sha256_file(csv_path)}}
     _update_manifest(ckpt_dir, name, entry)
     if os.path.exists(resume):
         os.remove(resume)
@@ -946,21 +934,14 @@ def train_and_save(name, ckpt_dir=CKPT_DIR, tc=None, progress=True, log=print):
 
 
 def _update_manifest(ckpt_dir, name, entry):
-    """读-改-写 manifest.json 的一项；加文件锁（两个训练进程可以并行训不同的模型），写临时文件再改名。"""
-    with open(os.path.join(ckpt_dir, ".manifest.lock"), "w") as lock:
-        try:
-            import fcntl
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:        # Windows：没有 fcntl，只能一次跑一个训练进程
-            pass
-        man = read_manifest(ckpt_dir)
+    """manifest.json 里写一项（加锁的读-改-写：两个训练进程可以并行训不同的模型）。"""
+    def change(man):
+        if not isinstance(man.get("models"), dict):
+            man["models"] = {}
         man["models"][name] = entry
         man["torch"] = torch.__version__
         man["note"] = "python3 lecture04/train_checkpoints.py 生成；演示核对 SHA-256 与配置，不符就重训"
-        tmp = os.path.join(ckpt_dir, f".manifest.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(man, f, indent=1, ensure_ascii=False, sort_keys=True)
-        os.replace(tmp, os.path.join(ckpt_dir, "manifest.json"))
+    update_json(os.path.join(ckpt_dir, "manifest.json"), change)
 
 
 def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, progress=True):

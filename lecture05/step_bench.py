@@ -50,7 +50,8 @@ for _sub in ("lecture01", "lecture04"):
 import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
-from course_utils import check_choice, check_int, check_real, cuda_time, fmt_bytes, nvidia_smi  # noqa: E402
+from course_utils import (capture_graph, check_choice, check_int, check_real, cuda_time, fmt_bytes,  # noqa: E402
+                          nvidia_smi)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 SKIP = 77
@@ -246,20 +247,6 @@ def time_fn(fn, device, trial_s=TRIAL_S, trials=TRIALS):
     return best, reps
 
 
-def capture_graph(fn):
-    """把一次 fn() 录成 CUDA graph（先在旁路流上预热两次：cuBLAS、SDPA 的工作区在录之前分配好）。返回 graph。"""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def fits_chip(cfg, p, chip=CHIP, elem=2):
     """不上卡的估计：权重 + KV + 工作区 ≤ 芯片的可分配显存（chip.alloc_bytes）。synthetic_points 用它挑点。"""
     kv, work = point_bytes(cfg, p, elem)
@@ -326,7 +313,7 @@ def measure_group(model, group, device, dtype, seed):
                 if device.type != "cuda":
                     p.update(status="skipped", reason="CUDA graph needs a CUDA device")
                     continue
-                graph = capture_graph(step)
+                graph = capture_graph(step)[0]
                 sec, reps = time_fn(graph.replay, device)
             else:
                 sec, reps = time_fn(step, device)

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from dataclasses import replace  # noqa: E402
 
 import flash_lab as fl  # noqa: E402
-from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json, pyplot, save_figure,  # noqa: E402
-                          wall_per_call)
+from course_utils import (capture_graph, format_table, gpu_meta, graph_matches_eager, load_json, pyplot,  # noqa: E402
+                          save_figure, wall_per_call)
 from hw_specs import H200  # noqa: E402
 
 SKIP = 77
@@ -55,25 +55,13 @@ SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 33)
 # =============================================================================
 def graph_time(torch, fn, target_s=2e-3, trials=5):
     """
-    fn() 一次的 GPU 时间（秒）：把 reps 次调用捕获进一张 CUDA 图，重放 trials 次取最快。图里没有主机开销，
-    所以这是内核（含内核之间的空档）的时间。reps 让一次重放大约 target_s 秒。
+    fn() 一次的 GPU 时间（秒）：把 reps 次调用录进一张 CUDA 图（course_utils.capture_graph），重放 trials 次取最快。
+    图里没有主机开销，所以这是内核（含内核之间的空档）的时间。先录一次、重放量出单次的时间，
+    再定 reps，让一次重放大约 target_s 秒。
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                 # 捕获前在旁路 stream 上热身（编译、快速路径的记录都在图外）
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    reps = max(3, min(200, int(target_s / max(time.perf_counter() - t0, 1e-6))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return replay_time(torch, graph, reps, trials)
+    one = replay_time(torch, capture_graph(fn, calls=1, warmup=3)[0], 1, trials=1)
+    reps = max(3, min(200, int(target_s / max(one, 1e-6))))
+    return replay_time(torch, capture_graph(fn, calls=reps, warmup=0)[0], reps, trials)
 
 
 def replay_time(torch, graph, calls, trials=5):
@@ -127,11 +115,7 @@ def launch_gap(torch, n=500):
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3 / n)
     res["stream_s"] = best
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            sleep(0)
-    res["graph_s"] = replay_time(torch, graph, n)
+    res["graph_s"] = replay_time(torch, capture_graph(lambda: sleep(0), calls=n, warmup=0)[0], n)
     res["host_launch_s"] = wall_per_call(lambda: sleep(0), 5 * n)
     return res
 
@@ -198,11 +182,9 @@ def measure_table(torch, tf, rounds=3):
 
 
 def decode_choice(tf, B, S, device):
-    """flash_decode 在这个形状上选的配置和段数（和 triton_flash._decode 的规则一样）。"""
-    n_sm = tf._sm_count(device)
-    guess = tf.decode_splits(B, HK, S, n_sm, tf.DECODE_CONFIG[0])
-    cfg = tf.DECODE_CONFIG_SHORT if S / guess <= tf.SHORT_SPLIT_KEYS else tf.DECODE_CONFIG
-    return {"config": list(cfg), "splits": tf.decode_splits(B, HK, S, n_sm, cfg[0])}
+    """flash_decode 在这个形状上选的配置和段数（triton_flash.decode_plan，和内核启动时同一条规则）。"""
+    config, splits = tf.decode_plan(B, HK, S, tf._sm_count(device))
+    return {"config": list(config), "splits": splits}
 
 
 def measure_overhead(torch, tf, calls=3000):
@@ -382,15 +364,19 @@ def print_overhead(res):
 # =============================================================================
 # 校准：第 4 节的 decode 注意力模型、第 5 节的时间线模型
 # =============================================================================
+FA2_BLOCK_M = 128     # d = 128 时 flash_attn_func 的前向配置（triton_flash._prune_fwd 留下的 8 warp 配置）都是 128 行
+
+
 def decode_points(res):
-    """实测 → fit_decode_gpu 的点。ours = "fd"（BLOCK_M = 16：R = 4 行补到 16）；fa2 = "fa2"（d = 128 时
-    flash_attn_func 的前向配置都是 BLOCK_M = 128，triton_flash._prune_fwd）。SDPA 的内部划分不知道，不放进拟合。"""
+    """实测 → fit_decode_gpu 的点。ours = "fd"：一组 R = Hq/Hk 行补到 ≥ 16 的 2 的幂（和 triton_flash._decode 一样）；
+    fa2 = "fa2"：FA2_BLOCK_M 行。SDPA 的内部划分不知道，不放进拟合。"""
+    fd_rows = max(16, 1 << math.ceil(math.log2(HQ // HK)))
     pts = []
     for r in res["rows"]:
         if r["impl"] in ("ours", "fa2") and "gpu_s" in r:
             fd = r["impl"] == "ours"
             pts.append(dict(B=r["B"], Hq=HQ, Hkv=HK, S=r["S"], d=D, method="fd" if fd else "fa2",
-                            splits=r["splits"] if fd else 1, block_m=16 if fd else 128, t=r["gpu_s"]))
+                            splits=r["splits"] if fd else 1, block_m=fd_rows if fd else FA2_BLOCK_M, t=r["gpu_s"]))
     return pts
 
 
@@ -451,14 +437,21 @@ def print_decode_fit(res):
     print(f"  拟合后最差的点：{worst['method']} B={worst['B']} S={worst['S']}，模型/实测 = "
           f"{worst['after'] / worst['t']:.2f}")
     if worst["method"] == "fa2":
-        print("    fa2 的模型按每个 query 头各读一遍它那组 K/V 计字节（B·Hq 份）；同组的 4 个程序差不多同时在跑，"
-              "后 3 份多半打在 L2 上，实际的显存流量更少——S 短、每组 K/V 只有几百 KB 时最明显"
+        print(f"    fa2 的模型按每个 query 头各读一遍它那组 K/V 计字节（B·Hq 份）；同组的 {HQ // HK} 个程序差不多同时"
+              f"在跑，后 {HQ // HK - 1} 份多半打在 L2 上，实际的显存流量更少——S 短、每组 K/V 只有几百 KB 时最明显"
               "（这是推断，没有用 ncu 量 L2 命中率）")
     same = (math.isclose(fitted.sm_bw_cap, fl.H200_DEC_MEASURED.sm_bw_cap, rel_tol=1e-9)
             and math.isclose(fitted.launch, fl.H200_DEC_MEASURED.launch, rel_tol=1e-9, abs_tol=1e-12))
     print(f"  flash_lab.H200_DEC_MEASURED {'就是' if same else '不等于（要更新！）'}这次的拟合")
     assert same, f"flash_lab.H200_DEC_MEASURED 和已提交 JSON 的拟合不一致：拟合 = {fitted}"
     return fitted, rows
+
+
+def ours_bw(res, B, s_min):
+    """批 B、S ≥ s_min 时我们读 K/V 的带宽范围（文字，TB/s）。"""
+    bws = [r["kv_bytes"] / r["gpu_s"] / 1e12 for r in res["rows"]
+           if r["impl"] == "ours" and r["B"] == B and r["S"] >= s_min and "gpu_s" in r]
+    return f"{min(bws):.1f}–{max(bws):.1f} TB/s"
 
 
 def print_timeline_fit(res, step_res):
@@ -487,7 +480,7 @@ def print_timeline_fit(res, step_res):
               f"{fl.LLAMA_1B.n_heads // fl.LLAMA_1B.n_kv_heads} 个 query 头当作几个 query 位置交给 SDPA（cuDNN 内核），"
               f"批 1 时只有 {fl.LLAMA_1B.n_kv_heads} 个程序在读 KV——正是 flash-decoding 要解决的问题；"
               "时间线模型按每个 query 头一个程序算，快了几倍。"
-              "换成本讲的 flash_decode（B = 1、S ≥ 8k 时 3.2–4.3 TB/s，见上表）就没有这个差距")
+              f"换成本讲的 flash_decode（B = 1、S ≥ 8k 时 {ours_bw(res, 1, 8192)}，见第 1 部分的表）就没有这个差距")
     for name, p in (("H200_TIMELINE_GRAPH", p_graph), ("H200_TIMELINE_EAGER", p_eager)):
         const = getattr(fl, name)
         same = all(math.isclose(getattr(p, f), getattr(const, f), rel_tol=1e-9, abs_tol=1e-15)

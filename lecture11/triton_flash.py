@@ -1665,6 +1665,16 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
     return next(s for s in range(1, cap + 1) if efficiency(s) >= 0.95 * best)
 
 
+def decode_plan(B, Hk, S, n_sm=132, num_splits=None):
+    """
+    flash_decode 的配置和段数：先按 DECODE_CONFIG 的块大小定段数，每段 ≤ SHORT_SPLIT_KEYS 个 key 时换成
+    DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数。num_splits 给了就用它。返回 ((BLOCK_N, warps, stages), 段数)。
+    """
+    guess = num_splits or decode_splits(B, Hk, S, n_sm, DECODE_CONFIG[0])
+    config = DECODE_CONFIG_SHORT if S / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
+    return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
+
+
 _N_SM = {}
 
 
@@ -1707,7 +1717,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
     【形状】q [B, Hq, d]（每个序列 1 个新 token）或 [B, n, Hq, d]（n 个新 token，它们之间 causal，右下角对齐：
         第 i 个位于 L_b − n + i）；k_cache、v_cache [B, S_max, Hk, d]；cache_seqlens int32 [B]，1 ≤ L_b ≤ S_max
         （n 个 token 时 L_b ≥ n，n ≤ 64）→ 返回和 q 同形状、同 dtype。Hq 是 Hk 的倍数，d 是 16…256 之间的 2 的幂。
-    【num_splits】key 轴切成几段（None → decode_splits）；段数多于块数时多出的段为空，结果不变。
+    【num_splits】key 轴切成几段（None → decode_plan 按 decode_splits 选）；段数多于块数时多出的段为空，结果不变。
     【out】可选：写进这个张量（和 q 同形状、同 dtype、同设备，最后一维连续，不和输入共用内存）并返回它——
         每一步都不再分配（CUDA 图里也常这样用）。
     【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
@@ -1750,13 +1760,11 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
-    if config is None:                            # 每段的 key 少时换大块（见 DECODE_CONFIG）
-        n_sm = _sm_count(q.device)
-        guess = splits or decode_splits(batch, hk, s_max, n_sm, DECODE_CONFIG[0])
-        config = DECODE_CONFIG_SHORT if s_max / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
+    if config is None:
+        config, splits = decode_plan(batch, hk, s_max, _sm_count(q.device), splits)
+    elif splits is None:
+        splits = decode_splits(batch, hk, s_max, _sm_count(q.device), config[0])
     block_n, warps, stages = config
-    if splits is None:
-        splits = decode_splits(batch, hk, s_max, _sm_count(q.device), block_n)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
     o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q) if out is None else out

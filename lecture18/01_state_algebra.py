@@ -25,23 +25,10 @@ sys.path.insert(0, HERE)
 import flash_lab as fl  # noqa: E402
 
 
-def random_tree(n, rng):
-    """n 个叶子的随机二叉合并树（随便挑两棵子树合并、左右随机），返回嵌套元组。"""
-    items = list(range(n))
-    while len(items) > 1:
-        a, b = rng.sample(range(len(items)), 2)
-        items = [it for i, it in enumerate(items) if i not in (a, b)] + [(items[a], items[b])]
-    return items[0]
-
-
 def random_cuts(n, k, rng):
     """把 [0, n) 随机切成 k 段（段长不一）。"""
     cuts = sorted(rng.sample(range(1, n), k - 1))
     return list(zip([0, *cuts], [*cuts, n]))
-
-
-def tree_depth(tree):
-    return 0 if not isinstance(tree, tuple) else 1 + max(tree_depth(t) for t in tree)
 
 
 def orders_and_trees(gen, rng, trials, n_cols):
@@ -56,13 +43,14 @@ def orders_and_trees(gen, rng, trials, n_cols):
             V = torch.randn(2, 3, n_cols, 8, generator=gen, dtype=torch.float64).to(dtype)
             ref = torch.softmax(S.double(), -1) @ V.double()          # float64 的参考
             parts = [fl.block_state(S[..., a:b], V[..., a:b, :]) for a, b in cuts]
-            trees = {"left to right": None, "right to left": _right_fold(k), "random tree": random_tree(k, rng)}
+            trees = {"left to right": None, "right to left": fl.reverse_chain_tree(k),
+                     "random tree": fl.random_tree(k, rng)}
             for name, tree in trees.items():
                 err = (fl.finalize(fl.merge_tree(parts, tree))[0].double() - ref).abs().max().item()
                 worst[dtype] = max(worst[dtype], err)
                 if dtype == torch.float64 or name == "random tree":
                     rows.append([t, k, str(dtype).replace("torch.", ""), name,
-                                 tree_depth(tree if tree is not None else _left_fold(k)), f"{err:.1e}"])
+                                 fl.tree_depth(tree if tree is not None else fl.chain_tree(k)), f"{err:.1e}"])
     print(fl.format_table(["试验", "块数", "dtype", "合并顺序", "树深", "和整块一次算的最大差"], rows))
     a, b = parts[0], parts[1]
     same = all(torch.equal(x, y) for x, y in zip(fl.merge_states(a, b), fl.merge_states(b, a)))
@@ -70,20 +58,6 @@ def orders_and_trees(gen, rng, trials, n_cols):
           f"float32 {worst[torch.float32]:.1e}（结合律只在舍入误差内：浮点加法不结合）")
     assert same and worst[torch.float64] < 1e-13 and worst[torch.float32] < 1e-5
     return worst
-
-
-def _left_fold(k):
-    tree = 0
-    for i in range(1, k):
-        tree = (tree, i)
-    return tree
-
-
-def _right_fold(k):
-    tree = k - 1
-    for i in range(k - 2, -1, -1):
-        tree = (i, tree)
-    return tree
 
 
 def naive_state(S, V):

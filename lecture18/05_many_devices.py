@@ -30,34 +30,6 @@ import flash_lab as fl  # noqa: E402
 LAYOUTS = ("contiguous", "striped")
 
 
-def chain_tree(P):
-    """链式：(((0·1)·2)·…)，P − 1 层。"""
-    tree = 0
-    for i in range(1, P):
-        tree = (tree, i)
-    return tree
-
-
-def pair_tree(P):
-    """树形：相邻两两合并，⌈log₂P⌉ 层（all-reduce 的归约树）。"""
-    level = list(range(P))
-    while len(level) > 1:
-        level = [(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
-    return level[0]
-
-
-def random_tree(P, rng):
-    items = list(range(P))
-    while len(items) > 1:
-        a, b = rng.sample(range(len(items)), 2)
-        items = [it for i, it in enumerate(items) if i not in (a, b)] + [(items[a], items[b])]
-    return items[0]
-
-
-def depth(tree):
-    return 0 if not isinstance(tree, tuple) else 1 + max(depth(t) for t in tree)
-
-
 def kv_split(gen, rng, Ps, N):
     """第 1 部分：K、V 切给 P 块设备，各种合并树。"""
     q, k, v = (torch.randn(2, 4, N, 32, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -67,11 +39,11 @@ def kv_split(gen, rng, Ps, N):
         for P in Ps:
             states, _ = fl.kv_split_states(q, k, v, P, causal)
             empty = sum(int(torch.isneginf(m).sum()) for m, _, _ in states)
-            for name, tree in (("chain", chain_tree(P)), ("pairwise tree", pair_tree(P)),
-                               ("random tree", random_tree(P, rng))):
+            for name, tree in (("chain", fl.chain_tree(P)), ("pairwise tree", fl.pair_tree(P)),
+                               ("random tree", fl.random_tree(P, rng))):
                 err = (fl.finalize(fl.merge_tree(states, tree))[0] - ref).abs().max().item()
                 assert err < 1e-12
-                rows.append([causal, P, name, depth(tree), empty, f"{err:.1e}"])
+                rows.append([causal, P, name, fl.tree_depth(tree), empty, f"{err:.1e}"])
     print(fl.format_table(["causal", "P", "合并树", "层数", "状态为 (−∞, 0, 0) 的行", "和整段注意力的最大差"],
                           rows))
     print(f"（2 × 4 个头、N = Nk = {N}、d = 32、float64；每块设备对全部 {N} 个 query 各有一个状态；"

@@ -11,7 +11,8 @@ CS349E 第 18 讲实验模块 flash_lab（PyTorch 版）：(m, ℓ, o) 状态代
          和 Ring Attention 论文表 1 的公式对账；再把同样的合并分给 P 块"设备"——第 19 讲的环形注意力。
 
 【本文件提供】
-    §1 状态代数：block_state(S, V)、merge_states(a, b)、finalize(state)、merge_tree（任意顺序 / 树形合并）
+    §1 状态代数：block_state(S, V)、merge_states(a, b)、finalize(state)、merge_tree（任意顺序 / 树形合并）；
+        合并树 chain_tree / reverse_chain_tree / pair_tree / random_tree、tree_depth
     §2 参考实现：causal_mask、vanilla_attention（显式 S、P，可求导，也是 float64 参考）、sdpa_attention
     §3 分块注意力：blockwise_attention_fwd / blockwise_attention_bwd（重算反向）、BlockwiseAttention、
        blockwise_attention、flash_attention（有 CUDA 时用第 11 讲的 Triton 内核，否则走分块版）、triton_available
@@ -146,14 +147,51 @@ def merge_tree(states, tree=None):
         raise ValueError("merge_tree：states 不能为空")
     _check_states(*states)
     if tree is None:
-        tree = 0
-        for i in range(1, len(states)):
-            tree = (tree, i)
+        tree = chain_tree(len(states))
     leaves = []
     out = _merge_tree(states, tree, leaves)
     if sorted(leaves) != list(range(len(states))):
         raise ValueError(f"merge_tree：tree 的叶子必须恰好是 0 … {len(states) - 1} 各一次，收到 {sorted(leaves)}")
     return out
+
+
+# 合并树（嵌套二元组，叶子是下标 0 … n−1）：演示和测试用它们排各种合并顺序
+def chain_tree(n):
+    """从左到右：(((0·1)·2)·…)，n − 1 层（flash 的逐块循环、环形注意力的逐轮合并）。"""
+    tree = 0
+    for i in range(1, n):
+        tree = (tree, i)
+    return tree
+
+
+def reverse_chain_tree(n):
+    """从右到左：(0·(1·(…·(n−2·n−1))))。"""
+    tree = n - 1
+    for i in range(n - 2, -1, -1):
+        tree = (i, tree)
+    return tree
+
+
+def pair_tree(n):
+    """相邻两两合并，⌈log₂ n⌉ 层（all-reduce 的归约树）。"""
+    level = list(range(n))
+    while len(level) > 1:
+        level = [(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def random_tree(n, rng):
+    """随机二叉树：随便挑两棵子树合并（左右也随机），直到只剩一棵。rng：random.Random。"""
+    items = list(range(n))
+    while len(items) > 1:
+        a, b = rng.sample(range(len(items)), 2)
+        items = [it for i, it in enumerate(items) if i not in (a, b)] + [(items[a], items[b])]
+    return items[0]
+
+
+def tree_depth(tree):
+    """合并树的层数（叶子 0 层）：并行合并时的关键路径长度。"""
+    return 0 if not isinstance(tree, tuple) else 1 + max(tree_depth(t) for t in tree)
 
 
 def _merge_tree(states, tree, leaves):

@@ -13,7 +13,6 @@
       模型从 checkpoints/base.pt 读取（没有、损坏或配置不符时重新训练，几分钟）；--quick 只训练 20 步、不碰缓存。
 图：lecture19/figures/01_needle_base_grid.png、01_needle_base_attention.png
 """
-import argparse
 import os
 import sys
 
@@ -23,7 +22,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import pyplot, save_figure  # noqa: E402
 
 
 def show(task, ids, tgt=None, width=24):
@@ -80,18 +79,9 @@ def attention_view(task, model, T):
 
 
 def plot(grid, lengths, depths, att, v_pos, ids, task, quick):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"font.size": 13})
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    acc = torch.tensor([[grid[(T, d)] for T in lengths] for d in depths])
-    im = ax.imshow(acc.numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    for i in range(len(depths)):
-        for j in range(len(lengths)):
-            ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=12)
-    ax.set_xticks(range(len(lengths)), [str(T) for T in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+    im = L.niah_heatmap(ax, grid, lengths, depths)
     ax.set_xlabel("context length T (tokens; trained at 128)")
     ax.set_ylabel("needle depth (0 = start)")
     ax.set_title("Needle-in-a-haystack accuracy, base model")
@@ -113,13 +103,7 @@ def plot(grid, lengths, depths, att, v_pos, ids, task, quick):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="大海捞针：基座模型与准确率表")
-    ap.add_argument("--quick", action="store_true", help="只训练 20 步、小表，不读写缓存")
-    args = ap.parse_args()
-    if args.quick:
-        torch.set_num_threads(1)      # quick 常和别的测试并行跑：单线程反而快
-    torch.manual_seed(0)
-    task = L.NeedleTask()
+    args, task = L.demo_start("大海捞针：基座模型与准确率表", "只训练 20 步、小表，不读写缓存")
     print(f"词表 {task.vocab_size} 个 token：<pad> <s> Q N、{task.n_keys} 个键、{task.n_values} 个值、"
           f"{task.n_filler} 个填充词")
     examples(task)

@@ -17,17 +17,15 @@
       模型从 checkpoints/ 读取；NIAH 表缓存在 checkpoints/grids.json（换了检查点自动重算）。
 图：lecture19/figures/02_extend_context_curves.png、02_extend_context_best.png
 """
-import argparse
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import pyplot, save_figure  # noqa: E402
 
 D_HEAD = 64
 NTK8 = 10000.0 * 8 ** (D_HEAD / (D_HEAD - 2))        # NTK-aware：b' = b·s^(D/(D−2))，s = 8
@@ -75,10 +73,7 @@ def detail(g, label, lengths, depths):
 
 
 def plot(grids, lengths, depths, quick):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"font.size": 13})
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 5.5))
     zero_shot = {label for label, _, variant, _ in METHODS if variant}      # 测试时才改 RoPE 的：虚线
     for label, g in grids.items():
@@ -97,13 +92,7 @@ def plot(grids, lengths, depths, quick):
     paths = [save_figure(fig, __file__, "curves", quick=quick)]
     g = grids[TARGET]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    acc = torch.tensor([[g[(T, d)] for T in lengths] for d in depths])
-    im = ax.imshow(acc.numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    for i in range(len(depths)):
-        for j in range(len(lengths)):
-            ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=12)
-    ax.set_xticks(range(len(lengths)), [str(T) for T in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+    im = L.niah_heatmap(ax, g, lengths, depths)
     ax.set_xlabel("context length T (tokens)")
     ax.set_ylabel("needle depth")
     ax.set_title(TARGET)
@@ -113,13 +102,8 @@ def plot(grids, lengths, depths, quick):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="扩展上下文：外推、PI、调大 base、继续训练、NoPE")
-    ap.add_argument("--quick", action="store_true", help="每个模型只训练 20 步、小表，不读写缓存")
-    args = ap.parse_args()
-    if args.quick:
-        torch.set_num_threads(1)      # quick 常和别的测试并行跑：单线程反而快
-    torch.manual_seed(0)
-    task = L.NeedleTask()
+    args, task = L.demo_start("扩展上下文：外推、PI、调大 base、继续训练、NoPE",
+                              "每个模型只训练 20 步、小表，不读写缓存")
     lengths = (128, 256) if args.quick else L.NIAH_LENGTHS
     depths = (0.0, 1.0) if args.quick else L.NIAH_DEPTHS
     n = 4 if args.quick else 64

@@ -13,17 +13,15 @@
 运行：python3 lecture19/03_sparse_patterns.py [--quick]
 图：lecture19/figures/03_sparse_patterns_masks.png、03_sparse_patterns_tradeoff.png
 """
-import argparse
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
-from course_utils import save_figure  # noqa: E402
+from course_utils import pyplot, save_figure  # noqa: E402
 
 MODELS = {"full": "base", "window": "sparse_window", "strided": "sparse_strided", "dilated": "sparse_dilated"}
 
@@ -87,10 +85,7 @@ def accuracy(task, quick, lengths, depths, n):
 
 
 def plot(res, lengths, depths, quick):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"font.size": 13})
+    plt = pyplot()
     T = 64
     fig, axes = plt.subplots(1, 4, figsize=(13, 3.8))
     for ax, kind in zip(axes, L.MASK_KINDS):
@@ -124,13 +119,7 @@ def plot(res, lengths, depths, quick):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="稀疏注意力：对数、可达性、准确率")
-    ap.add_argument("--quick", action="store_true", help="每个模型只训练 20 步、小表，不读写缓存")
-    args = ap.parse_args()
-    if args.quick:
-        torch.set_num_threads(1)      # quick 常和别的测试并行跑：单线程反而快
-    torch.manual_seed(0)
-    task = L.NeedleTask()
+    args, task = L.demo_start("稀疏注意力：对数、可达性、准确率", "每个模型只训练 20 步、小表，不读写缓存")
     pairs_table([128, 512, 2048])
     reach_table(128)
     reach_table(512)

@@ -26,7 +26,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
-from course_utils import fmt_bytes, fmt_time, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_time, pyplot, save_figure  # noqa: E402
 
 
 def simulate(N, d, P):
@@ -93,10 +93,7 @@ def real_run(P, N, d, heads):
 
 
 def plot(leds, P, quick, res=None):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"font.size": 13})
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     vmax = max(max(max(r) for r in led.work) for led in leds.values())
     for ax, (layout, led) in zip(axes, leds.items()):

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
-from course_utils import fmt_bytes, fmt_count, save_figure  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, pyplot, save_figure  # noqa: E402
 
 # 7B 级模型（Llama-2-7B 的形状）：参数、层数、隐藏维度、头数
 BIG = dict(name="7B (Llama-2 shape)", n_params=6.74e9, n_layers=32, d_model=4096, n_heads=32)
@@ -86,10 +86,7 @@ def longest_context(m, budget, devices):
 
 
 def plot(series, lengths, m, c, quick):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    plt.rcParams.update({"font.size": 13})
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, (fr, t_star) in series.items():
         line, = ax.plot(lengths, fr, marker="o", label=name)

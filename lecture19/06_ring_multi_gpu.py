@@ -743,10 +743,8 @@ def _causal_striped_flops(n, P):
 
 def plot(out, quick, world):
     sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-    from course_utils import save_figure
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from course_utils import pyplot, save_figure
+    plt = pyplot()
     n = [o[0] for o in out]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5.4))
     a1.semilogx(n, [100 * o[1] for o in out], "o-", lw=2, base=2, label="comm hidden (paired serial - overlapped)")

@@ -19,7 +19,8 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
                                   与插值倍数 scale，或不用位置编码（NoPE）；注意力模式可换
     train_needle / niah_grid      训练（AdamW、预热 + 余弦、课程学习、梯度裁剪）与"长度 × 深度"准确率表
     save_model / load_model / get_model   checkpoints/ 里的缓存：state_dict + manifest.json（SHA-256 校验）
-    CHECKPOINTS / get_checkpoint / cached_grid   演示用的模型配置（train_checkpoints.py 训练它们）与 NIAH 表缓存
+    CHECKPOINTS / get_checkpoint / cached_grid   演示用的模型配置（train_checkpoints.py 训练它们）与 NIAH 表缓存；
+                                  demo_start（演示 01–03 的开头：参数、线程、种子）、niah_heatmap（准确率表的图）
     RingLedger / ring_attention   环形注意力的单进程模拟（contiguous / striped 两种切法），记账每轮工作量和发送量
     ring_attention_dist / init_distributed / run_ring   真正的环形注意力：torch.distributed 点对点收发
                                   （本机 gloo 多进程；torchrun + NCCL 时每个进程一块 GPU）
@@ -33,11 +34,9 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
 【依赖】torch；lecture04/modern_lm.py（RMSNorm、SwiGLU、RoPE），lecture18/flash_lab.py（分块状态的合并）。
 """
 
-import contextlib
 import copy
 import datetime
 import functools
-import hashlib
 import json
 import math
 import os
@@ -79,7 +78,8 @@ def _import_lecture18_flash_lab():
 
 _fl18 = _import_lecture18_flash_lab()
 block_state, merge_states, finalize = _fl18.block_state, _fl18.merge_states, _fl18.finalize
-from course_utils import check_bool, check_choice, check_int, check_real, format_table  # noqa: E402
+from course_utils import (check_bool, check_choice, check_int, check_real, format_table, read_json_dict,  # noqa: E402
+                          sha256_file, update_json)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 CKPT = os.path.join(HERE, "checkpoints")
@@ -547,51 +547,9 @@ def _canon(cfg):
     return json.loads(json.dumps(cfg, sort_keys=True))
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _read_json(path):
-    """读一个 JSON 字典；不存在或损坏时返回 {}（缓存坏了就当没有）。"""
-    try:
-        with open(path, encoding="utf-8") as f:
-            out = json.load(f)
-        return out if isinstance(out, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def read_manifest(folder=None):
     """checkpoints/manifest.json 的内容：名字 → {config, curve, niah, seconds, seed, torch, sha256, ...}。"""
-    return _read_json(os.path.join(folder or CKPT, MANIFEST))
-
-
-def _write_manifest(man, folder):
-    tmp = os.path.join(folder, MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(man, f, ensure_ascii=False, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(folder, MANIFEST))
-
-
-@contextlib.contextmanager
-def _locked(folder):
-    """几个训练进程同时往一个 manifest.json 里写时，读-改-写要排队（有 fcntl 的系统上用文件锁）。"""
-    try:
-        import fcntl
-    except ImportError:                     # Windows：没有 fcntl，就不加锁（同时只跑一个训练进程）
-        yield
-        return
-    tag = hashlib.sha1(os.path.abspath(folder).encode()).hexdigest()[:12]     # 锁文件放临时目录，不进仓库
-    with open(os.path.join(tempfile.gettempdir(), f"long_lab_{tag}.lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return read_json_dict(os.path.join(folder or CKPT, MANIFEST))
 
 
 @torch.no_grad()
@@ -615,11 +573,9 @@ def save_model(model, name, cfg, extra=None, folder=None):
     state = {k: v.detach().cpu().to(STORE_DTYPE).contiguous() for k, v in model.state_dict().items()}
     torch.save({"cfg_json": json.dumps(_canon(cfg), sort_keys=True), "state": state}, path)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    with _locked(folder):
-        man = read_manifest(folder)
-        man[name] = dict(_canon(extra or {}), config=_canon(cfg), file=f"{name}.pt", sha256=_sha256(path),
-                         torch=torch.__version__, saved=now)
-        _write_manifest(man, folder)
+    entry = dict(_canon(extra or {}), config=_canon(cfg), file=f"{name}.pt", sha256=sha256_file(path),
+                 torch=torch.__version__, saved=now)
+    update_json(os.path.join(folder, MANIFEST), lambda man: man.update({name: entry}))
     return path
 
 
@@ -634,7 +590,7 @@ def load_model(task, name, cfg, folder=None, log=None):
         return None, None
     entry = read_manifest(folder).get(name, {})
     why = None
-    if entry.get("sha256") and entry["sha256"] != _sha256(path):
+    if entry.get("sha256") and entry["sha256"] != sha256_file(path):
         why = "SHA-256 和 manifest.json 不符（文件损坏或被改过）"
     else:
         try:
@@ -771,7 +727,7 @@ def cached_grid(task, name, model, lengths, depths, n=64, seed=12345, variant=""
     entry = read_manifest(folder).get(name, {})
     key = f"{name}|{variant}|{entry.get('sha256', 'none')[:12]}|n={n}|seed={seed}"
     path = os.path.join(folder, GRIDS)
-    cells = {} if quick else _read_json(path).get(key, {})
+    cells = {} if quick else read_json_dict(path).get(key, {})
     if not quick and not variant and n == 64 and seed == 12345:
         cells = dict(entry.get("niah", {}), **cells)     # 训练完存盘时已经算过的表（同样的 n、种子、深度）
     todo = [T for T in lengths if any(f"{T}@{d}" not in cells for d in depths)]
@@ -784,14 +740,38 @@ def cached_grid(task, name, model, lengths, depths, n=64, seed=12345, variant=""
             log(f"  （{what}：新算了 {len(todo)} 个长度 × {len(depths)} 个深度，{time.time() - t0:.0f} s）")
         if not quick:
             os.makedirs(folder, exist_ok=True)
-            with _locked(folder):
-                cache = _read_json(path)                 # 别的进程可能刚写过：重读再合并
-                cache[key] = dict(cache.get(key, {}), **cells)
-                tmp = path + ".tmp"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(cache, f, indent=1, sort_keys=True)
-                os.replace(tmp, path)
+            # 别的进程可能刚写过：在锁里重读再合并
+            update_json(path, lambda cache: cache.update({key: dict(cache.get(key, {}), **cells)}))
     return {(T, d): cells[f"{T}@{d}"] for T in lengths for d in depths}
+
+
+def niah_heatmap(ax, grid, lengths, depths):
+    """在 ax 上画 NIAH 准确率表（行 = 深度，列 = 长度，每格写出数字，0 红 1 绿），返回 imshow 的图像（给 colorbar）。"""
+    acc = [[grid[(T, d)] for T in lengths] for d in depths]
+    im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    for i, row in enumerate(acc):
+        for j, a in enumerate(row):
+            ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=12)
+    ax.set_xticks(range(len(lengths)), [str(T) for T in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+    return im
+
+
+def demo_start(description, quick_help):
+    """
+    演示 01–03 共用的开头：解析 --quick / --seed；--quick 时单线程（它常和别的测试并行跑，单线程反而快）；
+    固定并打印种子；返回 (args, NeedleTask())。
+    """
+    import argparse
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--seed", type=int, default=0, help="torch 的全局随机种子（训练、评估各自还有固定的种子）")
+    args = ap.parse_args()
+    if args.quick:
+        torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    print(f"随机种子 seed = {args.seed}")
+    return args, NeedleTask()
 
 
 # =====================================================================

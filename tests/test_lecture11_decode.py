@@ -214,3 +214,11 @@ def test_bad_out(gen, bad, exc):
     out = bad if isinstance(bad, str) else bad(q.clone() if bad(q) is not q else q)
     with pytest.raises(exc, match="out"):
         tf.flash_decode(q, k, v, lens, out=out)
+
+
+@pytest.mark.parametrize("B,S,given", [(1, 32768, None), (8, 1024, None), (64, 8192, None), (2, 4096, 7)])
+def test_decode_plan(B, S, given):
+    """配置和段数的规则只有一份（decode_plan）：段数和配置的块大小对得上，给了 num_splits 就用它。"""
+    config, splits = tf.decode_plan(B, 8, S, 132, given)
+    assert config in (tf.DECODE_CONFIG, tf.DECODE_CONFIG_SHORT)
+    assert splits == (given or tf.decode_splits(B, 8, S, 132, config[0]))

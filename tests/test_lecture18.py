@@ -156,16 +156,6 @@ def split_rows(draw):
                 seed=draw(st.integers(0, 2**31)))
 
 
-def _random_tree(idx, rng):
-    """随机二叉树：随机挑两棵子树合并（左右也随机），直到只剩一棵。"""
-    items = list(idx)
-    while len(items) > 1:
-        a, b = rng.sample(range(len(items)), 2)
-        node = (items[a], items[b])
-        items = [it for i, it in enumerate(items) if i not in (a, b)] + [node]
-    return items[0]
-
-
 @settings(deadline=None, max_examples=60)
 @given(split_rows())
 def test_state_merge_any_tree_with_masked_rows(s):
@@ -180,7 +170,7 @@ def test_state_merge_any_tree_with_masked_rows(s):
     whole = fl.finalize(fl.block_state(S, V))
     empty = ~torch.isfinite(S).any(-1)
     ref = torch.where(empty[:, None], 0.0, torch.softmax(S.masked_fill(empty[:, None], 0.0), -1)) @ V
-    for tree in (None, _random_tree(range(len(parts)), rng)):
+    for tree in (None, fl.random_tree(len(parts), rng)):
         O, lse = fl.finalize(fl.merge_tree(parts, tree))
         assert not torch.isnan(O).any() and not torch.isnan(lse).any()
         assert (O - ref).abs().max() < 1e-12 and (O - whole[0]).abs().max() < 1e-12
@@ -217,7 +207,7 @@ def test_kv_split_across_devices(P, N, Nk, causal, seed):
     sizes = [b - a for a, b in bounds]
     assert bounds[0][0] == 0 and bounds[-1][1] == Nk and max(sizes) - min(sizes) <= 1
     ref = per_row_reference(q, k, v, causal)[0]
-    tree = _random_tree(range(P), random.Random(seed))
+    tree = fl.random_tree(P, random.Random(seed))
     assert (fl.finalize(fl.merge_tree(states, tree))[0] - ref).abs().max() < 1e-12
 
 
@@ -327,3 +317,18 @@ def test_bad_inputs(call, exc, words):
     with pytest.raises(exc, match=None) as info:
         call()
     assert words in str(info.value)
+
+
+@settings(deadline=None, max_examples=30)
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**31))
+def test_merge_tree_builders(n, seed):
+    """四种合并树都恰好用到叶子 0 … n−1 各一次；链 n − 1 层，两两合并 ⌈log₂ n⌉ 层，随机树介于两者之间。"""
+    def leaves(t):
+        return [t] if not isinstance(t, tuple) else leaves(t[0]) + leaves(t[1])
+    trees = {"chain": fl.chain_tree(n), "reverse": fl.reverse_chain_tree(n), "pair": fl.pair_tree(n),
+             "random": fl.random_tree(n, random.Random(seed))}
+    for name, t in trees.items():
+        assert sorted(leaves(t)) == list(range(n)), name
+    assert fl.tree_depth(trees["chain"]) == fl.tree_depth(trees["reverse"]) == n - 1
+    assert fl.tree_depth(trees["pair"]) == math.ceil(math.log2(n))
+    assert fl.tree_depth(trees["pair"]) <= fl.tree_depth(trees["random"]) <= n - 1

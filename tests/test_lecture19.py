@@ -164,7 +164,7 @@ def test_committed_checkpoints_load_and_match_manifest():
         path = os.path.join(L.CKPT, f"{name}.pt")
         if not os.path.exists(path):
             continue
-        assert man[name]["sha256"] == L._sha256(path)
+        assert man[name]["sha256"] == L.sha256_file(path)
         blob = torch.load(path, weights_only=True)          # 只有张量和字符串：torch ≥ 2.4 的安全读取
         assert json.loads(blob["cfg_json"]) == man[name]["config"]
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.dirname(L.CKPT)) for f in fs
@@ -188,13 +188,13 @@ def test_corrupt_or_mismatched_checkpoint_is_retrained(tmp_path):
     with pytest.warns(UserWarning, match="不存在"):
         m1, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                   # 没有缓存：带警告训练
     path = tmp_path / "tiny.pt"
-    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L._sha256(str(path))
+    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L.sha256_file(str(path))
     m2, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                       # 命中缓存：同样的权重
     assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
     path.write_bytes(path.read_bytes()[:100])                                   # 截断 = 损坏
     with pytest.warns(UserWarning, match="SHA-256"):
         m3, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)
-    assert L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L._sha256(str(path))
+    assert L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L.sha256_file(str(path))
     man = json.loads((tmp_path / "manifest.json").read_text())
     man["tiny"].pop("sha256")
     (tmp_path / "manifest.json").write_text(json.dumps(man))
