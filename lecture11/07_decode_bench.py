@@ -20,6 +20,7 @@
     python3 lecture11/07_decode_bench.py [--quick]
 """
 import argparse
+import itertools
 import json
 import math
 import os
@@ -46,8 +47,10 @@ IMPLS = ("ours", "sdpa", "fa2")
 OVERHEAD_S = (1024, 8192)                        # 主机开销：B = 1 的小形状
 SWEEP_SHAPES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192), (8, 32768), (64, 1024),
                 (64, 8192))
-SWEEP_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4)]
+SWEEP_CONFIGS = [(128, 4, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 4, 4)]
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 33)
+SWEEP_SPLITS_B1 = (8, 16, 24, 32, 33, 48, 66)      # B = 1：8 个 (序列, 头)，段数决定能不能铺满 132 个 SM（2 个 / SM）
+SWEEP_PDL = (False, "merge", True)                 # B = 1 时还扫 PDL：不用 / 只给合并内核 / 两个内核都用
 
 
 # =============================================================================
@@ -216,24 +219,27 @@ def measure_overhead(torch, tf, calls=3000):
 
 
 def sweep(torch, tf):
-    """调参：几个形状上，每个 (BLOCK_N, warps, stages) × 段数 的 GPU 时间（直接调 tf._decode，绕开启发式）。"""
+    """调参：几个形状上，每个 (BLOCK_N, warps, stages) × 段数（B = 1 时再 × PDL）的 GPU 时间
+    （直接调 tf._decode，绕开启发式）。"""
     rows = []
     for B, S in SWEEP_SHAPES:
         q, k, v, lens = make_inputs(torch, B, S)
         kv_bytes = 2 * B * S * HK * D * 2
-        for cfg in SWEEP_CONFIGS:
-            for splits in SWEEP_SPLITS:
-                if splits * cfg[0] > S:
-                    continue
-                try:
-                    t = graph_time(torch, lambda q=q, k=k, v=v, lens=lens, s=splits, c=cfg:
-                                   tf._decode(q, k, v, lens, s, None, c), target_s=1e-3, trials=3)
-                except Exception as e:                 # 编译失败（共享内存不够等）：记下原因，接着测
-                    rows.append(dict(B=B, S=S, config=cfg, splits=splits, error=str(e).splitlines()[0][:160]))
-                    continue
-                rows.append(dict(B=B, S=S, config=cfg, splits=splits, gpu_s=t, tbps=kv_bytes / t / 1e12))
+        grid = itertools.product(SWEEP_CONFIGS, SWEEP_SPLITS_B1 if B == 1 else SWEEP_SPLITS,
+                                 SWEEP_PDL if B == 1 else (None,))
+        for cfg, splits, pdl in grid:
+            if splits * cfg[0] > S:
+                continue
+            point = dict(B=B, S=S, config=cfg, splits=splits, pdl=tf.DECODE_PDL if pdl is None else pdl)
+            try:
+                t = graph_time(torch, lambda q=q, k=k, v=v, lens=lens, s=splits, c=cfg, p=pdl:
+                               tf._decode(q, k, v, lens, s, None, c, pdl=p), target_s=1e-3, trials=3)
+            except Exception as e:                 # 编译失败（共享内存不够等）：记下原因，接着测
+                rows.append(dict(point, error=str(e).splitlines()[0][:160]))
+                continue
+            rows.append(dict(point, gpu_s=t, tbps=kv_bytes / t / 1e12))
         best = min((r for r in rows if r["B"] == B and r["S"] == S and "gpu_s" in r), key=lambda r: r["gpu_s"])
-        print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段 = "
+        print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段、PDL {best['pdl']} = "
               f"{best['gpu_s'] * 1e6:.1f} µs（{best['tbps']:.2f} TB/s）", flush=True)
         torch.cuda.empty_cache()
     return rows
@@ -265,7 +271,7 @@ def measure(args):
     res = dict(meta=gpu_meta(torch, n_sm=torch.cuda.get_device_properties(0).multi_processor_count,
                              dtype="bfloat16", Hq=HQ, Hk=HK, d=D))
     res["meta"]["decode_config"] = {"long": list(tf.DECODE_CONFIG), "short": list(tf.DECODE_CONFIG_SHORT),
-                                    "short_if_keys_per_split_le": tf.SHORT_SPLIT_KEYS}
+                                    "short_if_keys_per_split_le": tf.SHORT_SPLIT_KEYS, "pdl": tf.DECODE_PDL}
     res["copy"] = copy_bandwidth(torch)
     res["copy_Bps"] = res["copy"]["best"]
     print("拷贝带宽（读 + 写）：" + "  ".join(f"{k} {v / 1e12:.2f} TB/s" for k, v in res["copy"].items()), flush=True)

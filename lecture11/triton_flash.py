@@ -847,7 +847,7 @@ class _Plan:
     参数表记下来，之后只换掉其中的张量，直接调用编译好的内核（Triton 的 C 启动器）。
     键（调用者给）必须包含决定编译结果的一切：形状、步长、dtype、设备、标量参数、指针是否 16 字节对齐。
     """
-    __slots__ = ("vals", "slots", "grid", "run", "function", "packed")
+    __slots__ = ("vals", "slots", "grid", "run", "function", "packed", "keep")
     launches = 0                      # 走快速路径的启动次数（检查快速路径真的用上了）
 
     @classmethod
@@ -863,6 +863,10 @@ class _Plan:
             plan.slots = [(i, where[id(x)]) for i, x in enumerate(plan.vals) if id(x) in where]
             for i, _ in plan.slots:
                 plan.vals[i] = None                        # 不留住第一次调用的张量
+            # 其余的张量（草稿区、缓存的 cu_seqlens）每次都一样：现在就换成地址。Triton 的启动器拿到张量时每个指针
+            # 要调 data_ptr() 再问一次驱动（cuPointerGetAttribute），拿到整数就直接用；keep 留住这些张量，地址一直有效
+            plan.keep = [x for x in plan.vals if isinstance(x, torch.Tensor)]
+            plan.vals = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in plan.vals]
             plan.grid = (int(grid[0]), int(grid[1]), 1)
             plan.run, plan.function, plan.packed = kernel.run, kernel.function, kernel.packed_metadata
             return plan
@@ -880,7 +884,7 @@ class _Plan:
         """不查钩子、stream 由调用者给（一次调用启动几个内核时，这两件事只做一次）。"""
         vals = self.vals.copy()
         for i, j in self.slots:
-            vals[i] = tensors[j]
+            vals[i] = tensors[j].data_ptr()       # 键已确认它们是这块 GPU 上的张量：只传地址，启动器不再问驱动
         self.run(*self.grid, stream, self.function, self.packed, None, None, None, *vals)
         _Plan.launches += 1
 
@@ -1541,7 +1545,9 @@ def _selftest(kernel="all", seed=None):
 #   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
 #   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
 #   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
-#   每段的长度在内核里由 L_b 算（⌈L_b / num_splits⌉ 向上取到 BLOCK_N 的倍数），主机端不需要知道 L_b。
+#   段的边界在内核里由 L_b 算：⌈L_b / BLOCK_N⌉ 个块平均分给各段（相邻两段最多差一个块），主机端不需要知道 L_b。
+#   PDL（Hopper 的 programmatic dependent launch）：第二步（以及第一步相对它前面的内核）可以在前一个内核还没结束时
+#   就被发射、在 SM 上等着（gdc_wait），省掉内核之间的发射空档；任何读写都在 gdc_wait 之后，所以结果不变。
 # ============================================================================
 @triton.jit
 def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
@@ -1556,15 +1562,18 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
     h = bh % N_KV_HEADS
+    if PDL:
+        tl.extra.cuda.gdc_wait()                  # 前一个内核的写入此后才可见：所有读写都在这之后
+        tl.extra.cuda.gdc_launch_dependents()     # 合并内核现在就可以发射（它会在自己的 gdc_wait 处等本内核结束）
     seq_len = tl.minimum(tl.load(SEQLENS + b), S_MAX)            # 截到 S_max：坏的长度也不会越界读
-    chunk = tl.cdiv(tl.cdiv(seq_len, N_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, seq_len)
+    n_blocks = tl.cdiv(seq_len, BLOCK_N)          # 块平均分给各段：段数不整除块数时也用满所有程序
+    lo = (split * n_blocks // N_SPLITS) * BLOCK_N
+    hi = tl.minimum(((split + 1) * n_blocks // N_SPLITS) * BLOCK_N, seq_len)
 
     rows = tl.arange(0, BLOCK_M)                  # 行 r = g·n + i：组内第 g 个 query 头、第 i 个新 token
     row_ok = rows < R * N_NEW
@@ -1612,10 +1621,13 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
 
 @triton.jit
 def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
-                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                         PDL: tl.constexpr):
     """第二步：程序 (r, b·Hk + h) 把第 r 行（组内头 g、新 token i）的 N_SPLITS 段一次读进来合并。"""
     r = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    if PDL:
+        tl.extra.cuda.gdc_wait()                  # 等第一步全部写完（PDL 发射时可能提前到了 SM 上）
     splits = tl.arange(0, BLOCK_S)
     s_ok = splits < N_SPLITS
     part = (bh * N_SPLITS + splits) * (R * N_NEW) + r                               # [BLOCK_S]
@@ -1676,6 +1688,22 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None):
 
 
 _N_SM = {}
+_HOPPER = {}
+DECODE_PDL = True       # 两个内核都用 PDL 发射（results/NOTES.md 的 v3.2）；Hopper 之前的 GPU、解释器上自动不用
+
+
+def _pdl_modes(device, pdl):
+    """(第一步, 第二步) 各自的启动参数：PDL = 内核里的 gdc_wait 开关 + 启动时的 launch_pdl。"""
+    if pdl not in (True, False, "merge"):
+        raise ValueError(f"pdl 只能是 True、False 或 'merge'，收到 {pdl!r}")
+    if pdl is not False and not INTERPRET and device.type == "cuda":
+        key = device.index if device.index is not None else torch.cuda.current_device()
+        if key not in _HOPPER:                    # griddepcontrol 是 sm_90 的指令
+            _HOPPER[key] = torch.cuda.get_device_capability(key)[0] >= 9
+        if _HOPPER[key]:
+            on, off = dict(PDL=True, launch_pdl=True), dict(PDL=False)
+            return (on if pdl is True else off), on
+    return dict(PDL=False), dict(PDL=False)
 
 
 def _sm_count(device):
@@ -1753,9 +1781,11 @@ def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
         return None
 
 
-def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None):
+def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None,
+            pdl=None):
     """正常路径：检查输入、选配置和段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。
-    config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选。"""
+    config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选。
+    pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
@@ -1771,16 +1801,17 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     # q、out 是 [B, Hq, d] 时没有 n 这一维：它的步长记 0（唯一的 i = 0）
     sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
     so = (out.stride(0), 0, out.stride(1)) if squeeze else (out.stride(0), out.stride(1), out.stride(2))
+    pdl = _pdl_modes(q.device, DECODE_PDL if pdl is None else pdl)
     launches = [(_decode_kernel, (splits, batch * hk),
                  (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, scale * math.log2(math.e),
                   s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
                  dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
-                      SPLIT=splits > 1, num_warps=warps, num_stages=stages))]
+                      SPLIT=splits > 1, num_warps=warps, num_stages=stages, **pdl[0]))]
     if splits > 1:
         launches.append((_decode_merge_kernel, (group * n_new, batch * hk),
                          (o_part, lse_part, out, hk, splits, *so),
                          dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-                              num_warps=4)))
+                              num_warps=4, **pdl[1])))
     for kernel, grid, args, kwargs in launches:
         kernel[grid](*args, **kwargs)
     if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记

@@ -222,3 +222,25 @@ def test_decode_plan(B, S, given):
     config, splits = tf.decode_plan(B, 8, S, 132, given)
     assert config in (tf.DECODE_CONFIG, tf.DECODE_CONFIG_SHORT)
     assert splits == (given or tf.decode_splits(B, 8, S, 132, config[0]))
+
+
+def test_bad_pdl_option(gen):
+    """PDL 的开关只收 True / False / 'merge'；解释器（和 Hopper 之前的 GPU）上开了也只是不用，结果不变。"""
+    q, k, v, lens = tf.make_decode_case(gen, 2, [5, 9], 12, 4, 2, 16, 1, F32)
+    with pytest.raises(ValueError, match="pdl"):
+        tf._decode(q, k, v, lens, 3, None, None, pdl="both")
+    assert tf._pdl_modes(q.device, True) == (dict(PDL=False), dict(PDL=False))
+    on = tf._decode(q, k, v, lens, 3, None, None, pdl=True)
+    assert tf._rel_err(on, tf.reference_decode(q, k, v, lens)) < TOL
+
+
+@pytest.mark.parametrize("length,splits,block", [(37, 5, 4), (4096, 33, 64), (100, 7, 16), (3, 8, 16)])
+def test_splits_share_blocks_evenly(length, splits, block):
+    """内核的段边界（⌈L / BLOCK_N⌉ 个块平均分）：各段首尾相接、盖住 [0, L)，相邻两段最多差一个块。"""
+    n_blocks = -(-length // block)
+    bounds = [(s * n_blocks // splits * block, min((s + 1) * n_blocks // splits * block, length))
+              for s in range(splits)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == length
+    assert all(a[1] == b[0] or a[1] == length for a, b in zip(bounds, bounds[1:]))
+    sizes = [-(-(hi - lo) // block) for lo, hi in bounds if hi > lo]
+    assert max(sizes) - min(sizes) <= 1
