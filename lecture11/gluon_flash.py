@@ -4,7 +4,8 @@ warp 专门化、两组 warpgroup 的乒乓调度——自己一件件写出来�
 
 FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 专属的事：
   (1) 生产者/消费者异步：TMA 单元搬 K/V（不占线程）、专门的生产者 warp 只发 TMA，计算 warpgroup 只做 wgmma 和 softmax；
-  (2) 乒乓调度（§3.1）：两个计算 warpgroup 轮流，一个做矩阵乘时另一个做 softmax（exp 在 MUFU 上慢，和 Tensor Core 错开）；
+  (2) 乒乓调度（§3.1）：两个计算 warpgroup 轮流，一个做矩阵乘时另一个做 softmax
+      （exp 在 MUFU 上慢，和 Tensor Core 错开）；
   (3) 组内重叠（§3.2）：先发第 j+1 块的 QK^T，再在它跑着的时候做第 j 块的 softmax。
 本文件一个内核 _attn_fwd，用 constexpr 开关一步步加上去（variant= 选一步，基准表里一行一步）：
   "pipelined"  步骤 A：一个 warpgroup（4 warp），Q/K/V 用 TMA（张量描述符）读进共享内存，mbarrier 等数据，
@@ -13,7 +14,8 @@ FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 
   "ws2"        步骤 C：两个计算 warpgroup 各算一个 Q 块（同一 (b, h) 的相邻两块），共用每一份 K/V（empty 计数 2）
   "overlap"    步骤 D1：ws2 + 组内重叠（FA3 §3.2）
   "pingpong"   步骤 D2：overlap + 两组之间用 mbarrier 轮流发矩阵乘（FA3 §3.1）= "best"
-一份机制一份代码：softmax 更新 _softmax_step、掩码 _mask、收尾 _epilogue、消费者循环 _consumer、生产者 _producer 各一个。
+一份机制一份代码：softmax 更新 _softmax_step、掩码 _mask、收尾 _epilogue、消费者循环 _consumer、
+生产者 _producer 各一个。
 
 形状（flash-attn 布局）：q、k、v [B, N, H, d]（k、v 可以有更少的头 Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，
 任意 N（最后一块不满时掩码），causal = 标准的左上角对齐（Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。
@@ -24,11 +26,13 @@ FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 
 运行（只在 Hopper GPU 上；没有 GPU 时打印一行 SKIP、退出码 77）：
   python3 lecture11/gluon_flash.py [--seed N]      每个 variant × d × causal × dtype × 不规则 N，和 float64 参考比
                                                    （flash-attn 的判据：误差 ≤ 2 × PyTorch 低精度注意力的误差）
-  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度，写 DIR/gluon_bench.json
+  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度，
+                                                       写 DIR/gluon_bench.json
 依赖 torch、triton ≥ 3.6（triton.experimental.gluon；Gluon 的接口还在变，本文件按 3.6 写）。
 """
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -81,19 +85,22 @@ def tile_config(variant, d):
     """
     (BLOCK_M, BLOCK_N, STAGES, num_warps, maxnreg, worker_regs)。BLOCK_M 是每个计算 warpgroup 的 Q 行数。
     寄存器账（每线程，128 线程的 warpgroup）：O 累加器 BLOCK_M·d/128 个 fp32，S 是 BLOCK_M·BLOCK_N/128，
-    P（bf16，两个一包）再一半。d = 128、BLOCK_M = 128、BLOCK_N = 64：O 128 + S 64 + P 32 ≈ 230，靠 setmaxnreg 给到 240。
-    共享内存：Q CONSUMERS·BLOCK_M·d·2 字节 + STAGES·2·BLOCK_N·d·2 字节（d = 128、两个 Q 块、4 级：64 + 128 KiB < 227 KiB）。
+    P（16 位，两个一包）再一半，外加 softmax 的临时量。下面每一组都用 triton 3.6 为 sm_90 编译、ptxas -v 看过：
+    没有溢出（spill 0 字节）。溢出过的组合：一个 warpgroup 128 × 128（d = 64：376 字节）、128 × 64（d = 128：92 字节）；
+    两个计算组时 128 × 64（d = 128：148 字节）——FA3 的 CUTLASS 内核能用 128 行，Triton 生成的 softmax 多占寄存器。
+    共享内存（H200 每块 ≤ 227 KiB）：Q CONSUMERS·BLOCK_M·d·2 字节 + STAGES·2·BLOCK_N·d·2 字节。
     寄存器重分配（FA3 的 setmaxnreg）：gl.warp_specialize 的 worker_num_regs 给每个 worker 分区定寄存器数，
-    默认分区拿剩下的（按内核的 maxnreg 算）：3 个 warpgroup × 168 = 生产者 24 + 两个计算组各 240。
+    默认分区拿剩下的（按内核的 maxnreg 算）：3 个 warpgroup × 168 = 生产者 24 + 两个计算组各 240（生产者那 1 个 warp
+    也占一整个 warpgroup 的寄存器，分配以 warpgroup 为单位）。
+    步骤 A（没有生产者分区）至少 3 级：第 j 轮发的 TMA 放进第 j − 2 块的格子。
     """
     f = FLAGS[variant]
-    block_m, block_n = 128, (128 if d == 64 else 64)
-    stages = 4 if f["WS"] else 3
     if not f["WS"]:
-        return block_m, block_n, stages, 4, None, ()
-    if f["CONSUMERS"] == 1:                       # 默认分区 4 warp + 生产者 1 warp（按 warpgroup 分配：算 8 warp）
-        return block_m, block_n, stages, 4, 232, (24,)
-    return block_m, block_n, stages, 4, 168, (240, 24)   # worker 顺序：计算组 1（4 warp）、生产者（1 warp）
+        return (128, 64, 3, 4, None, ()) if d == 64 else (64, 128, 3, 4, None, ())
+    if f["CONSUMERS"] == 1:                       # 默认分区 4 warp + 生产者 1 warp（按 warpgroup 算：8 warp）
+        return (128, 64, 4, 4, 232, (24,)) if d == 64 else (64, 64, 4, 4, 232, (24,))
+    # worker 顺序：计算组 1（4 warp）、生产者（1 warp）
+    return (64, 128, 4, 4, 168, (240, 24)) if d == 64 else (64, 64, 4, 4, 168, (240, 24))
 
 
 if gl is not None:
@@ -113,7 +120,8 @@ if gl is not None:
     @gluon.jit
     def _softmax_step(s, m_i, l_i, qk_scale):
         """
-        在线 softmax 的一步（以 2 为底：qk_scale = softmax_scale·log2 e 已经乘进去，exp2(s·c − m) 是一条 FMA + 一条 MUFU）。
+        在线 softmax 的一步（以 2 为底：qk_scale = softmax_scale·log2 e 已经乘进去，
+        exp2(s·c − m) 是一条 FMA + 一条 MUFU）。
         s [BLOCK_M, BLOCK_N] fp32；m_i、l_i [BLOCK_M]（以 2 为底的行最大值、行和）。
         返回 p（未归一化的概率）、新的 m、l，和旧累加器要乘的 alpha = 2^(m_old − m_new)。
         """
@@ -182,7 +190,8 @@ if gl is not None:
     # ========================================================================
     # 计算 warpgroup：一个 Q 块 [BLOCK_M, d] 走过它看得到的 n_blocks 个 K/V 块。FA3 的顺序（§3.2 的算法 2）：
     #   第 0 轮：S_0 = Q K_0^T → softmax → P_0
-    #   第 j 轮：发 S_j = Q K_j^T 和 O += P_{j-1} V_{j-1}（两个异步 wgmma）→ 等 S_j → softmax_j → 等 O → 放回第 j−1 块 → O *= alpha
+    #   第 j 轮：发 S_j = Q K_j^T 和 O += P_{j-1} V_{j-1}（两个异步 wgmma）
+    #           → 等 S_j → softmax_j → 等 O → 放回第 j−1 块 → O *= alpha
     #   收尾轮：O += P_{n-1} V_{n-1}
     #   OVERLAP=False 时"等 S_j"等的是两个矩阵乘都完（wait 0），softmax 不和 PV 重叠；OVERLAP=True 时只等 S_j
     #   （wgmma 按发出顺序完成：还剩 ≤ 1 个在飞 = S_j 已好），softmax_j 和 P_{j-1}V_{j-1} 同时跑。
@@ -271,7 +280,8 @@ if gl is not None:
         _epilogue(acc, m_o, l_o, O, LSE, b, h, m0, N, H, HEAD_DIM, BLOCK_M, RETURN_LSE)
 
     # ========================================================================
-    # 内核：program (i, b·H + h) 负责第 b 个序列、第 h 个头的 CONSUMERS 个相邻 Q 块（行 [i·CONSUMERS·BLOCK_M, +CONSUMERS·BLOCK_M)）
+    # 内核：program (i, b·H + h) 负责第 b 个序列、第 h 个头的 CONSUMERS 个相邻 Q 块
+    #   （行 [i·CONSUMERS·BLOCK_M, +CONSUMERS·BLOCK_M)）
     # ========================================================================
     @gluon.jit
     def _attn_fwd(q_desc, k_desc, v_desc, O, LSE, qk_scale, N, H, GROUP,
@@ -297,7 +307,8 @@ if gl is not None:
             n_blocks1 = gl.cdiv(gl.minimum(m0 + CONSUMERS * BLOCK_M, N), BLOCK_N)
         n_total = n_blocks1                       # 生产者搬的块数 = 上面那组要的块数
 
-        # 共享内存：Q [CONSUMERS, BLOCK_M, d]，K、V 环 [STAGES, BLOCK_N, d]；布局 = 描述符的 NVMMA 布局（TMA 写、wgmma 读）
+        # 共享内存：Q [CONSUMERS, BLOCK_M, d]，K、V 环 [STAGES, BLOCK_N, d]
+        # 布局 = 描述符的 NVMMA 布局（TMA 写、wgmma 读）
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -333,7 +344,8 @@ if gl is not None:
                                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, gl.constexpr(False), OVERLAP,
                                       PINGPONG, RETURN_LSE)),
                     (_consumer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE,
-                                 qk_scale, b, h, m0 + BLOCK_M, N, H, q_row + BLOCK_M, q_col, kv_row0, kv_col, n_blocks1, n_total,
+                                 qk_scale, b, h, m0 + BLOCK_M, N, H, q_row + BLOCK_M, q_col, kv_row0, kv_col, n_blocks1,
+                                 n_total,
                                       gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                                       gl.constexpr(False), OVERLAP, PINGPONG, RETURN_LSE)),
                     (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_row, q_col,
@@ -371,7 +383,8 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse):
     if k.shape != v.shape:
         raise ValueError(f"attention：k、v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
     if k.shape[0] != batch or k.shape[1] != n or k.shape[3] != d:
-        raise ValueError(f"attention：k、v 必须是 [B, N, Hk, d]，B、N、d 和 q 相同（q {tuple(q.shape)}，k {tuple(k.shape)}）")
+        raise ValueError(f"attention：k、v 必须是 [B, N, Hk, d]，B、N、d 和 q 相同"
+                         f"（q {tuple(q.shape)}，k {tuple(k.shape)}）")
     if d not in HEAD_DIMS:
         raise ValueError(f"attention：头维 d 只能是 {' / '.join(map(str, HEAD_DIMS))}，收到 {d}")
     if k.shape[2] < 1 or hq % k.shape[2] != 0:
@@ -400,7 +413,8 @@ def _check_device(q, k, v):
             raise RuntimeError(f"attention：{name} 必须在和 q 同一块 CUDA GPU 上，收到 {t.device}")
     major, minor = torch.cuda.get_device_capability(q.device)
     if major != 9:
-        raise RuntimeError(f"attention：本内核只为 Hopper（sm_90）写（wgmma、setmaxnreg），这块 GPU 是 sm_{major}{minor}")
+        raise RuntimeError(f"attention：本内核只为 Hopper（sm_90）写（wgmma、setmaxnreg），"
+                           f"这块 GPU 是 sm_{major}{minor}")
 
 
 def _layout(block, dtype):
@@ -419,7 +433,8 @@ def _desc(t2d, block):
 
 def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_lse=False):
     """
-    q [B, N, H, d]，k、v [B, N, Hk, d]（Hk | H）→ out [B, N, H, d]（return_lse 时再返回 lse [B, H, N]，自然对数，fp32）。
+    q [B, N, H, d]，k、v [B, N, Hk, d]（Hk | H）→ out [B, N, H, d]
+    （return_lse 时再返回 lse [B, H, N]，自然对数，fp32）。
     variant：'pipelined' / 'ws' / 'ws2' / 'overlap' / 'pingpong'（= 'best'），见文件开头。
     主机端不同步：只做形状检查、建描述符、启动一次内核。
     """
@@ -479,7 +494,7 @@ def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
                     err = ""
                 except Exception as exc:                 # 编译 / 运行失败也记一行，接着测别的
                     e_o = e_l = float("inf")
-                    err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+                    err = _short(exc)
                 ok = e_o <= 2 * t_o + 1e-6 and e_l <= 2 * t_l + 1e-6
                 rows.append((str(dtype).replace("torch.", ""), variant, name, e_o, t_o, e_l, t_l, ok, err))
     return rows
@@ -533,12 +548,21 @@ def _sdpa(backend):
     return run
 
 
+def _gluon_impl(variant, q, k, v, causal):
+    return attention(q, k, v, causal=causal, variant=variant)
+
+
+def _short(exc):
+    """异常 → 一行（表里放得下）。"""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:100] if text else ''}"
+
+
 def bench(out_dir):
     from triton.testing import do_bench
     tf = _triton_flash()
     quick_launch = tf.Launch(autotune=False)                                 # 固定配置：不花时间调优
-    impls = {f"gluon:{v}": (lambda v: lambda q, k, vv, c: attention(q, k, vv, causal=c, variant=v))(v)
-             for v in VARIANTS}
+    impls = {f"gluon:{var}": functools.partial(_gluon_impl, var) for var in VARIANTS}
     impls["triton_flash"] = lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch)
     impls["sdpa:cudnn"] = _sdpa("CUDNN_ATTENTION")
     impls["sdpa:flash"] = _sdpa("FLASH_ATTENTION")
@@ -551,13 +575,12 @@ def bench(out_dir):
                 row = {"d": d, "N": n, "B": batch, "H": heads, "causal": causal, "tflops": {}, "errors": {}}
                 for name, fn in impls.items():
                     try:
-                        ms = do_bench(lambda: fn(q, k, v, causal), warmup=5, rep=20)
+                        ms = do_bench(functools.partial(fn, q, k, v, causal), warmup=5, rep=20)
                         row["tflops"][name] = _tflops(batch, heads, n, d, causal, ms)
                     except Exception as exc:
-                        row["errors"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+                        row["errors"][name] = _short(exc)
                 results.append(row)
                 _print_row(row, first=len(results) == 1)
-            del q, k, v
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "dtype": "bfloat16",
             "tokens": 32768, "hidden": 2048, "seconds": round(time.time() - t_start, 1),
