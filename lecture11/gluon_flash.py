@@ -33,6 +33,7 @@ FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 
 import argparse
 import datetime
 import functools
+import itertools
 import json
 import math
 import os
@@ -60,7 +61,7 @@ except Exception as exc:            # 没有 triton，或者 triton 太旧、没
     GLUON_ERROR = f"{type(exc).__name__}: {exc}"
 
 VARIANTS = ("pipelined", "ws", "ws2", "overlap", "pingpong")
-BEST = "pingpong"
+BEST = "ws2"          # 实测最快的一步（results/gluon_explore.json）：后两步在 Gluon 3.6 里没有再变快
 HEAD_DIMS = (64, 128)
 LOG2E = math.log2(math.e)
 
@@ -100,7 +101,8 @@ def tile_config(variant, d):
     if f["CONSUMERS"] == 1:                       # 默认分区 4 warp + 生产者 1 warp（按 warpgroup 算：8 warp）
         return (128, 64, 4, 4, 232, (24,)) if d == 64 else (64, 64, 4, 4, 232, (24,))
     # worker 顺序：计算组 1（4 warp）、生产者（1 warp）
-    return (64, 128, 4, 4, 168, (240, 24)) if d == 64 else (64, 64, 4, 4, 168, (240, 24))
+    # 块大小按 --explore 的实测（results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
+    return (64, 128, 4, 4, 168, (240, 24)) if d == 64 else (64, 128, 3, 4, 168, (240, 24))
 
 
 if gl is not None:
@@ -288,7 +290,7 @@ if gl is not None:
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, WS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
                   PINGPONG: gl.constexpr, RETURN_LSE: gl.constexpr):
-        pid_m = gl.program_id(0)
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)     # 倒序发：causal 时最长的 Q 块先上 SM
         bh = gl.program_id(1)
         b = bh // H
         h = bh % H
@@ -440,10 +442,17 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     """
     variant, scale = _check_args(q, k, v, causal, softmax_scale, variant, return_lse)
     _check_device(q, k, v)
+    return _launch(q, k, v, causal, scale, variant, return_lse)
+
+
+def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None):
+    """检查过的输入 → 启动。tiles = (BLOCK_N, STAGES) 时换掉 tile_config 的这两项（--explore 扫配置用）。"""
     batch, n, hq, d = q.shape
     hk = k.shape[2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     block_m, block_n, stages, num_warps, maxnreg, _ = tile_config(variant, d)
+    if tiles is not None:
+        block_n, stages = tiles
     f = FLAGS[variant]
     out = torch.empty_like(q)                                                 # [B, N, H, d]
     lse = torch.empty((batch, hq, n), device=q.device, dtype=torch.float32) if return_lse else out
@@ -592,6 +601,39 @@ def bench(out_dir):
     print(f"写好 {path}（{info['seconds']} s）")
 
 
+EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (128, 2), (128, 3))}
+EXPLORE_VARIANTS = ("ws2", "overlap", "pingpong")
+
+
+def explore(out_dir):
+    """调参：计算组两个的 variant × (BLOCK_N, STAGES) 在 N = 4k、16k 上的 TFLOP/s（BLOCK_M 固定 64 行 / 组），
+    写 DIR/gluon_explore.json。tile_config 里的选择来自这张表。"""
+    from triton.testing import do_bench
+    rows, t_start = [], time.time()
+    for d in HEAD_DIMS:
+        for n in (4096, 16384):
+            batch, heads = 32768 // n, 2048 // d
+            q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for causal, variant, tiles in itertools.product((False, True), EXPLORE_VARIANTS, EXPLORE_TILES[d]):
+                row = dict(d=d, N=n, causal=causal, variant=variant, block_n=tiles[0], stages=tiles[1])
+                try:
+                    ms = do_bench(functools.partial(_launch, q, k, v, causal, d ** -0.5, variant, False, tiles),
+                                  warmup=5, rep=20)
+                    row["tflops"] = _tflops(batch, heads, n, d, causal, ms)
+                except Exception as exc:
+                    row["error"] = _short(exc)
+                rows.append(row)
+                print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}{variant:<9s}BLOCK_N={tiles[0]:<4d}STAGES={tiles[1]}  "
+                      + (f"{row['tflops']:6.1f} TFLOP/s" if "tflops" in row else row["error"]), flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "gluon_explore.json")
+    with open(path, "w") as fh:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                   "seconds": round(time.time() - t_start, 1), "rows": rows}, fh, indent=1)
+    print(f"写好 {path}")
+
+
 BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
@@ -614,15 +656,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Gluon 版 FlashAttention-3 前向（Hopper）：自检 / 基准")
     ap.add_argument("--seed", type=int, default=None, help="自检的随机种子（默认按时间取，打印出来）")
     ap.add_argument("--bench", action="store_true", help="跑基准（代替自检）")
+    ap.add_argument("--explore", action="store_true", help="扫计算组两个的 variant × (BLOCK_N, STAGES)（代替自检）")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="基准 JSON 写到哪个目录")
     args = ap.parse_args(argv)
-    if not args.bench:
+    if not (args.bench or args.explore):
         _selftest(args.seed)
         return
     if torch is None or not torch.cuda.is_available() or GLUON_ERROR is not None:
         print("SKIP: 基准要 CUDA GPU 和 triton ≥ 3.6 的 Gluon")
         sys.exit(77)
-    bench(args.out)
+    (explore if args.explore else bench)(args.out)
 
 
 if __name__ == "__main__":

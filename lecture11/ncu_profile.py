@@ -1,0 +1,206 @@
+"""
+ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Compute（ncu）的硬件计数器回答。
+
+06_triton_bench.py 只给时间；时间说不出原因。这里在 H200 上对同一个形状（bf16，B = 8，N = 4096，H = 16，d = 128，
+不 causal：results/NOTES.md 里差距最大的一组）各跑一次，每个内核量这些计数器：
+  - 时间（gpu__time_duration）
+  - Tensor Core 忙的比例（sm__pipe_tensor_op_*：矩阵乘单元有多少个周期在干活——注意力的上限就是它）
+  - 发射槽忙的比例（每个周期有没有 warp 发出指令）、占用率（每个 SM 上同时活着的 warp）
+  - 寄存器 / 线程、共享内存 / 块（决定一个 SM 放几个块）
+  - warp 停顿的原因（每条发出的指令平均等了几个周期、在等什么：long_scoreboard = 等全局内存，
+    barrier = 等 __syncthreads，wait = 等固定延迟，math_pipe_throttle = 运算单元忙，…）
+被测的 5 个（"目标"）：
+  ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
+  gluon-fwd               gluon_flash.attention（FA3 式的 Hopper 前向，gluon_flash.BEST）
+  cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
+
+运行：
+  python3 lecture11/ncu_profile.py                      读已提交的 results/ncu/*.csv，打印对照表（没有 GPU 也行）
+  python3 lecture11/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
+  python3 lecture11/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
+"""
+import argparse
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+from course_utils import format_table  # noqa: E402
+
+SKIP = 77
+RESULTS = os.path.join(HERE, "results", "ncu")
+TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "cudnn-bwd")
+SHAPE = dict(B=8, N=4096, H=16, d=128, causal=False)
+SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
+            "SchedulerStats")
+
+
+# =============================================================================
+# ncu 里面跑的那一段
+# =============================================================================
+def run_target(name):
+    import torch
+    import triton_flash as tf
+    B, N, H, d = SHAPE["B"], SHAPE["N"], SHAPE["H"], SHAPE["d"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, N, H, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    if name.startswith("ours"):
+        def fwd(q, k, v):
+            return tf.flash_attn_func(q, k, v, causal=SHAPE["causal"])
+    elif name.startswith("gluon"):
+        import gluon_flash as gf
+
+        def fwd(q, k, v):
+            return gf.attention(q, k, v, causal=SHAPE["causal"])
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def fwd(q, k, v):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=SHAPE["causal"]).transpose(1, 2)
+    backward = name.endswith("bwd")
+    qq, kk, vv = (t.clone().requires_grad_(backward) for t in (q, k, v))
+    for _ in range(3):                                  # 热身：编译、autotune 都在计数范围之外
+        out = fwd(qq, kk, vv)
+        if backward:
+            out.backward(do)
+    out = fwd(qq, kk, vv)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()                         # ncu --profile-from-start off：只数这之后的内核
+    if backward:
+        out.backward(do)
+    else:
+        fwd(qq, kk, vv)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def measure(out_dir):
+    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if os.path.exists("/usr/local/cuda/bin/ncu") else None)
+    if ncu is None:
+        print("SKIP: 没有 ncu（Nsight Compute）")
+        return SKIP
+    os.makedirs(out_dir, exist_ok=True)
+    for name in TARGETS:
+        cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-summary", "none"]
+        for s in SECTIONS:
+            cmd += ["--section", s]
+        cmd += [sys.executable, os.path.abspath(__file__), "--target", name]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        path = os.path.join(out_dir, f"ncu_{name}.csv")
+        with open(path, "w") as fh:
+            fh.write(res.stdout)
+        print(f"  {name}: ncu 退出码 {res.returncode}，{len(res.stdout)} 字节 → {path}", flush=True)
+        if res.returncode != 0:
+            print(res.stderr[-2000:])
+    return 0
+
+
+# =============================================================================
+# 读 CSV、打印（没有 GPU 也行）
+# =============================================================================
+def read_csv(path):
+    """ncu --page raw --csv 的输出 → [{列名: 值}]（每个内核一行）。前面的 ==PROF== 行、第二行的单位跳过。"""
+    with open(path) as fh:
+        text = fh.read()
+    start = text.find('"ID"')
+    if start < 0:
+        return []
+    rows = list(csv.reader(io.StringIO(text[start:])))
+    header, body = rows[0], rows[2:]                    # rows[1] 是单位
+    return [dict(zip(header, r)) for r in body if len(r) == len(header)]
+
+
+def num(row, key):
+    try:
+        return float(row[key].replace(",", ""))
+    except (KeyError, ValueError):
+        return float("nan")
+
+
+def first_col(row, pattern):
+    """第一个匹配 pattern 的列的数值（不同 ncu 版本的计数器名字略有不同）。"""
+    for key in row:
+        if re.fullmatch(pattern, key):
+            return num(row, key)
+    return float("nan")
+
+
+STALL = re.compile(r"smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio")
+IGNORED_STALLS = {"selected", "not_selected"}       # "被选中发射"不是停顿
+
+
+def summarise(row):
+    """一个内核的一行：名字、时间、各项比例、最大的三个停顿原因。"""
+    stalls = {}
+    for key in row:
+        m = STALL.fullmatch(key)
+        if m and m.group(1) not in IGNORED_STALLS:
+            stalls[m.group(1)] = num(row, key)
+    top = sorted(((v, k) for k, v in stalls.items() if v == v), reverse=True)[:3]
+    return dict(
+        kernel=row.get("Kernel Name", "?"),
+        us=num(row, "gpu__time_duration.sum") / 1e3,                 # ns → µs
+        sm=num(row, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+        tensor=first_col(row, r"sm__pipe_tensor_op_(?:gmma|hmma)_cycles_active\.avg\.pct_of_peak_sustained_active"),
+        issue=first_col(row, r"(?:sm__inst_issued|smsp__issue_active)\.avg\.pct_of_peak_sustained_active"),
+        occupancy=num(row, "sm__warps_active.avg.pct_of_peak_sustained_active"),
+        regs=num(row, "launch__registers_per_thread"),
+        smem_kb=(num(row, "launch__shared_mem_per_block_dynamic") + num(row, "launch__shared_mem_per_block_static"))
+        / 1024,
+        cycles_per_issue=sum(stalls.values()) if stalls else float("nan"),
+        stalls=top)
+
+
+def short_name(name, width=34):
+    name = name.split("(")[0]
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def report(res_dir=RESULTS):
+    found = False
+    headers = ["目标", "内核", "µs", "SM %", "张量核 %", "发射 %", "占用 %", "寄存器", "共享 KB", "停顿（周期/指令）"]
+    rows = []
+    for name in TARGETS:
+        path = os.path.join(res_dir, f"ncu_{name}.csv")
+        if not os.path.isfile(path):
+            continue
+        found = True
+        for r in read_csv(path):
+            s = summarise(r)
+            stall = "  ".join(f"{k} {v:.1f}" for v, k in s["stalls"])
+            rows.append([name, short_name(s["kernel"]), f"{s['us']:.0f}", f"{s['sm']:.0f}", f"{s['tensor']:.0f}",
+                         f"{s['issue']:.0f}", f"{s['occupancy']:.0f}", f"{s['regs']:.0f}", f"{s['smem_kb']:.0f}",
+                         stall])
+    if not found:
+        print(f"SKIP: 还没有 {os.path.relpath(res_dir, os.path.join(HERE, '..'))}/ncu_*.csv（先在 GPU 上 --measure）")
+        return SKIP
+    print(f"形状：bf16，B = {SHAPE['B']}，N = {SHAPE['N']}，H = {SHAPE['H']}，d = {SHAPE['d']}，"
+          f"causal = {SHAPE['causal']}；每个目标一次调用里的每个内核")
+    print(format_table(headers, rows))
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="ncu 计数器：我们的注意力内核 vs cuDNN")
+    ap.add_argument("--measure", action="store_true", help="在 GPU 上用 ncu 量（每个目标一次）")
+    ap.add_argument("--out", default=RESULTS, help="--measure 写 CSV 的目录")
+    ap.add_argument("--target", choices=TARGETS, help="（内部用）ncu 里面跑的那一段")
+    args = ap.parse_args(argv)
+    if args.target:
+        run_target(args.target)
+        return 0
+    if args.measure:
+        return measure(args.out)
+    return report()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
