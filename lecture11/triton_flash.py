@@ -17,7 +17,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
       GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步。H200 上（07_decode_bench.py）
-      是 SDPA 的 0.98–1.12×，S ≥ 32k 时读 K/V 达到拷贝带宽的 86–106%
+      是 SDPA 的 0.99–1.26×，S ≥ 32k 时读 K/V 达到拷贝带宽的 87–107%（v3.2：两个内核用 PDL 发射）
           python3 lecture11/triton_flash.py --kernel decode
   v1、v2 和 float64 参考 reference_attention 逐项比较 out、LSE、dQ、dK、dV，v3 对照 reference_decode 和 SDPA：
   CPU 上用 Triton 解释器（fp32，误差 < CPU_TOL），GPU 上用 flash-attn 的判据
@@ -1662,7 +1662,9 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
         一个块，且 ≤ MAX_SPLITS）里取波效率 ≥ 0.95 × 最高波效率的最小 s（段越少，合并越省事）。
         S 用缓存长度 S_max（主机端不知道每个序列的真实长度，读它要同步）。
     【实测】H200（132 个 SM，我们的两种配置每个 SM 同时都只放得下一个程序）上，Hk = 8 时 B = 1 / 8 / 64
-        最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。
+        最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。例外：B = 1、S = 8k 时
+        (64, 4, 3) × 33 段（每个 SM 两个程序）快 10%（9.5 对 10.7 µs）；没收进规则，因为 S = 32k、128k 上它不快
+        （results/NOTES.md 的 v3.2）。
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
     n_sm = check_int("n_sm", n_sm, lo=1)
