@@ -605,16 +605,18 @@ EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (12
 EXPLORE_VARIANTS = ("ws2", "overlap", "pingpong")
 
 
-def explore(out_dir):
+def explore(out_dir, ns=(4096, 16384), variants=EXPLORE_VARIANTS, name="gluon_explore.json"):
     """调参：计算组两个的 variant × (BLOCK_N, STAGES) 在 N = 4k、16k 上的 TFLOP/s（BLOCK_M 固定 64 行 / 组），
     写 DIR/gluon_explore.json。tile_config 里的选择来自这张表。"""
     from triton.testing import do_bench
     rows, t_start = [], time.time()
     for d in HEAD_DIMS:
-        for n in (4096, 16384):
+        for n in ns:
             batch, heads = 32768 // n, 2048 // d
             q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            for causal, variant, tiles in itertools.product((False, True), EXPLORE_VARIANTS, EXPLORE_TILES[d]):
+            grid = [(v_, t) for v_ in variants for t in (EXPLORE_TILES[d] if v_ in EXPLORE_VARIANTS
+                                                          else (tile_config(v_, d)[1:3],))]
+            for causal, (variant, tiles) in itertools.product((False, True), grid):
                 row = dict(d=d, N=n, causal=causal, variant=variant, block_n=tiles[0], stages=tiles[1])
                 try:
                     ms = do_bench(functools.partial(_launch, q, k, v, causal, d ** -0.5, variant, False, tiles),
@@ -626,7 +628,7 @@ def explore(out_dir):
                 print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}{variant:<9s}BLOCK_N={tiles[0]:<4d}STAGES={tiles[1]}  "
                       + (f"{row['tflops']:6.1f} TFLOP/s" if "tflops" in row else row["error"]), flush=True)
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "gluon_explore.json")
+    path = os.path.join(out_dir, name)
     with open(path, "w") as fh:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                    "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -9,9 +9,9 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
   - 寄存器 / 线程、共享内存 / 块（决定一个 SM 放几个块）
   - warp 停顿的原因（每条发出的指令平均等了几个周期、在等什么：long_scoreboard = 等全局内存，
     barrier = 等 __syncthreads，wait = 等固定延迟，math_pipe_throttle = 运算单元忙，…）
-被测的 5 个（"目标"）：
+被测的 6 个（"目标"）：
   ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
-  gluon-fwd               gluon_flash.attention（FA3 式的 Hopper 前向，gluon_flash.BEST）
+  gluon-fwd / gluon-bwd   gluon_flash.attention（FA3 式的 Hopper 前向；反向 5 次矩阵乘 + 原子 dQ）
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：
@@ -35,7 +35,7 @@ from course_utils import format_table  # noqa: E402
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ncu")
-TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "cudnn-bwd")
+TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "gluon-bwd", "cudnn-bwd")
 SHAPE = dict(B=8, N=4096, H=16, d=128, causal=False)
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
             "SchedulerStats")
@@ -82,13 +82,13 @@ def run_target(name):
     torch.cuda.profiler.stop()
 
 
-def measure(out_dir):
+def measure(out_dir, targets=TARGETS):
     ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if os.path.exists("/usr/local/cuda/bin/ncu") else None)
     if ncu is None:
         print("SKIP: 没有 ncu（Nsight Compute）")
         return SKIP
     os.makedirs(out_dir, exist_ok=True)
-    for name in TARGETS:
+    for name in targets:
         cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-summary", "none"]
         for s in SECTIONS:
             cmd += ["--section", s]
@@ -193,12 +193,13 @@ def main(argv=None):
     ap.add_argument("--measure", action="store_true", help="在 GPU 上用 ncu 量（每个目标一次）")
     ap.add_argument("--out", default=RESULTS, help="--measure 写 CSV 的目录")
     ap.add_argument("--target", choices=TARGETS, help="（内部用）ncu 里面跑的那一段")
+    ap.add_argument("--only", nargs="+", choices=TARGETS, default=TARGETS, help="--measure 只量这几个目标")
     args = ap.parse_args(argv)
     if args.target:
         run_target(args.target)
         return 0
     if args.measure:
-        return measure(args.out)
+        return measure(args.out, args.only)
     return report()
 
 
