@@ -22,12 +22,16 @@ FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 
 张量描述符：把连续的 q 看成二维 [B·N, H·d]，一个 Q 块 = 行 [b·N + m0, +BLOCK_M)、列 [h·d, +d)（行步长 H·d·2 字节，
 16 字节对齐）。块跨过本序列末尾时读到下一个序列的行（或 TMA 补的 0）：key 列 ≥ N 一律掩成 −∞，多出的 Q 行不写回。
 单位：TFLOP/s = 4·B·H·N²·d / 时间（causal 减半）。
+反向（文件后半，attention_backward；attention() 的输入要梯度时自动走它）：FA2 / FA3 的做法，一个程序拿住一块 K/V、
+让 Q、dO 块流过（生产者 warp + 环，和前向同一套），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ），dQ 用原子加进 fp32
+累加器——triton_flash.py 默认的反向另开一个 dQ 内核、多算一遍 QKᵀ 和 dO Vᵀ，共 7 次。基准的反向 TFLOP/s 按 2.5 × 前向。
 
 运行（只在 Hopper GPU 上；没有 GPU 时打印一行 SKIP、退出码 77）：
   python3 lecture11/gluon_flash.py [--seed N]      每个 variant × d × causal × dtype × 不规则 N，和 float64 参考比
-                                                   （flash-attn 的判据：误差 ≤ 2 × PyTorch 低精度注意力的误差）
-  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度，
-                                                       写 DIR/gluon_bench.json
+                                                   （flash-attn 的判据：误差 ≤ 2 × PyTorch 低精度注意力的误差）；
+                                                   反向（dq、dk、dv）同样的判据
+  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度（前向、反向
+                                                       两张表），写 DIR/gluon_bench.json
 依赖 torch、triton ≥ 3.6（triton.experimental.gluon；Gluon 的接口还在变，本文件按 3.6 写）。
 """
 import argparse
@@ -519,7 +523,7 @@ if gl is not None:
         D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, N, H, d] 清零（同一批行，一次扫过）。
         o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
         """
-        tpc: gl.constexpr = HEAD_DIM // 8                                   # 一行几个线程（每个线程 8 个 16 位数 = 16 字节）
+        tpc: gl.constexpr = HEAD_DIM // 8                 # 一行几个线程（每个线程 8 个 16 位数 = 16 字节）
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // tpc, tpc], [4, 1], [1, 0])
         rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
@@ -599,13 +603,14 @@ if gl is not None:
                       me: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_RED_V2: gl.constexpr = DQ_RED_V2):
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])     # Sᵀ、dPᵀ [BLOCK_N, BLOCK_M]
+                                                            instr_shape=[16, BLOCK_M, 16])  # Sᵀ、dPᵀ [BLOCK_N, BLOCK_M]
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])    # dK、dV、dQ [*, d]
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         DQ_CHUNK: gl.constexpr = 64 if HEAD_DIM > 64 else HEAD_DIM
+        # 一段 dQ [BLOCK_M, DQ_CHUNK] 的累加器布局
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, DQ_CHUNK, 16])    # dQ 的一段 [BLOCK_M, DQ_CHUNK]
+                                                            instr_shape=[16, DQ_CHUNK, 16])
         dtype: gl.constexpr = k_smem.dtype
         k_t = k_smem.index(me)                                                # [BLOCK_N, d]
         v_t = v_smem.index(me)
@@ -708,7 +713,8 @@ if gl is not None:
             start1 = n_q
         n_total = n_q - start0                   # 生产者搬的 Q / dO 块数 = 第 0 组要的块数（第 1 组的是它的后缀）
 
-        # 共享内存：K、V [CONSUMERS, BLOCK_N, d]（整个程序不动），Q、dO 环 [STAGES, BLOCK_M, d]，dSᵀ [CONSUMERS, BLOCK_N, BLOCK_M]
+        # 共享内存：K、V [CONSUMERS, BLOCK_N, d]（整个程序不动），Q、dO 环 [STAGES, BLOCK_M, d]，
+        #           dSᵀ [CONSUMERS, BLOCK_N, BLOCK_M]
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
@@ -873,6 +879,36 @@ def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
     return rows
 
 
+def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
+    """
+    反向（前向用 BEST）：dq、dk、dv 和 float64 参考比，判据和前向相同（≤ 2 × PyTorch 低精度的误差 + 1e-6）。
+    输入、参考、误差函数都用 triton_flash 的（make_case、run_reference、field_errors）：参考 = 同样的输入在 float64 /
+    低精度里走一遍 autograd。返回行 (dtype, case, field, ours, torch, ok, err)。
+    """
+    tf = _triton_flash()
+    dtypes = dtypes or (torch.bfloat16, torch.float16)
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = []
+    for dtype in dtypes:
+        for (batch, n, hq, hk), d, causal in ((s, d, c) for s in shapes for d in HEAD_DIMS for c in (False, True)):
+            name = f"B{batch} N{n} H{hq}/{hk} d{d}{' causal' if causal else ''}"
+            case = tf.make_case(name, batch, n, n, hq, hk, d, dtype, "cuda", gen, causal=causal)
+            ref = tf.run_reference(case)                                                    # float64
+            torch_errs = tf.field_errors(tf.run_reference(case, dtype=dtype), ref)          # torch 低精度
+            q, k, v = (case[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v"))
+            try:
+                attention(q, k, v, causal=causal).backward(case["do"])
+                errs = {f: tf._rel_err(g.double(), r) for f, g, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                                                                         ref[2:])}
+                err = ""
+            except Exception as exc:
+                errs, err = dict.fromkeys(("dq", "dk", "dv"), float("inf")), _short(exc)
+            for f, e in errs.items():
+                t = torch_errs[f]
+                rows.append((str(dtype).replace("torch.", ""), name, f, e, t, e <= 2 * t + 1e-6, err))
+    return rows
+
+
 def _selftest(seed=None):
     if torch is None or not torch.cuda.is_available():
         print("SKIP: 没有 CUDA GPU（本文件的内核只在 Hopper 上跑：wgmma、TMA、setmaxnreg）")
@@ -893,10 +929,19 @@ def _selftest(seed=None):
         print(f"  {dt:<9s}{var:<11s}{name:<26s}{e_o:>10.2e}{t_o:>10.2e}{e_l:>10.2e}{t_l:>10.2e}  "
               f"{'✓' if ok else '✗'} {err}")
     failed = [r for r in rows if not r[7]]
-    if failed:
-        print(f"gluon_flash 自检失败：{len(failed)} / {len(rows)} 项（种子 {seed}）")
+    t1 = time.time()
+    bwd_rows = check_gpu_bwd(seed)
+    print(f"  反向（前向 {BEST}）：")
+    print(f"  {'dtype':<9s}{'case':<26s}{'field':<7s}{'ours':>10s}{'torch':>10s}  ok")
+    for dt, name, f, e, t, ok, err in bwd_rows:
+        print(f"  {dt:<9s}{name:<26s}{f:<7s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'} {err}")
+    failed_bwd = [r for r in bwd_rows if not r[5]]
+    if failed or failed_bwd:
+        print(f"gluon_flash 自检失败：前向 {len(failed)} / {len(rows)} 项，反向 {len(failed_bwd)} / {len(bwd_rows)} 项"
+              f"（种子 {seed}）")
         sys.exit(1)
-    print(f"gluon_flash 自检通过：{len(rows)} 项误差都 ≤ 2 × PyTorch 低精度注意力的误差，{time.time() - t0:.0f} s")
+    print(f"gluon_flash 自检通过：前向 {len(rows)} 项（{t1 - t0:.0f} s）、反向 {len(bwd_rows)} 项"
+          f"（{time.time() - t1:.0f} s）误差都 ≤ 2 × PyTorch 低精度注意力的误差")
 
 
 # ============================================================================
@@ -954,15 +999,54 @@ def bench(out_dir):
                         row["errors"][name] = _short(exc)
                 results.append(row)
                 _print_row(row, first=len(results) == 1)
+    bwd_rows = bench_bwd(tf, quick_launch)
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "dtype": "bfloat16",
             "tokens": 32768, "hidden": 2048, "seconds": round(time.time() - t_start, 1),
-            "tiles": {v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, "rows": results}
+            "tiles": {v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, "rows": results,
+            "bwd_tiles": {d: bwd_tile_config(d)[:6] for d in HEAD_DIMS}, "bwd_rows": bwd_rows}
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "gluon_bench.json")
     with open(path, "w") as fh:
         json.dump(info, fh, indent=1, ensure_ascii=False)
     print(f"写好 {path}（{info['seconds']} s）")
+
+
+BWD_COLS = ("gluon-bwd", "triton_flash", "sdpa:cudnn", "sdpa:flash")
+
+
+def bench_bwd(tf, quick_launch):
+    """
+    反向的基准：同样的形状，只计 out.backward(do) 的时间（前向在计时之外做一次，retain_graph 反复用同一张图；
+    grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 2.5 × 前向 FLOP（5 次矩阵乘 / 前向 2 次）。
+    """
+    from triton.testing import do_bench
+    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c),
+            "triton_flash": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch),
+            "sdpa:cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa:flash": _sdpa("FLASH_ATTENTION")}
+    rows = []
+    for d in HEAD_DIMS:
+        for n in BENCH_NS:
+            batch, heads = 32768 // n, 2048 // d
+            q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            for x in (q, k, v):
+                x.requires_grad_(True)
+            for causal in (False, True):
+                row = {"d": d, "N": n, "B": batch, "H": heads, "causal": causal, "tflops": {}, "ms": {}, "errors": {}}
+                for name, fwd in fwds.items():
+                    try:
+                        out = fwd(q, k, v, causal)
+                        ms = do_bench(functools.partial(out.backward, do, retain_graph=True), warmup=5, rep=20,
+                                      grad_to_none=[q, k, v])
+                        row["ms"][name] = ms
+                        row["tflops"][name] = 2.5 * _tflops(batch, heads, n, d, causal, ms)
+                    except Exception as exc:
+                        row["errors"][name] = _short(exc)
+                    out = None                                                # 放掉这张图（显存）
+                rows.append(row)
+                _print_row(row, first=len(rows) == 1, cols=BWD_COLS,
+                           title="反向 TFLOP/s（2.5 × 前向 FLOP；bf16；括号 = / cuDNN）")
+    return rows
 
 
 EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (128, 2), (128, 3))}
@@ -1001,14 +1085,14 @@ def explore(out_dir):
 BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
-def _print_row(row, first):
+def _print_row(row, first, cols=BENCH_COLS, title="TFLOP/s（bf16；括号 = / cuDNN）"):
     """一行：TFLOP/s（括号里是 / cuDNN 的比值）；失败的写 ERR（原因在表后）。"""
     if first:
-        print("TFLOP/s（bf16；括号 = / cuDNN）")
-        print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>16s}" for c in BENCH_COLS))
+        print(title)
+        print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>16s}" for c in cols))
     ref = row["tflops"].get("sdpa:cudnn")
     cells = []
-    for c in BENCH_COLS:
+    for c in cols:
         t = row["tflops"].get(c)
         cells.append(f"{'ERR':>16s}" if t is None else f"{t:8.1f} ({t / ref:4.2f})" if ref else f"{t:16.1f}")
     print(f"{row['d']:>4d}{row['N']:>7d}{str(row['causal']):>7s}" + "".join(cells), flush=True)
