@@ -22,12 +22,16 @@ FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 
 张量描述符：把连续的 q 看成二维 [B·N, H·d]，一个 Q 块 = 行 [b·N + m0, +BLOCK_M)、列 [h·d, +d)（行步长 H·d·2 字节，
 16 字节对齐）。块跨过本序列末尾时读到下一个序列的行（或 TMA 补的 0）：key 列 ≥ N 一律掩成 −∞，多出的 Q 行不写回。
 单位：TFLOP/s = 4·B·H·N²·d / 时间（causal 减半）。
+反向（文件后半，attention_backward；attention() 的输入要梯度时自动走它）：FA2 / FA3 的做法，一个程序拿住一块 K/V、
+让 Q、dO 块流过（生产者 warp + 环，和前向同一套），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ），dQ 用原子加进 fp32
+累加器——triton_flash.py 默认的反向另开一个 dQ 内核、多算一遍 QKᵀ 和 dO Vᵀ，共 7 次。基准的反向 TFLOP/s 按 2.5 × 前向。
 
 运行（只在 Hopper GPU 上；没有 GPU 时打印一行 SKIP、退出码 77）：
   python3 lecture11/gluon_flash.py [--seed N]      每个 variant × d × causal × dtype × 不规则 N，和 float64 参考比
-                                                   （flash-attn 的判据：误差 ≤ 2 × PyTorch 低精度注意力的误差）
-  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度，
-                                                       写 DIR/gluon_bench.json
+                                                   （flash-attn 的判据：误差 ≤ 2 × PyTorch 低精度注意力的误差）；
+                                                   反向（dq、dk、dv）同样的判据
+  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度（前向、反向
+                                                       两张表），写 DIR/gluon_bench.json
 依赖 torch、triton ≥ 3.6（triton.experimental.gluon；Gluon 的接口还在变，本文件按 3.6 写）。
 """
 import argparse
@@ -366,40 +370,40 @@ _GL_DTYPES = {}          # torch dtype → gluon dtype（第一次用时填）
 _LAYOUTS = {}            # (block_shape, dtype) → NVMMASharedLayout：每组形状只算一次
 
 
-def _check_args(q, k, v, causal, softmax_scale, variant, return_lse):
+def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="attention"):
     """坏输入 → ValueError / TypeError，消息里有参数名和允许的取值。返回 (variant, scale)。"""
-    check_bool("causal", causal, where="attention")
-    check_bool("return_lse", return_lse, where="attention")
-    variant = check_choice("variant", variant, ("best",) + VARIANTS, where="attention")
+    check_bool("causal", causal, where=where)
+    check_bool("return_lse", return_lse, where=where)
+    variant = check_choice("variant", variant, ("best",) + VARIANTS, where=where)
     variant = BEST if variant == "best" else variant
     if torch is None:
-        raise RuntimeError(f"attention 需要 torch（{GLUON_ERROR or '没有安装 torch'}）")
+        raise RuntimeError(f"{where} 需要 torch（{GLUON_ERROR or '没有安装 torch'}）")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"attention：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
+            raise TypeError(f"{where}：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"attention：{name} 必须是 4 维 [B, N, H, d]，收到形状 {tuple(t.shape)}")
+            raise ValueError(f"{where}：{name} 必须是 4 维 [B, N, H, d]，收到形状 {tuple(t.shape)}")
         if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"attention：{name} 的 dtype 只能是 torch.bfloat16 / torch.float16，收到 {t.dtype}")
+            raise TypeError(f"{where}：{name} 的 dtype 只能是 torch.bfloat16 / torch.float16，收到 {t.dtype}")
     batch, n, hq, d = q.shape
     if k.shape != v.shape:
-        raise ValueError(f"attention：k、v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
+        raise ValueError(f"{where}：k、v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
     if k.shape[0] != batch or k.shape[1] != n or k.shape[3] != d:
-        raise ValueError(f"attention：k、v 必须是 [B, N, Hk, d]，B、N、d 和 q 相同"
+        raise ValueError(f"{where}：k、v 必须是 [B, N, Hk, d]，B、N、d 和 q 相同"
                          f"（q {tuple(q.shape)}，k {tuple(k.shape)}）")
     if d not in HEAD_DIMS:
-        raise ValueError(f"attention：头维 d 只能是 {' / '.join(map(str, HEAD_DIMS))}，收到 {d}")
+        raise ValueError(f"{where}：头维 d 只能是 {' / '.join(map(str, HEAD_DIMS))}，收到 {d}")
     if k.shape[2] < 1 or hq % k.shape[2] != 0:
-        raise ValueError(f"attention：q 的头数 {hq} 必须是 k、v 头数 {k.shape[2]} 的整数倍（GQA）")
+        raise ValueError(f"{where}：q 的头数 {hq} 必须是 k、v 头数 {k.shape[2]} 的整数倍（GQA）")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"attention：q、k、v 的 dtype 必须相同，收到 {q.dtype}、{k.dtype}、{v.dtype}")
+        raise TypeError(f"{where}：q、k、v 的 dtype 必须相同，收到 {q.dtype}、{k.dtype}、{v.dtype}")
     if n < 1 or batch < 1:
-        raise ValueError(f"attention：B、N 必须 ≥ 1，收到 B={batch}、N={n}")
+        raise ValueError(f"{where}：B、N 必须 ≥ 1，收到 B={batch}、N={n}")
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d)
     elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
             or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"attention：softmax_scale 必须是 None 或有限的正数，收到 {softmax_scale!r}")
+        raise ValueError(f"{where}：softmax_scale 必须是 None 或有限的正数，收到 {softmax_scale!r}")
     else:
         scale = float(softmax_scale)
     return variant, scale
@@ -442,6 +446,9 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     """
     variant, scale = _check_args(q, k, v, causal, softmax_scale, variant, return_lse)
     _check_device(q, k, v)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        out, lse = _AttentionFn.apply(q, k, v, causal, scale, variant)      # 可求导：反向 = attention_backward
+        return (out, lse) if return_lse else out
     return _launch(q, k, v, causal, scale, variant, return_lse)
 
 
@@ -465,6 +472,369 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None):
                     HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                     RETURN_LSE=return_lse, num_warps=num_warps, **f, **extra)
     return (out, lse) if return_lse else out
+
+
+# ############################################################################
+# 反向（FA2 / FA3 的做法）：一个主内核，每对 (K/V 块, Q 块) 5 次矩阵乘，dQ 原子加
+# ############################################################################
+# 记号：S = scale·Q Kᵀ，P = exp(S − LSE)，dV = Pᵀ dO，dP = dO Vᵀ，dS = P ∘ (dP − D)，D = rowsum(dO ∘ O)，
+#       dQ = scale·dS K，dK = scale·dSᵀ Q。
+# 程序 (i, b·H + h) 拿住第 i 个 K/V 块（CONSUMERS·BLOCK_N 行，每个计算组 BLOCK_N 行），走过它看得到的所有 Q 块：
+#   Sᵀ = K Qᵀ → Pᵀ = exp2(Sᵀ·scale·log2 e − LSE·log2 e) → dV += Pᵀ dO → dPᵀ = V dOᵀ → dSᵀ = Pᵀ ∘ (dPᵀ − D)
+#   → dK += dSᵀ Q → dQ_i += dS K（dSᵀ 写进共享内存，转置视图当 A 操作数），原子加进 fp32 的 dQ 累加器。
+# 为什么算转置（Sᵀ 而不是 S）：wgmma 的 A 操作数可以在寄存器里，而 dV += Pᵀ dO、dK += dSᵀ Q 要的 A 正是 Pᵀ、dSᵀ，
+# 并且行 = key 行，和 dK、dV 累加器同一种分布——Pᵀ、dSᵀ 不经过共享内存（FA3 的 "swapAB"）。
+# dQ = dS K 要 dS 当 A：寄存器里的 dSᵀ 换不成 dS 的分布（要跨线程转置），所以写进共享内存 [BLOCK_N, BLOCK_M]，
+# 读的时候用 .permute((1, 0)) 视图 [BLOCK_M, BLOCK_N]：16 位数的 wgmma 允许 A 从共享内存转置读（描述符的 tnspA，
+# Gluon 3.6 按共享内存布局的顺序自己选；ptxas 编译通过）。另一种写法 dQᵀ = Kᵀ dSᵀ 也行，但结果 [d, BLOCK_M] 的每个线程
+# 拿的是相邻两个 Q 行（地址差 H·d），原子加不能合并成向量；dS K 的结果每个线程拿相邻两列（d 方向连续）。
+# 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
+BWD_FLAGS = {1: (64, 64, 1, 2, 4, 232, (24,)), 2: (64, 64, 2, 2, 4, 168, (240, 24))}
+
+
+def bwd_tile_config(d, consumers=2):
+    """
+    反向的块：(BLOCK_M, BLOCK_N, CONSUMERS, STAGES, num_warps, maxnreg, worker_regs)。
+    BLOCK_N = 每个计算组拿的 K/V 行数（程序的 K/V 块 = CONSUMERS·BLOCK_N 行）；BLOCK_M = 每轮流过的 Q / dO 块的行数；
+    STAGES = Q / dO 环的格数。
+    寄存器账（每线程，128 线程的计算组）：dK、dV 累加器各 BLOCK_N·d/128 个 fp32（d = 128、BLOCK_N = 64：64 + 64），
+    Sᵀ、dPᵀ 各 BLOCK_N·BLOCK_M/128（32 + 32），Pᵀ、dSᵀ 的 16 位 A 操作数再各一半，dQ 块 BLOCK_M·d/128（64，
+    这时 Sᵀ、dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 dK + dV 就有 256 个：必溢出——所以用两个计算组各 64 行，
+    共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
+    共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ CONSUMERS·BLOCK_N·BLOCK_M·2（dSᵀ）。
+    每一组都用 triton 3.6 为 sm_90 编译、ptxas -v 看过溢出（见 CHANGELOG / 提交说明）。
+    """
+    if consumers not in BWD_FLAGS:
+        raise ValueError(f"bwd_tile_config：consumers 只能是 {' / '.join(map(str, BWD_FLAGS))}，收到 {consumers!r}")
+    block_m, block_n, cons, stages, warps, maxnreg, regs = BWD_FLAGS[consumers]
+    if d == 64:
+        stages = stages + 1                     # d = 64 的 Q / dO 块小一半：多一格
+    return block_m, block_n, cons, stages, warps, maxnreg, regs
+
+
+DQ_RED_V2 = True     # dQ 的原子加用向量 red.v2（False：gl.atomic_add，每元素一条；出错时对照用）
+PRE_BLOCK = 64        # 预处理一个程序的行数（[B·N·H] 里的行）
+
+
+if gl is not None:
+    @gluon.jit
+    def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
+        """
+        D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, N, H, d] 清零（同一批行，一次扫过）。
+        o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
+        """
+        tpc: gl.constexpr = HEAD_DIM // 8                 # 一行几个线程（每个线程 8 个 16 位数 = 16 字节）
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // tpc, tpc], [4, 1], [1, 0])
+        rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        offs = gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        ok = gl.expand_dims(rows < ROWS, 1)
+        o = gl.load(O + offs, mask=ok, other=0.0).to(gl.float32)
+        do = gl.load(DO + offs, mask=ok, other=0.0).to(gl.float32)
+        delta = gl.sum(o * do, axis=1)
+        h = rows % H
+        bn = rows // H                                                      # = b·N + n
+        gl.store(DELTA + ((bn // N) * H + h).to(gl.int64) * N + bn % N, delta, mask=rows < ROWS)
+        gl.store(DQ_ACC + offs, gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=layout), mask=ok)
+
+    @gluon.jit
+    def _mask_t(p_t, k0, m0, N, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
+        """
+        p_t = Pᵀ [BLOCK_N, BLOCK_M]（行 = key，列 = query）：key ≥ N、query ≥ N、（causal）key > query → 0。
+        key ≥ N 的行是下一个序列的 K（或 TMA 补的 0）：不掩掉的话会经 dS K 加进 dQ。只在边上的块调用。
+        """
+        keys = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, p_t.type.layout))
+        qs = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, p_t.type.layout))
+        ok = gl.expand_dims(keys < N, 1) & gl.expand_dims(qs < N, 0)
+        if CAUSAL:
+            ok = ok & (gl.expand_dims(keys, 1) <= gl.expand_dims(qs, 0))
+        return gl.where(ok, p_t, 0.0)
+
+    @gluon.jit
+    def _opaque(x):
+        """
+        x 原样返回，但编译器看不穿（有副作用的内联汇编不能提到循环外）。用途：dQ 的列下标和循环无关，LLVM 会把
+        "行指针 + 列"里和列有关的 64 位偏移全部提到循环外、一直占着寄存器（d = 128 时 64 对），逼得 ptxas 溢出；
+        放在循环里现算只要几条整数指令。
+        """
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _red_add_v2(ptrs, x, mask):
+        """
+        x（fp32，wgmma 累加器布局）原子加到 ptrs。gl.atomic_add 在 3.6 里每个元素一条 atom.add.f32；Hopper 有向量的
+        red.global.add.v2.f32（sm_90 起）：累加器布局里每个线程的元素两两是同一行的相邻两列（地址连续、8 字节对齐），
+        pack=2 让内联汇编一次拿两个，用第一个的地址——指令数减半。结果不用（red 不返回值），输出是占位的 0。
+        """
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $4, 0; "
+            "@p red.relaxed.gpu.global.add.v2.f32 [$2], {$6, $7}; mov.b32 $0, 0; mov.b32 $1, 0; }",
+            "=r,=r,l,l,r,r,r,r", [ptrs.to(gl.int64, bitcast=True), mask.to(gl.int32), x], dtype=gl.int32,
+            is_pure=False, pack=2)
+
+    @gluon.jit
+    def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready, empty,
+                      q_row_start, q_col, kv_row, kv_col, n_total, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        """
+        生产者分区（1 个 warp）：先发这个程序的 K、V 块（每个计算组一份 [BLOCK_N, d]），再按顺序填 Q / dO 环：
+        第 t 个 Q 块放第 t % STAGES 格，和前向的 K/V 环同一套（同一个 _load_kv，ready / empty 的相位规则见那里）。
+        q_row_start = 第一个要流过的 Q 块在 [B·N, H·d] 里的行。
+        """
+        mbarrier.expect(kv_bar.index(0), CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(k_desc, [kv_row + c * BLOCK_N, kv_col], kv_bar.index(0), k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [kv_row + c * BLOCK_N, kv_col], kv_bar.index(0), v_smem.index(c))
+        for t in range(n_total):
+            mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
+            _load_kv(q_desc, do_desc, q_bufs, do_bufs, ready, t, q_row_start, q_col, True, BLOCK_M, STAGES)
+
+    # ========================================================================
+    # 计算组 me：拿 K/V 的第 k0 行起 BLOCK_N 行，走过 Q 块 start .. n_q − 1。环的位置 t = j − start0（start0 = 第 0 组的
+    # 第一个 Q 块）：causal 时第 1 组的第一个 Q 块更靠后，前面几格走"空轮"（等 ready、arrive empty），因为 empty 要
+    # 两组都 arrive 才完成——和前向 causal 的空轮同一个道理，只是这里空轮在开头。
+    # 一轮里 wgmma 的顺序（都异步发，按发出顺序完成，wait(n) = 最多还剩 n 个在飞）：
+    #   发 Sᵀ、dPᵀ → wait(1) 拿到 Sᵀ → 算 Pᵀ（exp2 和 dPᵀ 的矩阵乘重叠）→ 发 dV += Pᵀ dO → wait(1) 拿到 dPᵀ
+    #   → dSᵀ → 发 dK += dSᵀ Q → dSᵀ 写共享内存 → 发 dQ = dS K → wait(0) → arrive empty → 原子加 dQ
+    # ========================================================================
+    @gluon.jit
+    def _bwd_consumer(q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK, DV,
+                      qk_scale, scale, b, h, N, H, k0, start0, start, n_q,
+                      me: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_RED_V2: gl.constexpr = DQ_RED_V2):
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])  # Sᵀ、dPᵀ [BLOCK_N, BLOCK_M]
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])    # dK、dV、dQ [*, d]
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        DQ_CHUNK: gl.constexpr = 64 if HEAD_DIM > 64 else HEAD_DIM
+        # 一段 dQ [BLOCK_M, DQ_CHUNK] 的累加器布局
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_CHUNK, 16])
+        dtype: gl.constexpr = k_smem.dtype
+        k_t = k_smem.index(me)                                                # [BLOCK_N, d]
+        v_t = v_smem.index(me)
+        ds_buf = ds_smem.index(me)                                            # [BLOCK_N, BLOCK_M]，放 dSᵀ
+        for j in range(start0, start):                                       # 空轮：causal 时看不到这些 Q 块
+            t = j - start0
+            mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
+            mbarrier.arrive(empty.index(t % STAGES))
+
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        zero_q = gl.zeros([BLOCK_M, DQ_CHUNK], gl.float32, layout=dq_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        lse_base = LSE + (b * H + h).to(gl.int64) * N                         # lse、D 都是 [B, H, N]
+        delta_base = DELTA + (b * H + h).to(gl.int64) * N
+        tail_k = k0 + BLOCK_N > N                                             # 这组的 K 行跨过序列末尾
+        mbarrier.wait(kv_bar.index(0), 0)
+        for j in range(start, n_q):
+            t = j - start0
+            slot = t % STAGES
+            m0 = j * BLOCK_M
+            # 这块 Q 行的 LSE、D：在等数据之前发出去（普通 load，延迟和等 TMA 重叠）；沿列广播
+            qs = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+            lse2 = gl.load(lse_base + qs, mask=qs < N, other=0.0) * 1.4426950408889634    # 自然对数 → 以 2 为底
+            d_i = gl.load(delta_base + qs, mask=qs < N, other=0.0)
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            q_t = q_bufs.index(slot)                                          # [BLOCK_M, d]
+            do_t = do_bufs.index(slot)
+            s_tok = warpgroup_mma(k_t, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)     # Sᵀ = K Qᵀ
+            dp_tok = warpgroup_mma(v_t, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)   # dPᵀ = V dOᵀ
+            s_t = warpgroup_mma_wait(1, deps=[s_tok, k_t, q_t])[0]
+            p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
+            need_mask = tail_k | (m0 + BLOCK_M > N)
+            if CAUSAL:
+                need_mask = need_mask | (m0 < k0 + BLOCK_N)                  # 碰到对角线的块
+            if need_mask:
+                p_t = _mask_t(p_t, k0, m0, N, CAUSAL, BLOCK_N, BLOCK_M)
+            p_op = gl.convert_layout(p_t.to(dtype), a_layout)                 # Pᵀ 当 A 操作数，留在寄存器里
+            dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)             # dV += Pᵀ dO
+            # 等 dPᵀ 和 dV 都完：Pᵀ 的 16 位副本这就能扔（寄存器账：dK、dV 128 + Pᵀ、dPᵀ 64 + dSᵀ 16）
+            dp_t, dv = warpgroup_mma_wait(0, deps=[dp_tok, dv_tok, v_t, do_t, p_op])[:2]
+            ds_t = (p_t * (dp_t - gl.expand_dims(d_i, 0))).to(dtype)          # dSᵀ（没乘 scale：最后乘）
+            ds_op = gl.convert_layout(ds_t, a_layout)
+            dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)             # dK += dSᵀ Q
+            ds_buf.store(ds_t)
+            fence_async_shared()                                              # 普通写 → wgmma（异步代理）读
+            # dQ = dS K 分成 DQ_CHUNK 列一段（K 块的列切片当 B）：一段的累加器 BLOCK_M·DQ_CHUNK/128 个寄存器。
+            # 第 0 段和 dK 一起等；等完 Q、dO 这一格就放回，然后一段一段：发下一段、原子加上一段
+            dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_t.slice(0, DQ_CHUNK, dim=1), zero_q, use_acc=False,
+                                   is_async=True)
+            dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok, ds_op, q_t, ds_buf, k_t])[:2]
+            mbarrier.arrive(empty.index(slot))                                # Q、dO 这一格用完了
+            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+            row_ptr = DQ + gl.expand_dims(((b * N + rows).to(gl.int64) * H + h) * HEAD_DIM, 1)
+            row_ok = gl.expand_dims(rows < N, 1)
+            for c in gl.static_range(HEAD_DIM // DQ_CHUNK):
+                if c + 1 < HEAD_DIM // DQ_CHUNK:
+                    next_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_t.slice((c + 1) * DQ_CHUNK, DQ_CHUNK, dim=1),
+                                             zero_q, use_acc=False, is_async=True)
+                cols = _opaque(c * DQ_CHUNK + gl.arange(0, DQ_CHUNK, layout=gl.SliceLayout(0, dq_layout)))
+                ptrs = row_ptr + gl.expand_dims(cols, 0)                      # dQ [B, N, H, d]，fp32
+                ok = row_ok & gl.expand_dims(cols < HEAD_DIM, 0)
+                if DQ_RED_V2:
+                    _red_add_v2(ptrs, dq, ok)
+                else:
+                    gl.atomic_add(ptrs, dq, mask=ok, sem="relaxed")
+                if c + 1 < HEAD_DIM // DQ_CHUNK:
+                    dq = warpgroup_mma_wait(0, deps=[next_tok, ds_buf, k_t])[0]
+
+        # 收尾：dK 乘 scale，dK、dV 写回（只写 < N 的行）；DK、DV 是 [B, N, H, d]（每个 query 头一份，GQA 在主机上求和）
+        rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offs = gl.expand_dims(((b * N + rows).to(gl.int64) * H + h) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        ok = gl.expand_dims(rows < N, 1)
+        gl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=ok)
+        gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _attn_bwd(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, DQ, DK, DV, qk_scale, scale, N, H, GROUP,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """程序 (i, b·H + h)：第 b 个序列、第 h 个 query 头，K/V 行 [i·CONSUMERS·BLOCK_N, +CONSUMERS·BLOCK_N)。"""
+        pid_n = gl.program_id(0)                 # causal 时小的 i 看到的 Q 块最多：正序发就是最长的先上 SM
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        n0 = pid_n * (CONSUMERS * BLOCK_N)
+        kv_row = b * N + n0                      # 二维视图 [B·N, Hk·d] 里的行、列
+        kv_col = (h // GROUP) * HEAD_DIM
+        q_col = h * HEAD_DIM
+        n_q = gl.cdiv(N, BLOCK_M)
+        # 每组第一个要算的 Q 块：causal 时从含第 k0 行的块开始（更早的块整块在对角线之上）；K 行全 ≥ N 的组不算
+        k1 = n0 + BLOCK_N
+        start0 = 0
+        start1 = 0
+        if CAUSAL:
+            start0 = n0 // BLOCK_M
+            start1 = k1 // BLOCK_M
+        if k1 >= N:
+            start1 = n_q
+        n_total = n_q - start0                   # 生产者搬的 Q / dO 块数 = 第 0 组要的块数（第 1 组的是它的后缀）
+
+        # 共享内存：K、V [CONSUMERS, BLOCK_N, d]（整个程序不动），Q、dO 环 [STAGES, BLOCK_M, d]，
+        #           dSᵀ [CONSUMERS, BLOCK_N, BLOCK_M]
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar.index(0), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=CONSUMERS)     # 一格 Q / dO 要所有计算组都用完才能重填
+        fence_async_shared()
+
+        io = (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK, DV, qk_scale, scale,
+              b, h, N, H)
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                      CAUSAL)),
+                (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
+                                 empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
+                                 STAGES, CONSUMERS)),
+            ], [1], [24])
+        else:                                    # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）
+            gl.warp_specialize([
+                (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                      CAUSAL)),
+                (_bwd_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK,
+                                 DV, qk_scale, scale, b, h, N, H, k1, start0, start1, n_q, gl.constexpr(1), HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
+                                 empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
+                                 STAGES, CONSUMERS)),
+            ], [4, 1], [240, 24])
+
+
+def _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale):
+    """attention_backward 的参数检查（先于设备检查，CPU 上也能测）。返回 scale。"""
+    _, scale = _check_args(q, k, v, causal, softmax_scale, "best", False, where="attention_backward")
+    batch, n, hq, _ = q.shape
+    for name, t in (("out", out), ("do", do)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention_backward：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
+        if t.shape != q.shape:
+            raise ValueError(f"attention_backward：{name} 的形状必须和 q 相同 {tuple(q.shape)}，收到 {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"attention_backward：{name} 的 dtype 必须和 q 相同（{q.dtype}），收到 {t.dtype}")
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"attention_backward：lse 必须是 torch.Tensor，收到 {type(lse).__name__}")
+    if tuple(lse.shape) != (batch, hq, n) or lse.dtype != torch.float32:
+        raise ValueError(f"attention_backward：lse 必须是 float32 的 [B, H, N] = {(batch, hq, n)}"
+                         f"（attention(..., return_lse=True) 给的那个），收到 {lse.dtype} {tuple(lse.shape)}")
+    return scale
+
+
+def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
+    """
+    注意力的反向：q [B, N, H, d]、k、v [B, N, Hk, d]、前向的 out [B, N, H, d] 和 lse [B, H, N]（自然对数），
+    上游梯度 do [B, N, H, d] → (dq, dk, dv)，形状、dtype 和 q、k、v 相同。causal、softmax_scale 必须和前向一样。
+    GQA（Hk < H）：内核给每个 query 头写一份 fp32 的 dK、dV，主机上按组求和。
+    """
+    scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
+    _check_device(q, k, v)
+    for name, t in (("out", out), ("lse", lse), ("do", do)):
+        if not t.is_cuda or t.device != q.device:
+            raise RuntimeError(f"attention_backward：{name} 必须在和 q 同一块 CUDA GPU 上，收到 {t.device}")
+    return _launch_bwd(q, k, v, out, lse, do, causal, scale)
+
+
+def _launch_bwd(q, k, v, out, lse, do, causal, scale, consumers=2):
+    """检查过的输入 → 预处理（D、清零 dQ 累加器）→ 主内核 → dQ 乘 scale 换 dtype（GQA：dK、dV 按组求和）。"""
+    batch, n, hq, d = q.shape
+    hk = k.shape[2]
+    group = hq // hk
+    q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
+    block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d, consumers)
+    delta = torch.empty((batch, hq, n), device=q.device, dtype=torch.float32)          # D [B, H, N]
+    dq_acc = torch.empty((batch, n, hq, d), device=q.device, dtype=torch.float32)      # 预处理内核清零
+    rows = batch * n * hq
+    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, delta, dq_acc, n, hq, rows, HEAD_DIM=d,
+                                                     BLOCK=PRE_BLOCK, num_warps=4)
+    # GQA：每个 query 头一份 fp32 的 dK、dV [B, N, H, d]，之后按组求和；否则直接写输入的 dtype
+    acc_dtype = q.dtype if group == 1 else torch.float32
+    dk = torch.empty((batch, n, hq, d), device=q.device, dtype=acc_dtype)
+    dv = torch.empty((batch, n, hq, d), device=q.device, dtype=acc_dtype)
+    q_desc = _desc(q.view(batch * n, hq * d), (block_m, d))                  # [B·N, H·d]，块 [BLOCK_M, d]
+    do_desc = _desc(do.view(batch * n, hq * d), (block_m, d))
+    k_desc = _desc(k.view(batch * n, hk * d), (block_n, d))                  # [B·N, Hk·d]，块 [BLOCK_N, d]
+    v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
+    grid = (triton.cdiv(n, cons * block_n), batch * hq)
+    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, lse, delta, dq_acc, dk, dv, scale * LOG2E, scale, n, hq, group,
+                    HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CONSUMERS=cons, STAGES=stages, CAUSAL=causal,
+                    num_warps=num_warps, maxnreg=maxnreg)
+    dq = torch.empty_like(q)
+    torch.mul(dq_acc, scale, out=dq)                                          # dQ = scale·dS K，一次读写换 dtype
+    if group > 1:                                                             # [B, N, Hk, GROUP, d] → 组内求和
+        dk = dk.view(batch, n, hk, group, d).sum(3).to(q.dtype)
+        dv = dv.view(batch, n, hk, group, d).sum(3).to(q.dtype)
+    return dq, dk, dv
+
+
+if torch is not None:
+    class _AttentionFn(torch.autograd.Function):
+        """attention 的 autograd：前向 = _launch（带 LSE），反向 = _launch_bwd。lse 不可求导。"""
+
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, variant):
+            out, lse = _launch(q, k, v, causal, scale, variant, True)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.causal, ctx.scale = causal, scale
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, do, _dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = _launch_bwd(q, k, v, out, lse, do, ctx.causal, ctx.scale)
+            return dq, dk, dv, None, None, None
 
 
 # ============================================================================
@@ -509,6 +879,36 @@ def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
     return rows
 
 
+def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
+    """
+    反向（前向用 BEST）：dq、dk、dv 和 float64 参考比，判据和前向相同（≤ 2 × PyTorch 低精度的误差 + 1e-6）。
+    输入、参考、误差函数都用 triton_flash 的（make_case、run_reference、field_errors）：参考 = 同样的输入在 float64 /
+    低精度里走一遍 autograd。返回行 (dtype, case, field, ours, torch, ok, err)。
+    """
+    tf = _triton_flash()
+    dtypes = dtypes or (torch.bfloat16, torch.float16)
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = []
+    for dtype in dtypes:
+        for (batch, n, hq, hk), d, causal in ((s, d, c) for s in shapes for d in HEAD_DIMS for c in (False, True)):
+            name = f"B{batch} N{n} H{hq}/{hk} d{d}{' causal' if causal else ''}"
+            case = tf.make_case(name, batch, n, n, hq, hk, d, dtype, "cuda", gen, causal=causal)
+            ref = tf.run_reference(case)                                                    # float64
+            torch_errs = tf.field_errors(tf.run_reference(case, dtype=dtype), ref)          # torch 低精度
+            q, k, v = (case[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v"))
+            try:
+                attention(q, k, v, causal=causal).backward(case["do"])
+                errs = {f: tf._rel_err(g.double(), r) for f, g, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                                                                         ref[2:])}
+                err = ""
+            except Exception as exc:
+                errs, err = dict.fromkeys(("dq", "dk", "dv"), float("inf")), _short(exc)
+            for f, e in errs.items():
+                t = torch_errs[f]
+                rows.append((str(dtype).replace("torch.", ""), name, f, e, t, e <= 2 * t + 1e-6, err))
+    return rows
+
+
 def _selftest(seed=None):
     if torch is None or not torch.cuda.is_available():
         print("SKIP: 没有 CUDA GPU（本文件的内核只在 Hopper 上跑：wgmma、TMA、setmaxnreg）")
@@ -529,10 +929,19 @@ def _selftest(seed=None):
         print(f"  {dt:<9s}{var:<11s}{name:<26s}{e_o:>10.2e}{t_o:>10.2e}{e_l:>10.2e}{t_l:>10.2e}  "
               f"{'✓' if ok else '✗'} {err}")
     failed = [r for r in rows if not r[7]]
-    if failed:
-        print(f"gluon_flash 自检失败：{len(failed)} / {len(rows)} 项（种子 {seed}）")
+    t1 = time.time()
+    bwd_rows = check_gpu_bwd(seed)
+    print(f"  反向（前向 {BEST}）：")
+    print(f"  {'dtype':<9s}{'case':<26s}{'field':<7s}{'ours':>10s}{'torch':>10s}  ok")
+    for dt, name, f, e, t, ok, err in bwd_rows:
+        print(f"  {dt:<9s}{name:<26s}{f:<7s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'} {err}")
+    failed_bwd = [r for r in bwd_rows if not r[5]]
+    if failed or failed_bwd:
+        print(f"gluon_flash 自检失败：前向 {len(failed)} / {len(rows)} 项，反向 {len(failed_bwd)} / {len(bwd_rows)} 项"
+              f"（种子 {seed}）")
         sys.exit(1)
-    print(f"gluon_flash 自检通过：{len(rows)} 项误差都 ≤ 2 × PyTorch 低精度注意力的误差，{time.time() - t0:.0f} s")
+    print(f"gluon_flash 自检通过：前向 {len(rows)} 项（{t1 - t0:.0f} s）、反向 {len(bwd_rows)} 项"
+          f"（{time.time() - t1:.0f} s）误差都 ≤ 2 × PyTorch 低精度注意力的误差")
 
 
 # ============================================================================
@@ -590,15 +999,54 @@ def bench(out_dir):
                         row["errors"][name] = _short(exc)
                 results.append(row)
                 _print_row(row, first=len(results) == 1)
+    bwd_rows = bench_bwd(tf, quick_launch)
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "dtype": "bfloat16",
             "tokens": 32768, "hidden": 2048, "seconds": round(time.time() - t_start, 1),
-            "tiles": {v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, "rows": results}
+            "tiles": {v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, "rows": results,
+            "bwd_tiles": {d: bwd_tile_config(d)[:6] for d in HEAD_DIMS}, "bwd_rows": bwd_rows}
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "gluon_bench.json")
     with open(path, "w") as fh:
         json.dump(info, fh, indent=1, ensure_ascii=False)
     print(f"写好 {path}（{info['seconds']} s）")
+
+
+BWD_COLS = ("gluon-bwd", "triton_flash", "sdpa:cudnn", "sdpa:flash")
+
+
+def bench_bwd(tf, quick_launch):
+    """
+    反向的基准：同样的形状，只计 out.backward(do) 的时间（前向在计时之外做一次，retain_graph 反复用同一张图；
+    grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 2.5 × 前向 FLOP（5 次矩阵乘 / 前向 2 次）。
+    """
+    from triton.testing import do_bench
+    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c),
+            "triton_flash": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch),
+            "sdpa:cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa:flash": _sdpa("FLASH_ATTENTION")}
+    rows = []
+    for d in HEAD_DIMS:
+        for n in BENCH_NS:
+            batch, heads = 32768 // n, 2048 // d
+            q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            for x in (q, k, v):
+                x.requires_grad_(True)
+            for causal in (False, True):
+                row = {"d": d, "N": n, "B": batch, "H": heads, "causal": causal, "tflops": {}, "ms": {}, "errors": {}}
+                for name, fwd in fwds.items():
+                    try:
+                        out = fwd(q, k, v, causal)
+                        ms = do_bench(functools.partial(out.backward, do, retain_graph=True), warmup=5, rep=20,
+                                      grad_to_none=[q, k, v])
+                        row["ms"][name] = ms
+                        row["tflops"][name] = 2.5 * _tflops(batch, heads, n, d, causal, ms)
+                    except Exception as exc:
+                        row["errors"][name] = _short(exc)
+                    out = None                                                # 放掉这张图（显存）
+                rows.append(row)
+                _print_row(row, first=len(rows) == 1, cols=BWD_COLS,
+                           title="反向 TFLOP/s（2.5 × 前向 FLOP；bf16；括号 = / cuDNN）")
+    return rows
 
 
 EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (128, 2), (128, 3))}
@@ -639,14 +1087,14 @@ def explore(out_dir, ns=(4096, 16384), variants=EXPLORE_VARIANTS, name="gluon_ex
 BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
-def _print_row(row, first):
+def _print_row(row, first, cols=BENCH_COLS, title="TFLOP/s（bf16；括号 = / cuDNN）"):
     """一行：TFLOP/s（括号里是 / cuDNN 的比值）；失败的写 ERR（原因在表后）。"""
     if first:
-        print("TFLOP/s（bf16；括号 = / cuDNN）")
-        print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>16s}" for c in BENCH_COLS))
+        print(title)
+        print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>16s}" for c in cols))
     ref = row["tflops"].get("sdpa:cudnn")
     cells = []
-    for c in BENCH_COLS:
+    for c in cols:
         t = row["tflops"].get(c)
         cells.append(f"{'ERR':>16s}" if t is None else f"{t:8.1f} ({t / ref:4.2f})" if ref else f"{t:16.1f}")
     print(f"{row['d']:>4d}{row['N']:>7d}{str(row['causal']):>7s}" + "".join(cells), flush=True)

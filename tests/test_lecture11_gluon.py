@@ -73,3 +73,52 @@ def test_bad_options(kwargs, exc, word):
 def test_bad_tensors(make, exc, word):
     with pytest.raises(exc, match=word):
         gf.attention(*make())
+
+
+# ---- 反向：attention_backward 的参数检查（先于设备检查）----
+def _bwd_args(**over):
+    q, k, v = _qkv()
+    args = dict(q=q, k=k, v=v, out=torch.zeros_like(q), lse=torch.zeros(1, 2, 8), do=torch.zeros_like(q))
+    args.update(over)
+    return args
+
+
+def test_bwd_tile_table():
+    for d in gf.HEAD_DIMS:
+        bm, bn, consumers, stages, warps, maxnreg, regs = gf.bwd_tile_config(d)
+        smem = 2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + consumers * bn * bm * 2
+        assert smem <= 227 * 1024, (d, smem)
+        assert stages >= 2 and len(regs) == consumers
+    with pytest.raises(ValueError, match="consumers"):
+        gf.bwd_tile_config(64, consumers=3)
+
+
+@pytest.mark.parametrize("over, kwargs, exc, word", [
+    (dict(out=torch.zeros(1, 8, 2, 32, dtype=BF16)), {}, ValueError, "out"),
+    (dict(do=torch.zeros(1, 8, 2, 64, dtype=torch.float16)), {}, TypeError, "do"),
+    (dict(do=[[0.0]]), {}, TypeError, "do"),
+    (dict(lse=torch.zeros(1, 2, 8, dtype=BF16)), {}, ValueError, "lse"),
+    (dict(lse=torch.zeros(1, 8, 2)), {}, ValueError, "lse"),
+    (dict(lse=None), {}, TypeError, "lse"),
+    (dict(zip("qkv", _qkv(d=96)), out=torch.zeros(1, 8, 2, 96, dtype=BF16), do=torch.zeros(1, 8, 2, 96, dtype=BF16)),
+     {}, ValueError, "头维 d"),
+    ({}, dict(causal=1), TypeError, "causal"),
+    ({}, dict(softmax_scale=0.0), ValueError, "softmax_scale"),
+])
+def test_backward_bad_args(over, kwargs, exc, word):
+    with pytest.raises(exc, match=word) as info:
+        gf.attention_backward(**_bwd_args(**over), **kwargs)
+    assert "attention_backward" in str(info.value)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="只在没有 GPU 的机器上查这条报错")
+def test_backward_needs_gpu():
+    with pytest.raises(RuntimeError, match="CUDA|Gluon"):
+        gf.attention_backward(**_bwd_args())
+
+
+@pytest.mark.skipif(not NO_GPU, reason="只在没有 GPU 的机器上查这条报错")
+def test_attention_with_grad_needs_gpu():
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    with pytest.raises(RuntimeError, match="CUDA|Gluon"):
+        gf.attention(q, k, v)
