@@ -375,7 +375,6 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
     check_bool("causal", causal, where=where)
     check_bool("return_lse", return_lse, where=where)
     variant = check_choice("variant", variant, ("best",) + VARIANTS, where=where)
-    variant = BEST if variant == "best" else variant
     if torch is None:
         raise RuntimeError(f"{where} 需要 torch（{GLUON_ERROR or '没有安装 torch'}）")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -406,7 +405,14 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
         raise ValueError(f"{where}：softmax_scale 必须是 None 或有限的正数，收到 {softmax_scale!r}")
     else:
         scale = float(softmax_scale)
-    return variant, scale
+    return (best_variant(d, n) if variant == "best" else variant), scale
+
+
+def best_variant(d, n):
+    """variant="best" 选哪一步：按 H200 上的实测（results/gluon_explore*.json）。d = 64、N ≤ 1k 时每个程序只走
+    几块 K/V，开头（初始化 mbarrier、读 Q）摊不开：4 warp、寄存器少的 pipelined 一个 SM 能放两个程序，最快
+    （N = 1k：372 对 351 TFLOP/s，causal 269 对 233）；其余形状 BEST（ws2）最快或和最快的差 ≤ 4%。"""
+    return "pipelined" if d == 64 and n <= 1024 else BEST
 
 
 def _check_device(q, k, v):

@@ -122,3 +122,9 @@ def test_attention_with_grad_needs_gpu():
     q, k, v = (t.requires_grad_(True) for t in _qkv())
     with pytest.raises(RuntimeError, match="CUDA|Gluon"):
         gf.attention(q, k, v)
+
+
+def test_best_variant_rule():
+    """variant="best" 按形状选：d = 64、N ≤ 1k 用 pipelined（实测最快），其余用 BEST。"""
+    assert gf.best_variant(64, 1024) == gf.best_variant(64, 1) == "pipelined"
+    assert gf.best_variant(64, 1025) == gf.best_variant(128, 512) == gf.BEST
