@@ -915,7 +915,8 @@ def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
     return rows
 
 
-def _selftest(seed=None):
+def _selftest(seed=None, only=VARIANTS + ("bwd",)):
+    """only：查哪几项（前向的 variant 名，"bwd" = 反向）。编译占了大半时间，GPU 机器上可以分几个进程并行跑。"""
     if torch is None or not torch.cuda.is_available():
         print("SKIP: 没有 CUDA GPU（本文件的内核只在 Hopper 上跑：wgmma、TMA、setmaxnreg）")
         sys.exit(77)
@@ -929,14 +930,14 @@ def _selftest(seed=None):
     print(f"gluon_flash 自检：{torch.cuda.get_device_name()}，torch {torch.__version__}，triton {triton.__version__}，"
           f"种子 {seed}（复现：python3 lecture11/gluon_flash.py --seed {seed}）")
     t0 = time.time()
-    rows = check_gpu(seed)
+    rows = check_gpu(seed, variants=tuple(v for v in VARIANTS if v in only))
     print(f"  {'dtype':<9s}{'variant':<11s}{'case':<26s}{'out':>10s}{'torch':>10s}{'lse':>10s}{'torch':>10s}  ok")
     for dt, var, name, e_o, t_o, e_l, t_l, ok, err in rows:
         print(f"  {dt:<9s}{var:<11s}{name:<26s}{e_o:>10.2e}{t_o:>10.2e}{e_l:>10.2e}{t_l:>10.2e}  "
               f"{'✓' if ok else '✗'} {err}")
     failed = [r for r in rows if not r[7]]
     t1 = time.time()
-    bwd_rows = check_gpu_bwd(seed)
+    bwd_rows = check_gpu_bwd(seed) if "bwd" in only else []
     print(f"  反向（前向 {BEST}）：")
     print(f"  {'dtype':<9s}{'case':<26s}{'field':<7s}{'ours':>10s}{'torch':>10s}  ok")
     for dt, name, f, e, t, ok, err in bwd_rows:
@@ -1114,9 +1115,11 @@ def main(argv=None):
     ap.add_argument("--bench", action="store_true", help="跑基准（代替自检）")
     ap.add_argument("--explore", action="store_true", help="扫计算组两个的 variant × (BLOCK_N, STAGES)（代替自检）")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="基准 JSON 写到哪个目录")
+    ap.add_argument("--only", nargs="+", choices=VARIANTS + ("bwd",), default=VARIANTS + ("bwd",),
+                    help="自检只查这几项（前向的 variant、bwd = 反向）")
     args = ap.parse_args(argv)
     if not (args.bench or args.explore):
-        _selftest(args.seed)
+        _selftest(args.seed, tuple(args.only))
         return
     if torch is None or not torch.cuda.is_available() or GLUON_ERROR is not None:
         print("SKIP: 基准要 CUDA GPU 和 triton ≥ 3.6 的 Gluon")
