@@ -8,6 +8,8 @@
   - 我们的反向有两条路径，同一次运行里都测："ours" = 默认（split：dK/dV、dQ 两个内核，每对块 7 次矩阵乘，
     逐位可复现），"ours-atomic" = Launch(bwd="atomic")（FA2 的 dQ 原子加，5 次矩阵乘；只测反向，前向和 ours
     是同一个内核）。默认选 split 是因为 H200 上实测它更快（results/NOTES.md 的 v7）。
+  - "gluon" = gluon_flash.attention（FA3 式的 Hopper 内核，手写 TMA / mbarrier / wgmma / warp 专门化；前向和
+    反向都测，它的输出和梯度同样和 ours 对照）。issue 16 的前向目标按 ours、gluon 里快的那个算。
   - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
     （5 次矩阵乘 / 2 次，flash-attn 的惯例；split 路径实际做 7 次，多出来的重算不算 FLOP）。
   - 每个形状先跑一遍前向 + 反向，SDPA 的三个后端的输出和梯度都和我们的内核对照（bf16 对 bf16，
@@ -94,11 +96,12 @@ def print_table(res):
 
 
 MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，
-    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。cuDNN 在 Hopper 上把一个 program 拆成搬数据的
-    warpgroup 和两个轮流做矩阵乘 / softmax 的 warpgroup（warp specialization + 乒乓，FlashAttention-3 的做法），
-    softmax 的 exp2 藏在 wgmma 后面；我们的 Triton 内核里 QKᵀ → softmax → PV 是串行的。Triton 3.6 能打开的
-    两个开关（TMA、warp_specialize）在 H200 上都没有变快。反向还多一层：默认的 split 每对块做 7 次矩阵乘
-    （FLOP 按 5 次记），而少做 2 次的原子 dQ 路径在 H200 上实测更慢。差距和原因见 results/NOTES.md。"""
+    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV
+    是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和另一组的
+    wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours 52%、gluon 71%、cuDNN 76%（lecture11/ncu_profile.py）。
+    N = 1k 的 causal：每个程序只走几块 K/V，开头结尾摊不开（要持久内核，没做）。反向：ours 每对块 7 次矩阵乘
+    （dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长；5 次的两条路（Triton 原子 dQ、Gluon）都更慢：
+    原子加和寄存器溢出让它们等内存（ncu 的 long_scoreboard 停顿）。数字和剖析见 results/NOTES.md 的 v9。"""
 
 
 def target_report(rows):
@@ -414,7 +417,8 @@ def plot(res, path, quick=False):
     rows = res["rows"]
     ns = sorted({x["N"] for x in rows})
     colors = {p: f"C{i}" for i, p in enumerate(PROVIDERS)}          # 同一个实现在每个面板里颜色相同
-    names = {"ours": "ours (split bwd, default)", "ours-atomic": "ours-atomic (atomic dQ)"}
+    names = {"ours": "ours (split bwd, default)", "ours-atomic": "ours-atomic (atomic dQ)",
+             "gluon": "gluon (FA3-style, Hopper)"}
     fig, axes = plt.subplots(2, 4, figsize=(17, 8.5), sharey="row")
     panels = [(d, c) for d in HEAD_DIMS for c in (False, True)]
     legend = {}
@@ -440,8 +444,8 @@ def plot(res, path, quick=False):
     handles = [legend[p] for p in PROVIDERS if p in legend]
     labels = [names.get(p, p) for p in PROVIDERS if p in legend]
     meta = res["meta"]
-    fig.suptitle(f"Triton FlashAttention-2 vs PyTorch SDPA  ({meta['gpu']}, torch {meta['torch']}, "
-                 f"triton {meta['triton']}, {meta['date']})", y=0.995)
+    fig.suptitle(f"Our Triton (FA2) and Gluon (FA3-style) kernels vs PyTorch SDPA  ({meta['gpu']}, "
+                 f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']})", y=0.995)
     fig.legend(handles, labels, loc="upper center", ncol=len(PROVIDERS), bbox_to_anchor=(0.5, 0.955),
                frameon=False)
     fig.set_layout_engine("tight", rect=(0, 0, 1, 0.92))      # 上面留给标题和图例（save_figure 用这个排版）

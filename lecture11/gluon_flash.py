@@ -1,37 +1,36 @@
 """
-Gluon 版 FlashAttention-3 前向（Hopper / H200）：Triton 编译器替我们做掉的那几件事——TMA、mbarrier、异步 wgmma、
-warp 专门化、两组 warpgroup 的乒乓调度——自己一件件写出来，每一件买到了多少速度？
+Gluon 版 FlashAttention-3（Hopper / H200）：Triton 编译器替我们做掉的那几件事——TMA、mbarrier、异步 wgmma、
+warp 专门化、两组 warpgroup 轮流——自己一件件写出来，每一件买到了多少速度？
 
-FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax 算法 + 三件 Hopper 专属的事：
-  (1) 生产者/消费者异步：TMA 单元搬 K/V（不占线程）、专门的生产者 warp 只发 TMA，计算 warpgroup 只做 wgmma 和 softmax；
-  (2) 乒乓调度（§3.1）：两个计算 warpgroup 轮流，一个做矩阵乘时另一个做 softmax
-      （exp 在 MUFU 上慢，和 Tensor Core 错开）；
-  (3) 组内重叠（§3.2）：先发第 j+1 块的 QK^T，再在它跑着的时候做第 j 块的 softmax。
-本文件一个内核 _attn_fwd，用 constexpr 开关一步步加上去（variant= 选一步，基准表里一行一步）：
-  "pipelined"  步骤 A：一个 warpgroup（4 warp），Q/K/V 用 TMA（张量描述符）读进共享内存，mbarrier 等数据，
-               wgmma 异步发出；K/V 有 STAGES 份缓冲（软件流水：算第 j 块时第 j+1、j+2 块已经在路上）
-  "ws"         步骤 B：gl.warp_specialize：1 个生产者 warp 填 K/V 环（ready / empty 两组 mbarrier），1 个计算 warpgroup
-  "ws2"        步骤 C：两个计算 warpgroup 各算一个 Q 块（同一 (b, h) 的相邻两块），共用每一份 K/V（empty 计数 2）
-  "overlap"    步骤 D1：ws2 + 组内重叠（FA3 §3.2）
-  "pingpong"   步骤 D2：overlap + 两组之间用 mbarrier 轮流发矩阵乘（FA3 §3.1）= "best"
-一份机制一份代码：softmax 更新 _softmax_step、掩码 _mask、收尾 _epilogue、消费者循环 _consumer、
-生产者 _producer 各一个。
+FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax + 三件 Hopper 专属的事：(1) 生产者/消费者异步（TMA 搬 K/V，
+专门的生产者 warp 只发 TMA）；(2) 乒乓（§3.1）：两个计算 warpgroup 轮流，一个做 softmax 时另一个做矩阵乘；
+(3) 组内重叠（§3.2）：先发第 j+1 块的 QKᵀ，再在它跑着的时候做第 j 块的 softmax。
+一个内核 _attn_fwd，constexpr 开关一步步加上去（variant= 选一步）。H200 实测（bf16，B·N = 32k，d = 128，
+N = 4k / 16k，TFLOP/s；cuDNN 690 / 625，results/gluon_bench.json）：
+  "pipelined" A：一个 warpgroup，TMA + mbarrier + 异步 wgmma，K/V 3 级缓冲              406 / 431
+  "ws"        B：+ 1 个生产者 warp 填 K/V 环（ready / empty 两组 mbarrier），1 个计算组    362 / 384  慢了：一组自己的
+              softmax 和矩阵乘还是串行的，生产者没有替它省下什么（TMA 本来就是异步的）
+  "ws2"       C：两个计算组各算 64 行 Q，共用每一份 K/V（empty 计数 2）                 628 / 652  +55%：一组做 softmax
+              时另一组的 wgmma 在跑（warp 调度器自己就交错开了），每块 K/V 读一次供 128 行用 = "best"
+  "overlap"   D1：C + 组内重叠                                                        612 / 607  没有再快：Tensor Core
+              已经被另一组喂满，两块 S 同时活着还多占寄存器
+  "pingpong"  D2：D1 + 两组用 mbarrier 轮流发矩阵乘                                    567 / 611  更慢：强制的轮流只
+              多出等待（ncu：barrier 停顿）；C 里硬件自然形成的交错已经是乒乓想要的效果
+Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_specialize 的 worker_num_regs + 内核的 maxnreg；
+轮流用 mbarrier（不需要 named barrier）。写不成 FA3 原样的：每组 128 行的 Q 块（d = 128 时 Gluon 生成的 softmax
+多占寄存器，溢出 92–148 字节），所以每组 64 行。d = 64、N ≤ 1k 时 pipelined 最快（best_variant）。
+反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住一块 K/V，Q、dO 块流过（同一套生产者 +
+环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ），dQ 用 red.global.add.v2 原子加进 fp32——triton_flash 默认的反向另开
+dQ 内核，共 7 次。实测它比 triton_flash 的反向还慢（d = 128：0.69–0.74×）：d = 128 时寄存器溢出 ~830 字节，ncu 看到
+Tensor Core 只忙 29%、long_scoreboard 停顿（等本地内存和原子操作）占大头（results/NOTES.md 的 v9）。
 
-形状（flash-attn 布局）：q、k、v [B, N, H, d]（k、v 可以有更少的头 Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，
-任意 N（最后一块不满时掩码），causal = 标准的左上角对齐（Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。
-张量描述符：把连续的 q 看成二维 [B·N, H·d]，一个 Q 块 = 行 [b·N + m0, +BLOCK_M)、列 [h·d, +d)（行步长 H·d·2 字节，
-16 字节对齐）。块跨过本序列末尾时读到下一个序列的行（或 TMA 补的 0）：key 列 ≥ N 一律掩成 −∞，多出的 Q 行不写回。
-单位：TFLOP/s = 4·B·H·N²·d / 时间（causal 减半）。
-反向（文件后半，attention_backward；attention() 的输入要梯度时自动走它）：FA2 / FA3 的做法，一个程序拿住一块 K/V、
-让 Q、dO 块流过（生产者 warp + 环，和前向同一套），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ），dQ 用原子加进 fp32
-累加器——triton_flash.py 默认的反向另开一个 dQ 内核、多算一遍 QKᵀ 和 dO Vᵀ，共 7 次。基准的反向 TFLOP/s 按 2.5 × 前向。
-
-运行（只在 Hopper GPU 上；没有 GPU 时打印一行 SKIP、退出码 77）：
-  python3 lecture11/gluon_flash.py [--seed N]      每个 variant × d × causal × dtype × 不规则 N，和 float64 参考比
-                                                   （flash-attn 的判据：误差 ≤ 2 × PyTorch 低精度注意力的误差）；
-                                                   反向（dq、dk、dv）同样的判据
-  python3 lecture11/gluon_flash.py --bench --out DIR   和 triton_flash、SDPA（cuDNN、FLASH）比速度（前向、反向
-                                                       两张表），写 DIR/gluon_bench.json
+形状（flash-attn 布局）：q、k、v [B, N, H, d]（Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，任意 N，causal = 左上角对齐
+（Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。TMA 描述符把连续的 q 看成二维 [B·N, H·d]：一个 Q 块 =
+行 [b·N + m0, +BLOCK_M)、列 [h·d, +d)；块跨过序列末尾读到的行被掩掉（key 列 ≥ N → −∞，多出的 Q 行不写回）。
+运行（只在 Hopper 上；没有 GPU 时一行 SKIP、退出码 77）：
+  python3 lecture11/gluon_flash.py [--seed N] [--only V ...]   每个 variant 和反向对照 float64 参考（flash-attn 判据）
+  python3 lecture11/gluon_flash.py --bench --out DIR          每一步 vs triton_flash、cuDNN、FLASH（前向、反向两张表）
+  python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
 依赖 torch、triton ≥ 3.6（triton.experimental.gluon；Gluon 的接口还在变，本文件按 3.6 写）。
 """
 import argparse

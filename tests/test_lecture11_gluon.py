@@ -128,3 +128,13 @@ def test_best_variant_rule():
     """variant="best" 按形状选：d = 64、N ≤ 1k 用 pipelined（实测最快），其余用 BEST。"""
     assert gf.best_variant(64, 1024) == gf.best_variant(64, 1) == "pipelined"
     assert gf.best_variant(64, 1025) == gf.best_variant(128, 512) == gf.BEST
+
+
+def test_zero_reference_gradient_error():
+    """参考梯度恰好为 0（N = 1）时按 ‖ours‖ / ‖dV‖ 判：舍入级的小数过，NaN 不过。"""
+    dv = torch.ones(1, 1, 2, 64, dtype=torch.float64)
+    tiny = torch.full_like(dv, 1e-8)
+    assert gf._zero_grad_err(tiny, dv) == pytest.approx(1e-8)
+    assert gf._zero_grad_err(tiny, dv) <= gf.ZERO_GRAD_TOL
+    assert gf._zero_grad_err(torch.full_like(dv, float("nan")), dv) == float("inf")
+    assert gf._zero_grad_err(dv, dv) > gf.ZERO_GRAD_TOL                 # 真的算错（和 dV 一样大）不放过
