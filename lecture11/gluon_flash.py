@@ -1125,7 +1125,7 @@ def _print_row(row, first, cols=BENCH_COLS, title="TFLOP/s（bf16；括号 = / c
         print(f"      {name}: {err}")
 
 
-def main(argv=None):
+def _parse_args(argv=None):
     ap = argparse.ArgumentParser(description="Gluon 版 FlashAttention-3 前向（Hopper）：自检 / 基准")
     ap.add_argument("--seed", type=int, default=None, help="自检的随机种子（默认按时间取，打印出来）")
     ap.add_argument("--bench", action="store_true", help="跑基准（代替自检）")
@@ -1133,10 +1133,11 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="基准 JSON 写到哪个目录")
     ap.add_argument("--only", nargs="+", choices=VARIANTS + ("bwd",), default=VARIANTS + ("bwd",),
                     help="自检只查这几项（前向的 variant、bwd = 反向）")
-    args = ap.parse_args(argv)
-    if not (args.bench or args.explore):
-        _selftest(args.seed, tuple(args.only))
-        return
+    return ap.parse_args(argv)
+
+
+def _measure(args):
+    """--bench / --explore：只在有 Gluon 的 CUDA GPU 上。"""
     if torch is None or not torch.cuda.is_available() or GLUON_ERROR is not None:
         print("SKIP: 基准要 CUDA GPU 和 triton ≥ 3.6 的 Gluon")
         sys.exit(77)
@@ -1144,4 +1145,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    _args = _parse_args()
+    if _args.bench or _args.explore:
+        _measure(_args)
+    else:
+        _selftest(_args.seed, tuple(_args.only))
