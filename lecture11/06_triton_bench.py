@@ -29,6 +29,7 @@
 import argparse
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -348,11 +349,17 @@ def overhead(args):
             torch.cuda.synchronize()
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
-            profile = buf.getvalue()
+            profile = _relative_paths(buf.getvalue())
             print(profile)
     parts = host_parts(torch, tf) if hasattr(tf, "_check_dense") else None
     return dict(label=args.label, module=args.module or "lecture11/triton_flash.py", rows=rows, profile=profile,
                 parts=parts, fastpath=fastpath_checks(torch, tf) if hasattr(tf, "_PLANS") else None)
+
+
+def _relative_paths(text):
+    """剖析结果里的路径改成相对的（仓库文件从仓库根算起，第三方包从 site-packages/ 算起）：JSON 里没有本机路径。"""
+    root = os.path.dirname(HERE) + os.sep
+    return re.sub(r"\S*/site-packages/", "site-packages/", text.replace(root, ""))
 
 
 def host_parts(torch, tf, n=128, calls=5000):
