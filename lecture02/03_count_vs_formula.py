@@ -25,13 +25,14 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import B200, H100_SXM, H200, MI300X  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, fit  # noqa: E402
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 CHIPS = (H100_SXM, H200, B200, MI300X)
 BOUND_ZH = {"compute": "算力", "memory": "带宽"}     # Chip.bound 的返回值 → 中文（同第 1 讲的演示）
 MODELS = (LLAMA31_8B, LLAMA31_70B)
 BPE = 2.0     # BF16
+NODE_CHIP, NODE_CHIPS = H200, 8     # 图里"放不放得下"按一台 8 × H200 的服务器（llm_math.fit 的 tp 规则）算
 
 
 def three_ledgers(cfg, params, B, T, pos0, rng):
@@ -135,8 +136,14 @@ def plot(prompt_lens, batches, ctxs, path_script, quick=False):
     colors = ("tab:blue", "tab:orange")
     for m, style in zip(MODELS, ("-", "--")):
         for ctx, color in zip(ctxs, colors):
-            ax1.loglog(batches, decode_intensity_curve(m, ctx, batches), style, color=color,
-                       label=f"{m.name}, ctx {ctx:,}")
+            y = np.array(decode_intensity_curve(m, ctx, batches))
+            ok = np.array([fit(m, NODE_CHIP, NODE_CHIPS, int(B), ctx).fits for B in batches])
+            ax1.loglog(batches[ok], y[ok], style, color=color, label=f"{m.name}, ctx {ctx:,}")
+            if not ok.all():          # 放不下的 batch：曲线照画（公式照样算得出），但淡掉，并标出最大能放下的 batch
+                last = int(np.flatnonzero(ok)[-1]) if ok.any() else 0
+                ax1.loglog(batches[last:], y[last:], style, color=color, alpha=0.35)
+                if ok.any():
+                    ax1.plot(batches[last], y[last], "o", color=color, ms=6)
         pre = [tl.phase_costs(m, 1, int(T), 0, BPE, last_only=True)["intensity"] for T in prompt_lens]
         ax2.loglog(prompt_lens, pre, style, color="tab:green", label=m.name)
     ridges = [c.ridge_point() for c in CHIPS]
@@ -151,6 +158,8 @@ def plot(prompt_lens, batches, ctxs, path_script, quick=False):
     ax1.set_xlabel("decode batch size")
     ax1.set_ylabel("arithmetic intensity (FLOP / byte, BF16)")
     ax1.set_title("Decode: batching helps until the KV cache dominates")
+    ax1.text(0.98, 0.02, f"faded: weights + KV exceed {NODE_CHIPS}x {NODE_CHIP.name}\n(dot = largest batch that fits)",
+             transform=ax1.transAxes, ha="right", va="bottom", fontsize=12)
     ax2.set_xlabel("prompt length T (prefill, batch 1)")
     ax2.set_title("Prefill: intensity grows with T")
     return save_figure(fig, path_script, "intensity", quick=quick)
@@ -171,11 +180,17 @@ def main():
         batches = np.unique(np.round(np.logspace(0, 11, n, base=2)).astype(int))
         prompt_lens = np.unique(np.round(np.logspace(4, 15, n, base=2)).astype(int))
         print(f"\n图：{plot(prompt_lens, batches, (2048, 32768), __file__, quick=a.quick)}")
+        print(f"  图里淡色的部分：权重 + KV 超出一台 {NODE_CHIPS} × {NODE_CHIP.name}（llm_math.fit）。放下权重后还剩：")
+        for m in MODELS:
+            cap = fit(m, NODE_CHIP, NODE_CHIPS, 1, 0).kv_tokens
+            print(f"    {m.name:<14s} {cap:>12,} 个 token 的 KV = 最多 "
+                  + "、".join(f"{cap // ctx:,} 个 {ctx:,}-token 序列" for ctx in (2048, 32768)))
     ctx, mc = 32768, LLAMA31_8B
     long_ctx = decode_intensity_curve(mc, ctx, [1024, 2048])
     one = tl.phase_costs(mc, 1, 1, ctx, BPE, last_only=True)
     ceiling = one["flops"] / (one["kv"] + one["act"])     # batch → ∞：权重的读取被摊薄，只剩每序列的 KV 与激活
-    print(f"\n→ 8B、ctx={ctx} 的 decode：batch 1024 → 2048，强度只从 {long_ctx[0]:.2f} 变到 {long_ctx[1]:.2f}，")
+    print(f"\n→ 8B、ctx={ctx} 的 decode：batch 1024 → 2048（放不下，只看公式的极限），"
+          f"强度只从 {long_ctx[0]:.2f} 变到 {long_ctx[1]:.2f}，")
     print(f"  上限 = 每 token FLOPs / 每序列的 KV 与激活字节 = {ceiling:.2f}（远低于屋脊点）；ctx 越长越接近")
     print(f"  注意力本身的 2·H/(G·字节) = {2 * mc.n_heads / (mc.n_kv_heads * BPE):.0f}。"
           "想抬高它只能减少 KV 字节（GQA/MQA、量化，05 演示）。")

@@ -171,8 +171,11 @@ def plot_tree(table, batches, quick=False):
     ax1.set_ylabel("mean accepted length (greedy)")
     ax1.set_title("Static tree: acceptance vs size")
     ax1.legend()
+    # 小树在各个 batch 上的加速比可能一样（点重合）：大小递减的空心 / 实心记号套在一起，重合时几个都看得见
     for i, b in enumerate(batches):
-        ax2.plot(nodes, [v[2][i] for v in table.values()], "o", label=f"batch {b}")
+        last = i == len(batches) - 1
+        ax2.plot(nodes, [v[2][i] for v in table.values()], "os^D"[i % 4], ms=14 - 4 * min(i, 2), mew=2,
+                 mfc=None if last else "none", ls="none", label=f"batch {b}")
     ax2.set_xscale("log")
     ax2.axhline(1.0, color="gray", lw=0.8)
     ax2.set_xlabel("nodes")
