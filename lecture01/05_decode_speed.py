@@ -31,11 +31,20 @@ CHIPS = (HW.H100_SXM, HW.H200, HW.B200, HW.MI300X, HW.TPU_V6E, HW.RTX_4090)
 MEM_UTIL = M.MEM_UTIL     # 可分配显存只用 90%（vLLM gpu_memory_utilization 的老默认值 [S61]）
 CTX = 2048          # 批处理那一节的主要上下文长度
 SHORT_CTX = 128     # 对照：短上下文
+ARROW_BATCH = 16    # 图上"批处理几乎免费"的箭头指向这个批大小（完整版和 --quick 的批大小里都有它）
 
 
 def cards(m, chip, w_bytes):
     """只放权重（+ 1 个 token 的 KV）至少要几张卡：全课程同一个函数 llm_math.chips_needed（规则 "tp"）。"""
     return M.chips_needed(m, chip, batch=1, ctx=1, w_bytes=w_bytes, mem_util=MEM_UTIL).n_chips
+
+
+def card_counts(m, chips, w_bytes):
+    """"405B：H100 SXM 16 张、H200 / B200 8 张" 这样的一句（卡数由 cards 算出，同样卡数的芯片并在一起）。"""
+    groups = {}
+    for chip in chips:
+        groups.setdefault(cards(m, chip, w_bytes), []).append(chip.name)
+    return m.name + "：" + "、".join(f"{' / '.join(names)} {k} 张" for k, names in groups.items())
 
 
 def single_stream_table(models, chips, w_bytes):
@@ -77,14 +86,17 @@ def equal_cards_table(models, chips, counts, w_bytes):
 
 def batch_sweep(m, chip, batches, ctx):
     rows, curve = [], []
-    cap = M.max_batch(m, chip, ctx, mem_util=MEM_UTIL)
+    # 这一步每个序列存 ctx + 1 个 token 的 KV（已有的 ctx 个 + 新写的 1 个）：放不放得下看 step_time 的 fits；
+    # max_batch 按同样的 ctx + 1 算出最多几个序列（画竖线、打印用），两者必须一致
+    cap = M.max_batch(m, chip, ctx + 1, mem_util=MEM_UTIL)
     for b in batches:
-        r = M.step_time(m, chip, b, 1, ctx)
+        r = M.step_time(m, chip, b, 1, ctx, mem_util=MEM_UTIL)
+        assert r["fits"] == (b <= cap), (chip.name, ctx, b, cap)
         total = b / r["time"]
-        curve.append((b, total, 1 / r["time"], b <= cap))
+        curve.append((b, total, 1 / r["time"], r["fits"]))
         rows.append([b, f"{r['intensity']:.1f}", "算力" if r["bound"] == "compute" else "带宽", fmt_time(r["time"]),
                      f"{1 / r['time']:,.0f}", f"{total:,.0f}", fmt_bytes(m.kv_cache_bytes(b, ctx + 1)),
-                     "是" if b <= cap else "否"])
+                     "是" if r["fits"] else "否"])
     heads = ["batch", "强度", "受限于", "每步时间", "每序列 token/s", "总 token/s", "KV", f"{chip.name} 放得下"]
     return format_table(heads, rows), curve, cap
 
@@ -111,7 +123,8 @@ def plot(curves, quick=False):
     ax1.set_ylabel("total decode tokens/s (roofline bound)")
     ax1.set_title("Llama-3.1-8B throughput (dotted: KV fills memory)")
     first = curves[next(iter(curves))][0]
-    ax1.annotate("batching is nearly free\nuntil the ridge or the KV wall", xy=(16, first[4][1]),
+    b16 = next(c for c in first if c[0] == ARROW_BATCH)           # 箭头指向第一条曲线上 batch 16 的点（按值找）
+    ax1.annotate("batching is nearly free\nuntil the ridge or the KV wall", xy=(b16[0], b16[1]),
                  xytext=(1.2, 2e4), arrowprops=dict(arrowstyle="->"))
     ax2.set_xlabel("batch size")
     ax2.set_ylabel("tokens/s per sequence")
@@ -139,7 +152,7 @@ def main():
     print("   两条规则的对照（BF16，只放权重 + 1 个 token 的 KV）：")
     big = (HW.H100_SXM, HW.H200, HW.B200)
     print(rule_table(M.LLAMA31_405B, big, 2.0))
-    print("   注意：上面大表里不同的列卡数不同（405B：H100 16 张、H200 / B200 8 张），token/s 不能直接横着比。"
+    print(f"   注意：上面大表里不同的列卡数不同（{card_counts(M.LLAMA31_405B, big, 2.0)}），token/s 不能直接横着比。"
           "同样的卡数再比一次：")
     print(equal_cards_table((M.LLAMA31_70B, M.LLAMA31_405B), big, (8, 16), 2.0))
 

@@ -17,6 +17,7 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
                                     参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
     cuda_time / wall_per_call / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
                                     GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
+    ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）
     sha256_file / read_json_dict / update_json   检查点的 manifest 和结果缓存：核对文件、加锁的读-改-写
 
 【约定】字节用十进制（1 kB = 1000 B）；图里的文字用英文（学生机器上常缺中文字形）；检查函数返回转换后的值
@@ -297,6 +298,21 @@ def gpu_meta(torch, **extra):
                 cuda=torch.version.cuda, triton=triton_version, date=datetime.date.today().isoformat(), **extra)
 
 
+def ratio_errors(ratios):
+    """
+    模型 / 实测的比值（一串正数）→ (中位 |比值 − 1|, 最差一点的下标)。"最差"按 |log 比值| 比：
+    慢一半（0.5）和快一倍（2.0）一样差。各讲的校准表（lecture05 的 StepModel、lecture11 的解码和时间线）都用它。
+    """
+    ratios = [check_real("ratios 的元素", r, lo=0.0, lo_open=True) for r in ratios]
+    if not ratios:
+        raise ValueError("ratios 不能是空的")
+    errs = sorted(abs(r - 1) for r in ratios)
+    n = len(errs)
+    median = (errs[n // 2] + errs[(n - 1) // 2]) / 2
+    worst = max(range(n), key=lambda i: abs(math.log(ratios[i])))
+    return median, worst
+
+
 def sha256_file(path):
     """文件的 SHA-256（十六进制），按 1 MiB 一块读：检查点入库时记下，装载前核对。"""
     import hashlib
@@ -308,14 +324,15 @@ def sha256_file(path):
 
 
 def read_json_dict(path):
-    """读一个 JSON 字典；不存在、损坏或不是字典时返回 {}（manifest、缓存坏了就当没有，调用者会重建）。"""
-    import json
+    """
+    读一个 JSON 字典；不存在、损坏或不是字典时返回 {}（manifest、缓存坏了就当没有，调用者会重建）。
+    就是宽容版的 load_json：读不了（OSError）、不是合法 JSON / UTF-8（ValueError）都当作空字典。
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            out = json.load(f)
-        return out if isinstance(out, dict) else {}
+        out = load_json(path)
     except (OSError, ValueError):
         return {}
+    return out if isinstance(out, dict) else {}
 
 
 def update_json(path, change):
@@ -345,11 +362,14 @@ def update_json(path, change):
 
 
 def load_json(path):
-    """读一个已提交的结果 JSON；文件不存在时返回 None（演示据此打印 SKIP）。"""
+    """
+    读一个已提交的结果 JSON（UTF-8）；文件不存在时返回 None（演示据此打印 SKIP）。
+    坏文件照样报错（json 的 ValueError）：已提交的结果坏了要大声说。要"坏了就当没有"用 read_json_dict。
+    """
     import json
     if not os.path.isfile(path):
         return None
-    with open(path) as fh:
+    with open(path, encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -520,6 +540,13 @@ def _selftest():
         with open(path, "w") as fh:
             fh.write("{not json")
         assert read_json_dict(path) == {} and update_json(path, lambda d: d.update(c=1)) == {"c": 1}
+
+    # 0b) 校准摘要：中位数（偶数个取中间两个的平均）、最差按 |log|（0.5 比 1.8 差）
+    med, worst = ratio_errors([1.1, 0.5, 1.8, 1.0])
+    assert math.isclose(med, (0.1 + 0.5) / 2) and worst == 1, (med, worst)
+    assert ratio_errors([1.25]) == (0.25, 0)
+    _expect_errors([(lambda: ratio_errors([]), ValueError, "ratios"),
+                    (lambda: ratio_errors([1.0, 0.0]), ValueError, "ratios")])
 
     # 1) 中文对齐：每一行的显示宽度相同；分隔线在第 2 行；默认第一列左对齐、其余右对齐
     text = format_table(["模型", "参数", "备注"], [["中文名字", 1, "短"], ["ab", 12345, "长一点的说明"]])

@@ -249,7 +249,7 @@ def _with_alloc(chip, measured=None):
     if measured is not None:
         return replace(chip, mem_alloc=float(measured), mem_alloc_how="measured: torch total_memory (torch 2.11)")
     return replace(chip, mem_alloc=derived_alloc(chip.mem_cap),
-                   mem_alloc_how="derived: mem_cap × H200 measured/datasheet ratio 1.0646")
+                   mem_alloc_how=f"derived: mem_cap × H200 measured/datasheet ratio {ALLOC_PER_DATASHEET_BYTE:.4f}")
 
 
 H200 = _with_alloc(H200, measured=H200_ALLOC_MEASURED)
@@ -272,7 +272,7 @@ def chip_rows(chips=None, prec="bf16"):
         has = prec in c.peak
         rows.append([c.name, f"{c.peak[prec] / 1e12:.0f}" if has else "—", f"{c.mem_bw / 1e12:.2f}",
                      f"{c.mem_cap / 1e9:.0f}",
-                     f"{c.alloc_bytes / 1e9:.1f}" + ("*" if c.mem_alloc_how.startswith("m") else ""),
+                     f"{c.alloc_bytes / 1e9:.1f}" + ("*" if c.mem_alloc_how.startswith("measured") else ""),
                      f"{c.ridge_point(prec):.0f}" if has else "—",
                      f"{c.link_bw / 1e9:.0f}", "?" if c.power_w is None else f"{c.power_w:.0f}", str(c.year)])
     return rows

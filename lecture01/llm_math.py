@@ -397,8 +397,7 @@ def _fit_kw(w_bytes, kv_bytes, mem_util, rule):
     check_real("w_bytes", w_bytes, lo=0.0, lo_open=True)
     check_real("kv_bytes", kv_bytes, lo=0.0, lo_open=True)
     check_real("mem_util", mem_util, lo=0.0, lo_open=True, hi=1.0)
-    if rule not in FIT_RULES:
-        raise ValueError(f"rule 只能是 {' / '.join(map(repr, FIT_RULES))}，收到 {rule!r}")
+    check_choice("rule", rule, FIT_RULES, where="fit")
 
 
 def fit(model, chip, n_chips=1, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, rule="tp"):
@@ -418,7 +417,7 @@ def fit(model, chip, n_chips=1, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_u
     weights = model.weight_bytes(w_bytes) / n
     if rule == "tp":
         kv_heads = max(model.n_kv_heads // n, 1)              # G < n：每卡复制 1 个头，KV 不再随 n 变小
-        kv_tok = 2 * model.n_layers * kv_heads * model.d_head * kv_bytes
+        kv_tok = model.kv_bytes_per_token(kv_bytes) * kv_heads / model.n_kv_heads
         why = tp_layout_problem(model, n) or ""
     else:
         kv_tok = model.kv_bytes_per_token(kv_bytes) / n
@@ -469,7 +468,8 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
 
     【参数】model：ModelConfig；chip：有 peak_flops(prec)、mem_bw、mem_cap 的对象；batch、n_new、ctx：见 step_flops；
         mfu / mbu：能达到峰值算力 / 峰值带宽的比例（1.0 = 理想上限；实际 decode 内核带宽利用率常在 50–80%）；
-        n_chips：几张卡按张量并行分摊 FLOPs 和字节（理想切分，**不计通信**：见 prereq5/04、第 5 讲演示 04）。
+        n_chips：几张卡按张量并行分摊 FLOPs 和权重字节（理想切分，**不计通信**：见 prereq5/04、第 5 讲演示 04）；
+        每卡读的 KV 按 fit 的 kv_per_token（rule="tp" 且 n_chips > n_kv_heads 时每卡读 1 个复制的 KV 头）。
     【返回】{"flops", "bytes", "intensity", "t_compute", "t_memory", "time", "bound", "fits", "fit"}：
         bound 为 "compute" 或 "memory"；fits / fit 是 fit(model, chip, n_chips, batch, ctx + n_new, …) ——
         放不下的配置照样给出时间，**打印它的表格必须同时打印 fits**（decode_time_per_token 等只返回一个数的函数
@@ -480,9 +480,13 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
     check_model_chip(model, chip)
     flops = model.step_flops(batch, n_new, ctx)                      # 先查 batch、n_new、ctx（消息写它们的名字）
-    nbytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
+    total_bytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
     f = fit(model, chip, n_chips, batch, ctx + n_new, w_bytes, kv_bytes, mem_util, rule)
-    flops, nbytes = flops / f.n_chips, nbytes / f.n_chips
+    # 每卡：权重平分；KV 按 fit 的每卡每 token 字节（"tp" 在 n > G 时每卡留 1 个复制的 KV 头，不再随 n 变小；
+    # "bytes" 就是总量 / n）—— 和第 5 讲 StepModel 的账一致
+    kv_total = model.kv_cache_bytes(batch, ctx + n_new, kv_bytes)
+    flops = flops / f.n_chips
+    nbytes = (total_bytes - kv_total) / f.n_chips + batch * (ctx + n_new) * f.kv_per_token
     t_c = flops / (chip.peak_flops(prec) * mfu)
     t_m = nbytes / (chip.mem_bw * mbu)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,

@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 
 import transformer_lab as tl  # noqa: E402
 from hw_specs import B200, H100_SXM, H200, MI300X  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, fit  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, max_batch  # noqa: E402
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402
 
 CHIPS = (H100_SXM, H200, B200, MI300X)
@@ -33,6 +33,11 @@ BOUND_ZH = {"compute": "算力", "memory": "带宽"}     # Chip.bound 的返回�
 MODELS = (LLAMA31_8B, LLAMA31_70B)
 BPE = 2.0     # BF16
 NODE_CHIP, NODE_CHIPS = H200, 8     # 图里"放不放得下"按一台 8 × H200 的服务器（llm_math.fit 的 tp 规则）算
+
+
+def node_max_batch(model, ctx):
+    """一台 NODE_CHIPS × NODE_CHIP 放下权重后，最多能放几个 ctx-token 序列的 KV（llm_math.max_batch，tp 规则）。"""
+    return max_batch(model, NODE_CHIP, ctx, w_bytes=BPE, kv_bytes=BPE, n_chips=NODE_CHIPS)
 
 
 def three_ledgers(cfg, params, B, T, pos0, rng):
@@ -137,13 +142,20 @@ def plot(prompt_lens, batches, ctxs, path_script, quick=False):
     for m, style in zip(MODELS, ("-", "--")):
         for ctx, color in zip(ctxs, colors):
             y = np.array(decode_intensity_curve(m, ctx, batches))
-            ok = np.array([fit(m, NODE_CHIP, NODE_CHIPS, int(B), ctx).fits for B in batches])
-            ax1.loglog(batches[ok], y[ok], style, color=color, label=f"{m.name}, ctx {ctx:,}")
+            cap = node_max_batch(m, ctx)
+            ok = batches <= cap
+            if ok.all() or cap < 1:   # 全放得下（或一个都放不下：全部淡掉）：不用在 cap 处接上
+                xs, ys = batches[ok], y[ok]
+            else:                     # 实线画到真正的极限 cap（不是网格上它下面的那一点）
+                y_cap = decode_intensity_curve(m, ctx, [cap])[0]
+                xs, ys = np.append(batches[ok], cap), np.append(y[ok], y_cap)
+            ax1.loglog(xs, ys, style, color=color, label=f"{m.name}, ctx {ctx:,}")
             if not ok.all():          # 放不下的 batch：曲线照画（公式照样算得出），但淡掉，并标出最大能放下的 batch
-                last = int(np.flatnonzero(ok)[-1]) if ok.any() else 0
-                ax1.loglog(batches[last:], y[last:], style, color=color, alpha=0.35)
-                if ok.any():
-                    ax1.plot(batches[last], y[last], "o", color=color, ms=6)
+                fx, fy = batches[~ok], y[~ok]
+                if cap >= 1:
+                    fx, fy = np.insert(fx, 0, cap), np.insert(fy, 0, y_cap)
+                    ax1.plot(cap, y_cap, "o", color=color, ms=6)
+                ax1.loglog(fx, fy, style, color=color, alpha=0.35)
         pre = [tl.phase_costs(m, 1, int(T), 0, BPE, last_only=True)["intensity"] for T in prompt_lens]
         ax2.loglog(prompt_lens, pre, style, color="tab:green", label=m.name)
     ridges = [c.ridge_point() for c in CHIPS]
@@ -180,16 +192,18 @@ def main():
         batches = np.unique(np.round(np.logspace(0, 11, n, base=2)).astype(int))
         prompt_lens = np.unique(np.round(np.logspace(4, 15, n, base=2)).astype(int))
         print(f"\n图：{plot(prompt_lens, batches, (2048, 32768), __file__, quick=a.quick)}")
-        print(f"  图里淡色的部分：权重 + KV 超出一台 {NODE_CHIPS} × {NODE_CHIP.name}（llm_math.fit）。放下权重后还剩：")
+        print(f"  图里淡色的部分：权重 + KV 超出一台 {NODE_CHIPS} × {NODE_CHIP.name}（llm_math.max_batch，"
+              "圆点就是它）。放下权重后还剩：")
         for m in MODELS:
-            cap = fit(m, NODE_CHIP, NODE_CHIPS, 1, 0).kv_tokens
-            print(f"    {m.name:<14s} {cap:>12,} 个 token 的 KV = 最多 "
-                  + "、".join(f"{cap // ctx:,} 个 {ctx:,}-token 序列" for ctx in (2048, 32768)))
+            print(f"    {m.name:<14s} {node_max_batch(m, 1):>12,} 个 token 的 KV = 最多 "
+                  + "、".join(f"{node_max_batch(m, ctx):,} 个 {ctx:,}-token 序列" for ctx in (2048, 32768)))
     ctx, mc = 32768, LLAMA31_8B
     long_ctx = decode_intensity_curve(mc, ctx, [1024, 2048])
     one = tl.phase_costs(mc, 1, 1, ctx, BPE, last_only=True)
     ceiling = one["flops"] / (one["kv"] + one["act"])     # batch → ∞：权重的读取被摊薄，只剩每序列的 KV 与激活
-    print(f"\n→ 8B、ctx={ctx} 的 decode：batch 1024 → 2048（放不下，只看公式的极限），"
+    cap = node_max_batch(mc, ctx)
+    note = "（放不下，只看公式的极限）" if cap < 1024 else ("（2048 放不下，只看公式的极限）" if cap < 2048 else "")
+    print(f"\n→ 8B、ctx={ctx} 的 decode：batch 1024 → 2048{note}，"
           f"强度只从 {long_ctx[0]:.2f} 变到 {long_ctx[1]:.2f}，")
     print(f"  上限 = 每 token FLOPs / 每序列的 KV 与激活字节 = {ceiling:.2f}（远低于屋脊点）；ctx 越长越接近")
     print(f"  注意力本身的 2·H/(G·字节) = {2 * mc.n_heads / (mc.n_kv_heads * BPE):.0f}。"

@@ -4,21 +4,28 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
 【问题】serving_sim.StepModel 用 roofline + 假设的 mfu 0.6、mbu 0.8、每步 1 ms 开销预测引擎一步的时间。在 H200 上
     真跑 Llama 形状的模型（随机权重，BF16）的 prefill 和 decode（decode 分 eager 和 CUDA graph），量出来多少？
     拟合出来的 mfu、mbu 和两种开销是多少？拟合之后还差在哪里、为什么？
+    开销按"每层一个常数 × 层数"拟合：主机开销来自内核启动，一步启动的内核数和层数成正比（1B 16 层 632 个、
+    8B 32 层 1288 个），一个固定的每步开销描述不了层数不同的两个模型。
 
 【里面有什么】
     模型    LlamaShaped（RMSNorm、RoPE、SwiGLU 用第 4 讲 modern_lm 的积木；qkv 一个矩阵；lm_head 按 tied 共享词嵌入）、
             build_model（meta 设备上建，再在目标设备上随机初始化）、alloc_cache（预分配的 KV cache）、
             reference_logits（不用 cache、不用 SDPA 的朴素注意力：等价性检查的参考）
     测量    plan_points（网格）、measure（CUDA 事件计时；放不下的点记 skipped 和原因）、profile_kernels（每步几个内核）
-    拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、fit_step_params（平方对数比：网格 + 阻尼
-            高斯-牛顿）、compare_points（逐点：模型 / 实测 / 比值）、explain_point（这一点模型没算到什么）、
-            constant_text（粘贴进 serving_sim.H200_MEASURED 的一行）、synthetic_results（StepModel 生成的"实测"）
+    拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、step_overhead（参数 → 这一点的每步开销）、
+            fit_step_params（平方对数比：对数网格穷举 + 坐标搜索）、fit_loss（任意参数下的平方对数比之和）、
+            compare_points（逐点：模型 / 实测 / 比值）、error_summary（中位误差、最差一点：course_utils.ratio_errors）、
+            explain_point（这一点模型没算到什么）、constant_text（粘贴进 serving_sim.H200_MEASURED 的四行）、
+            synthetic_results（StepModel 生成的"实测"）
 
 【约定】KV cache [L, 2, B, G, S_max, dh]（2 = K、V；G = KV 头数）。prefill：n 个等长输入 [n, T] 从位置 0 开始，
     写 cache 的前 T 格，只算最后一个 token 的 logits（引擎也只对它采样）。decode：每个序列已有 context 个 token，
     新 token 在位置 context，看 context + 1 个键（批内上下文一样长）。decode 的 GQA：一组的 R = H/G 个 query 头
     当作 R 个 query 位置 [B, G, R, dh]，每个 KV 头只读一遍（与 enable_gqa 结果相同，不复制 K/V）。
     和 StepModel 对照：prefill ↔ prefill_time([T] × n)，decode ↔ decode_time(B, B·(context + 1))，芯片 hw_specs.H200。
+    参数字典：{"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer"}（拟合的结果，每层秒数，
+    StepModel 的 overhead = 每层 × n_layers）；默认假设 DEFAULT_PARAMS 按 StepModel 的写法给每步秒数
+    {"overhead_eager", "overhead_graph"}（每步 1 ms，不分层数）。
     时间：秒；显存：字节。
 
 【运行】python3 lecture05/step_bench.py                                 # 自检（CPU，几秒）
@@ -51,7 +58,7 @@ import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
 from course_utils import (capture_graph, check_choice, check_int, check_real, cuda_time, fmt_bytes,  # noqa: E402
-                          nvidia_smi)
+                          gpu_meta, load_json, ratio_errors)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 SKIP = 77
@@ -71,8 +78,10 @@ TRIALS = 3                  # 几组，取最快的一组（course_utils.cuda_ti
 TIME_BUDGET_S = 210.0       # 测量的时间预算（秒）：超出后剩下的点记为 skipped
 WORKSPACE_BYTES = 1 << 30   # 每个点在 KV 和激活之外留的显存（cuBLAS 工作区、分配器碎片）
 RESULTS = os.path.join(HERE, "results", "step_measure.json")
+# 默认假设（StepModel 的 mfu 0.6、mbu 0.8、每步 1 ms）：开销按步给，不分层数；拟合的参数按层给（见 step_overhead）
 DEFAULT_PARAMS = {"mfu": ss.MFU, "mbu": ss.MBU, "overhead_eager": ss.STEP_OVERHEAD_S,
                   "overhead_graph": ss.STEP_OVERHEAD_S}
+FIT_KEYS = ("mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer")   # 拟合的参数（开销：每层秒数）
 
 
 # =============================================================================
@@ -248,9 +257,11 @@ def time_fn(fn, device, trial_s=TRIAL_S, trials=TRIALS):
 
 
 def fits_chip(cfg, p, chip=CHIP, elem=2):
-    """不上卡的估计：权重 + KV + 工作区 ≤ 芯片的可分配显存（chip.alloc_bytes）。synthetic_points 用它挑点。"""
-    kv, work = point_bytes(cfg, p, elem)
-    return cfg.weight_bytes(elem) + kv + work <= chip.alloc_bytes
+    """不上卡的估计：llm_math.fit（全课程"放不放得下"的规则；mem_util = 1，即整个可分配显存）的权重 + KV，
+    再加上这一点的工作区（point_bytes）。synthetic_points 用它挑点。"""
+    n, S, _, _ = point_shape(p)
+    f = llm_math.fit(cfg, chip, 1, n, S, elem, elem, mem_util=1.0)
+    return f.fits and f.need + point_bytes(cfg, p, elem)[1] <= f.usable
 
 
 def no_room(cfg, p, device, elem):
@@ -397,9 +408,9 @@ def _write_json(res, path):
 
 
 def run_meta(device, dtype, quick, budget_s):
-    """测量文件里"在哪、怎么测的"：GPU、驱动（nvidia-smi）、torch / CUDA 版本、日期、dtype、计时方法。"""
-    meta = {"device": device.type, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.date.today().isoformat(), "dtype": str(dtype).replace("torch.", ""), "quick": quick,
+    """测量文件里"在哪、怎么测的"：GPU、驱动、torch / CUDA 版本、日期（CUDA 上由 course_utils.gpu_meta 给）、
+    dtype、计时方法。"""
+    meta = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "quick": quick,
             "budget_s": budget_s, "chip_for_model": CHIP.name,
             "timing": f"CUDA events; warm-up, then the fastest of {TRIALS} groups of reps "
                       f"(~{TRIAL_S * 1e3:.0f} ms each)",
@@ -409,22 +420,23 @@ def run_meta(device, dtype, quick, budget_s):
             "graph": "one decode step captured with static inputs (torch.cuda.graph), timed by replay"}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        meta.update(gpu=torch.cuda.get_device_name(device), total_memory=props.total_memory,
-                    driver=nvidia_smi("driver_version"), sm_count=props.multi_processor_count)
+        meta.update(gpu_meta(torch, total_memory=props.total_memory, sm_count=props.multi_processor_count))
     else:
-        meta.update(gpu=None, cpu_threads=torch.get_num_threads())
+        meta.update(gpu=None, torch=torch.__version__, cuda=torch.version.cuda,
+                    date=datetime.date.today().isoformat(), cpu_threads=torch.get_num_threads())
     return meta
 
 
 def load_results(path=RESULTS):
-    """读测量 JSON，返回 (结果字典, {模型名: ModelConfig})。"""
-    with open(path) as f:
-        res = json.load(f)
+    """读测量 JSON（course_utils.load_json），返回 (结果字典, {模型名: ModelConfig})；文件不存在时返回 None。"""
+    res = load_json(path)
+    if res is None:
+        return None
     return res, {name: llm_math.ModelConfig(**d) for name, d in res["models"].items()}
 
 
 # =============================================================================
-# 3. 拟合：StepModel 的 mfu、mbu、两种开销
+# 3. 拟合：StepModel 的 mfu、mbu、两种开销（每层一个常数 × 层数）
 # =============================================================================
 def ideal_times(points, configs, chip=CHIP):
     """
@@ -450,67 +462,76 @@ def _step_cost(step, p):
     return step.decode_cost(p["batch"], p["batch"] * (p["context"] + 1))
 
 
-def predict(tc, tm, graph, params):
-    """max(tc / mfu, tm / mbu) + (graph 点用 overhead_graph，其余 overhead_eager)。"""
-    og = params["overhead_graph"] if params["overhead_graph"] is not None else 0.0
-    return np.maximum(tc / params["mfu"], tm / params["mbu"]) + np.where(graph, og, params["overhead_eager"])
+def step_overhead(params, mode, cfg):
+    """
+    参数字典 → 模型 cfg 在 mode（"eager" / "graph"）下每步的开销（秒），也就是 StepModel 的 overhead。
+    拟合的参数按层给：overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比）；
+    默认假设按步给：overhead_{mode}（StepModel 的写法，不分层数）。值是 None（没有 graph 点的拟合）时按 0 算。
+    """
+    key = f"overhead_{mode}_per_layer"
+    v = params[key] * cfg.n_layers if params.get(key) is not None else params.get(f"overhead_{mode}")
+    return 0.0 if v is None else float(v)
+
+
+def predict(tc, tm, overhead, params):
+    """max(tc / mfu, tm / mbu) + overhead（每点的每步开销，step_overhead 算的数组）。"""
+    return np.maximum(tc / params["mfu"], tm / params["mbu"]) + overhead
+
+
+def fit_loss(points, configs, params, chip=CHIP):
+    """Σ log²(模型 / 实测)（只用 status == "ok" 的点）：拟合最小化的量；拟合的参数、默认假设都能算。"""
+    ok = _ok_points(points)
+    tc, tm = ideal_times(ok, configs, chip)
+    ovh = np.array([step_overhead(params, p["mode"], configs[p["model"]]) for p in ok])
+    meas = np.array([p["seconds"] for p in ok])
+    return float(np.sum(np.log(predict(tc, tm, ovh, params) / meas) ** 2))
 
 
 def fit_step_params(points, configs, chip=CHIP):
     """
-    拟合 StepModel 的 mfu、mbu（两种 mode 共用）和 overhead_eager、overhead_graph：
-    最小化 Σ log²(模型 / 实测)（相对误差，大小点一样重）。只用 status == "ok" 的点。
-    做法：mfu、mbu 在 [0.02, 1] 的对数网格上、每种开销在 {0} ∪ [1 µs, 50 ms] 的对数网格上穷举
-    （给定 mfu、mbu，两种开销各管各的点，可以分开取最好的），再从最好的格点和默认值里较好的那个出发做坐标搜索
-    （对数坐标，步长减半到 1e-7）。没有 graph 点时 overhead_graph 为 None。
-    返回 {"mfu", "mbu", "overhead_eager", "overhead_graph", "loss", "n_points"}。
+    拟合 StepModel 的 mfu、mbu（两种 mode 共用）和两种每层开销 overhead_eager_per_layer、overhead_graph_per_layer
+    （一点的每步开销 = 每层开销 × 这个模型的 n_layers）：最小化 Σ log²(模型 / 实测)（相对误差，大小点一样重）。
+    只用 status == "ok" 的点。
+    做法（只用 numpy）：
+      1. 对数网格穷举：mfu、mbu 各 31 格（[0.02, 1]），每层开销 {0} ∪ 50 格（[10 ns, 2 ms]）；给定 mfu、mbu，
+         两种开销各管各的点，可以分开取最好的；
+      2. 从最好的格点出发做坐标搜索（对数坐标：每个参数试 ± 步长，变好就走，没有一个变好就步长减半，
+         从 0.25 减到 1e-7 以下）。不用导数：roofline 的 max() 有折点。
+    没有 graph 点时 overhead_graph_per_layer 为 None。
+    返回 {"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer", "loss", "n_points"}。
     """
     ok = _ok_points(points)
     tc, tm = ideal_times(ok, configs, chip)
     meas = np.array([p["seconds"] for p in ok])
     graph = np.array([p["mode"] == "graph" for p in ok])
+    layers = np.array([configs[p["model"]].n_layers for p in ok], dtype=float)
     has_graph = bool(graph.any())
     if graph.all():
         raise ValueError("points 里至少要有一个 eager 点（prefill 都是 eager）")
 
-    def residuals(x):                                 # x = (log mfu, log mbu, log oe, log og)
-        """r_i = log(模型 / 实测) 和它对 x 的导数 J [点, 4]。"""
+    def loss(x):                                      # x = (log mfu, log mbu, log 每层 oe, log 每层 og)
         mfu, mbu, oe, og = np.exp(x)
-        c, m = tc / mfu, tm / mbu
-        o = np.where(graph, og, oe)
-        pred = np.maximum(c, m) + o
-        J = np.zeros((len(pred), 4))
-        J[:, 0] = np.where(c >= m, -c, 0.0) / pred        # ∂ log pred / ∂ log mfu（只在算力那一边）
-        J[:, 1] = np.where(c >= m, 0.0, -m) / pred
-        J[:, 2] = np.where(graph, 0.0, o) / pred
-        J[:, 3] = np.where(graph, o, 0.0) / pred
-        return np.log(pred / meas), J
-
-    def loss(x):
-        return float(np.sum(residuals(x)[0] ** 2))
+        pred = np.maximum(tc / mfu, tm / mbu) + np.where(graph, og, oe) * layers
+        return float(np.sum(np.log(pred / meas) ** 2))
 
     active = np.array([True, True, True, has_graph])
-    x0 = _grid_start(tc, tm, meas, graph)
-    xd = np.log([DEFAULT_PARAMS[k] for k in ("mfu", "mbu", "overhead_eager", "overhead_graph")])
-    x = min((x0, xd), key=loss)
-    x = _levenberg_marquardt(residuals, x, active)
-    x = _coordinate_search(loss, x, active, step=0.01)
+    x = _coordinate_search(loss, _grid_start(tc, tm, meas, graph, layers), active, step=0.25)
     mfu, mbu, oe, og = (float(v) for v in np.exp(x))
-    return {"mfu": mfu, "mbu": mbu, "overhead_eager": oe, "overhead_graph": og if has_graph else None,
-            "loss": loss(x), "n_points": len(ok)}
+    return {"mfu": mfu, "mbu": mbu, "overhead_eager_per_layer": oe,
+            "overhead_graph_per_layer": og if has_graph else None, "loss": loss(x), "n_points": len(ok)}
 
 
-def _grid_start(tc, tm, meas, graph):
-    """网格上最好的 (log mfu, log mbu, log oe, log og)。"""
+def _grid_start(tc, tm, meas, graph, layers):
+    """网格上最好的 (log mfu, log mbu, log 每层 oe, log 每层 og)。"""
     eff = np.geomspace(0.02, 1.0, 31)
-    ovh = np.concatenate([[1e-9], np.geomspace(1e-6, 0.05, 50)])                # 1e-9 ≈ 0（取对数用）
+    ovh = np.concatenate([[1e-10], np.geomspace(1e-8, 2e-3, 50)])               # 每层；1e-10 ≈ 0（取对数用）
     base = np.maximum(tc / eff[:, None, None], tm / eff[None, :, None])          # [mfu, mbu, 点]
     best, total = [], 0.0
     for sel in (~graph, graph):
         if not sel.any():
             best.append(np.zeros(base.shape[:2], dtype=int))
             continue
-        pred = base[:, :, sel, None] + ovh                                       # [mfu, mbu, 点, 开销]
+        pred = base[:, :, sel, None] + layers[sel, None] * ovh                   # [mfu, mbu, 点, 开销]
         err = np.sum(np.log(pred / meas[sel, None]) ** 2, axis=2)                # [mfu, mbu, 开销]
         best.append(err.argmin(axis=2))
         total = total + err.min(axis=2)
@@ -518,39 +539,13 @@ def _grid_start(tc, tm, meas, graph):
     return np.log([eff[i], eff[j], ovh[best[0][i, j]], ovh[best[1][i, j]]])
 
 
-X_HI = np.log([1.0, 1.0, 5.0, 5.0])      # mfu、mbu ≤ 1（StepModel 的范围）；开销 ≤ 5 s
-X_LO = np.log([1e-3, 1e-3, 1e-9, 1e-9])  # 开销 1e-9 s 就是 0
+X_HI = np.log([1.0, 1.0, 0.1, 0.1])      # mfu、mbu ≤ 1（StepModel 的范围）；每层开销 ≤ 0.1 s
+X_LO = np.log([1e-3, 1e-3, 1e-10, 1e-10])  # 每层开销 1e-10 s 就是 0
 
 
-def _levenberg_marquardt(residuals, x, active, iters=300):
-    """阻尼高斯-牛顿：解 (JᵀJ + λ·diag(JᵀJ)) δ = −Jᵀr，变好就收下并减小 λ，变差就加大 λ；参数夹在 [X_LO, X_HI]。"""
-    x = np.clip(np.array(x, dtype=float), X_LO, X_HI)
-    r, J = residuals(x)
-    f, lam = float(r @ r), 1e-3
-    for _ in range(iters):
-        Ja = J[:, active]                                     # [点, 可调的参数]
-        A = Ja.T @ Ja
-        delta = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -(Ja.T @ r))
-        y = x.copy()
-        y[active] += delta
-        y = np.clip(y, X_LO, X_HI)
-        ry, Jy = residuals(y)
-        fy = float(ry @ ry)
-        if fy < f:
-            done = f - fy <= 1e-15 * f or fy < 1e-28
-            x, r, J, f, lam = y, ry, Jy, fy, max(lam / 3, 1e-12)
-            if done:
-                break
-        else:
-            lam *= 4
-            if lam > 1e12:
-                break
-    return x
-
-
-def _coordinate_search(loss, x, active, step=0.5, tol=1e-7):
-    """坐标（模式）搜索：每个坐标试 ±step，有改进就走，没有就步长减半，直到 step < tol。兜底：max() 的折点上
-    导数不连续，高斯-牛顿偶尔停在折点旁边。"""
+def _coordinate_search(loss, x, active, step=0.25, tol=1e-7):
+    """坐标（模式）搜索：每个可调的坐标试 ±step，有改进就走，一轮没有改进就步长减半，直到 step < tol。
+    参数夹在 [X_LO, X_HI]。"""
     x, fx = np.array(x, dtype=float), loss(x)
     while step >= tol:
         moved = False
@@ -568,25 +563,43 @@ def _coordinate_search(loss, x, active, step=0.5, tol=1e-7):
     return x
 
 
+def nudged_losses(points, configs, params, rel=0.01, chip=CHIP):
+    """局部最小的检查：把 params 里的每个拟合参数（FIT_KEYS 里不是 None 的）各乘 1 ± rel，返回
+    {(参数, ±1): 损失}。params 是 fit_step_params 的最小值时，每个都不小于 fit_loss(params)（演示和测试都查）。"""
+    out = {}
+    for k in FIT_KEYS:
+        if params.get(k) is None:
+            continue
+        for sgn in (1, -1):
+            q = dict(params)
+            q[k] = params[k] * (1 + sgn * rel)
+            if k in ("mfu", "mbu"):
+                q[k] = min(q[k], 1.0)                 # StepModel 的范围：mfu、mbu ≤ 1
+            out[(k, sgn)] = fit_loss(points, configs, q, chip)
+    return out
+
+
 def compare_points(points, configs, params, chip=CHIP):
-    """逐点：StepModel(model, chip, mfu, mbu, overhead = 这一点的 mode 的开销) 的预测 vs 实测。
-    返回字典列表（原来的字段 + model_s、ratio = 模型 / 实测、bound）。预测直接问 StepModel（不是拟合用的公式）。"""
+    """逐点：StepModel(model, chip, mfu, mbu, overhead = step_overhead(这一点的 mode、模型)) 的预测 vs 实测。
+    返回字典列表（原来的字段 + model_s、roofline_s = max(t_compute, t_memory)（不含开销）、ratio = 模型 / 实测、
+    bound）。预测直接问 StepModel（不是拟合用的公式）。"""
     rows = []
     for p in _ok_points(points):
-        ovh = params[f"overhead_{p['mode']}"]
-        step = ss.StepModel(configs[p["model"]], chip, mfu=params["mfu"], mbu=params["mbu"],
-                            overhead=ovh if ovh is not None else 0.0, mem_util=1.0)
+        cfg = configs[p["model"]]
+        step = ss.StepModel(cfg, chip, mfu=params["mfu"], mbu=params["mbu"],
+                            overhead=step_overhead(params, p["mode"], cfg), mem_util=1.0)
         c = _step_cost(step, p)
         t = float(c.total)
-        rows.append({**p, "model_s": t, "ratio": t / p["seconds"], "bound": str(c.bound)})
+        rows.append({**p, "model_s": t, "roofline_s": float(max(c.t_compute, c.t_memory)), "ratio": t / p["seconds"],
+                     "bound": str(c.bound)})
     return rows
 
 
 def error_summary(rows):
-    """{"median": 中位 |模型/实测 − 1|, "worst": |log 比值| 最大的那一行}。"""
-    err = np.array([abs(r["ratio"] - 1) for r in rows])
-    worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
-    return {"median": float(np.median(err)), "worst": worst}
+    """compare_points 的行 → {"median": 中位 |模型/实测 − 1|, "worst": |log 比值| 最大的那一行}
+    （course_utils.ratio_errors，各讲的校准表共用）。"""
+    median, worst = ratio_errors([r["ratio"] for r in rows])
+    return {"median": median, "worst": rows[worst]}
 
 
 def explain_point(row, cfg, kernels_per_step=None, peers=None):
@@ -620,8 +633,8 @@ def explain_point(row, cfg, kernels_per_step=None, peers=None):
         if row["mode"] == "eager":
             k = (f"每步启动 {kernels_per_step} 个 GPU 内核（每层约 {kernels_per_step / cfg.n_layers:.0f} 个）"
                  if kernels_per_step else "每层几十次内核启动")
-            notes.append(f"eager：{k}，主机开销和层数成正比（这里 {cfg.n_layers} 层）；"
-                         f"一个固定的 overhead 描述不了层数不同的两个模型")
+            notes.append(f"eager：{k}；主机发内核和 GPU 执行是重叠的，一步更接近 max(主机时间, GPU 时间)，"
+                         f"模型却把每层开销 × {cfg.n_layers} 层加在 roofline 上（大批、长上下文时高估）")
         if b <= 8:
             notes.append("批很小：矩阵乘是细长的 GEMV，达不到大矩阵的带宽")
     notes.append(f"这一点在模型里是 {row['bound']} 受限；roofline 的 max() 假设两边完全重叠")
@@ -629,9 +642,13 @@ def explain_point(row, cfg, kernels_per_step=None, peers=None):
 
 
 def constant_text(fit, meta):
-    """拟合结果 → 粘贴进 serving_sim.py 的 H200_MEASURED = {...}（5 位有效数字；三行，每行不超过 120 字符）。"""
-    return (f'H200_MEASURED = {{"mfu": {fit["mfu"]:.5g}, "mbu": {fit["mbu"]:.5g}, '
-            f'"overhead_eager": {fit["overhead_eager"]:.5g}, "overhead_graph": {fit["overhead_graph"]:.5g},\n'
+    """拟合结果 → 粘贴进 serving_sim.py 的 H200_MEASURED = {...}（5 位有效数字；四行，每行不超过 120 字符）。
+    开销是每层的秒数（h200_measured_step 乘模型的 n_layers）。"""
+    def g(v):
+        return "None" if v is None else f"{v:.5g}"
+    return (f'H200_MEASURED = {{"mfu": {g(fit["mfu"])}, "mbu": {g(fit["mbu"])},\n'
+            f'                 "overhead_eager_per_layer": {g(fit["overhead_eager_per_layer"])}, '
+            f'"overhead_graph_per_layer": {g(fit["overhead_graph_per_layer"])},\n'
             f'                 "source": "measured on {meta.get("gpu")} {meta.get("date")}, '
             f'torch {meta.get("torch")}; "\n'
             f'                           "lecture05/results/step_measure.json"}}')
@@ -644,7 +661,7 @@ def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
     configs = {m.name: m for m in models}
     pts = [p for p in plan_points(models, grid) if fits_chip(configs[p["model"]], p, chip)]
     tc, tm = ideal_times(pts, configs, chip)
-    t = predict(tc, tm, np.array([p["mode"] == "graph" for p in pts]), params)
+    t = predict(tc, tm, np.array([step_overhead(params, p["mode"], configs[p["model"]]) for p in pts]), params)
     for p, s in zip(pts, t * np.exp(noise * rng.standard_normal(len(pts)))):
         p.update(status="ok", seconds=float(s))
     return pts
@@ -750,7 +767,7 @@ def _selftest():
     e32, _ = check_cache_equivalence(TINY, 2, 5, 3, dtype=torch.float32)
     assert e32 < 1e-4, e32
     # 2. 拟合从 StepModel 自己生成的点里找回真参数（完整的 H200 网格形状）
-    true = {"mfu": 0.71, "mbu": 0.83, "overhead_eager": 3.1e-3, "overhead_graph": 4.2e-5}
+    true = {"mfu": 0.71, "mbu": 0.83, "overhead_eager_per_layer": 1.9e-4, "overhead_graph_per_layer": 2.6e-6}
     pts = synthetic_points(MODELS, GRID, true)
     fit = fit_step_params(pts, {m.name: m for m in MODELS})
     for k in true:
@@ -773,8 +790,9 @@ def _selftest():
         except exc:
             pass
     print(f"step_bench 自检通过：cache 的 prefill + decode = 整段 = 朴素参考（float64 误差 < 1e-10），"
-          f"拟合找回 mfu {fit['mfu']:.3f}、mbu {fit['mbu']:.3f}、开销 {fit['overhead_eager'] * 1e3:.2f} / "
-          f"{fit['overhead_graph'] * 1e6:.1f} µs（{time.perf_counter() - t0:.1f} s）")
+          f"拟合找回 mfu {fit['mfu']:.3f}、mbu {fit['mbu']:.3f}、"
+          f"每层开销 {fit['overhead_eager_per_layer'] * 1e6:.0f} / {fit['overhead_graph_per_layer'] * 1e6:.1f} µs"
+          f"（{time.perf_counter() - t0:.1f} s）")
 
 
 def _parse_args(argv=None):

@@ -438,14 +438,17 @@ PROB_TOL = 1e-9     # float64 概率行的和离 1 多远算"没归一化"（更
 
 def prob_tol(dtype, n):
     """
-    长度 n 的一行概率、以 dtype 存储时，"和为 1"允许差多少：max(PROB_TOL, n · eps(dtype))。
+    长度 n 的一行概率、以 dtype 存储时，"和为 1"允许差多少：max(PROB_TOL, 2·√n · eps(dtype))。
 
-    为什么随 dtype 变：float32 的 softmax 输出每个元素有 ~6e-8 的舍入误差，V 个加起来离 1 可以差到 ~V·eps；
-    固定的 1e-9 会把每一个 float32 概率表都当成"没归一化"。float64（和整数）时就是 PROB_TOL。
+    为什么随 dtype 变：float32 的 softmax 先在 float32 里求分母 Σ exp，这个和的舍入误差像随机游走，
+    约 √n·eps；每个 p 都除以它，所以整行的和离 1 差同样多（_prob_rows 用 float64 求和，不再添误差）。
+    实测 torch.softmax（float32，各种温度）：V = 5000 最差 ~1.4e-6、V = 128256 最差 ~1.3e-5，容差分别是
+    1.7e-5、8.5e-5（留了 6 倍以上的余量）；乘了 1.01 的表（差 1e-2）照样被拒。固定的 1e-9 会把每一个 float32 概率表
+    都当成"没归一化"；n·eps 又太松（V = 128256 时 1.5e-2，连差 1% 的表都收）。float64（和整数）时就是 PROB_TOL。
     """
     dt = np.dtype(dtype)
     eps = float(np.finfo(dt).eps) if dt.kind == "f" else 0.0
-    return max(PROB_TOL, int(n) * eps)
+    return max(PROB_TOL, 2.0 * math.sqrt(int(n)) * eps)
 
 
 def _prob_rows(name, a, allow_zero=False, dtype=np.float64):
@@ -487,7 +490,8 @@ def residual(p, q):
         另一些 x 上 q "给少了"（q < p）：缺的 p − q 正好由被拒之后的重采样补上。两部分加起来恰好是 p。
     【边界】p == q 时分子全为 0（这时永远不会被拒，用不上它）：返回 p，保证结果仍是一个分布。
         q 全为 0（"没有草稿"）时返回 p —— §3 的实现用这一点处理"全部接受后再从 p 白拿一个"。
-    【参数】p、q [..., V]：每一行和为 1（±1e-9）、非负有限；q 的一行也可以全为 0。否则 ValueError。
+    【参数】p、q [..., V]：每一行和为 1（± prob_tol(dtype, V)，float64 是 1e-9）、非负有限；
+        q 的一行也可以全为 0。否则 ValueError。
     """
     p, q = _prob_pair(p, q, q_may_be_empty=True)
     return _residual(p, q)
@@ -1104,9 +1108,21 @@ def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, o
 
 
 def best_round(target, draft, chip, batch, ctx, alpha, gamma_max=16, **kw):
-    """γ = 1 … gamma_max 里加速比最大的一个；都不超过 1 时返回 (0, None)（不投机）。返回 (γ*, spec_round 的字典)。"""
+    """
+    γ = 1 … gamma_max 里加速比最大的一个；都不超过 1 时返回 (0, None)（不投机）。返回 (γ*, spec_round 的字典)。
+
+    【显存】只试放得下的 γ：每个序列要存 ctx + γ + 1 个 token 的 KV，显存随 γ 增长，所以遇到第一个放不下的 γ
+        就停（更大的也放不下）。连 γ = 1 都放不下 → spec_round 的 CapacityError（没有"加速比"可言）。
+    """
     gamma_max = check_int("gamma_max", gamma_max, lo=1)
-    rounds = [spec_round(target, draft, chip, batch, ctx, alpha, g, **kw) for g in range(1, gamma_max + 1)]
+    rounds = []
+    for g in range(1, gamma_max + 1):
+        try:
+            rounds.append(spec_round(target, draft, chip, batch, ctx, alpha, g, **kw))
+        except llm_math.CapacityError:
+            if g == 1:
+                raise
+            break
     i = int(np.argmax([r["speedup"] for r in rounds]))      # 第一个最大值：并列时取较小的 γ
     return (i + 1, rounds[i]) if rounds[i]["speedup"] > 1.0 else (0, None)
 

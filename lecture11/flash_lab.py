@@ -14,7 +14,8 @@ flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding �
 【里面有什么】（每一步都和前一步核对：naive → standard → fa1 / fa2 → Triton 版 triton_flash.py）
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
     §2 参考与标准注意力：naive_attention（逐行按定义）、reference_lse、standard_attention(_bwd)、IO（读写计数）
-    §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula
+    §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula、
+        attention_flops（基准记 TFLOP/s 的约定）、BENCH_TOKENS / BENCH_HIDDEN（06、gluon_flash、ncu 的形状）
     §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC / H200_DEC_MEASURED、
         decode_attention_time、best_splits、
         fit_decode_gpu（用实测拟合 sm_bw_cap、launch）
@@ -43,7 +44,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-# 演示共用的表格和存图（实现在 lecture01/course_utils.py，模块级只用标准库；本模块仍然只依赖 numpy）
+# 原版 flash_lab 自己定义过的表格和存图工具：老名字继续可用（实现在 lecture01/course_utils.py，模块级只用标准库）
 from course_utils import figure_path, fmt_count, format_table, save_figure  # noqa: E402,F401
 # 参数检查（第 1 讲起各讲共用一份；本模块自己的组合检查 _attention_inputs 在文件末尾）
 from course_utils import check_array, check_bool, check_choice, check_int, check_real  # noqa: E402
@@ -561,6 +562,20 @@ def fa_io_formula(N, d, M, order="fa2", *, Nk=None, dv=None, Br=None, Bc=None, c
     return N * d + int((live * bc[None, :]).sum()) * (d + dv) + N * (dv + 1)
 
 
+BENCH_TOKENS, BENCH_HIDDEN = 32768, 2048     # 基准的形状：B·N、H·d 固定（B = TOKENS // N，H = HIDDEN // d）
+
+
+def attention_flops(batch, heads, n, d, causal, mode="fwd"):
+    """
+    基准记 TFLOP/s 用的 FLOP 数（flash-attn 的惯例，06_triton_bench、gluon_flash 共用）：前向 4·B·H·N²·d
+    （QKᵀ 和 PV 各 2·N²·d），causal 减半；mode="bwd" 记作前向的 2.5 倍（5 次矩阵乘对 2 次；重算、多做的
+    矩阵乘都不算：同一个 FLOP 数下比时间）。
+    """
+    mode = check_choice("mode", mode, ("fwd", "bwd"), where="attention_flops")
+    f = 4.0 * batch * heads * n * n * d / (2 if causal else 1)
+    return f * (2.5 if mode == "bwd" else 1.0)
+
+
 # =============================================================================
 # 4. flash-decoding
 # =============================================================================
@@ -731,19 +746,18 @@ def fit_decode_gpu(points, gpu=H200_DEC, caps=None, launches=None):
         t = check_real("points 里的 t（实测秒数）", p.get("t"), lo=0.0, lo_open=True)
         r = decode_attention_time(p["B"], p["Hq"], p["Hkv"], p["S"], p["d"], p["method"], gpu,
                                   splits=p.get("splits") or 1, block_m=p.get("block_m"))
-        terms.append((t, r["waves"], r["t_comp"], r["cta_bytes"], gpu.hbm / r["running"], r["n_kernels"]))
-    t, waves, t_comp, cta_bytes, share, n_k = (np.array(c, dtype=float)[:, None, None] for c in zip(*terms))
+        terms.append((t, r["waves"], r["t_comp"], r["cta_bytes"], gpu.hbm / r["running"], r["n_kernels"], r["t"]))
+    t, waves, t_comp, cta_bytes, share, n_k, _ = (np.array(c, dtype=float)[:, None, None] for c in zip(*terms))
     bw = np.minimum(caps[None, :, None], share)                                     # [点, cap, 1]
     model = waves * np.maximum(t_comp, cta_bytes / bw) + n_k * launches[None, None, :]   # [点, cap, launch]
     loss = (np.log(model / t) ** 2).sum(axis=0)
     i, j = np.unravel_index(np.argmin(loss), loss.shape)
-    fitted = DecodeGPU(gpu.name, gpu.n_sm, gpu.tc_flops, gpu.hbm, gpu.tc_eff, float(caps[i]), float(launches[j]))
+    fitted = replace(gpu, sm_bw_cap=float(caps[i]), launch=float(launches[j]))
     rows = []
-    for p, (t_meas, *_rest) in zip(points, terms):
-        args = (p["B"], p["Hq"], p["Hkv"], p["S"], p["d"], p["method"])
-        kw = dict(splits=p.get("splits") or 1, block_m=p.get("block_m"))
-        rows.append(dict(p, t=t_meas, before=decode_attention_time(*args, gpu, **kw)["t"],
-                         after=decode_attention_time(*args, fitted, **kw)["t"]))
+    for p, (t_meas, *_rest, before) in zip(points, terms):
+        after = decode_attention_time(p["B"], p["Hq"], p["Hkv"], p["S"], p["d"], p["method"], fitted,
+                                      splits=p.get("splits") or 1, block_m=p.get("block_m"))["t"]
+        rows.append(dict(p, t=t_meas, before=before, after=after))
     return fitted, rows
 
 
@@ -968,7 +982,8 @@ def fit_timeline(points, p, param, grid=None):
     用实测的一步时间拟合 TimelineParams 的一个参数（"kernels" 模式）。
     【points】(ops, 实测秒数) 的列表。【param】"small"（小内核的时间）或 "launch"（相邻内核的间隙）：
         时间线对这两个参数是线性的（每个小内核付一次 small，每个内核付一次 launch），所以先算参数为 0 时的时间
-        和它出现的次数，再在 grid（默认 0…20 µs，每 0.01 µs 一个）上找 Σ ln²(模型/实测) 最小的值。
+        和斜率（参数为 1 µs 时多出来的时间 = 它被付了几次，由时间线自己数，不在这里另记一遍规则），
+        再在 grid（默认 0…20 µs，每 0.01 µs 一个）上找 Σ ln²(模型/实测) 最小的值。
     【返回】(拟合后的 TimelineParams, rows)；rows 每个点：n_ops、t（实测）、before（p 的模型）、after（拟合后）。
     """
     param = check_choice("param", param, ("small", "launch"))
@@ -980,7 +995,9 @@ def fit_timeline(points, p, param, grid=None):
     grid = np.arange(0, 20.0005e-6, 0.01e-6) if grid is None else check_array("grid", grid, ndim=1)
     zero = replace(p, **{param: 0.0})
     base = np.array([timeline(ops, "kernels", zero)["t"] for ops, _ in points])
-    count = np.array([len(ops) if param == "launch" else sum(o.ctas == 0 for o in ops) for ops, _ in points])
+    unit = replace(p, **{param: 1e-6})
+    slope = np.array([timeline(ops, "kernels", unit)["t"] for ops, _ in points]) - base
+    count = np.rint(slope / 1e-6)                    # 付了几次：整数（舍掉浮点的末位）
     meas = np.array([t for _, t in points])
     loss = (np.log((base[:, None] + count[:, None] * grid[None, :]) / meas[:, None]) ** 2).sum(axis=0)
     fitted = replace(p, **{param: float(grid[int(np.argmin(loss))])})

@@ -31,10 +31,13 @@ Tensor Core 只忙 29%、long_scoreboard 停顿（等本地内存和原子操作
   python3 lecture11/gluon_flash.py [--seed N] [--only V ...]   每个 variant 和反向对照 float64 参考（flash-attn 判据）
   python3 lecture11/gluon_flash.py --bench --out DIR          每一步 vs triton_flash、cuDNN、FLASH（前向、反向两张表）
   python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
+                                                              （N = 4k、16k → DIR/gluon_explore.json）
+  python3 lecture11/gluon_flash.py --explore --ns 1024 --variants pipelined ws ws2 overlap pingpong --out DIR
+                                                              N = 1k 的五步 → DIR/gluon_explore_1k.json
+                                                              （best_variant 的出处）
 依赖 torch、triton ≥ 3.6（triton.experimental.gluon；Gluon 的接口还在变，本文件按 3.6 写）。
 """
 import argparse
-import datetime
 import functools
 import itertools
 import json
@@ -45,7 +48,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_bool, check_choice  # noqa: E402
+sys.path.insert(0, HERE)
+from course_utils import check_bool, check_choice, check_real, gpu_meta  # noqa: E402
+import flash_lab as fl  # noqa: E402  （基准的形状和 FLOP 算法；只依赖 numpy）
 
 try:
     import torch
@@ -105,6 +110,8 @@ def tile_config(variant, d):
         return (128, 64, 4, 4, 232, (24,)) if d == 64 else (64, 64, 4, 4, 232, (24,))
     # worker 顺序：计算组 1（4 warp）、生产者（1 warp）
     # 块大小按 --explore 的实测（results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
+    # worker_regs 只是记账：内核 _attn_fwd 的 gl.warp_specialize 调用里写死了 [24] / [240, 24]（Gluon 要字面的列表），
+    # 改这里就要改那里——tests/test_lecture11_gluon.py 对照两处
     return (64, 128, 4, 4, 168, (240, 24)) if d == 64 else (64, 128, 3, 4, 168, (240, 24))
 
 
@@ -287,6 +294,7 @@ if gl is not None:
     # ========================================================================
     # 内核：program (i, b·H + h) 负责第 b 个序列、第 h 个头的 CONSUMERS 个相邻 Q 块
     #   （行 [i·CONSUMERS·BLOCK_M, +CONSUMERS·BLOCK_M)）
+    #   warp_specialize 的 worker_num_regs（[24]、[240, 24]）写死在调用里：和 tile_config 的 worker_regs 是同一组数
     # ========================================================================
     @gluon.jit
     def _attn_fwd(q_desc, k_desc, v_desc, O, LSE, qk_scale, N, H, GROUP,
@@ -399,11 +407,8 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
         raise ValueError(f"{where}：B、N 必须 ≥ 1，收到 B={batch}、N={n}")
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"{where}：softmax_scale 必须是 None 或有限的正数，收到 {softmax_scale!r}")
     else:
-        scale = float(softmax_scale)
+        scale = check_real("softmax_scale", softmax_scale, lo=0, lo_open=True, where=where, type_error=ValueError)
     return (best_variant(d, n) if variant == "best" else variant), scale
 
 
@@ -494,6 +499,7 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None):
 # Gluon 3.6 按共享内存布局的顺序自己选；ptxas 编译通过）。另一种写法 dQᵀ = Kᵀ dSᵀ 也行，但结果 [d, BLOCK_M] 的每个线程
 # 拿的是相邻两个 Q 行（地址差 H·d），原子加不能合并成向量；dS K 的结果每个线程拿相邻两列（d 方向连续）。
 # 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
+# worker_regs（最后一项）只是记账：_attn_bwd 的 gl.warp_specialize 调用里写死了同样的 [24] / [240, 24]（测试对照两处）
 BWD_FLAGS = {1: (64, 64, 1, 2, 4, 232, (24,)), 2: (64, 64, 2, 2, 4, 168, (240, 24))}
 
 
@@ -942,20 +948,22 @@ def _selftest(seed=None, only=VARIANTS + ("bwd",)):
     if torch.cuda.get_device_capability()[0] != 9:
         print(f"SKIP: 本内核只为 Hopper（sm_90）写，这块 GPU 是 {torch.cuda.get_device_name()}")
         sys.exit(77)
-    seed = int(time.time()) % 100000 if seed is None else seed
+    seed = _triton_flash()._pick_seed(seed)
     print(f"gluon_flash 自检：{torch.cuda.get_device_name()}，torch {torch.__version__}，triton {triton.__version__}，"
           f"种子 {seed}（复现：python3 lecture11/gluon_flash.py --seed {seed}）")
     t0 = time.time()
     rows = check_gpu(seed, variants=tuple(v for v in VARIANTS if v in only))
-    print(f"  {'dtype':<9s}{'variant':<11s}{'case':<26s}{'out':>10s}{'torch':>10s}{'lse':>10s}{'torch':>10s}  ok")
+    if rows:
+        print(f"  {'dtype':<9s}{'variant':<11s}{'case':<26s}{'out':>10s}{'torch':>10s}{'lse':>10s}{'torch':>10s}  ok")
     for dt, var, name, e_o, t_o, e_l, t_l, ok, err in rows:
         print(f"  {dt:<9s}{var:<11s}{name:<26s}{e_o:>10.2e}{t_o:>10.2e}{e_l:>10.2e}{t_l:>10.2e}  "
               f"{'✓' if ok else '✗'} {err}")
     failed = [r for r in rows if not r[7]]
     t1 = time.time()
     bwd_rows = check_gpu_bwd(seed) if "bwd" in only else []
-    print(f"  反向（前向 {BEST}）：")
-    print(f"  {'dtype':<9s}{'case':<26s}{'field':<7s}{'ours':>10s}{'torch':>10s}  ok")
+    if bwd_rows:
+        print(f"  反向（前向 {BEST}）：")
+        print(f"  {'dtype':<9s}{'case':<26s}{'field':<7s}{'ours':>10s}{'torch':>10s}  ok")
     for dt, name, f, e, t, ok, err in bwd_rows:
         print(f"  {dt:<9s}{name:<26s}{f:<7s}{e:>10.2e}{t:>10.2e}  {'✓' if ok else '✗'} {err}")
     failed_bwd = [r for r in bwd_rows if not r[5]]
@@ -968,25 +976,15 @@ def _selftest(seed=None, only=VARIANTS + ("bwd",)):
 
 
 # ============================================================================
-# 基准：每个 variant 和 triton_flash.flash_attn_func、SDPA（cuDNN、FLASH）比；B·N = 32768 个 token，H·d = 2048
+# 基准：每个 variant 和 triton_flash.flash_attn_func、SDPA（cuDNN、FLASH）比；B·N = TOKENS（32768）个 token，
+# H·d = HIDDEN（2048）；形状、FLOP 算法用 flash_lab.py 的，SDPA 后端用 triton_flash.py 的（和 06 同一份）
 # ============================================================================
 BENCH_NS = (1024, 4096, 16384)
 
 
-def _tflops(batch, heads, n, d, causal, ms):
-    flops = 4.0 * batch * heads * n * n * d / (2 if causal else 1)
-    return flops / (ms * 1e-3) / 1e12
-
-
-def _sdpa(backend):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = getattr(SDPBackend, backend)
-
-    def run(q, k, v, causal):
-        with sdpa_kernel(be):                                                 # SDPA 要 [B, H, N, d]
-            return torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
-    return run
+def _tflops(batch, heads, n, d, causal, ms, mode="fwd"):
+    """triton_flash.flops（前向 4·B·H·N²·d，causal 减半；反向 2.5 倍）/ 时间 → TFLOP/s。"""
+    return fl.attention_flops(batch, heads, n, d, causal, mode) / (ms * 1e-3) / 1e12
 
 
 def _gluon_impl(variant, q, k, v, causal):
@@ -1005,12 +1003,12 @@ def bench(out_dir):
     quick_launch = tf.Launch(autotune=False)                                 # 固定配置：不花时间调优
     impls = {f"gluon:{var}": functools.partial(_gluon_impl, var) for var in VARIANTS}
     impls["triton_flash"] = lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch)
-    impls["sdpa:cudnn"] = _sdpa("CUDNN_ATTENTION")
-    impls["sdpa:flash"] = _sdpa("FLASH_ATTENTION")
+    impls["sdpa:cudnn"] = tf.sdpa_fn("sdpa-cudnn")
+    impls["sdpa:flash"] = tf.sdpa_fn("sdpa-flash")
     results, t_start = [], time.time()
     for d in HEAD_DIMS:
         for n in BENCH_NS:
-            batch, heads = 32768 // n, 2048 // d
+            batch, heads = fl.BENCH_TOKENS // n, fl.BENCH_HIDDEN // d
             q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             for causal in (False, True):
                 row = {"d": d, "N": n, "B": batch, "H": heads, "causal": causal, "tflops": {}, "errors": {}}
@@ -1023,11 +1021,10 @@ def bench(out_dir):
                 results.append(row)
                 _print_row(row, first=len(results) == 1)
     bwd_rows = bench_bwd(tf, quick_launch)
-    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "date": datetime.datetime.now().isoformat(timespec="seconds"), "dtype": "bfloat16",
-            "tokens": 32768, "hidden": 2048, "seconds": round(time.time() - t_start, 1),
-            "tiles": {v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, "rows": results,
-            "bwd_tiles": {d: bwd_tile_config(d)[:6] for d in HEAD_DIMS}, "bwd_rows": bwd_rows}
+    info = gpu_meta(torch, dtype="bfloat16", tokens=fl.BENCH_TOKENS, hidden=fl.BENCH_HIDDEN,
+                    seconds=round(time.time() - t_start, 1),
+                    tiles={v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, rows=results,
+                    bwd_tiles={d: bwd_tile_config(d)[:6] for d in HEAD_DIMS}, bwd_rows=bwd_rows)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "gluon_bench.json")
     with open(path, "w") as fh:
@@ -1041,16 +1038,16 @@ BWD_COLS = ("gluon-bwd", "triton_flash", "sdpa:cudnn", "sdpa:flash")
 def bench_bwd(tf, quick_launch):
     """
     反向的基准：同样的形状，只计 out.backward(do) 的时间（前向在计时之外做一次，retain_graph 反复用同一张图；
-    grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 2.5 × 前向 FLOP（5 次矩阵乘 / 前向 2 次）。
+    grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 tf.flops 的 mode="bwd"（2.5 × 前向 FLOP）。
     """
     from triton.testing import do_bench
     fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c),
             "triton_flash": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch),
-            "sdpa:cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa:flash": _sdpa("FLASH_ATTENTION")}
+            "sdpa:cudnn": tf.sdpa_fn("sdpa-cudnn"), "sdpa:flash": tf.sdpa_fn("sdpa-flash")}
     rows = []
     for d in HEAD_DIMS:
         for n in BENCH_NS:
-            batch, heads = 32768 // n, 2048 // d
+            batch, heads = fl.BENCH_TOKENS // n, fl.BENCH_HIDDEN // d
             q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             for x in (q, k, v):
                 x.requires_grad_(True)
@@ -1062,7 +1059,7 @@ def bench_bwd(tf, quick_launch):
                         ms = do_bench(functools.partial(out.backward, do, retain_graph=True), warmup=5, rep=20,
                                       grad_to_none=[q, k, v])
                         row["ms"][name] = ms
-                        row["tflops"][name] = 2.5 * _tflops(batch, heads, n, d, causal, ms)
+                        row["tflops"][name] = _tflops(batch, heads, n, d, causal, ms, mode="bwd")
                     except Exception as exc:
                         row["errors"][name] = _short(exc)
                     out = None                                                # 放掉这张图（显存）
@@ -1076,14 +1073,26 @@ EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (12
 EXPLORE_VARIANTS = ("ws2", "overlap", "pingpong")
 
 
-def explore(out_dir, ns=(4096, 16384), variants=EXPLORE_VARIANTS, name="gluon_explore.json"):
-    """调参：计算组两个的 variant × (BLOCK_N, STAGES) 在 N = 4k、16k 上的 TFLOP/s（BLOCK_M 固定 64 行 / 组），
-    写 DIR/gluon_explore.json。tile_config 里的选择来自这张表。"""
+EXPLORE_NS = (4096, 16384)
+
+
+def explore_name(ns=EXPLORE_NS):
+    """--explore 写的文件名：默认的 N（4k、16k）→ gluon_explore.json，其余按 N 命名
+    （--ns 1024 → gluon_explore_1k.json）。"""
+    if tuple(ns) == EXPLORE_NS:
+        return "gluon_explore.json"
+    return "gluon_explore_" + "_".join(f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in ns) + ".json"
+
+
+def explore(out_dir, ns=EXPLORE_NS, variants=EXPLORE_VARIANTS, name=None):
+    """调参：variant × (BLOCK_N, STAGES) 在 N ∈ ns 上的 TFLOP/s（BLOCK_M 固定 64 行 / 组；EXPLORE_VARIANTS 以外的
+    variant 只测 tile_config 的那一组），写 DIR/name（默认 explore_name(ns)）。tile_config 里的选择来自
+    gluon_explore.json，best_variant 的来自 gluon_explore_1k.json。"""
     from triton.testing import do_bench
     rows, t_start = [], time.time()
     for d in HEAD_DIMS:
         for n in ns:
-            batch, heads = 32768 // n, 2048 // d
+            batch, heads = fl.BENCH_TOKENS // n, fl.BENCH_HIDDEN // d
             q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             grid = [(v_, t) for v_ in variants for t in (EXPLORE_TILES[d] if v_ in EXPLORE_VARIANTS
                                                           else (tile_config(v_, d)[1:3],))]
@@ -1099,11 +1108,9 @@ def explore(out_dir, ns=(4096, 16384), variants=EXPLORE_VARIANTS, name="gluon_ex
                 print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}{variant:<9s}BLOCK_N={tiles[0]:<4d}STAGES={tiles[1]}  "
                       + (f"{row['tflops']:6.1f} TFLOP/s" if "tflops" in row else row["error"]), flush=True)
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, name)
+    path = os.path.join(out_dir, name or explore_name(ns))
     with open(path, "w") as fh:
-        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                   "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "seconds": round(time.time() - t_start, 1), "rows": rows}, fh, indent=1)
+        json.dump(gpu_meta(torch, dtype="bfloat16", seconds=round(time.time() - t_start, 1), rows=rows), fh, indent=1)
     print(f"写好 {path}")
 
 
@@ -1129,7 +1136,11 @@ def _parse_args(argv=None):
     ap = argparse.ArgumentParser(description="Gluon 版 FlashAttention-3 前向（Hopper）：自检 / 基准")
     ap.add_argument("--seed", type=int, default=None, help="自检的随机种子（默认按时间取，打印出来）")
     ap.add_argument("--bench", action="store_true", help="跑基准（代替自检）")
-    ap.add_argument("--explore", action="store_true", help="扫计算组两个的 variant × (BLOCK_N, STAGES)（代替自检）")
+    ap.add_argument("--explore", action="store_true", help="扫 variant × (BLOCK_N, STAGES)（代替自检）")
+    ap.add_argument("--ns", type=int, nargs="+", default=list(EXPLORE_NS),
+                    help="--explore 测哪几个 N（默认 4096 16384；文件名跟着变：--ns 1024 → gluon_explore_1k.json）")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(EXPLORE_VARIANTS),
+                    help="--explore 测哪几步（默认 ws2 overlap pingpong：扫块大小；其余只测 tile_config 的那一组）")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="基准 JSON 写到哪个目录")
     ap.add_argument("--only", nargs="+", choices=VARIANTS + ("bwd",), default=VARIANTS + ("bwd",),
                     help="自检只查这几项（前向的 variant、bwd = 反向）")
@@ -1141,7 +1152,10 @@ def _measure(args):
     if torch is None or not torch.cuda.is_available() or GLUON_ERROR is not None:
         print("SKIP: 基准要 CUDA GPU 和 triton ≥ 3.6 的 Gluon")
         sys.exit(77)
-    (explore if args.explore else bench)(args.out)
+    if args.explore:
+        explore(args.out, ns=tuple(args.ns), variants=tuple(args.variants))
+    else:
+        bench(args.out)
 
 
 if __name__ == "__main__":

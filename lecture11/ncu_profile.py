@@ -15,8 +15,10 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：
-  python3 lecture11/ncu_profile.py                      读已提交的 results/ncu/*.csv，打印对照表（没有 GPU 也行）
+  python3 lecture11/ncu_profile.py [--out DIR]          读 DIR（默认已提交的 results/ncu/）的 ncu_*.csv，打印对照表
+                                                        （没有 GPU 也行）
   python3 lecture11/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
+                                                        再打印 DIR 的对照表；有目标 ncu 失败时退出码 1
   python3 lecture11/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
 """
 import argparse
@@ -59,12 +61,10 @@ def run_target(name):
         def fwd(q, k, v):
             return gf.attention(q, k, v, causal=SHAPE["causal"])
     else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        cudnn = tf.sdpa_fn("sdpa-cudnn")                # 和 06_triton_bench.py 的 sdpa-cudnn 同一个调用
 
         def fwd(q, k, v):
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=SHAPE["causal"]).transpose(1, 2)
+            return cudnn(q, k, v, SHAPE["causal"])
     backward = name.endswith("bwd")
     qq, kk, vv = (t.clone().requires_grad_(backward) for t in (q, k, v))
     for _ in range(3):                                  # 热身：编译、autotune 都在计数范围之外
@@ -72,6 +72,9 @@ def run_target(name):
         if backward:
             out.backward(do)
     out = fwd(qq, kk, vv)
+    # 热身的反向把梯度留在了 .grad 里：不清掉的话，计数的那次反向要把新梯度加上去（q、k、v 各一个 grad += 的
+    # 逐元素内核，每个 ~90 µs），量到的就不只是注意力的反向。清成 None：新梯度直接放进 .grad
+    qq.grad = kk.grad = vv.grad = None
     torch.cuda.synchronize()
     torch.cuda.profiler.start()                         # ncu --profile-from-start off：只数这之后的内核
     if backward:
@@ -83,11 +86,13 @@ def run_target(name):
 
 
 def measure(out_dir, targets=TARGETS):
+    """每个目标一次 ncu，写 out_dir/ncu_<目标>.csv，再打印 out_dir 的对照表。有目标 ncu 失败时返回 1（表照样打印）。"""
     ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if os.path.exists("/usr/local/cuda/bin/ncu") else None)
     if ncu is None:
         print("SKIP: 没有 ncu（Nsight Compute）")
         return SKIP
     os.makedirs(out_dir, exist_ok=True)
+    failed = []
     for name in targets:
         cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-summary", "none"]
         for s in SECTIONS:
@@ -99,8 +104,13 @@ def measure(out_dir, targets=TARGETS):
             fh.write(res.stdout)
         print(f"  {name}: ncu 退出码 {res.returncode}，{len(res.stdout)} 字节 → {path}", flush=True)
         if res.returncode != 0:
+            failed.append(name)
             print(res.stderr[-2000:])
-    return 0
+    rc = report(out_dir)
+    if failed:
+        print(f"✗ ncu 失败的目标：{'、'.join(failed)}（输出见上；它们的 CSV 不完整）")
+        return 1
+    return rc
 
 
 # =============================================================================
@@ -164,6 +174,41 @@ def short_name(name, width=34):
     return name if len(name) <= width else name[:width - 1] + "…"
 
 
+GRAD_ADD = "at::vectorized_elementwise_kernel"
+
+
+def accumulate_tail(kernels):
+    """
+    反向的 CSV 末尾有几个内核是 `.grad +=`（不属于注意力的反向）：2026-12-01 提交的 CSV 是在 run_target 清掉 .grad
+    之前测的，预热时留下的梯度让被测的那次反向多出 q、k、v 各一次累加（3 个逐元素内核）。末尾连续 3 个 GRAD_ADD
+    就是它们；修正之后测的 CSV 里没有，这里返回 0。kernels：一个 CSV 里按顺序的内核名。
+    """
+    tail = kernels[-3:]
+    return 3 if len(tail) == 3 and all(GRAD_ADD in k for k in tail) else 0
+
+
+def totals(res_dir=RESULTS):
+    """
+    每个目标一次调用里内核的时间之和（µs）：{目标: (内核数, 合计 µs, 去掉的 .grad 累加个数)}，只含有 CSV 的目标。
+    反向末尾的 .grad 累加（accumulate_tail）不算进去。
+    """
+    out = {}
+    for name in TARGETS:
+        path = os.path.join(res_dir, f"ncu_{name}.csv")
+        if os.path.isfile(path):
+            rows = [summarise(r) for r in read_csv(path)]
+            drop = accumulate_tail([r["kernel"] for r in rows]) if name.endswith("-bwd") else 0
+            kept = rows[:len(rows) - drop]
+            out[name] = (len(kept), sum(r["us"] for r in kept), drop)
+    return out
+
+
+def vs_cudnn(name, tot):
+    """目标的合计时间 / 同方向（fwd / bwd）cuDNN 的合计时间；没有 cuDNN 的 CSV 时 None。"""
+    ref = tot.get("cudnn-" + name.rsplit("-", 1)[1])
+    return tot[name][1] / ref[1] if ref and ref[1] > 0 else None
+
+
 def report(res_dir=RESULTS):
     found = False
     headers = ["目标", "内核", "µs", "SM %", "张量核 %", "发射 %", "占用 %", "寄存器", "共享 KB", "停顿（周期/指令）"]
@@ -185,13 +230,24 @@ def report(res_dir=RESULTS):
     print(f"形状：bf16，B = {SHAPE['B']}，N = {SHAPE['N']}，H = {SHAPE['H']}，d = {SHAPE['d']}，"
           f"causal = {SHAPE['causal']}；每个目标一次调用里的每个内核")
     print(format_table(headers, rows))
+    tot = totals(res_dir)
+    table = []
+    for name, (count, us, drop) in tot.items():
+        ratio = vs_cudnn(name, tot)
+        table.append([name, count, f"{us:.0f}", "—" if ratio is None else f"{ratio:.2f}×",
+                      f"去掉末尾 {drop} 个 .grad 累加" if drop else ""])
+    print("每个目标一次调用的合计（内核的时间相加；× cuDNN = 合计 / 同方向 cuDNN 的合计）：")
+    print(format_table(["目标", "内核数", "合计 µs", "× cuDNN", ""], table))
+    if any(drop for *_, drop in tot.values()):
+        print(f"  （这些反向的 CSV 是在 run_target 清掉 .grad 之前测的：末尾的 {GRAD_ADD} 是预热留下的梯度的 `+=`，"
+              "不属于反向，合计里不算；上表逐个列出了它们）")
     return 0
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="ncu 计数器：我们的注意力内核 vs cuDNN")
     ap.add_argument("--measure", action="store_true", help="在 GPU 上用 ncu 量（每个目标一次）")
-    ap.add_argument("--out", default=RESULTS, help="--measure 写 CSV 的目录")
+    ap.add_argument("--out", default=RESULTS, help="--measure 写 CSV 的目录；不 --measure 时读哪个目录的 CSV")
     ap.add_argument("--target", choices=TARGETS, help="（内部用）ncu 里面跑的那一段")
     ap.add_argument("--only", nargs="+", choices=TARGETS, default=TARGETS, help="--measure 只量这几个目标")
     args = ap.parse_args(argv)
@@ -200,7 +256,7 @@ def main(argv=None):
         return 0
     if args.measure:
         return measure(args.out, args.only)
-    return report()
+    return report(args.out)
 
 
 if __name__ == "__main__":

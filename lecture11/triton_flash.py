@@ -750,13 +750,13 @@ def _tuned(kernel, configs, extra_key=(), prune=None, reset_to_zero=None):
 
 def _fixed_config(kind, block_d, dtype):
     """不调优时用的配置 (BLOCK_M, BLOCK_N, warps, stages)（解释器用很小的块，好让几十行的序列也跨好几个块）。"""
+    kind = kind.removesuffix("_atomic")         # 带原子 dQ 的 dK/dV 内核用 dK/dV 的固定配置
     if INTERPRET:
-        blocks = {"fwd": (16, 32, 4, 1), "dkdv": (32, 16, 4, 1), "dkdv_atomic": (32, 16, 4, 1), "dq": (16, 32, 4, 1)}
-        return blocks[kind]
+        return {"fwd": (16, 32, 4, 1), "dkdv": (32, 16, 4, 1), "dq": (16, 32, 4, 1)}[kind]
     big = block_d > 128 or dtype == torch.float32
     if kind == "fwd":
         return (64, 64, 4, 2) if big else (128, 64, 8, 3)      # 不调优路径（alibi、bias、dropout、窗口）
-    if kind in ("dkdv", "dkdv_atomic"):
+    if kind == "dkdv":
         return (32, 64, 4, 2) if big else (64, 64, 4, 2)
     return (64, 32, 4, 2) if big else (64, 64, 4, 2)
 
@@ -1151,7 +1151,7 @@ def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, wi
                v.data_ptr() % 16, scalars, tuple(map(type, scalars)))
         hash(key)
         return key
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError, RuntimeError):   # RuntimeError：多元素张量的 dropout_p != 0
         return None
 
 
@@ -1643,11 +1643,14 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob,
                   stride_ob, stride_on, stride_oh, N_NEW, R)
 
 
-# 每次循环读的 key 数、warp 数、流水级数 (BLOCK_N, warps, stages)：H200 上 sweep 选的（results/NOTES.md 的 v3.1）。
-# 每段的 key 多时 (64, 4, 4) 略快；每段 ≤ 512 个 key 时 (128, 4, 3) 快约 10%（循环次数减半，流水线的填充 / 排空
-# 少一半）。解释器用小块，几十个 key 也跨好几块。
-DECODE_CONFIG = (16, 4, 1) if INTERPRET else (64, 4, 4)
-DECODE_CONFIG_SHORT = (16, 4, 1) if INTERPRET else (128, 4, 3)
+# 每次循环读的 key 数、warp 数、流水级数 (BLOCK_N, warps, stages)：H200 上 sweep 选的（results/NOTES.md 的 v3.1，
+# results/decode_bench.json 的 meta.decode_config）。每段的 key 多时 (64, 4, 4) 略快；每段 ≤ 512 个 key 时
+# (128, 4, 3) 快约 10%（循环次数减半，流水线的填充 / 排空少一半）。解释器用小块，几十个 key 也跨好几块。
+DECODE_CONFIG_GPU = (64, 4, 4)
+DECODE_CONFIG_SHORT_GPU = (128, 4, 3)
+DECODE_CONFIG_INTERPRET = (16, 4, 1)
+DECODE_CONFIG = DECODE_CONFIG_INTERPRET if INTERPRET else DECODE_CONFIG_GPU
+DECODE_CONFIG_SHORT = DECODE_CONFIG_INTERPRET if INTERPRET else DECODE_CONFIG_SHORT_GPU
 SHORT_SPLIT_KEYS = 512
 MAX_SPLITS = 256
 MAX_DECODE_ROWS = 128          # (Hq/Hk)·n 的上限：一个程序的 Q 块行数
@@ -1679,13 +1682,15 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
     return next(s for s in range(1, cap + 1) if efficiency(s) >= 0.95 * best)
 
 
-def decode_plan(B, Hk, S, n_sm=132, num_splits=None):
+def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None):
     """
     flash_decode 的配置和段数：先按 DECODE_CONFIG 的块大小定段数，每段 ≤ SHORT_SPLIT_KEYS 个 key 时换成
-    DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数。num_splits 给了就用它。返回 ((BLOCK_N, warps, stages), 段数)。
+    DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数。num_splits、config 给了就用给的（config 给了、段数没给时
+    按它的块大小定段数）。返回 ((BLOCK_N, warps, stages), 段数)。
     """
-    guess = num_splits or decode_splits(B, Hk, S, n_sm, DECODE_CONFIG[0])
-    config = DECODE_CONFIG_SHORT if S / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
+    if config is None:
+        guess = num_splits or decode_splits(B, Hk, S, n_sm, DECODE_CONFIG[0])
+        config = DECODE_CONFIG_SHORT if S / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
     return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
 
 
@@ -1772,6 +1777,9 @@ def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
     try:
         if INTERPRET or not q.is_cuda:
             return None
+        # 键里原样放进去的调用者参数只有这两个（其余都取自张量的属性）：不可哈希（如 num_splits=[2]）时在这里
+        # 抛 TypeError → None，否则 _PLANS.get(键) 才报 "unhashable"，而不是 _check_decode 的 ValueError
+        hash((num_splits, softmax_scale))
         dev = q.get_device()
         o = None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device(),
                                       out.data_ptr() % 16)
@@ -1792,11 +1800,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
-    if config is None:
-        config, splits = decode_plan(batch, hk, s_max, _sm_count(q.device), splits)
-    elif splits is None:
-        splits = decode_splits(batch, hk, s_max, _sm_count(q.device), config[0])
-    block_n, warps, stages = config
+    (block_n, warps, stages), splits = decode_plan(batch, hk, s_max, _sm_count(q.device), splits, config)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
     o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q) if out is None else out
@@ -1825,24 +1829,15 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
 
 def reference_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None, dtype=torch.float64):
     """
-    参考实现：逐个序列只取有效前缀 [0, L_b)，GQA 用 repeat_interleave 把 K/V 头复制 R 份，按 dtype（默认 float64）
-    算普通的 softmax(q kᵀ·scale) v，n 个新 token 之间右下角对齐的 causal。形状约定同 flash_decode。
+    参考实现：逐个序列只取有效前缀 [0, L_b)，交给 reference_attention（causal、右下角对齐：n 个新 token 之间也
+    causal；GQA、按 dtype 算，默认 float64，都在那里）。形状约定同 flash_decode。
     """
     squeeze = q.dim() == 3
     q4 = q.unsqueeze(1) if squeeze else q                                            # [B, n, Hq, d]
-    n_new, hq, d = q4.shape[1:]
-    group = hq // k_cache.shape[2]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    outs = []
-    for b, length in enumerate(cache_seqlens.tolist()):
-        qb = q4[b].to(dtype).transpose(0, 1)                                         # [Hq, n, d]
-        kb = k_cache[b, :length].to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)   # [Hq, L, d]
-        vb = v_cache[b, :length].to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)
-        s = qb @ kb.transpose(1, 2) * scale                                          # [Hq, n, L]
-        pos = length - n_new + torch.arange(n_new, device=q.device)
-        s = s.masked_fill(torch.arange(length, device=q.device)[None, :] > pos[:, None], float("-inf"))
-        outs.append((torch.softmax(s, dim=-1) @ vb).transpose(0, 1))                 # [n, Hq, d]
-    out = torch.stack(outs)
+    outs = [reference_attention(q4[b:b + 1], k_cache[b:b + 1, :length], v_cache[b:b + 1, :length], causal=True,
+                                softmax_scale=softmax_scale, dtype=dtype)[0]          # [1, n, Hq, d]
+            for b, length in enumerate(cache_seqlens.tolist())]
+    out = torch.cat(outs)
     return out.squeeze(1) if squeeze else out
 
 
@@ -1856,8 +1851,7 @@ def sdpa_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
         qb = q4[b].transpose(0, 1).unsqueeze(0)                                      # [1, Hq, n, d]
         kb = k_cache[b, :length].transpose(0, 1).unsqueeze(0)                        # [1, Hk, L, d]
         vb = v_cache[b, :length].transpose(0, 1).unsqueeze(0)
-        mask = torch.arange(length, device=q.device)[None, :] <= (length - n_new
-                                                                 + torch.arange(n_new, device=q.device))[:, None]
+        mask = allowed_mask(n_new, length, causal=True, device=q.device)             # [n, L]，右下角对齐
         o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=softmax_scale,
                                                              enable_gqa=True)
         outs.append(o[0].transpose(0, 1))                                            # [n, Hq, d]
@@ -1891,10 +1885,18 @@ def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
         yield name, splits, make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n_new, dtype, device)
 
 
+def decode_limit(q, k_cache, v_cache, cache_seqlens, ref):
+    """flash_decode 的误差要 < 这个上限（ref = reference_decode 的 float64 结果；check_decode 和测试共用）：
+    fp32（解释器）CPU_TOL；fp16 / bf16 是 2 × 同 dtype 的 SDPA 对 ref 的误差（flash-attn 的判据，+1e-6 防 0）。"""
+    if q.dtype == torch.float32:
+        return CPU_TOL
+    return 2 * _rel_err(sdpa_decode(q, k_cache, v_cache, cache_seqlens), ref) + 1e-6
+
+
 def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
     """
-    v3 的检查：flash_decode 对 float64 参考。CPU（解释器，fp32）：误差 < CPU_TOL；GPU（fp16/bf16）：
-    误差 ≤ 2 × 同 dtype 的 SDPA 对 float64 参考的误差（flash-attn 的判据）。先打印再断言。
+    v3 的检查：flash_decode 对 float64 参考，误差要 < decode_limit（CPU 解释器 fp32：CPU_TOL；GPU fp16/bf16：
+    2 × 同 dtype 的 SDPA 对 float64 参考的误差，flash-attn 的判据）。先打印再断言；返回最大误差。
     """
     seed = _pick_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -1903,13 +1905,37 @@ def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
     for name, splits, (q, k, v, lens) in decode_cases(gen, device, dtype, big=device != "cpu"):
         ref = reference_decode(q, k, v, lens)
         err = _rel_err(flash_decode(q, k, v, lens, num_splits=splits), ref)
-        limit = CPU_TOL if dtype == torch.float32 else 2 * _rel_err(sdpa_decode(q, k, v, lens), ref) + 1e-6
+        limit = decode_limit(q, k, v, lens, ref)
         if verbose or not err < limit:
             print(f"  {name:<28s} out {err:.1e}（上限 {limit:.1e}）" + ("" if err < limit else "  ✗"))
         failed += [] if err < limit else [(name, err)]
         worst = max(worst, err)
     assert not failed, f"flash_decode 误差超过上限（种子 {seed}）：{failed}"
     return worst
+
+
+# ============================================================================
+# 基准共用：06_triton_bench.py、gluon_flash.py（--bench / --explore）、ncu_profile.py 的 SDPA 后端
+# （形状和 FLOP 算法在 flash_lab.py：attention_flops、BENCH_TOKENS / BENCH_HIDDEN，没有 GPU 也能用）
+# ============================================================================
+SDPA_BACKENDS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+
+
+def sdpa_fn(backend):
+    """PyTorch SDPA 的一个后端（SDPA_BACKENDS 之一）→ run(q, k, v, causal)。q、k、v 和输出都是 flash-attn 的布局
+    [B, N, H, d]；SDPA 要 [B, H, N, d]，进出各转置一次（只是视图）。"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = check_choice("backend", backend, SDPA_BACKENDS, where="sdpa_fn")
+    chosen = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+              "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    F = torch.nn.functional
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([chosen]):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal)
+        return out.transpose(1, 2)
+    return run
 
 
 # ============================================================================
@@ -1923,34 +1949,46 @@ def _check_runnable(t):
         "要么在 import 本模块之前设置环境变量 TRITON_INTERPRET=1（例如 `TRITON_INTERPRET=1 python3 ...`）。")
 
 
-def _check_qkv(q, k, v, packed):
-    want = 3 if packed else 4
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check_tensors(where, named):
+    """
+    注意力输入共同的检查（_check_qkv 和 _check_decode 共用）。named = ((名字, 张量, 允许的维数, 布局说明), …)，
+    前两个是 query 和 key：都是张量、维数对、dtype 是 _DTYPES 之一且相同、解释器上不是 bf16、在同一个设备上、
+    head dim 相同、Hq 是 Hk 的整数倍。where 不是 None 时错误消息以 "where：" 开头。返回 (Hq, Hk, d)。
+    """
+    pre = "" if where is None else f"{where}："
+    for name, t, dims, layout in named:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
-        if t.dim() != want:
-            layout = "[total, H, d]" if packed else "[B, N, H, d]"
-            raise ValueError(f"{name} 必须是 {want} 维 {layout}，收到形状 {tuple(t.shape)}")
+            raise TypeError(f"{pre}{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
+        if t.dim() not in dims:
+            raise ValueError(f"{pre}{name} 必须是 {layout}，收到形状 {tuple(t.shape)}")
         if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}.dtype 必须是 float16、bfloat16 或 float32 之一，收到 {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q、k、v 的 dtype 必须相同，收到 {q.dtype}、{k.dtype}、{v.dtype}")
+            raise TypeError(f"{pre}{name}.dtype 必须是 float16、bfloat16 或 float32 之一，收到 {t.dtype}")
+    names, tensors = "、".join(n[0] for n in named), [n[1] for n in named]
+    q, k = tensors[0], tensors[1]
+    if any(t.dtype != q.dtype for t in tensors):
+        raise TypeError(f"{pre}{names} 的 dtype 必须相同，收到 {'、'.join(str(t.dtype) for t in tensors)}")
     if INTERPRET and not q.is_cuda and q.dtype == torch.bfloat16:
         # 解释器跑 bf16 不报错，但结果错得离谱（误差 ~1e9）；GPU 上 bf16 是对的（NOTES.md）
-        raise TypeError("Triton 解释器（CPU）上不支持 bfloat16（能跑但结果是错的）：请用 float32 或 float16，"
+        raise TypeError(f"{pre}Triton 解释器（CPU）上不支持 bfloat16（能跑但结果是错的）：请用 float32 或 float16，"
                         "bf16 请在 GPU 上跑")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q、k、v 必须在同一个设备上，收到 {q.device}、{k.device}、{v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k 和 v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
+    if any(t.device != q.device for t in tensors):
+        raise ValueError(f"{pre}{names} 必须在同一个设备上，收到 {'、'.join(str(t.device) for t in tensors)}")
     d = q.shape[-1]
     if k.shape[-1] != d:
-        raise ValueError(f"q 和 k 的 head dim 必须相同，收到 {d} 和 {k.shape[-1]}")
-    if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim 必须在 1…{MAX_HEAD_DIM} 之间，收到 {d}")
+        raise ValueError(f"{pre}{named[0][0]} 和 {named[1][0]} 的 head dim 必须相同，收到 {d} 和 {k.shape[-1]}")
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk != 0:
-        raise ValueError(f"query 头数 Hq 必须是 K/V 头数 Hk 的整数倍（GQA/MQA），收到 Hq={hq}、Hk={hk}")
+        raise ValueError(f"{pre}query 头数 Hq 必须是 K/V 头数 Hk 的整数倍（GQA/MQA），收到 Hq={hq}、Hk={hk}")
+    return hq, hk, d
+
+
+def _check_qkv(q, k, v, packed):
+    want, layout = (3, "3 维 [total, H, d]") if packed else (4, "4 维 [B, N, H, d]")
+    _, _, d = _check_tensors(None, [(name, t, (want,), layout) for name, t in (("q", q), ("k", k), ("v", v))])
+    if k.shape != v.shape:
+        raise ValueError(f"k 和 v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim 必须在 1…{MAX_HEAD_DIM} 之间，收到 {d}")
     if not packed and k.shape[0] != q.shape[0]:
         raise ValueError(f"q 和 k 的 batch 维必须相同，收到 {q.shape[0]} 和 {k.shape[0]}")
     _check_runnable(q)
@@ -2132,33 +2170,16 @@ def _check_cu(name, cu, total, max_len, device):
 def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out=None):
     """flash_decode 的输入检查：只查不需要同步的性质（形状、dtype、设备）；cache_seqlens 的值只在 CPU 上查。"""
     where = "flash_decode"
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{where}：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{where}：{name}.dtype 必须是 float16、bfloat16 或 float32 之一，收到 {t.dtype}")
-    if q.dim() not in (3, 4):
-        raise ValueError(f"{where}：q 必须是 [B, Hq, d]（1 个新 token）或 [B, n, Hq, d]，收到形状 {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"{where}：k_cache、v_cache 必须是形状相同的 [B, S_max, Hk, d]，收到 "
+    kv_layout = "[B, S_max, Hk, d]"
+    hq, hk, d = _check_tensors(where, [("q", q, (3, 4), "[B, Hq, d]（1 个新 token）或 [B, n, Hq, d]"),
+                                       ("k_cache", k_cache, (4,), kv_layout), ("v_cache", v_cache, (4,), kv_layout)])
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{where}：k_cache、v_cache 必须是形状相同的 {kv_layout}，收到 "
                          f"{tuple(k_cache.shape)} 和 {tuple(v_cache.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"{where}：q、k_cache、v_cache 的 dtype 必须相同，收到 {q.dtype}、{k_cache.dtype}、"
-                        f"{v_cache.dtype}")
-    if INTERPRET and not q.is_cuda and q.dtype == torch.bfloat16:
-        raise TypeError(f"{where}：Triton 解释器（CPU）上不支持 bfloat16（结果是错的）：请用 float32 或 float16")
-    if not (q.device == k_cache.device == v_cache.device):
-        raise ValueError(f"{where}：q、k_cache、v_cache 必须在同一个设备上，收到 {q.device}、{k_cache.device}、"
-                         f"{v_cache.device}")
-    batch, n_new, (hq, d) = q.shape[0], (1 if q.dim() == 3 else q.shape[1]), q.shape[-2:]
-    s_max, hk = k_cache.shape[1], k_cache.shape[2]
+    batch, n_new, s_max = q.shape[0], (1 if q.dim() == 3 else q.shape[1]), k_cache.shape[1]
     if k_cache.shape[0] != batch:
         raise ValueError(f"{where}：q 和 k_cache 的 batch 维必须相同，收到 {batch} 和 {k_cache.shape[0]}")
-    if k_cache.shape[3] != d:
-        raise ValueError(f"{where}：q 和 k_cache 的 head dim 必须相同，收到 {d} 和 {k_cache.shape[3]}")
     check_choice("head dim d", d, (16, 32, 64, 128, 256), where)   # tl.arange 要 2 的幂，tl.dot 要 ≥ 16
-    if hk == 0 or hq % hk != 0:
-        raise ValueError(f"{where}：query 头数 Hq 必须是 K/V 头数 Hk 的整数倍（GQA/MQA），收到 Hq={hq}、Hk={hk}")
     check_int("n（新 token 数，q.shape[1]）", n_new, lo=1, hi=64, where=where, type_error=ValueError)
     if hq // hk * n_new > MAX_DECODE_ROWS:       # 一个程序把 R·n 行放在一个块里：块太大放不进寄存器
         raise ValueError(f"{where}：每组 query 头数 × 新 token 数 (Hq/Hk)·n 不能超过 {MAX_DECODE_ROWS}，"

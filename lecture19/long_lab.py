@@ -24,8 +24,8 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
     RingLedger / ring_attention   环形注意力的单进程模拟（contiguous / striped 两种切法），记账每轮工作量和发送量
     ring_attention_dist / init_distributed / run_ring   真正的环形注意力：torch.distributed 点对点收发
                                   （本机 gloo 多进程；torchrun + NCCL 时每个进程一块 GPU）
-    RingEvents / overlap_share / timeline_summary   每轮"算"和"传"的起止（CUDA 事件或 perf_counter）与重叠率
-                                  |传 ∩ 算| / |传|
+    RingEvents / covered / timeline_summary   每轮"算"和"传"的起止（CUDA 事件或 perf_counter），传没被算盖住的
+                                  时间 Σ(|传| − |传 ∩ 算|)（演示 06 拿它和单独传的时间比：藏住多少通信）
     flops_per_token               训练每个 token 的 FLOPs（参数部分 + 注意力部分）
     activation_bytes / max_seq_len   每层激活显存（Ring Attention 论文表 1；用第 18 讲的那一份）
 
@@ -1037,8 +1037,10 @@ class RingEvents:
 
 
 def covered(span, spans):
-    """span = (起, 止) 里有多长被 spans（若干区间，可重叠）盖住：|span ∩ ∪ spans|。"""
+    """span = (起, 止) 里有多长被 spans（若干区间，可重叠）盖住：|span ∩ ∪ spans|。止早于起 → ValueError。"""
     a, b = span
+    if b < a:
+        raise ValueError(f"covered：span 的止 {b} 早于起 {a}")
     merged = []
     for s, e in sorted((max(s, a), min(e, b)) for s, e in spans):     # 先裁到 span 里，再合并重叠的
         if e <= s:
@@ -1050,26 +1052,17 @@ def covered(span, spans):
     return sum(e - s for s, e in merged)
 
 
-def overlap_share(comm, computes):
-    """
-    重叠率 = |传 ∩ 算| / |传|：传的这段时间里，有多少时间设备同时在算（0–1）。
-    传完全落在算里面 → 1；两者不相交 → 0；传的时长为 0 时按"全被盖住"算 1。
-    """
-    a, b = comm
-    if b < a:
-        raise ValueError(f"overlap_share：comm 区间的止 {b} 早于起 {a}")
-    return 1.0 if b == a else covered(comm, computes) / (b - a)
-
-
 def timeline_summary(tl):
     """
     一个环的 timeline() → 这个环的几个数（秒）：
       ring_s        整个环（begin 到 end）
       compute_s     每轮"算"的时长之和；per_round_compute_s / per_round_comm_s：每轮的（没有传的轮是 None）
       comm_s        每轮"传"的时长之和
-      overlap       Σ|传 ∩ 算| / Σ|传|（没有传时为 None）
-      comm_exposed_s Σ(|传| − |传 ∩ 算|)：传的时候设备上没有在算的时间
+      comm_exposed_s Σ(|传| − |传 ∩ 算|)：传的时候设备上没有在算的时间（露在外面的通信）
       exposed_s     ring_s − compute_s：环里不在算的时间（露在外面的通信 + 拼 K/V、分配缓冲、归一化）
+      overlap       Σ|传 ∩ 算| / Σ|传|（没有传时为 None）——只作诊断，不是"藏住了多少"：GPU 上"传"的区间从可以
+                    开始传算到 NCCL 结束，NCCL 的线程块排在注意力内核后面等 SM 时，传被拉长、落在算里面，
+                    这个比例按构造接近 1。藏住多少要拿 comm_exposed_s 和不重叠时单独传的时间比（演示 06）。
     """
     computes = [r["compute"] for r in tl["rounds"]]
     comms = [r["comm"] for r in tl["rounds"] if r["comm"] is not None]

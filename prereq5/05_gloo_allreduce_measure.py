@@ -2,7 +2,8 @@
 预备课 5 · 演示 05：真的测一次 all-reduce——torch.distributed 的 gloo 后端，几个 CPU 进程，拟合 α 和 β
 
 你会看到……
-  1. 起 P 个进程（--quick：2 个；完整：2 个和 4 个里不超过本机核数的——超过核数会测到调度而不是通信），
+  1. 起 P 个进程（--quick：2 个；完整：2 个和 4 个里不超过本机核数的——超过核数会测到调度而不是通信；
+     只有 1 个核时一个也不起，打印 SKIP），
      用 gloo 后端在本机（127.0.0.1 回环）上做 all-reduce。
      先检查正确性：每个进程一组随机数，all-reduce 的结果 = numpy 把各进程的数组加起来。
   2. 消息从 1 kB 到几 MB（4 字节 float32 × 2^k 个元素；大小用十进制单位打印，
@@ -161,14 +162,14 @@ def usable_cores():
 
 def process_counts(requested, cores):
     """
-    要测的进程数：requested（None = 默认的 2 和 4）里不超过 cores 的那些；都超过时用 [2]。
+    要测的进程数：requested（None = 默认的 2 和 4）里不超过 cores 的那些；都超过时是空的（调用者打印 SKIP）。
     返回 (进程数列表, 被去掉的列表)。
 
     为什么不超过核数：4 个进程挤在 2 个核上时，操作系统让它们轮流上核，all-reduce 的每一步都要等一个刚被
-    换下去的进程——在课程的 2 核机器上实测 α 大约翻倍、拟合的最大误差到 ~47%。那测的是调度，不是通信。
+    换下去的进程——α 被调度延迟撑大，α-β 直线也贴不准。那测的是调度，不是通信。
     """
     want = sorted(set(requested or (2, 4)))
-    keep = [w for w in want if w <= cores] or [2]
+    keep = [w for w in want if w <= cores]
     return keep, [w for w in want if w not in keep]
 
 
@@ -184,9 +185,11 @@ def main():
 
     cores = usable_cores()
     worlds, dropped = process_counts((2,) if args.quick else (2, 4), cores)
+    if not worlds:
+        skip(f"本机只能用 {cores} 个核：all-reduce 至少要 2 个进程，挤在 1 个核上量到的是调度而不是通信")
     if dropped:
-        print(f"本机能用 {cores} 个核：不测 {dropped} 个进程——进程数超过核数时它们轮流上核，α 会被调度延迟撑大"
-              f"（2 核跑 4 进程时实测 α 约翻倍、拟合误差到 ~47%），量到的是操作系统而不是通信。")
+        print(f"本机能用 {cores} 个核：不测 {dropped} 个进程——进程数超过核数时它们轮流上核，α 会被调度延迟撑大、"
+              "α-β 直线也贴不准，量到的是操作系统而不是通信。")
     n_elems = [2 ** k for k in (range(8, 21, 3) if args.quick else range(8, 23, 2))]
     # ↑ float32：1.02 kB … 4.19 / 16.8 MB
     reps = 10 if args.quick else 30

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
 from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import gpu_meta  # noqa: E402  测量文件的"在哪测的"（nccl_environment 用；torch 由调用者传入）
 
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
@@ -726,22 +727,18 @@ _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda 
 
 def nccl_environment(torch):
     """
-    实测结果文件的"这是在哪测的"：日期、GPU、驱动、torch / NCCL 版本、NCCL_NVLS_ENABLE、`nvidia-smi topo -m`。
+    实测结果文件的"这是在哪测的"：course_utils.gpu_meta（GPU、驱动、torch / CUDA / triton 版本、日期）
+    再加 NCCL 版本、NCCL_NVLS_ENABLE 和 `nvidia-smi topo -m`（GPU 之间怎么连）。
     传入已导入的 torch（本模块不依赖 torch）；在有 GPU 的机器上、测量脚本里调用。
     """
-    import datetime
     import subprocess
-    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(0),
-            "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE")}
-    for key, cmd in (("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
-                     ("topology", ["nvidia-smi", "topo", "-m"])):
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-            info[key] = out if key == "topology" else out.splitlines()[0]     # 每块 GPU 一行，取第一行
-        except (OSError, subprocess.SubprocessError, IndexError) as e:
-            info[key] = f"unavailable: {e}"
-    return info
+    try:
+        topology = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                                  timeout=30).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError) as e:
+        topology = f"unavailable: {e}"
+    return gpu_meta(torch, nccl=".".join(map(str, torch.cuda.nccl.version())),
+                    NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE"), topology=topology)
 
 
 def bus_factor(collective, p):

@@ -70,14 +70,23 @@ def test_labload_shares_one_copy_of_a_uniquely_named_module():
     assert "llm_math" not in ambiguous_names()
 
 
-def test_check_all_prints_each_item_once(capsys):
-    # issue 10：check-all 原来先逐行打印、最后再把 40 行的表整张重印一遍
+def test_check_all_prints_each_item_once(capsys, monkeypatch):
+    # issue 10：check-all 原来先逐行打印、最后再把 40 行的表整张重印一遍。
+    # 只测打印：run_item 换成立刻返回成功的替身（各项真的跑一遍是 test_item 的事）
+    calls = []
+
+    def fake_run_item(item, **kw):
+        calls.append(item.label)
+        return "ok", 0.1 * len(calls), f"{item.label} ok"
+
+    monkeypatch.setattr(check_all, "run_item", fake_run_item)
     rc = check_all.main(["--folders", "lecture01", "--jobs", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
     rows = [ln for ln in out.splitlines() if ln.strip().startswith("[")]       # 每项一行（完成时打印）
     items = check_all.discover(folders=["lecture01"])
     assert len(rows) == len(items), out
+    assert sorted(calls) == sorted(it.label for it in items)                   # 每项只"运行"一次
     for it in items:
         assert sum(f" {it.label} " in ln for ln in out.splitlines()[:-1]) == 1, (it.label, out)
     assert "最慢" in out

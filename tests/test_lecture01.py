@@ -640,6 +640,23 @@ def test_impossible_configurations_do_not_return_numbers():
         LM.step_time(LM.LLAMA31_8B, "H100", 1, 1)
 
 
+def test_step_time_reads_the_kv_that_fit_keeps_per_card():
+    """n > G（8B 有 8 个 KV 头）时 rule="tp" 每卡留 1 个复制的 KV 头：每卡读的 KV 不再随 n 变小
+    （同第 5 讲 StepModel）。"""
+    m, h, b, ctx = LM.LLAMA31_8B, HW.H100_SXM, 4, 4096
+    w_per_card = {n: m.matmul_params() * 2.0 / n for n in (8, 16)}
+    kv = {n: LM.step_time(m, h, b, 1, ctx, n_chips=n)["bytes"] - w_per_card[n] for n in (8, 16)}
+    assert math.isclose(kv[16], kv[8], rel_tol=1e-12)                               # 复制：不是 kv[8] / 2
+    f16 = LM.fit(m, h, 16, b, ctx + 1)
+    assert math.isclose(kv[16], b * (ctx + 1) * f16.kv_per_token, rel_tol=1e-12)
+    assert math.isclose(f16.kv_per_token, m.kv_bytes_per_token() / m.n_kv_heads, rel_tol=1e-12)
+    ss = load_lab("lecture05", "serving_sim")
+    assert ss.StepModel(m, h, tp=16).kv_bytes_per_token == f16.kv_per_token        # 第 1 讲和第 5 讲同一本账
+    # rule="bytes"（下限）：总字节平分
+    by = LM.step_time(m, h, b, 1, ctx, n_chips=16, rule="bytes")["bytes"]
+    assert math.isclose(by, m.step_bytes(b, 1, ctx) / 16, rel_tol=1e-12)
+
+
 def test_model_config_flags_must_be_bool():
     with pytest.raises(TypeError, match="tied"):
         LM.ModelConfig("x", **_args(tied="False"))

@@ -1,4 +1,5 @@
 """第 5 讲 serving_sim 的单元测试与性质测试（自检和演示由 test_harness.py 在子进程里跑，这里不重复）。"""
+import dataclasses
 import math
 
 import numpy as np
@@ -134,8 +135,10 @@ def test_crossover_batch_is_the_first_compute_bound_batch():
         for ctx in (1, 256):
             bx = ss.crossover_batch(sm, ctx, b_max=4096)
             if bx is None:                                            # MHA + 长上下文：KV 字节随批一起涨，永远到不了
-                assert sm._roofline(4096, sm._attn1() * 4096 * ctx, 4096 * ctx, 4096)[3] > \
-                    sm._roofline(4096, sm._attn1() * 4096 * ctx, 4096 * ctx, 4096)[2]      # 仍受带宽限制
+                # 批 4096 仍受带宽限制：换一块显存够大的同款芯片（roofline 只看峰值和带宽，容量只决定放不放得下）
+                need = (m.weight_bytes() + 4096 * ctx * m.kv_bytes_per_token(2)) / 0.9
+                big = ss.StepModel(m, dataclasses.replace(chip, mem_cap=2 * need, mem_alloc=None))
+                assert big.decode_cost(4096, 4096 * ctx).bound == "memory"
                 continue
             assert sm.decode_cost(bx, bx * ctx).bound == "compute"
             assert bx == 1 or sm.decode_cost(bx - 1, (bx - 1) * ctx).bound == "memory"

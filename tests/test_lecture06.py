@@ -656,6 +656,21 @@ def test_verify_time_and_rounds():
     g, r = dl.best_round(T, D, chip, batch=1, ctx=512, alpha=0.9)
     assert g >= 1 and r["speedup"] == max(dl.spec_round(T, D, chip, batch=1, ctx=512, alpha=0.9,
                                                         gamma=k)["speedup"] for k in range(1, 17))
+    # 显存边界：γ = 16 放不下、小一些的 γ 放得下 → best_round 只在放得下的 γ 里挑；连 γ = 1 都放不下才报错
+    b = 64
+    g_fit = {ctx: [k for k in range(1, 17) if dl.fits_in_memory((T, D), chip, b, ctx + k + 1)[0]]
+             for ctx in range(5000, 6001)}
+    ctx_mid = next(c for c, ks in g_fit.items() if 4 <= len(ks) < 16)          # 只有 γ ≤ len(ks) 放得下
+    ctx_none = next(c for c, ks in g_fit.items() if not ks)
+    assert g_fit[ctx_mid] == list(range(1, len(g_fit[ctx_mid]) + 1))           # 显存随 γ 单调增长
+    with pytest.raises(dl.llm_math.CapacityError):                              # 原来：γ = 16 放不下就报错
+        dl.spec_round(T, D, chip, batch=b, ctx=ctx_mid, alpha=0.8, gamma=16)
+    g, r = dl.best_round(T, D, chip, batch=b, ctx=ctx_mid, alpha=0.8)
+    want = max(range(1, len(g_fit[ctx_mid]) + 1),
+               key=lambda k: dl.spec_round(T, D, chip, batch=b, ctx=ctx_mid, alpha=0.8, gamma=k)["speedup"])
+    assert 1 <= g == want <= len(g_fit[ctx_mid]) and r["speedup"] > 1
+    with pytest.raises(dl.llm_math.CapacityError):
+        dl.best_round(T, D, chip, batch=b, ctx=ctx_none, alpha=0.8)
     with pytest.raises(ValueError, match="batch"):
         dl.verify_time(T, chip, batch=0, ctx=100, n_tokens=1)
     with pytest.raises(ValueError, match="gamma"):
@@ -680,9 +695,27 @@ def test_prob_tolerance_follows_dtype():
     assert np.abs(p.astype(np.float64).sum(axis=1) - 1).max() > dl.PROB_TOL
     out, beta = dl.spec_output_dist(p, p)                              # 原来：ValueError（容差固定 1e-9）
     assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0)
-    assert dl.prob_tol(np.float64, 5000) == dl.PROB_TOL and dl.prob_tol(np.float32, 5000) > 1e-4
+    assert dl.prob_tol(np.float64, 5000) == dl.PROB_TOL
+    assert dl.prob_tol(np.float32, 5000) < 2e-5 and dl.prob_tol(np.float32, 128256) < 1e-4   # 容差小：远小于 1%
     with pytest.raises(ValueError, match="归一化"):                  # 真没归一化的 float32 表照样拒绝
         dl.spec_output_dist(p * np.float32(1.01), p)
+
+
+def test_prob_tolerance_at_llama3_vocab():
+    """V = 128256（Llama 3 的词表）：n·eps 的老容差（1.5e-2）连乘了 1.01 的表都收；真的 float32 softmax 要收。"""
+    torch = pytest.importorskip("torch")
+    V = 128256
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(4, V, generator=gen, dtype=torch.float32) * 5      # 温度让 torch 的 float32 求和误差最大（~1e-5）
+    p = torch.softmax(z, dim=-1).numpy()
+    assert p.dtype == np.float32
+    err = np.abs(p.astype(np.float64).sum(axis=1) - 1).max()
+    assert dl.PROB_TOL < err < dl.prob_tol(np.float32, V) / 3          # 真有误差，且容差留了余量
+    out, beta = dl.spec_output_dist(p, p)                              # 收下（β = Σ min(p, p) = 行和）
+    assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0, rtol=0, atol=err)
+    for bad in (p * np.float32(1.01), p * np.float32(0.999)):
+        with pytest.raises(ValueError, match="归一化"):
+            dl.spec_output_dist(bad, p)
 
 
 def test_fits_in_memory_and_capacity_errors():

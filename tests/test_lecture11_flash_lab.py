@@ -437,7 +437,7 @@ def test_fit_decode_gpu_bad_inputs():
         fl.fit_decode_gpu([])
     with pytest.raises(TypeError, match="DecodeGPU"):
         fl.fit_decode_gpu([dict(B=1, Hq=1, Hkv=1, S=1, d=1, method="fd", t=1e-6)], gpu="H200")
-    with pytest.raises(ValueError, match="t"):
+    with pytest.raises(ValueError, match="实测秒数"):
         fl.fit_decode_gpu([dict(B=1, Hq=1, Hkv=1, S=1, d=1, method="fd", t=0.0)])
 
 
@@ -469,3 +469,25 @@ def test_measured_h200_parameters_are_labelled_and_physical():
     g = fl.H200_DEC_MEASURED
     assert "measured" in g.name and 10e9 < g.sm_bw_cap < 100e9 and 0 < g.launch < 10e-6
     assert fl.H200_TIMELINE_GRAPH.launch < fl.H200_TIMELINE_EAGER.launch      # CUDA 图的间隙比 eager 的主机间隔短
+
+
+def test_measured_h200_parameters_equal_fit_of_committed_json(monkeypatch):
+    """flash_lab 的 H200_* 常数 = 对提交的 JSON 重新拟合的结果，逐字段（07 的演示打印时也断言，这里不依赖它的输出）。"""
+    import dataclasses
+    import importlib.util
+    import os
+    import sys
+    here = os.path.join(os.path.dirname(__file__), "..", "lecture11")
+    monkeypatch.setitem(sys.modules, "flash_lab", fl)           # 07 的 `import flash_lab` 拿到第 11 讲的这一份
+    spec = importlib.util.spec_from_file_location("lecture11_decode_bench_07", os.path.join(here, "07_decode_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res, step_res = bench.load_json(bench.RESULTS), bench.load_json(bench.STEP_RESULTS)
+    assert res is not None and step_res is not None, "提交的 decode_bench.json / step_measure.json 不见了"
+    fitted, _ = bench.calibrate_decode(res)
+    p_graph, p_eager, _, _ = bench.calibrate_timeline(res, step_res)
+    assert bench.same_params(fitted, fl.H200_DEC_MEASURED)
+    assert bench.same_params(p_graph, fl.H200_TIMELINE_GRAPH) and bench.same_params(p_eager, fl.H200_TIMELINE_EAGER)
+    # 比较是逐字段的：任何一个字段不同都算不等
+    assert not bench.same_params(fitted, dataclasses.replace(fl.H200_DEC_MEASURED, n_sm=fitted.n_sm + 1))
+    assert not bench.same_params(p_graph, dataclasses.replace(p_graph, sync=p_graph.sync * 1.001 + 1e-9))

@@ -4,7 +4,9 @@
   - attention() 先查参数（坏参数 → ValueError / TypeError，消息里有参数名），再查设备（没有 CUDA → RuntimeError）。
 GPU 上的数值检查是模块自己的 _selftest（python3 lecture11/gluon_flash.py）。
 """
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -56,6 +58,8 @@ def test_attention_needs_gpu():
     (dict(return_lse=1), TypeError, "return_lse"),
     (dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
     (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
+    (dict(softmax_scale="0.1"), ValueError, "softmax_scale"),                 # 类型不对也是 ValueError（老接口）
+    (dict(softmax_scale=True), ValueError, "softmax_scale"),
 ])
 def test_bad_options(kwargs, exc, word):
     with pytest.raises(exc, match=word):
@@ -63,7 +67,7 @@ def test_bad_options(kwargs, exc, word):
 
 
 @pytest.mark.parametrize("make, exc, word", [
-    (lambda: _qkv(d=96), ValueError, "d"),
+    (lambda: _qkv(d=96), ValueError, "头维 d"),
     (lambda: _qkv(dtype=torch.float32), TypeError, "dtype"),
     (lambda: _qkv(h=3, hk=2), ValueError, "GQA"),
     (lambda: (torch.zeros(8, 2, 64, dtype=BF16),) * 3, ValueError, "4 维"),
@@ -91,6 +95,46 @@ def test_bwd_tile_table():
         assert stages >= 2 and len(regs) == consumers
     with pytest.raises(ValueError, match="consumers"):
         gf.bwd_tile_config(64, consumers=3)
+
+
+def _warp_specialize_literals(kernel):
+    """gluon_flash.py 里内核 kernel 的 gl.warp_specialize 调用结尾的 (worker_num_warps, worker_num_regs) 字面量。"""
+    with open(os.path.join(ROOT, "lecture11", "gluon_flash.py"), encoding="utf-8") as fh:
+        text = fh.read()
+    body = text.split(f"def {kernel}(", 1)[1].split("\n    @gluon.jit", 1)[0].split("\ndef ", 1)[0]
+    calls = re.findall(r"\], \[([\d, ]+)\], \[([\d, ]+)\]\)", body)
+    return {tuple(int(x) for x in w.split(",")): tuple(int(x) for x in r.split(",")) for w, r in calls}
+
+
+def test_worker_regs_match_the_kernels():
+    """worker_regs 不传给内核（Gluon 要 warp_specialize 里字面的列表）：两处必须是同一组数。
+    键 = 每个 worker 分区的 warp 数：(1,) = 只有生产者，(4, 1) = 第二个计算组 + 生产者。"""
+    fwd, bwd = _warp_specialize_literals("_attn_fwd"), _warp_specialize_literals("_attn_bwd")
+    assert set(fwd) == set(bwd) == {(1,), (4, 1)}
+    for variant in gf.VARIANTS:
+        if gf.FLAGS[variant]["WS"]:
+            key = (1,) if gf.FLAGS[variant]["CONSUMERS"] == 1 else (4, 1)
+            assert {gf.tile_config(variant, d)[5] for d in gf.HEAD_DIMS} == {fwd[key]}, variant
+        else:
+            assert {gf.tile_config(variant, d)[5] for d in gf.HEAD_DIMS} == {()}, variant
+    for consumers, key in ((1, (1,)), (2, (4, 1))):
+        assert {gf.bwd_tile_config(d, consumers)[6] for d in gf.HEAD_DIMS} == {bwd[key]}
+
+
+def test_explore_cli_names_the_file_after_ns():
+    """--explore 的 --ns / --variants：默认写 gluon_explore.json，--ns 1024 写已提交的 gluon_explore_1k.json。"""
+    assert gf.explore_name() == "gluon_explore.json"
+    assert gf.explore_name((1024,)) == "gluon_explore_1k.json"
+    assert gf.explore_name((1000, 2048)) == "gluon_explore_1000_2k.json"
+    args = gf._parse_args(["--explore", "--ns", "1024", "--variants", *gf.VARIANTS])
+    assert args.ns == [1024] and tuple(args.variants) == gf.VARIANTS
+    with open(os.path.join(ROOT, "lecture11", "results", gf.explore_name(tuple(args.ns))), encoding="utf-8") as fh:
+        rows = json.load(fh)["rows"]                                          # 这条命令写的就是已提交的那一份
+    assert {r["N"] for r in rows} == set(args.ns) and {r["variant"] for r in rows} == set(args.variants)
+    default = gf._parse_args(["--explore"])
+    assert tuple(default.ns) == gf.EXPLORE_NS and tuple(default.variants) == gf.EXPLORE_VARIANTS
+    with pytest.raises(SystemExit):
+        gf._parse_args(["--explore", "--variants", "fast"])
 
 
 @pytest.mark.parametrize("over, kwargs, exc, word", [

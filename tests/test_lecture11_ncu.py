@@ -1,7 +1,10 @@
 """lecture11/ncu_profile.py：读已提交的 ncu CSV（results/ncu/），不需要 GPU。
-查解析出来的数有物理意义（时间 > 0、百分比在 0–100 之间、cuDNN 的内核名里有 cudnn），停顿原因的挑法对。"""
+查解析出来的数有物理意义（时间 > 0、百分比在 0–100 之间、cuDNN 的内核名里有 cudnn），停顿原因的挑法对，
+合计和 × cuDNN 由 CSV 算，--out 被尊重，ncu 失败的目标让 --measure 以 1 退出（假的 ncu，不需要 GPU）。"""
 import math
 import os
+import shutil
+import types
 
 import pytest
 
@@ -28,8 +31,11 @@ def test_committed_csv_parses(target):
         assert "cudnn" not in main["kernel"]
 
 
-def test_at_least_the_first_run_is_committed():
-    assert {"ours-fwd", "cudnn-fwd", "ours-bwd", "cudnn-bwd"} <= set(COMMITTED)
+def test_every_target_is_committed_and_nothing_else():
+    """results/ncu/ 里的 CSV 正好是 TARGETS 的每一个：删掉一个、多出一个都不行。"""
+    names = os.listdir(ncu.RESULTS)
+    found = {f[len("ncu_"):-len(".csv")] for f in names if f.startswith("ncu_") and f.endswith(".csv")}
+    assert found == set(ncu.TARGETS)
 
 
 def test_summarise_picks_largest_stalls_and_skips_selected():
@@ -50,3 +56,50 @@ def test_report_prints_table(capsys):
     assert ncu.report() == 0
     out = capsys.readouterr().out
     assert "cudnn" in out and "_fwd_kernel" in out
+
+
+def test_totals_and_ratio_come_from_the_csv():
+    tot = ncu.totals()
+    assert set(tot) == set(ncu.TARGETS)
+    for name, (count, us, drop) in tot.items():
+        summaries = [ncu.summarise(r) for r in ncu.read_csv(os.path.join(ncu.RESULTS, f"ncu_{name}.csv"))]
+        assert count + drop == len(summaries) and us == pytest.approx(sum(s["us"] for s in summaries[:count]))
+        # 去掉的只能是反向末尾的 .grad 累加（提交的 CSV 是修正前测的：三个反向各 3 个）
+        assert drop == (3 if name.endswith("-bwd") else 0)
+        assert all(ncu.GRAD_ADD in s["kernel"] for s in summaries[count:])
+    assert ncu.vs_cudnn("cudnn-fwd", tot) == ncu.vs_cudnn("cudnn-bwd", tot) == 1.0
+    assert ncu.vs_cudnn("ours-bwd", tot) == pytest.approx(tot["ours-bwd"][1] / tot["cudnn-bwd"][1])
+    assert ncu.vs_cudnn("ours-fwd", {"ours-fwd": (1, 5.0, 0)}) is None         # 没有 cuDNN 的 CSV：不编一个比值
+
+
+def test_accumulate_tail_only_drops_three_trailing_grad_adds():
+    add = "void " + ncu.GRAD_ADD + "<...>"
+    assert ncu.accumulate_tail(["_attn_bwd", add, add, add]) == 3
+    assert ncu.accumulate_tail(["_attn_bwd", "convert_dq", add, add]) == 0        # 修正后测的：末尾没有三个累加
+    assert ncu.accumulate_tail([add, "_dq_kernel"]) == 0
+
+
+def test_report_reads_the_given_directory(tmp_path, capsys):
+    assert ncu.report(str(tmp_path)) == ncu.SKIP                              # 空目录：SKIP，不回退到已提交的
+    shutil.copy(os.path.join(ncu.RESULTS, "ncu_ours-fwd.csv"), tmp_path)
+    assert ncu.main(["--out", str(tmp_path)]) == 0                            # 命令行的 --out 也读这个目录
+    out = capsys.readouterr().out
+    assert "ours-fwd" in out and "cudnn-fwd" not in out
+    assert "—" in out.splitlines()[-1]                                        # 没有 cuDNN：× cuDNN 一栏空着
+
+
+def test_measure_returns_1_when_ncu_fails(tmp_path, monkeypatch, capsys):
+    """假的 ncu：ours-fwd 成功（输出已提交的 CSV），cudnn-fwd 失败。表照样打印，但退出码是 1。"""
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/fake/ncu")
+
+    def fake_run(cmd, **kw):
+        target = cmd[-1]
+        if target == "cudnn-fwd":
+            return types.SimpleNamespace(returncode=2, stdout="", stderr="==ERROR== 假的失败")
+        with open(os.path.join(ncu.RESULTS, f"ncu_{target}.csv")) as fh:
+            return types.SimpleNamespace(returncode=0, stdout=fh.read(), stderr="")
+    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
+    assert ncu.measure(str(tmp_path), ("ours-fwd", "cudnn-fwd")) == 1
+    out = capsys.readouterr().out
+    assert "_fwd_kernel" in out and "cudnn-fwd" in out.splitlines()[-1]
+    assert ncu.measure(str(tmp_path), ("ours-fwd",)) == 0                     # 全部成功：0

@@ -3,11 +3,12 @@
 _selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里不重复；这里测：
 环形注意力（模拟）在随机形状、两种切法、因果与否、随机 P 上 = 整条序列的注意力（float64）；
 真的 torch.distributed 环形注意力（2 个进程、gloo）= 整条序列的注意力，发送量 = RingLedger；
-时间线的算术（重叠率、每轮汇总）在合成区间上的性质，记录器（RingEvents）在 gloo 上不改变输出；
+时间线的算术（被盖住的长度、每轮汇总）在合成区间上的性质，记录器（RingEvents）在 gloo 上不改变输出；
 演示 06 的块函数（aten / Triton 的布局换算 / 显式核）和时间线的汇总、合并、报告、画图（合成数据）；
 掩码按定义逐项核对；任务的不变量；提交的检查点能读、SHA-256 对得上、在没用过的针上准确率 ≥ 0.9；
 损坏 / 配置不符的检查点会带警告重新训练；坏输入报错。
 """
+import functools
 import json
 import math
 import os
@@ -257,12 +258,10 @@ def _demo06():
     return demo
 
 
-def _explicit_state(q, k, v, is_causal, scale):          # 和 FlashAttention 内核同样的输出：(lse, 1, O)
-    S = (q.double() @ k.double().transpose(-2, -1)) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    lse = torch.logsumexp(S, -1)
-    return (lse, torch.ones_like(lse), torch.softmax(S, -1) @ v.double()), None
+@functools.lru_cache(maxsize=1)
+def _demo06_shared():
+    """只读用的一份（不打补丁的测试共用，省得每个 hypothesis 样例重新导入）。"""
+    return _demo06()
 
 
 def _check_block_fn(block, seed=7, atol=1e-12):
@@ -290,9 +289,8 @@ def _check_block_fn(block, seed=7, atol=1e-12):
 def test_demo06_flash_block_matches_full_attention():
     """演示 06 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：逐设备、逐轮合并 = 整条注意力。"""
     demo = _demo06()
-    demo._flash_state = _explicit_state
+    demo._flash_state = demo._explicit_state              # flash_block 现在 = explicit_block（CPU 测量用的块）
     _check_block_fn(demo.flash_block)
-    _check_block_fn(demo.explicit_block)                 # CPU 测量用的块：同一个分派
 
 
 def test_demo06_triton_block_layout():
@@ -325,21 +323,17 @@ def _cells(a, b):
 @settings(deadline=None, max_examples=60)
 @given(comm=st.tuples(st.integers(0, 40), st.integers(0, 40)),
        computes=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=4))
-def test_overlap_share_properties(comm, computes):
-    """整数端点：被盖住的长度 = 数单位格子；重叠率 ∈ [0, 1]；传 ⊂ 算 → 1；不相交 → 0。"""
+def test_covered_properties(comm, computes):
+    """整数端点：被盖住的长度 = 数单位格子；传 ⊂ 算 → 整段；不相交 → 0；止早于起 → ValueError。"""
     comm = tuple(sorted(comm))
     computes = [tuple(sorted(c)) for c in computes]
     union = set().union(*[_cells(*c) for c in computes]) if computes else set()
     assert L.covered(comm, computes) == len(_cells(*comm) & union)
-    share = L.overlap_share(comm, computes)
-    assert 0.0 <= share <= 1.0
     a, b = comm
-    if b > a:
-        assert share == pytest.approx(len(_cells(a, b) & union) / (b - a))
-        assert L.overlap_share(comm, computes + [(a - 1, b + 2)]) == 1.0                  # 传完全在算里面
-        assert L.overlap_share(comm, [(s, e) for s, e in computes if e <= a or s >= b]) == 0.0   # 不相交
-    with pytest.raises(ValueError, match="comm"):
-        L.overlap_share((3.0, 1.0), computes)
+    assert L.covered(comm, computes + [(a - 1, b + 2)]) == b - a                              # 传完全在算里面
+    assert L.covered(comm, [(s, e) for s, e in computes if e <= a or s >= b]) == 0            # 不相交
+    with pytest.raises(ValueError, match="span"):
+        L.covered((3.0, 1.0), computes)
 
 
 def test_timeline_summary_on_synthetic_rounds():
@@ -378,16 +372,18 @@ def _synthetic_variant(demo, name, slow=0.0):
         c = n / 4096 * 1e-3                                   # 一轮算的时间（秒）
         ranks = []
         for rank in range(2):
-            ov = [L.timeline_summary({"ring_s": 2 * c * (1 + slow) + 1e-5, "rounds": [
-                {"compute": (0.0, c * (1 + slow)), "comm": (0.0, 0.1 * c)},
-                {"compute": (c * (1 + slow), 2 * c * (1 + slow)), "comm": None}]}) for _ in range(3)]
-            se = [L.timeline_summary({"ring_s": 2.1 * c + 1e-5, "rounds": [
-                {"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
-                {"compute": (1.1 * c, 2.1 * c), "comm": None}]}) for _ in range(3)]
+            example = {"overlapped": {"ring_s": 2 * c * (1 + slow) + 1e-5, "rounds": [
+                           {"compute": (0.0, c * (1 + slow)), "comm": (0.0, 0.1 * c)},
+                           {"compute": (c * (1 + slow), 2 * c * (1 + slow)), "comm": None}]},
+                       "serial": {"ring_s": 2.1 * c + 1e-5, "rounds": [
+                           {"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
+                           {"compute": (1.1 * c, 2.1 * c), "comm": None}]}}
+            ov = [L.timeline_summary(example["overlapped"]) for _ in range(3)]
+            se = [L.timeline_summary(example["serial"]) for _ in range(3)]
             pl = [{"ring_s": 2 * c * (1 + slow) + 1e-5}] * 3
             summary = demo.rank_summary({"overlapped": ov, "serial": se, "plain": pl})
             ranks.append({"rank": rank, **summary, "pairs_per_round": [n * (n + 1) // 2, n * (n - 1) // 2],
-                          "full_block_tflops": 300.0, "recorder_output_max_diff": 0.0, "example": {},
+                          "full_block_tflops": 300.0, "recorder_output_max_diff": 0.0, "example": example,
                           "samples": {"overlapped": ov}})
         lengths.append({"n_local": n, "kv_bytes_per_round": 2 * 16 * n * 128 * 2, "ranks": ranks})
     meta = {"variant": name, "block": "aten", "env": {"NCCL_NVLS_ENABLE": "0"}, "heads": 16, "d": 128,
@@ -396,7 +392,10 @@ def _synthetic_variant(demo, name, slow=0.0):
 
 
 def test_demo06_rank_summary_merge_report_plot(tmp_path):
-    """合成数据：重叠率 1、有效藏住 = 省下的时间 / 传；合并去掉原始样本、保留其他各节；报告和画图跑得通。"""
+    """
+    合成数据：藏住 1、有效藏住 = 省下的时间 / 传；算慢 5% 时藏住仍是 1、有效藏住是 0，目标判为没有达到；
+    合并去掉原始样本、保留其他各节；报告、甘特图和画图跑得通。
+    """
     demo = _demo06()
     paths = []
     for name, slow in (("default", 0.0), ("nchannels2", 0.05)):
@@ -405,7 +404,7 @@ def test_demo06_rank_summary_merge_report_plot(tmp_path):
         paths.append(str(p))
     v = json.loads(open(paths[0]).read())
     r = v["lengths"][1]["ranks"][0]
-    assert r["overlap"] == 1.0 and r["comm_exposed_s"] == 0.0
+    assert r["overlap"] == 1.0 and r["comm_exposed_s"] == 0.0 and demo.hidden_share(r) == 1.0
     assert r["hidden_effective"] == pytest.approx(1.0)                   # 2.1c − 2c = 0.1c = 全部的传
     assert r["compute_alone_s"] == pytest.approx([4e-3, 4e-3]) and r["comm_alone_s"][1] is None
     slow = json.loads(open(paths[1]).read())["lengths"][1]["ranks"][0]
@@ -419,5 +418,53 @@ def test_demo06_rank_summary_merge_report_plot(tmp_path):
     assert all("samples" not in r for v in res["timeline"]["variants"].values() for x in v["lengths"]
                for r in x["ranks"])
     data = demo.report_timeline(res["timeline"])
-    assert data["default"][1]["overlap"] == 1.0
+    assert data["default"][1]["hidden"] == 1.0
+    assert data["nchannels2"][1]["hidden_effective"] == pytest.approx(0, abs=1e-9)
+    assert demo._verdict("default", data["default"]) is True
+    assert demo._verdict("nchannels2", data["nchannels2"]) is False      # 藏住 100%，但省下的时间被算慢吃掉
+    rows = demo._gantt_rows(data)                                        # 没有 triton：画前两个变体
+    assert [(name, mode, n) for name, mode, n, _ in rows] == [
+        ("default", "overlapped", 16384), ("default", "serial", 16384),
+        ("nchannels2", "overlapped", 16384), ("nchannels2", "serial", 16384)]
     demo.plot_timeline(data, quick=True, world=2)
+
+
+def test_demo06_hidden_is_not_fooled_by_stretched_comm():
+    """
+    NCCL 排在算后面：传的区间被拉长到 [0, 1.1c]，这一轮算 [0, c]，下一轮等传完才开始。|传 ∩ 算| / |传| = 91%，
+    但传露在外面 0.1c = 单独传的全部（0.1c）→ 藏住 0，目标没有达到。
+    """
+    demo = _demo06()
+    c = 1e-3
+    ov = L.timeline_summary({"ring_s": 2.1 * c, "rounds": [{"compute": (0.0, c), "comm": (0.0, 1.1 * c)},
+                                                          {"compute": (1.1 * c, 2.1 * c), "comm": None}]})
+    se = L.timeline_summary({"ring_s": 2.1 * c, "rounds": [{"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
+                                                          {"compute": (1.1 * c, 2.1 * c), "comm": None}]})
+    r = demo.rank_summary({"overlapped": [ov] * 3, "serial": [se] * 3, "plain": [{"ring_s": 2.1 * c}] * 3})
+    assert r["overlap"] == pytest.approx(1 / 1.1)
+    assert demo.hidden_share(r) == pytest.approx(0.0, abs=1e-12)
+    assert r["hidden_effective"] == pytest.approx(0.0, abs=1e-12)
+    point = {"n": 16384, "hidden": demo.hidden_share(r), "hidden_effective": r["hidden_effective"]}
+    assert demo._verdict("stretched", [point]) is False
+
+
+def test_demo06_recorder_check_is_exact():
+    """记录器核对：输出逐位相同（差 0）才通过；差 1e-9 也报错。"""
+    demo = _demo06()
+    demo._check_rank({"rank": 0, "recorder_output_max_diff": 0.0}, "x", 1024)
+    with pytest.raises(AssertionError, match="记录器"):
+        demo._check_rank({"rank": 0, "recorder_output_max_diff": 1e-9}, "x", 1024)
+
+
+@settings(deadline=None, max_examples=60)
+@given(comm=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+       computes=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=4))
+def test_demo06_uncovered_is_complement_of_covered(comm, computes):
+    """甘特图的红段（传没被算盖住的几段）：互不相交、在传里面，总长 = |传| − covered。"""
+    demo = _demo06_shared()
+    comm = tuple(sorted(comm))
+    computes = [tuple(sorted(c)) for c in computes]
+    free = demo._uncovered(comm, computes)
+    assert all(comm[0] <= s < e <= comm[1] for s, e in free)
+    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(free, free[1:]))
+    assert sum(e - s for s, e in free) == comm[1] - comm[0] - L.covered(comm, computes)

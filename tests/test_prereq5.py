@@ -317,8 +317,22 @@ def test_fit_alpha_beta_rejects_decreasing_times_and_non_integer_counts():
         lm.ModelConfig("x", n_layers=2, d_model=2.5, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, vocab=100)
 
 
+def test_nccl_environment_builds_on_gpu_meta(monkeypatch, tmp_path):
+    """nccl_environment = course_utils.gpu_meta + NCCL 版本、NCCL_NVLS_ENABLE、拓扑；没有 nvidia-smi 时照样返回。"""
+    from types import SimpleNamespace
+    fake_torch = SimpleNamespace(__version__="9.9", version=SimpleNamespace(cuda="12.0"),
+                                 cuda=SimpleNamespace(get_device_name=lambda *a: "FakeGPU",
+                                                      nccl=SimpleNamespace(version=lambda: (2, 28, 9))))
+    monkeypatch.setenv("PATH", str(tmp_path))                # 找不到 nvidia-smi
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    meta = cs.nccl_environment(fake_torch)
+    assert (meta["gpu"], meta["torch"], meta["cuda"], meta["nccl"]) == ("FakeGPU", "9.9", "12.0", "2.28.9")
+    assert meta["NCCL_NVLS_ENABLE"] == "0" and meta["driver"] == "unknown"
+    assert meta["topology"].startswith("unavailable") and {"date", "triton"} <= set(meta)
+
+
 def test_gloo_demo_never_oversubscribes_cores():
-    # issue 10：2 核上跑 4 个进程测的是调度（α 翻倍、拟合误差 ~47%）；演示只用不超过核数的进程数
+    # issue 10：核数少于进程数时测的是调度（α 被撑大、拟合变差）；演示只用不超过核数的进程数，1 个核时一个也不起
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "prereq5", "05_gloo_allreduce_measure.py")
@@ -327,5 +341,8 @@ def test_gloo_demo_never_oversubscribes_cores():
     spec.loader.exec_module(demo)
     assert demo.process_counts((2, 4), 2) == ([2], [4])
     assert demo.process_counts((2, 4), 16) == ([2, 4], [])
-    assert demo.process_counts((4,), 1) == ([2], [4])
+    assert demo.process_counts((4,), 1) == ([], [4])
+    assert demo.process_counts((2,), 1) == ([], [2])           # all-reduce 至少 2 个进程：1 个核时不测（SKIP）
+    for cores in range(1, 9):
+        assert all(w <= cores for w in demo.process_counts((2, 4), cores)[0])
     assert 1 <= demo.usable_cores()
