@@ -8,8 +8,9 @@
   - 我们的反向有两条路径，同一次运行里都测："ours" = 默认（split：dK/dV、dQ 两个内核，每对块 7 次矩阵乘，
     逐位可复现），"ours-atomic" = Launch(bwd="atomic")（FA2 的 dQ 原子加，5 次矩阵乘；只测反向，前向和 ours
     是同一个内核）。默认选 split 是因为 H200 上实测它更快（results/NOTES.md 的 v7）。
-  - "gluon" = gluon_flash.attention（FA3 式的 Hopper 内核，手写 TMA / mbarrier / wgmma / warp 专门化；前向和
-    反向都测，它的输出和梯度同样和 ours 对照）。issue 16 的前向目标按 ours、gluon 里快的那个算。
+  - "gluon" = gluon_flash.attention（FA3 式的 Hopper 内核，手写 TMA / mbarrier / wgmma / warp 专门化，
+    variant="best" = 持久内核；前向和反向都测，它的输出和梯度同样和 ours 对照）。issue 16 的前向目标按 ours、
+    gluon 里快的那个算。
   - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
     （5 次矩阵乘 / 2 次，flash-attn 的惯例；split 路径实际做 7 次，多出来的重算不算 FLOP）。
   - 每个形状先跑一遍前向 + 反向，SDPA 的三个后端的输出和梯度都和我们的内核对照（bf16 对 bf16，
@@ -116,9 +117,10 @@ MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是
     不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV
     是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和另一组的
     wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours 52%、gluon 71%、cuDNN 76%（lecture11/ncu_profile.py）。
-    N = 1k 的 causal：每个程序只走几块 K/V，开头结尾摊不开（要持久内核，没做）。反向：ours 每对块 7 次矩阵乘
-    （dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长；5 次的两条路（Triton 原子 dQ、Gluon）都更慢：
-    原子加和寄存器溢出让它们等内存（ncu 的 long_scoreboard 停顿）。数字和剖析见 results/NOTES.md 的 v9。"""
+    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。
+    反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长；5 次的两条路
+    （Triton 原子 dQ、Gluon）都更慢：原子加和寄存器溢出让它们等内存（ncu 的 long_scoreboard 停顿）。
+    数字和剖析见 results/NOTES.md 的 v9、v10。"""
 
 
 def target_report(rows):
@@ -204,8 +206,8 @@ def measure(args):
         fns[p] = lambda q, k, v, c, la=normal: tf.flash_attn_func(q, k, v, causal=c, launch=la)
         checks[p] = lambda q, k, v, c, la=poison: tf.flash_attn_func(q, k, v, causal=c, launch=la)
     import gluon_flash as gf
-    fns["gluon"] = lambda q, k, v, c: gf.attention(q, k, v, causal=c)      # gluon_flash.BEST
-    meta["gluon_variant"] = gf.BEST
+    fns["gluon"] = lambda q, k, v, c: gf.attention(q, k, v, causal=c)      # variant="best"：按形状选
+    meta["gluon_variant"] = {f"d={d} N={n}": gf.best_variant(d, n) for d in HEAD_DIMS for n in args.seqlens}
     for p in PROVIDERS[3:]:
         fns[p] = tf.sdpa_fn(p)
     for d in HEAD_DIMS:

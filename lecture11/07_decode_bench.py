@@ -269,10 +269,11 @@ def measure(args):
     res["rows"] = measure_table(torch, tf)
     res["overhead"] = measure_overhead(torch, tf)
     res["meta"]["seconds"] = time.time() - t0
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, os.path.basename(RESULTS))
+    with open(path, "w") as fh:
         json.dump(res, fh, indent=1)
-    print(f"写好 {args.out}（{time.time() - t0:.0f} s）")
+    print(f"写好 {os.path.relpath(path)}（{time.time() - t0:.0f} s）")
     return 0
 
 
@@ -575,7 +576,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--measure", action="store_true", help="在 GPU 上测量并写 JSON")
     ap.add_argument("--sweep", action="store_true", help="--measure 时先扫一遍内核配置 × 段数")
-    ap.add_argument("--out", default=RESULTS, help="--measure 写到哪里")
+    ap.add_argument("--out", default=os.path.dirname(RESULTS),
+                    help="--measure 把 decode_bench.json 写进哪个目录（和 06、ncu_profile 的 --out 一样是目录）")
     ap.add_argument("--quick", action="store_true", help="只读已提交的结果；图进 figures/quick/")
     args = ap.parse_args(argv)
     if args.measure:

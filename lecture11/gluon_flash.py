@@ -16,9 +16,13 @@ N = 4k / 16k，TFLOP/s；cuDNN 690 / 625，results/gluon_bench.json）：
               已经被另一组喂满，两块 S 同时活着还多占寄存器
   "pingpong"  D2：D1 + 两组用 mbarrier 轮流发矩阵乘                                    567 / 611  更慢：强制的轮流只
               多出等待（ncu：barrier 停顿）；C 里硬件自然形成的交错已经是乒乓想要的效果
+  "persist"   E：C 做成持久内核：每个 SM 一个程序，按"长块先、蛇形"的静态顺序走一串 Q 块，下一个 Q 块在本块最后的
+              PV 和写回时就读进来（q_empty）。N = 1k 的 C 每个程序只走 1–8 块 K/V，开头（mbarrier 初始化、等 Q）和
+              收尾摊不开；E 把它们藏到前一个 Q 块后面。同一次 --explore（results/gluon_explore_1k_4k.json）：
+              N = 1k 500 → 552，causal 333 → 409（+23%）；N = 4k 613 → 640，causal 533 → 536
 Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_specialize 的 worker_num_regs + 内核的 maxnreg；
 轮流用 mbarrier（不需要 named barrier）。写不成 FA3 原样的：每组 128 行的 Q 块（d = 128 时 Gluon 生成的 softmax
-多占寄存器，溢出 92–148 字节），所以每组 64 行。d = 64、N ≤ 1k 时 pipelined 最快（best_variant）。
+多占寄存器，溢出 92–148 字节），所以每组 64 行。量过的 12 个形状上 E 都最快（best_variant）。
 反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住一块 K/V，Q、dO 块流过（同一套生产者 +
 环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ），dQ 用 red.global.add.v2 原子加进 fp32——triton_flash 默认的反向另开
 dQ 内核，共 7 次。实测它比 triton_flash 的反向还慢（d = 128：0.69–0.74×）：d = 128 时寄存器溢出 ~830 字节，ncu 看到
@@ -31,10 +35,14 @@ Tensor Core 只忙 29%、long_scoreboard 停顿（等本地内存和原子操作
   python3 lecture11/gluon_flash.py [--seed N] [--only V ...]   每个 variant 和反向对照 float64 参考（flash-attn 判据）
   python3 lecture11/gluon_flash.py --bench --out DIR          每一步 vs triton_flash、cuDNN、FLASH（前向、反向两张表）
   python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
-                                                              （N = 4k、16k → DIR/gluon_explore.json）
+                                                              （N = 4k、16k → DIR/gluon_explore.json；提交的那份
+                                                              早于步骤 E，只有 C–D2）
   python3 lecture11/gluon_flash.py --explore --ns 1024 --variants pipelined ws ws2 overlap pingpong --out DIR
-                                                              N = 1k 的五步 → DIR/gluon_explore_1k.json
-                                                              （best_variant 的出处）
+                                                              N = 1k 的 A–D2 → DIR/gluon_explore_1k.json
+  python3 lecture11/gluon_flash.py --explore --ns 1024 4096 --variants pipelined ws2 persist --out DIR
+                                                              E 对 A、C → DIR/gluon_explore_1k_4k.json
+                                                              （best_variant 的出处；16k：--ns 16384 --variants
+                                                              ws2 persist → gluon_explore_16k.json）
 依赖 torch、triton ≥ 3.6（triton.experimental.gluon；Gluon 的接口还在变，本文件按 3.6 写）。
 """
 import argparse
@@ -68,8 +76,8 @@ except Exception as exc:            # 没有 triton，或者 triton 太旧、没
     triton = gluon = gl = None
     GLUON_ERROR = f"{type(exc).__name__}: {exc}"
 
-VARIANTS = ("pipelined", "ws", "ws2", "overlap", "pingpong")
-BEST = "ws2"          # 实测最快的一步（results/gluon_explore.json）：后两步在 Gluon 3.6 里没有再变快
+VARIANTS = ("pipelined", "ws", "ws2", "overlap", "pingpong", "persist")
+BEST = "persist"      # 实测最快的一步：N = 1k、4k、16k 的 12 个形状上都是（results/gluon_explore_*.json）
 HEAD_DIMS = (64, 128)
 LOG2E = math.log2(math.e)
 
@@ -80,13 +88,16 @@ LOG2E = math.log2(math.e)
 #   CONSUMERS  计算 warpgroup 的个数（每个算一个 BLOCK_M 行的 Q 块）
 #   OVERLAP    组内重叠：QK^T_j 和 P_{j-1}V_{j-1} 一起发出后，只等 QK^T_j 就开始 softmax
 #   PINGPONG   两个 warpgroup 轮流发矩阵乘
+#   PERSIST    持久内核（步骤 E，在 C 上加）：每个 SM 一个程序，自己走过一串 Q 块（见 _tile_order）
 # ============================================================================
+_OFF = dict(OVERLAP=False, PINGPONG=False, PERSIST=False)
 FLAGS = {
-    "pipelined": dict(WS=False, CONSUMERS=1, OVERLAP=False, PINGPONG=False),
-    "ws": dict(WS=True, CONSUMERS=1, OVERLAP=False, PINGPONG=False),
-    "ws2": dict(WS=True, CONSUMERS=2, OVERLAP=False, PINGPONG=False),
-    "overlap": dict(WS=True, CONSUMERS=2, OVERLAP=True, PINGPONG=False),
-    "pingpong": dict(WS=True, CONSUMERS=2, OVERLAP=True, PINGPONG=True),
+    "pipelined": dict(_OFF, WS=False, CONSUMERS=1),
+    "ws": dict(_OFF, WS=True, CONSUMERS=1),
+    "ws2": dict(_OFF, WS=True, CONSUMERS=2),
+    "overlap": dict(_OFF, WS=True, CONSUMERS=2, OVERLAP=True),
+    "pingpong": dict(_OFF, WS=True, CONSUMERS=2, OVERLAP=True, PINGPONG=True),
+    "persist": dict(_OFF, WS=True, CONSUMERS=2, PERSIST=True),
 }
 
 
@@ -112,7 +123,9 @@ def tile_config(variant, d):
     # 块大小按 --explore 的实测（results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
     # worker_regs 只是记账：内核 _attn_fwd 的 gl.warp_specialize 调用里写死了 [24] / [240, 24]（Gluon 要字面的列表），
     # 改这里就要改那里——tests/test_lecture11_gluon.py 对照两处
-    return (64, 128, 4, 4, 168, (240, 24)) if d == 64 else (64, 128, 3, 4, 168, (240, 24))
+    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1%，16k 上快 3%（results/gluon_explore_16k.json）
+    stages = 3 if d == 128 or f["PERSIST"] else 4
+    return (64, 128, stages, 4, 168, (240, 24))
 
 
 if gl is not None:
@@ -166,10 +179,13 @@ if gl is not None:
     #             wait(empty[s], ((j // STAGES) & 1) ^ 1)——新初始化的 mbarrier 等"相位 1"立即返回，所以第一圈不等
     # ========================================================================
     @gluon.jit
-    def _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j, kv_row0, kv_col, pred, BLOCK_N: gl.constexpr,
+    def _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, i, j, kv_row0, kv_col, pred, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr):
-        """把第 j 块 K、V（各 [BLOCK_N, d]）用 TMA 读进第 j % STAGES 格；两次拷贝的字节到齐时 ready 完成。"""
-        slot = j % STAGES
+        """
+        把第 j 块 K、V（各 [BLOCK_N, d]）用 TMA 读进环的第 i % STAGES 格；两次拷贝的字节到齐时 ready 完成。
+        i = 这是环上的第几块（持久内核里跨 Q 块往下数），j = 这个 Q 块要的第几块 K/V；不持久时 i = j。
+        """
+        slot = i % STAGES
         bar = ready.index(slot)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, kv_col], bar, k_bufs.index(slot), pred=pred)
@@ -185,7 +201,7 @@ if gl is not None:
             tma.async_copy_global_to_shared(q_desc, [q_row + c * BLOCK_M, q_col], q_bar.index(c), q_smem.index(c))
         for j in range(n_total):
             mbarrier.wait(empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
-            _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j, kv_row0, kv_col, True, BLOCK_N, STAGES)
+            _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j, j, kv_row0, kv_col, True, BLOCK_N, STAGES)
 
     @gluon.jit
     def _issue(turn, me: gl.constexpr, r, PINGPONG: gl.constexpr):
@@ -211,13 +227,17 @@ if gl is not None:
     #   因为 empty 要两组都 arrive 才完成，乒乓也要两组轮数相同。
     #   PRODUCE=True（步骤 A，没有生产者分区）：第 j 轮自己发第 j + STAGES − 2 块的 TMA，放进第 j − 2 块的格子
     #   （它的 PV 在第 j − 1 轮已经等完了）；开头预先发 STAGES − 1 块。
+    #   持久内核（步骤 E）一个程序连着算好几个 Q 块：环接着往下转，第 j 块在环上是第 base + j 块（base = 之前各
+    #   Q 块的块数之和），Q 的 mbarrier 每个 Q 块完成一个相位（q_phase）；最后一次 QKᵀ 等完就 arrive q_empty，
+    #   生产者这时就能把下一个 Q 块读进同一格——读 Q 的延迟藏在最后一次 PV 和写回后面。
     # ========================================================================
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE, qk_scale,
                   b, h, m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks, n_total,
                   me: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PRODUCE: gl.constexpr, OVERLAP: gl.constexpr,
-                  PINGPONG: gl.constexpr, RETURN_LSE: gl.constexpr):
+                  PINGPONG: gl.constexpr, RETURN_LSE: gl.constexpr, q_empty, base, q_phase,
+                  PERSIST: gl.constexpr):
         # wgmma 的累加器布局：4 个 warp 沿行排（每个 warp 16 行一份），一条指令算 [16·4, N] × K=16
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -231,16 +251,17 @@ if gl is not None:
             mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar.index(0), q_tile)
             for j in gl.static_range(STAGES - 1):
-                _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j, kv_row0, kv_col, j < n_total, BLOCK_N, STAGES)
-        mbarrier.wait(q_bar.index(me), 0)
+                _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j, j, kv_row0, kv_col, j < n_total, BLOCK_N, STAGES)
+        mbarrier.wait(q_bar.index(me), q_phase)
 
         # 第 0 轮：S_0 = Q K_0^T（K 块 [BLOCK_N, d] 的转置视图 [d, BLOCK_N] 当 B 操作数）
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        mbarrier.wait(ready.index(0), 0)
+        slot0 = base % STAGES
+        mbarrier.wait(ready.index(slot0), (base // STAGES) & 1)
         _issue(turn, me, 0, PINGPONG)
-        s_tok = warpgroup_mma(q_tile, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_tile, k_bufs.index(slot0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         _pass(turn, me, PINGPONG)
-        s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_bufs.index(0)])[0]
+        s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_bufs.index(slot0)])[0]
         s = _mask(s, m0, 0, N, CAUSAL, BLOCK_M, BLOCK_N)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -252,12 +273,12 @@ if gl is not None:
         if CAUSAL:
             first_masked = gl.minimum(first_masked, m0 // BLOCK_N)
         for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
+            slot = (base + j) % STAGES
+            prev = (base + j - 1) % STAGES
             if PRODUCE:
-                _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j + STAGES - 2, kv_row0, kv_col,
+                _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, j + STAGES - 2, j + STAGES - 2, kv_row0, kv_col,
                          j + STAGES - 2 < n_total, BLOCK_N, STAGES)
-            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(ready.index(slot), ((base + j) // STAGES) & 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)                 # [BLOCK_M, BLOCK_N]，A 操作数布局
             _issue(turn, me, j, PINGPONG)
             s_tok = warpgroup_mma(q_tile, k_bufs.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -272,8 +293,10 @@ if gl is not None:
                 mbarrier.arrive(empty.index(prev))                            # 第 j−1 块（K 和 V）用完了
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
 
+        if PERSIST:
+            mbarrier.arrive(q_empty.index(me))                                # 这个 Q 块的 QKᵀ 全做完了
         # 收尾轮：最后一块的 PV
-        last = (n_blocks - 1) % STAGES
+        last = (base + n_blocks - 1) % STAGES
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         _issue(turn, me, n_blocks, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
@@ -283,54 +306,134 @@ if gl is not None:
             mbarrier.arrive(empty.index(last))
             # 空轮（只有 ws2 causal 的下面那组会走）：另一组还要用的块，等它到了就放回，发射权照常交出
             for j in range(n_blocks, n_total):
-                mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)
+                mbarrier.wait(ready.index((base + j) % STAGES), ((base + j) // STAGES) & 1)
                 _issue(turn, me, j + 1, PINGPONG)
                 _pass(turn, me, PINGPONG)
-                mbarrier.arrive(empty.index(j % STAGES))
+                mbarrier.arrive(empty.index((base + j) % STAGES))
         m_o = gl.convert_layout(m_i, gl.SliceLayout(1, o_layout))
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         _epilogue(acc, m_o, l_o, O, LSE, b, h, m0, N, H, HEAD_DIM, BLOCK_M, RETURN_LSE)
 
     # ========================================================================
-    # 内核：program (i, b·H + h) 负责第 b 个序列、第 h 个头的 CONSUMERS 个相邻 Q 块
-    #   （行 [i·CONSUMERS·BLOCK_M, +CONSUMERS·BLOCK_M)）
-    #   warp_specialize 的 worker_num_regs（[24]、[240, 24]）写死在调用里：和 tile_config 的 worker_regs 是同一组数
+    # 一个 Q 块的几何：第 pid_m 块（CONSUMERS·BLOCK_M 行）、第 bh = b·H + h 个（序列, 头）
     # ========================================================================
     @gluon.jit
-    def _attn_fwd(q_desc, k_desc, v_desc, O, LSE, qk_scale, N, H, GROUP,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, WS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
-                  PINGPONG: gl.constexpr, RETURN_LSE: gl.constexpr):
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)     # 倒序发：causal 时最长的 Q 块先上 SM
-        bh = gl.program_id(1)
+    def _geometry(pid_m, bh, N, H, GROUP, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+        """
+        返回 (b, h, m0, q_row, q_col, kv_row0, kv_col, n_blocks0, n_blocks1)：q_row、q_col 是二维视图 [B·N, H·d] 里
+        Q 块的行、列；n_blocks0 / 1 = 0 号 / 最后一个计算组要走的 K/V 块数（causal 只到自己最后一行，左上角对齐）。
+        生产者要搬的块数 = n_blocks1（最下面那组要得最多）。
+        """
         b = bh // H
         h = bh % H
         m0 = pid_m * (CONSUMERS * BLOCK_M)
-        q_row = b * N + m0                      # 二维视图 [B·N, H·d] 里的行、列
-        q_col = h * HEAD_DIM
-        kv_row0 = b * N
-        kv_col = (h // GROUP) * HEAD_DIM        # GQA：GROUP 个 query 头共用一个 K/V 头
-
-        # 每组要走的 K/V 块数：causal 只到自己最后一行（左上角对齐），非 causal 全部
         n_all = gl.cdiv(N, BLOCK_N)
         n_blocks0 = n_all
         n_blocks1 = n_all
         if CAUSAL:
             n_blocks0 = gl.cdiv(gl.minimum(m0 + BLOCK_M, N), BLOCK_N)
             n_blocks1 = gl.cdiv(gl.minimum(m0 + CONSUMERS * BLOCK_M, N), BLOCK_N)
-        n_total = n_blocks1                       # 生产者搬的块数 = 上面那组要的块数
+        # GQA：GROUP 个 query 头共用一个 K/V 头
+        return b, h, m0, b * N + m0, h * HEAD_DIM, b * N, (h // GROUP) * HEAD_DIM, n_blocks0, n_blocks1
 
+    @gluon.jit
+    def _tile_order(t, n_m, BH, CHUNK_HEADS):
+        """
+        持久内核的第 t 个 Q 块是哪一块：→ (pid_m, bh)。
+        头按 CHUNK_HEADS 个一段；段内先排所有头最长的 Q 块（causal 时最后一块最长），再排次长的……
+        这样同时在算的 Q 块落在少数几个头上（它们的 K/V 留在 L2 里，被这几个头的所有 Q 块重用），
+        而且相邻的 Q 块一样长：按"蛇形"把它们发给各程序时（见 _tile_of），每个程序分到的总块数差不多。
+        """
+        chunk = t // (CHUNK_HEADS * n_m)
+        heads = gl.minimum(CHUNK_HEADS, BH - chunk * CHUNK_HEADS)      # 最后一段可能不满
+        r = t - chunk * CHUNK_HEADS * n_m
+        return n_m - 1 - r // heads, chunk * CHUNK_HEADS + r % heads
+
+    @gluon.jit
+    def _tile_of(k, p, G):
+        """程序 p（共 G 个）的第 k 个 Q 块在 _tile_order 里的序号：蛇形，偶数轮 p、奇数轮 G − 1 − p
+        （长块在前：第 0 轮拿最长块的程序第 1 轮拿那一轮最短的，两两配平）。"""
+        return k * G + gl.where(k % 2 == 0, p, G - 1 - p)
+
+    @gluon.jit
+    def _n_mine(tiles, p, G):
+        """程序 p 分到几个 Q 块：每个整轮一个；最后不满的一轮只有蛇形位置 < 余数的程序有。"""
+        full = tiles // G
+        pos = gl.where(full % 2 == 0, p, G - 1 - p)
+        return full + (pos < tiles - full * G).to(gl.int32)
+
+    @gluon.jit
+    def _producer_tiles(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_empty, N, H, GROUP,
+                        BH, CHUNK_HEADS, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """持久内核的生产者：按程序的 Q 块顺序，每块先发第 0 块 K/V，再（等两个计算组放回 Q 格）发 Q，再发其余 K/V。"""
+        n_m = gl.cdiv(N, 2 * BLOCK_M)
+        p = gl.program_id(0)
+        G = gl.num_programs(0)
+        n_mine = _n_mine(n_m * BH, p, G)                                 # 这个程序的 Q 块数
+        base = 0
+        for k in range(n_mine):
+            pid_m, bh = _tile_order(_tile_of(k, p, G), n_m, BH, CHUNK_HEADS)
+            b, h, m0, q_row, q_col, kv_row0, kv_col, nb0, n_total = _geometry(pid_m, bh, N, H, GROUP, HEAD_DIM,
+                                                                              BLOCK_M, BLOCK_N, 2, CAUSAL)
+            for j in range(n_total):
+                i = base + j
+                mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
+                _load_kv(k_desc, v_desc, k_bufs, v_bufs, ready, i, j, kv_row0, kv_col, True, BLOCK_N, STAGES)
+                if j == 0:      # 第 0 块 K/V 先发：等 Q 格的时候它已经在路上
+                    for c in gl.static_range(2):
+                        mbarrier.wait(q_empty.index(c), (k & 1) ^ 1)             # 第 0 个 Q 块不等
+                        mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(q_desc, [q_row + c * BLOCK_M, q_col], q_bar.index(c),
+                                                        q_smem.index(c))
+            base += n_total
+
+    @gluon.jit
+    def _consumer_tiles(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, q_empty, O, LSE,
+                        qk_scale, N, H, GROUP, BH, CHUNK_HEADS, me: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                        RETURN_LSE: gl.constexpr):
+        """持久内核的计算组 me：和生产者走同样的 Q 块序列，每块就是不持久时的 _consumer（环接着往下转）。"""
+        n_m = gl.cdiv(N, 2 * BLOCK_M)
+        p = gl.program_id(0)
+        G = gl.num_programs(0)
+        n_mine = _n_mine(n_m * BH, p, G)
+        base = 0
+        for k in range(n_mine):
+            pid_m, bh = _tile_order(_tile_of(k, p, G), n_m, BH, CHUNK_HEADS)
+            b, h, m0, q_row, q_col, kv_row0, kv_col, nb0, n_total = _geometry(pid_m, bh, N, H, GROUP, HEAD_DIM,
+                                                                              BLOCK_M, BLOCK_N, 2, CAUSAL)
+            n_blocks = nb0 if me == 0 else n_total
+            _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE, qk_scale,
+                      b, h, m0 + me * BLOCK_M, N, H, q_row + me * BLOCK_M, q_col, kv_row0, kv_col, n_blocks, n_total,
+                      me, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False, False, False, RETURN_LSE,
+                      q_empty, base, k & 1, True)
+            base += n_total
+
+    # ========================================================================
+    # 内核：不持久时 program (i, b·H + h) 负责第 b 个序列、第 h 个头的 CONSUMERS 个相邻 Q 块
+    #   （行 [i·CONSUMERS·BLOCK_M, +CONSUMERS·BLOCK_M)）；持久时（PERSIST）grid = (SM 数,)，每个程序走一串 Q 块
+    #   warp_specialize 的 worker_num_regs（[24]、[240, 24]）写死在调用里：和 tile_config 的 worker_regs 是同一组数
+    # ========================================================================
+    @gluon.jit
+    def _attn_fwd(q_desc, k_desc, v_desc, O, LSE, qk_scale, N, H, GROUP, BH, CHUNK_HEADS,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, WS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
+                  PINGPONG: gl.constexpr, PERSIST: gl.constexpr, RETURN_LSE: gl.constexpr):
         # 共享内存：Q [CONSUMERS, BLOCK_M, d]，K、V 环 [STAGES, BLOCK_N, d]
         # 布局 = 描述符的 NVMMA 布局（TMA 写、wgmma 读）
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_bar.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=CONSUMERS)     # 一格要所有计算组都用完才能重填
@@ -340,34 +443,56 @@ if gl is not None:
         if PINGPONG:
             mbarrier.arrive(turn.index(0))                     # 0 号组先发
 
-        if WS:
-            # 赋给变量的元组里，constexpr 会变成 int32 张量；worker 的参数元组也不能用 + 拼：worker 的参数整个写在调用处
-            io = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE, qk_scale, b, h)
-            if CONSUMERS == 1:
-                gl.warp_specialize([
-                    (_consumer, io + (m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks0, n_total, gl.constexpr(0),
-                                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, gl.constexpr(False), OVERLAP,
-                                      PINGPONG, RETURN_LSE)),
-                    (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_row, q_col,
-                                 kv_row0, kv_col, n_total, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
-                ], [1], [24])
-            else:                                   # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）
-                gl.warp_specialize([
-                    (_consumer, io + (m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks0, n_total, gl.constexpr(0),
-                                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, gl.constexpr(False), OVERLAP,
-                                      PINGPONG, RETURN_LSE)),
-                    (_consumer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE,
-                                 qk_scale, b, h, m0 + BLOCK_M, N, H, q_row + BLOCK_M, q_col, kv_row0, kv_col, n_blocks1,
-                                 n_total,
-                                      gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                                      gl.constexpr(False), OVERLAP, PINGPONG, RETURN_LSE)),
-                    (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_row, q_col,
-                                 kv_row0, kv_col, n_total, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
-                ], [4, 1], [240, 24])
+        if PERSIST:          # 步骤 E：两个计算组 + 生产者，各自走同一串 Q 块
+            gl.warp_specialize([
+                (_consumer_tiles, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, q_empty,
+                                   O, LSE, qk_scale, N, H, GROUP, BH, CHUNK_HEADS, gl.constexpr(0), HEAD_DIM, BLOCK_M,
+                                   BLOCK_N, STAGES, CAUSAL, RETURN_LSE)),
+                (_consumer_tiles, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, q_empty,
+                                   O, LSE, qk_scale, N, H, GROUP, BH, CHUNK_HEADS, gl.constexpr(1), HEAD_DIM, BLOCK_M,
+                                   BLOCK_N, STAGES, CAUSAL, RETURN_LSE)),
+                (_producer_tiles, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_empty, N, H,
+                                   GROUP, BH, CHUNK_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            ], [4, 1], [240, 24])
         else:
-            _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE, qk_scale,
-                      b, h, m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks0, n_total,
-                      0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True, OVERLAP, PINGPONG, RETURN_LSE)
+            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)     # 倒序发：causal 时最长的 Q 块先上 SM
+            b, h, m0, q_row, q_col, kv_row0, kv_col, n_blocks0, n_blocks1 = _geometry(
+                pid_m, gl.program_id(1), N, H, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, CONSUMERS, CAUSAL)
+            n_total = n_blocks1                       # 生产者搬的块数 = 最下面那组要的块数
+            if WS:
+                # 赋给变量的元组里，constexpr 会变成 int32 张量；worker 的参数元组也不能用 + 拼：
+                # worker 的参数整个写在调用处
+                io = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE, qk_scale,
+                      b, h)
+                tail = (q_empty, 0, 0)                # 不持久：环从 0 数起，Q 的相位 0
+                if CONSUMERS == 1:
+                    gl.warp_specialize([
+                        (_consumer, io + (m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks0, n_total,
+                                          gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                                          gl.constexpr(False), OVERLAP, PINGPONG, RETURN_LSE) + tail
+                         + (gl.constexpr(False),)),
+                        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_row,
+                                     q_col, kv_row0, kv_col, n_total, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                    ], [1], [24])
+                else:                   # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）
+                    gl.warp_specialize([
+                        (_consumer, io + (m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks0, n_total,
+                                          gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                                          gl.constexpr(False), OVERLAP, PINGPONG, RETURN_LSE) + tail
+                         + (gl.constexpr(False),)),
+                        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O,
+                                     LSE, qk_scale, b, h, m0 + BLOCK_M, N, H, q_row + BLOCK_M, q_col, kv_row0, kv_col,
+                                     n_blocks1, n_total, gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                                     gl.constexpr(False), OVERLAP, PINGPONG, RETURN_LSE, q_empty, 0, 0,
+                                     gl.constexpr(False))),
+                        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, q_row,
+                                     q_col, kv_row0, kv_col, n_total, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                    ], [4, 1], [240, 24])
+            else:
+                _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready, empty, turn, O, LSE, qk_scale,
+                          b, h, m0, N, H, q_row, q_col, kv_row0, kv_col, n_blocks0, n_total,
+                          0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True, OVERLAP, PINGPONG, RETURN_LSE,
+                          q_empty, 0, 0, False)
 
 
 # ============================================================================
@@ -413,10 +538,12 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
 
 
 def best_variant(d, n):
-    """variant="best" 选哪一步：按 H200 上的实测（results/gluon_explore*.json）。d = 64、N ≤ 1k 时每个程序只走
-    几块 K/V，开头（初始化 mbarrier、读 Q）摊不开：4 warp、寄存器少的 pipelined 一个 SM 能放两个程序，最快
-    （N = 1k：372 对 351 TFLOP/s，causal 269 对 233）；其余形状 BEST（ws2）最快或和最快的差 ≤ 4%。"""
-    return "pipelined" if d == 64 and n <= 1024 else BEST
+    """variant="best" 选哪一步：按 H200 上的实测，所有量过的形状都是 BEST（persist，步骤 E）。
+    results/gluon_explore_1k_4k.json（E 对 A、C，同一次运行）：N = 1k、4k 的 8 个形状 E 都最快（d = 64、N = 1k
+    原来最快的 pipelined 375 / 268 → E 419 / 291 TFLOP/s）；gluon_explore_16k.json（E 对 C）：16k 的 4 个形状
+    E 也最快（d = 128：616 → 673，causal 652 → 681）。d、n 留着：以后有形状上别的步骤更快时按形状选。"""
+    check_choice("d", d, HEAD_DIMS, where="best_variant")
+    return BEST
 
 
 def _check_device(q, k, v):
@@ -462,6 +589,60 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     return _launch(q, k, v, causal, scale, variant, return_lse)
 
 
+_SM_COUNT = {}          # 设备号 → SM 数（每块 GPU 只问一次驱动）
+
+
+def _sm_count(device):
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def persistent_grid(n_m, bh, n_sm):
+    """
+    持久内核（variant "persist"）的 grid 和每段的头数：n_m·bh 个 Q 块，程序数 G = min(Q 块数, SM 数)，
+    每个 SM 一个程序（ws2 的 3 个 warpgroup × 168 个寄存器占满一个 SM 的寄存器堆）。
+    段的头数 = ⌈2G / n_m⌉：一段大约两轮（每轮每个程序一个 Q 块）——蛇形发块时第 0 轮拿到长块的程序，第 1 轮拿到短块，
+    两轮合起来每个程序的块数差不多；同时在算的 Q 块只落在一段的头上（N = 1k、d = 128 时 33 个头的 K/V，17 MB，
+    小于 H200 的 50 MB L2）。
+    """
+    tiles = n_m * bh
+    g = min(tiles, n_sm)
+    return (g,), max(1, min(bh, -(-2 * g // n_m)))
+
+
+def persistent_schedule(n_m, bh, n_sm):
+    """
+    主机上照抄内核的发块规则（_tile_order、_tile_of、_n_mine），返回每个程序依次算的 (pid_m, bh) 列表。
+    内核里的那份在 CPU 上跑不了：测试用这一份检查"每个 Q 块恰好算一次"，基准用它报每个程序分到的 K/V 块数。
+    """
+    (g,), chunk = persistent_grid(n_m, bh, n_sm)
+    tiles = n_m * bh
+
+    def order(t):                                   # = _tile_order
+        c = t // (chunk * n_m)
+        heads = min(chunk, bh - c * chunk)
+        r = t - c * chunk * n_m
+        return n_m - 1 - r // heads, c * chunk + r % heads
+
+    full = tiles // g
+    out = []
+    for p in range(g):
+        mine = full + int((p if full % 2 == 0 else g - 1 - p) < tiles - full * g)      # = _n_mine
+        out.append([order(k * g + (p if k % 2 == 0 else g - 1 - p)) for k in range(mine)])   # = _tile_of
+    return out
+
+
+def schedule_balance(n, bh, n_sm, causal, block=128):
+    """持久内核每个程序要走的 K/V 块数（causal 时 Q 块 i 走 i + 1 块）：→ (最多, 平均)。
+    最多 / 平均 = 静态分配的尾巴。"""
+    n_m = -(-n // block)
+    work = [sum((pid_m + 1) if causal else n_m for pid_m, _ in prog)
+            for prog in persistent_schedule(n_m, bh, n_sm)]
+    return max(work), sum(work) / len(work)
+
+
 def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None):
     """检查过的输入 → 启动。tiles = (BLOCK_N, STAGES) 时换掉 tile_config 的这两项（--explore 扫配置用）。"""
     batch, n, hq, d = q.shape
@@ -476,9 +657,13 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None):
     q_desc = _desc(q.view(batch * n, hq * d), (block_m, d))                  # [B·N, H·d]，块 [BLOCK_M, d]
     k_desc = _desc(k.view(batch * n, hk * d), (block_n, d))                  # [B·N, Hk·d]，块 [BLOCK_N, d]
     v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
-    grid = (triton.cdiv(n, f["CONSUMERS"] * block_m), batch * hq)
+    n_m = triton.cdiv(n, f["CONSUMERS"] * block_m)                           # 每个 (序列, 头) 的 Q 块数
+    if f["PERSIST"]:
+        grid, chunk = persistent_grid(n_m, batch * hq, _sm_count(q.device))
+    else:
+        grid, chunk = (n_m, batch * hq), 1
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
-    _attn_fwd[grid](q_desc, k_desc, v_desc, out, lse, scale * LOG2E, n, hq, hq // hk,
+    _attn_fwd[grid](q_desc, k_desc, v_desc, out, lse, scale * LOG2E, n, hq, hq // hk, batch * hq, chunk,
                     HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                     RETURN_LSE=return_lse, num_warps=num_warps, **f, **extra)
     return (out, lse) if return_lse else out
@@ -598,7 +783,7 @@ if gl is not None:
             tma.async_copy_global_to_shared(v_desc, [kv_row + c * BLOCK_N, kv_col], kv_bar.index(0), v_smem.index(c))
         for t in range(n_total):
             mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
-            _load_kv(q_desc, do_desc, q_bufs, do_bufs, ready, t, q_row_start, q_col, True, BLOCK_M, STAGES)
+            _load_kv(q_desc, do_desc, q_bufs, do_bufs, ready, t, t, q_row_start, q_col, True, BLOCK_M, STAGES)
 
     # ========================================================================
     # 计算组 me：拿 K/V 的第 k0 行起 BLOCK_N 行，走过 Q 块 start .. n_q − 1。环的位置 t = j − start0（start0 = 第 0 组的
@@ -1070,7 +1255,7 @@ def bench_bwd(tf, quick_launch):
 
 
 EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (128, 2), (128, 3))}
-EXPLORE_VARIANTS = ("ws2", "overlap", "pingpong")
+EXPLORE_VARIANTS = ("ws2", "overlap", "pingpong", "persist")
 
 
 EXPLORE_NS = (4096, 16384)
@@ -1087,7 +1272,7 @@ def explore_name(ns=EXPLORE_NS):
 def explore(out_dir, ns=EXPLORE_NS, variants=EXPLORE_VARIANTS, name=None):
     """调参：variant × (BLOCK_N, STAGES) 在 N ∈ ns 上的 TFLOP/s（BLOCK_M 固定 64 行 / 组；EXPLORE_VARIANTS 以外的
     variant 只测 tile_config 的那一组），写 DIR/name（默认 explore_name(ns)）。tile_config 里的选择来自
-    gluon_explore.json，best_variant 的来自 gluon_explore_1k.json。"""
+    gluon_explore.json，best_variant 的来自 gluon_explore_1k_4k.json 和 gluon_explore_16k.json。"""
     from triton.testing import do_bench
     rows, t_start = [], time.time()
     for d in HEAD_DIMS:
@@ -1105,7 +1290,8 @@ def explore(out_dir, ns=EXPLORE_NS, variants=EXPLORE_VARIANTS, name=None):
                 except Exception as exc:
                     row["error"] = _short(exc)
                 rows.append(row)
-                print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}{variant:<9s}BLOCK_N={tiles[0]:<4d}STAGES={tiles[1]}  "
+                print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}{variant:<10s}"
+                      f"BLOCK_N={tiles[0]:<4d}STAGES={tiles[1]}  "
                       + (f"{row['tflops']:6.1f} TFLOP/s" if "tflops" in row else row["error"]), flush=True)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, name or explore_name(ns))

@@ -174,32 +174,14 @@ def short_name(name, width=34):
     return name if len(name) <= width else name[:width - 1] + "…"
 
 
-GRAD_ADD = "at::vectorized_elementwise_kernel"
-
-
-def accumulate_tail(kernels):
-    """
-    反向的 CSV 末尾有几个内核是 `.grad +=`（不属于注意力的反向）：2026-12-01 提交的 CSV 是在 run_target 清掉 .grad
-    之前测的，预热时留下的梯度让被测的那次反向多出 q、k、v 各一次累加（3 个逐元素内核）。末尾连续 3 个 GRAD_ADD
-    就是它们；修正之后测的 CSV 里没有，这里返回 0。kernels：一个 CSV 里按顺序的内核名。
-    """
-    tail = kernels[-3:]
-    return 3 if len(tail) == 3 and all(GRAD_ADD in k for k in tail) else 0
-
-
 def totals(res_dir=RESULTS):
-    """
-    每个目标一次调用里内核的时间之和（µs）：{目标: (内核数, 合计 µs, 去掉的 .grad 累加个数)}，只含有 CSV 的目标。
-    反向末尾的 .grad 累加（accumulate_tail）不算进去。
-    """
+    """每个目标一次调用里内核的时间之和（µs）：{目标: (内核数, 合计 µs)}，只含有 CSV 的目标。"""
     out = {}
     for name in TARGETS:
         path = os.path.join(res_dir, f"ncu_{name}.csv")
         if os.path.isfile(path):
             rows = [summarise(r) for r in read_csv(path)]
-            drop = accumulate_tail([r["kernel"] for r in rows]) if name.endswith("-bwd") else 0
-            kept = rows[:len(rows) - drop]
-            out[name] = (len(kept), sum(r["us"] for r in kept), drop)
+            out[name] = (len(rows), sum(r["us"] for r in rows))
     return out
 
 
@@ -232,15 +214,11 @@ def report(res_dir=RESULTS):
     print(format_table(headers, rows))
     tot = totals(res_dir)
     table = []
-    for name, (count, us, drop) in tot.items():
+    for name, (count, us) in tot.items():
         ratio = vs_cudnn(name, tot)
-        table.append([name, count, f"{us:.0f}", "—" if ratio is None else f"{ratio:.2f}×",
-                      f"去掉末尾 {drop} 个 .grad 累加" if drop else ""])
+        table.append([name, count, f"{us:.0f}", "—" if ratio is None else f"{ratio:.2f}×"])
     print("每个目标一次调用的合计（内核的时间相加；× cuDNN = 合计 / 同方向 cuDNN 的合计）：")
-    print(format_table(["目标", "内核数", "合计 µs", "× cuDNN", ""], table))
-    if any(drop for *_, drop in tot.values()):
-        print(f"  （这些反向的 CSV 是在 run_target 清掉 .grad 之前测的：末尾的 {GRAD_ADD} 是预热留下的梯度的 `+=`，"
-              "不属于反向，合计里不算；上表逐个列出了它们）")
+    print(format_table(["目标", "内核数", "合计 µs", "× cuDNN"], table))
     return 0
 
 
