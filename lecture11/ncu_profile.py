@@ -11,7 +11,7 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
     barrier = 等 __syncthreads，wait = 等固定延迟，math_pipe_throttle = 运算单元忙，…）
 被测的 6 个（"目标"）：
   ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
-  gluon-fwd / gluon-bwd   gluon_flash.attention（FA3 式的 Hopper 前向；反向 5 次矩阵乘 + 原子 dQ）
+  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 5 次矩阵乘 + 原子 dQ）
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：
@@ -58,8 +58,8 @@ def run_target(name):
     elif name.startswith("gluon"):
         import gluon_flash as gf
 
-        def fwd(q, k, v):
-            return gf.attention(q, k, v, causal=SHAPE["causal"])
+        def fwd(q, k, v):     # 步骤 C（ws2）：提交的 CSV 量的是它（NOTES v9）；E 只是把它做成持久内核
+            return gf.attention(q, k, v, causal=SHAPE["causal"], variant="ws2")
     else:
         cudnn = tf.sdpa_fn("sdpa-cudnn")                # 和 06_triton_bench.py 的 sdpa-cudnn 同一个调用
 
