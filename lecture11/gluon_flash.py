@@ -11,14 +11,14 @@ N = 4k / 16k，TFLOP/s；cuDNN 690 / 625，results/gluon_bench.json）：
   "ws"        B：+ 1 个生产者 warp 填 K/V 环（ready / empty 两组 mbarrier），1 个计算组    362 / 384  慢了：一组自己的
               softmax 和矩阵乘还是串行的，生产者没有替它省下什么（TMA 本来就是异步的）
   "ws2"       C：两个计算组各算 64 行 Q，共用每一份 K/V（empty 计数 2）                 628 / 652  +55%：一组做 softmax
-              时另一组的 wgmma 在跑（warp 调度器自己就交错开了），每块 K/V 读一次供 128 行用 = "best"
+              时另一组的 wgmma 在跑（warp 调度器自己就交错开了），每块 K/V 读一次供 128 行用
   "overlap"   D1：C + 组内重叠                                                        612 / 607  没有再快：Tensor Core
               已经被另一组喂满，两块 S 同时活着还多占寄存器
   "pingpong"  D2：D1 + 两组用 mbarrier 轮流发矩阵乘                                    567 / 611  更慢：强制的轮流只
               多出等待（ncu：barrier 停顿）；C 里硬件自然形成的交错已经是乒乓想要的效果
   "persist"   E：C 做成持久内核：每个 SM 一个程序，按"长块先、蛇形"的静态顺序走一串 Q 块，下一个 Q 块在本块最后的
               PV 和写回时就读进来（q_empty）。N = 1k 的 C 每个程序只走 1–8 块 K/V，开头（mbarrier 初始化、等 Q）和
-              收尾摊不开；E 把它们藏到前一个 Q 块后面。同一次 --explore（results/gluon_explore_1k_4k.json）：
+              收尾摊不开；E 把它们藏到前一个 Q 块后面（= "best"）。--explore（gluon_explore_1k_4k.json）：
               N = 1k 500 → 552，causal 333 → 409（+23%）；N = 4k 613 → 640，causal 533 → 536
 Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_specialize 的 worker_num_regs + 内核的 maxnreg；
 轮流用 mbarrier（不需要 named barrier）。写不成 FA3 原样的：每组 128 行的 Q 块（d = 128 时 Gluon 生成的 softmax
@@ -578,7 +578,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     """
     q [B, N, H, d]，k、v [B, N, Hk, d]（Hk | H）→ out [B, N, H, d]
     （return_lse 时再返回 lse [B, H, N]，自然对数，fp32）。
-    variant：'pipelined' / 'ws' / 'ws2' / 'overlap' / 'pingpong'（= 'best'），见文件开头。
+    variant：'pipelined' / 'ws' / 'ws2' / 'overlap' / 'pingpong' / 'persist'（'best' = best_variant(d, N)），见文件开头。
     主机端不同步：只做形状检查、建描述符、启动一次内核。
     """
     variant, scale = _check_args(q, k, v, causal, softmax_scale, variant, return_lse)
