@@ -578,7 +578,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     """
     q [B, N, H, d]，k、v [B, N, Hk, d]（Hk | H）→ out [B, N, H, d]
     （return_lse 时再返回 lse [B, H, N]，自然对数，fp32）。
-    variant：'pipelined' / 'ws' / 'ws2' / 'overlap' / 'pingpong' / 'persist'（'best' = best_variant(d, N)），见文件开头。
+    variant：'pipelined' / 'ws' / 'ws2' / 'overlap' / 'pingpong' / 'persist'（'best' = best_variant(d, N)），见开头。
     主机端不同步：只做形状检查、建描述符、启动一次内核。
     """
     variant, scale = _check_args(q, k, v, causal, softmax_scale, variant, return_lse)
