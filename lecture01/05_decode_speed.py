@@ -152,8 +152,8 @@ def main():
     print("   两条规则的对照（BF16，只放权重 + 1 个 token 的 KV）：")
     big = (HW.H100_SXM, HW.H200, HW.B200)
     print(rule_table(M.LLAMA31_405B, big, 2.0))
-    print(f"   注意：上面大表里不同的列卡数不同（{card_counts(M.LLAMA31_405B, big, 2.0)}），token/s 不能直接横着比。"
-          "同样的卡数再比一次：")
+    print(f"   注意：上面大表（BF16）同一行里不同的列卡数不同（例如 {card_counts(M.LLAMA31_405B, CHIPS, 2.0)}），"
+          "token/s 不能直接横着比。同样的卡数再比一次：")
     print(equal_cards_table((M.LLAMA31_70B, M.LLAMA31_405B), big, (8, 16), 2.0))
 
     m1, h100 = M.LLAMA32_1B, HW.H100_SXM

@@ -18,7 +18,8 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     cuda_time / wall_per_call / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
                                     GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
     ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）
-    sha256_file / read_json_dict / update_json   检查点的 manifest 和结果缓存：核对文件、加锁的读-改-写
+    sha256_file / read_json_dict / update_json   检查点的 manifest、结果缓存、已提交的结果（strict=True）：
+                                    核对文件、加锁的读-改-写
 
 【约定】字节用十进制（1 kB = 1000 B）；图里的文字用英文（学生机器上常缺中文字形）；检查函数返回转换后的值
     （如 numpy 整数 → int、数组 → float64），只在出错时才拼报错消息（热路径上很便宜）。
@@ -30,6 +31,7 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
 import math
 import numbers
 import os
+import statistics
 import unicodedata
 
 ALIGNS = ("<", ">")
@@ -287,14 +289,19 @@ def nvidia_smi(field):
 
 
 def gpu_meta(torch, **extra):
-    """测量结果里"在哪测的"：GPU、驱动、torch / CUDA / triton 版本、日期，再加上调用者给的键。"""
+    """
+    测量结果里"在哪测的"：GPU、驱动、torch / CUDA / triton 版本、日期，再加上调用者给的键。
+    没有 CUDA（torch.cuda.is_available() 为假）时 gpu、driver 是 None，其余照样填：CPU 上的测量也能用它。
+    """
     import datetime
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    return dict(gpu=torch.cuda.get_device_name(), driver=nvidia_smi("driver_version"), torch=torch.__version__,
+    cuda = torch.cuda.is_available()
+    return dict(gpu=torch.cuda.get_device_name() if cuda else None,
+                driver=nvidia_smi("driver_version") if cuda else None, torch=torch.__version__,
                 cuda=torch.version.cuda, triton=triton_version, date=datetime.date.today().isoformat(), **extra)
 
 
@@ -306,10 +313,8 @@ def ratio_errors(ratios):
     ratios = [check_real("ratios 的元素", r, lo=0.0, lo_open=True) for r in ratios]
     if not ratios:
         raise ValueError("ratios 不能是空的")
-    errs = sorted(abs(r - 1) for r in ratios)
-    n = len(errs)
-    median = (errs[n // 2] + errs[(n - 1) // 2]) / 2
-    worst = max(range(n), key=lambda i: abs(math.log(ratios[i])))
+    median = statistics.median(abs(r - 1) for r in ratios)
+    worst = max(range(len(ratios)), key=lambda i: abs(math.log(ratios[i])))
     return median, worst
 
 
@@ -335,11 +340,14 @@ def read_json_dict(path):
     return out if isinstance(out, dict) else {}
 
 
-def update_json(path, change):
+def update_json(path, change, strict=False):
     """
-    几个进程可能同时读-改-写同一个 JSON 字典（检查点的 manifest、结果缓存）：在文件锁里重读（read_json_dict）、
+    几个进程可能同时读-改-写同一个 JSON 字典（检查点的 manifest、结果缓存、已提交的结果）：在文件锁里重读、
     change(d) 原地修改、写临时文件再改名（别的进程永远读不到写了一半的文件）。锁文件放在系统临时目录，不进仓库；
     没有 fcntl 的系统（Windows）不加锁，同时只跑一个训练进程即可。返回改过的字典。
+    strict=False（manifest、缓存）：用 read_json_dict 读，坏了就当空字典、重建。
+    strict=True（已提交的结果）：用 load_json 读，文件不存在时从空字典开始；坏了（不是合法 JSON / UTF-8、
+        不是字典）→ ValueError，文件原样不动——不能把坏掉的结果悄悄换成只有这次改动的新文件。
     """
     import hashlib
     import json
@@ -352,13 +360,26 @@ def update_json(path, change):
             fcntl.flock(lock, fcntl.LOCK_EX)
         except ImportError:
             pass
-        d = read_json_dict(path)
+        d = _read_strict(path) if strict else read_json_dict(path)
         change(d)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(d, f, indent=1, ensure_ascii=False, sort_keys=True)
         os.replace(tmp, path)
     return d
+
+
+def _read_strict(path):
+    """update_json(strict=True) 的读：load_json，不存在 → {}；坏文件、不是字典 → ValueError（消息里有路径）。"""
+    try:
+        out = load_json(path)
+    except ValueError as e:
+        raise ValueError(f"{path} 不是合法的 JSON（{e}）：不覆盖它；修好或从 git 恢复后再写") from e
+    if out is None:
+        return {}
+    if not isinstance(out, dict):
+        raise ValueError(f"{path} 里是 {type(out).__name__}，不是 JSON 字典：不覆盖它")
+    return out
 
 
 def load_json(path):
@@ -533,12 +554,14 @@ def _selftest():
         with open(path, "w") as fh:
             json.dump({"a": [1, 2.5]}, fh)
         assert load_json(path) == {"a": [1, 2.5]}
-        # 加锁的读-改-写：在已有内容上改；文件损坏时从空字典开始（不抛错）；SHA-256 跟着内容变
+        # 加锁的读-改-写：在已有内容上改；文件损坏时 strict=True 报错、不动文件，默认从空字典开始；SHA-256 跟着内容变
         digest = sha256_file(path)
         assert update_json(path, lambda d: d.update(b=3)) == {"a": [1, 2.5], "b": 3} == load_json(path)
         assert sha256_file(path) != digest and len(digest) == 64
         with open(path, "w") as fh:
             fh.write("{not json")
+        _expect_errors([(lambda: update_json(path, lambda d: d.update(c=1), strict=True), ValueError, "不覆盖")])
+        assert open(path).read() == "{not json"                         # strict：坏文件原样不动
         assert read_json_dict(path) == {} and update_json(path, lambda d: d.update(c=1)) == {"c": 1}
 
     # 0b) 校准摘要：中位数（偶数个取中间两个的平均）、最差按 |log|（0.5 比 1.8 差）

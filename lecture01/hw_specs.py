@@ -12,6 +12,7 @@ hw_specs.py —— 第 1 讲：今天的加速器能算多快、能搬多快、�
     Chip     一块芯片的规格 + peak_flops / ridge_point / roofline_time 等方法
     芯片表    H100_SXM、H100_PCIE、H200、B200、MI300X、TPU_V5E、TPU_V5P、TPU_V6E、RTX_4090；CHIPS（名字 → 芯片）
              （A100 在第 5 讲：serving_sim.A100_40G，Orca 的实验平台）
+    可分配显存 H200_ALLOC_MEASURED（实测）、ALLOC_PER_DATASHEET_BYTE、derived_alloc、with_alloc（芯片 + alloc_bytes）
 
 【约定】
     - 算力全是稠密（dense）数字：NVIDIA 手册常印带 2:4 稀疏的数字（带星号），稠密 = 稀疏 / 2。
@@ -132,10 +133,13 @@ class Chip:
         return max(flops / self.peak_flops(prec), nbytes / self.mem_bw)
 
     def bound(self, flops, nbytes, prec="bf16"):
-        """这段计算受什么限制："compute"（算力）或 "memory"（带宽）。flops、nbytes 同 roofline_time。"""
+        """这段计算受什么限制："compute"（算力）或 "memory"（带宽）。flops、nbytes 同 roofline_time。
+        按算术强度和屋脊点比（flops / nbytes ≥ ridge_point，和 flops / 峰值 ≥ nbytes / 带宽 等价）：两边各除以峰值、
+        带宽在极小的数上会下溢成 0，强度不会；nbytes = 0 时强度无穷大，算力受限。"""
         check_real("flops", flops, lo=0.0)
         check_real("nbytes", nbytes, lo=0.0)
-        return "compute" if flops / self.peak_flops(prec) >= nbytes / self.mem_bw else "memory"
+        ridge = self.ridge_point(prec)                    # 先查精度名（没有这个精度：ValueError）
+        return "compute" if nbytes == 0 or flops / nbytes >= ridge else "memory"
 
     def attainable_flops(self, intensity, prec="bf16"):
         """roofline 曲线本身：算术强度为 intensity 时最多能跑到的 FLOP/s = min(峰值, 强度 × 带宽)。
@@ -244,7 +248,9 @@ def derived_alloc(mem_cap):
     return float(round(mem_cap * ALLOC_PER_DATASHEET_BYTE))
 
 
-def _with_alloc(chip, measured=None):
+def with_alloc(chip, measured=None):
+    """chip 加上可分配字节：measured（torch total_memory 的实测）给了就用它，否则按 derived_alloc 推出；
+    mem_alloc_how 写明是哪一种（推出的写上 ALLOC_PER_DATASHEET_BYTE 的值）。第 5 讲的 A100_40G 也这样建。"""
     from dataclasses import replace
     if measured is not None:
         return replace(chip, mem_alloc=float(measured), mem_alloc_how="measured: torch total_memory (torch 2.11)")
@@ -252,9 +258,9 @@ def _with_alloc(chip, measured=None):
                    mem_alloc_how=f"derived: mem_cap × H200 measured/datasheet ratio {ALLOC_PER_DATASHEET_BYTE:.4f}")
 
 
-H200 = _with_alloc(H200, measured=H200_ALLOC_MEASURED)
+H200 = with_alloc(H200, measured=H200_ALLOC_MEASURED)
 H100_SXM, H100_PCIE, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090 = (
-    _with_alloc(c) for c in (H100_SXM, H100_PCIE, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090))
+    with_alloc(c) for c in (H100_SXM, H100_PCIE, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090))
 
 CHIPS = {c.name: c for c in (H100_SXM, H100_PCIE, H200, B200, MI300X, TPU_V5E, TPU_V5P, TPU_V6E, RTX_4090)}
 

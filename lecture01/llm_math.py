@@ -480,13 +480,11 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
     check_model_chip(model, chip)
     flops = model.step_flops(batch, n_new, ctx)                      # 先查 batch、n_new、ctx（消息写它们的名字）
-    total_bytes = model.step_bytes(batch, n_new, ctx, w_bytes, kv_bytes)
     f = fit(model, chip, n_chips, batch, ctx + n_new, w_bytes, kv_bytes, mem_util, rule)
-    # 每卡：权重平分；KV 按 fit 的每卡每 token 字节（"tp" 在 n > G 时每卡留 1 个复制的 KV 头，不再随 n 变小；
-    # "bytes" 就是总量 / n）—— 和第 5 讲 StepModel 的账一致
-    kv_total = model.kv_cache_bytes(batch, ctx + n_new, kv_bytes)
+    # 每卡的字节（step_bytes 的两项，按卡分）：矩阵乘权重平分；KV 按 fit 的每卡每 token 字节（"tp" 在 n > G 时
+    # 每卡留 1 个复制的 KV 头，不再随 n 变小；"bytes" 就是总量 / n）—— 和第 5 讲 StepModel.weight_read_bytes 的账一致
     flops = flops / f.n_chips
-    nbytes = (total_bytes - kv_total) / f.n_chips + batch * (ctx + n_new) * f.kv_per_token
+    nbytes = model.matmul_params() * w_bytes / f.n_chips + batch * (ctx + n_new) * f.kv_per_token
     t_c = flops / (chip.peak_flops(prec) * mfu)
     t_m = nbytes / (chip.mem_bw * mbu)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,

@@ -141,21 +141,15 @@ def plot(prompt_lens, batches, ctxs, path_script, quick=False):
     colors = ("tab:blue", "tab:orange")
     for m, style in zip(MODELS, ("-", "--")):
         for ctx, color in zip(ctxs, colors):
-            y = np.array(decode_intensity_curve(m, ctx, batches))
+            # 整条曲线淡色（公式对任何 batch 都算得出）；放得下的部分实线：batch < cap 的网格点，再接上 cap 本身
+            # （真正的极限，不是网格上它下面的那一点；cap 超出网格时实线延长到 cap），圆点标出 cap
             cap = node_max_batch(m, ctx)
-            ok = batches <= cap
-            if ok.all() or cap < 1:   # 全放得下（或一个都放不下：全部淡掉）：不用在 cap 处接上
-                xs, ys = batches[ok], y[ok]
-            else:                     # 实线画到真正的极限 cap（不是网格上它下面的那一点）
-                y_cap = decode_intensity_curve(m, ctx, [cap])[0]
-                xs, ys = np.append(batches[ok], cap), np.append(y[ok], y_cap)
+            assert cap >= 1, (m.name, ctx)          # 一台 NODE_CHIPS 卡的机器放得下这两个模型
+            ax1.loglog(batches, decode_intensity_curve(m, ctx, batches), style, color=color, alpha=0.35)
+            xs = np.append(batches[batches < cap], cap)
+            ys = decode_intensity_curve(m, ctx, xs)
             ax1.loglog(xs, ys, style, color=color, label=f"{m.name}, ctx {ctx:,}")
-            if not ok.all():          # 放不下的 batch：曲线照画（公式照样算得出），但淡掉，并标出最大能放下的 batch
-                fx, fy = batches[~ok], y[~ok]
-                if cap >= 1:
-                    fx, fy = np.insert(fx, 0, cap), np.insert(fy, 0, y_cap)
-                    ax1.plot(cap, y_cap, "o", color=color, ms=6)
-                ax1.loglog(fx, fy, style, color=color, alpha=0.35)
+            ax1.plot(cap, ys[-1], "o", color=color, ms=6)
         pre = [tl.phase_costs(m, 1, int(T), 0, BPE, last_only=True)["intensity"] for T in prompt_lens]
         ax2.loglog(prompt_lens, pre, style, color="tab:green", label=m.name)
     ridges = [c.ridge_point() for c in CHIPS]

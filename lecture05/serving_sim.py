@@ -71,13 +71,12 @@ H200_MEASURED = {"mfu": 0.75546, "mbu": 0.85052,
 # Orca / DistServe 实验用的 A100 40GB
 # （312 TFLOPS BF16 稠密、1555 GB/s、NVLink3 每方向 300 GB/s [S1, S3]）。
 # 第 1 讲的芯片表里没有 A100，这里单独建一个，不改第 1 讲。
-A100_40G = hw_specs.Chip(
+# 可分配字节没有实测：hw_specs.with_alloc 按第 1 讲的同一条规则推出（mem_cap × ALLOC_PER_DATASHEET_BYTE）。
+A100_40G = hw_specs.with_alloc(hw_specs.Chip(
     "A100-SXM4-40GB", "GPU", peak={"bf16": 312e12, "fp16": 312e12, "int8": 624e12},
     mem_bw=1.555e12, mem_cap=40e9, mem_kind="HBM2", link_bw=300e9, power_w=400, year=2020,
     notes="[S1, S3]：稠密 BF16 312 TFLOPS；NVLink3 600 GB/s 双向 = 每方向 300 GB/s",
-    # 可分配字节：没有实测，按第 1 讲 hw_specs 的同一条规则推出（40e9 × 1.0646 ≈ 42.58e9）
-    mem_alloc=hw_specs.derived_alloc(40e9), mem_alloc_how="derived: mem_cap × H200 measured/datasheet ratio 1.0646",
-)
+))
 
 # FasterTransformer 式批上限的假设（ft_batch_cap；全部写在这里，不是调出来的利用率）
 FT_RUNTIME_BYTES = 1.0e9   # CUDA 上下文 + cuBLAS / NCCL 工作区等运行时开销：假设 1 GB（没有实测）

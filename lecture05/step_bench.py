@@ -11,10 +11,14 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
     模型    LlamaShaped（RMSNorm、RoPE、SwiGLU 用第 4 讲 modern_lm 的积木；qkv 一个矩阵；lm_head 按 tied 共享词嵌入）、
             build_model（meta 设备上建，再在目标设备上随机初始化）、alloc_cache（预分配的 KV cache）、
             reference_logits（不用 cache、不用 SDPA 的朴素注意力：等价性检查的参考）
-    测量    plan_points（网格）、measure（CUDA 事件计时；放不下的点记 skipped 和原因）、profile_kernels（每步几个内核）
-    拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、step_overhead（参数 → 这一点的每步开销）、
+    测量    plan_points（网格）、measure（CUDA 事件计时；放不下的点记 skipped 和原因）、
+            profile_kernels（PROFILE_POINTS 两个形状每步几个内核）
+    拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、predict（一步的公式，向量化）、log_loss、
+            step_overhead / default_overhead（参数 → 这一点的每步开销：拟合的按层、默认假设按步）、
             fit_step_params（平方对数比：对数网格穷举 + 坐标搜索）、fit_loss（任意参数下的平方对数比之和）、
-            compare_points（逐点：模型 / 实测 / 比值）、error_summary（中位误差、最差一点：course_utils.ratio_errors）、
+            nudged_losses（随机方向挪一点：局部最小的检查）、
+            compare_points（逐点：模型 / 实测 / 比值 / 测量顺序）、group_rows（按模型、步、执行方式分组）、
+            error_summary（中位误差、最差一点：course_utils.ratio_errors）、
             explain_point（这一点模型没算到什么）、constant_text（粘贴进 serving_sim.H200_MEASURED 的四行）、
             synthetic_results（StepModel 生成的"实测"）
 
@@ -23,9 +27,11 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
     新 token 在位置 context，看 context + 1 个键（批内上下文一样长）。decode 的 GQA：一组的 R = H/G 个 query 头
     当作 R 个 query 位置 [B, G, R, dh]，每个 KV 头只读一遍（与 enable_gqa 结果相同，不复制 K/V）。
     和 StepModel 对照：prefill ↔ prefill_time([T] × n)，decode ↔ decode_time(B, B·(context + 1))，芯片 hw_specs.H200。
-    参数字典：{"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer"}（拟合的结果，每层秒数，
-    StepModel 的 overhead = 每层 × n_layers）；默认假设 DEFAULT_PARAMS 按 StepModel 的写法给每步秒数
-    {"overhead_eager", "overhead_graph"}（每步 1 ms，不分层数）。
+    参数字典：{"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer"}（FIT_KEYS：拟合的结果，每层秒数，
+    step_overhead 给 StepModel 的 overhead = 每层 × n_layers）。默认假设不是这个形式（每步 1 ms，不分层数、不分
+    mode）：DEFAULT_PARAMS = {"mfu", "mbu", "overhead_per_step"}，和 overhead=default_overhead 一起传给
+    compare_points / fit_loss / synthetic_points（它们的 overhead 参数默认是 step_overhead）。
+    measure 按 plan_points 的顺序测（同一形状的 eager、graph 一组，eager 先）：JSON 里点的顺序就是测量的先后。
     时间：秒；显存：字节。
 
 【运行】python3 lecture05/step_bench.py                                 # 自检（CPU，几秒）
@@ -78,10 +84,12 @@ TRIALS = 3                  # 几组，取最快的一组（course_utils.cuda_ti
 TIME_BUDGET_S = 210.0       # 测量的时间预算（秒）：超出后剩下的点记为 skipped
 WORKSPACE_BYTES = 1 << 30   # 每个点在 KV 和激活之外留的显存（cuBLAS 工作区、分配器碎片）
 RESULTS = os.path.join(HERE, "results", "step_measure.json")
-# 默认假设（StepModel 的 mfu 0.6、mbu 0.8、每步 1 ms）：开销按步给，不分层数；拟合的参数按层给（见 step_overhead）
-DEFAULT_PARAMS = {"mfu": ss.MFU, "mbu": ss.MBU, "overhead_eager": ss.STEP_OVERHEAD_S,
-                  "overhead_graph": ss.STEP_OVERHEAD_S}
 FIT_KEYS = ("mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer")   # 拟合的参数（开销：每层秒数）
+# 默认假设（StepModel 的 mfu 0.6、mbu 0.8、每步 1 ms）：开销按步给，不分层数、不分 mode —— 配 default_overhead 用
+DEFAULT_PARAMS = {"mfu": ss.MFU, "mbu": ss.MBU, "overhead_per_step": ss.STEP_OVERHEAD_S}
+# profile_kernels 数内核的两个形状（一次 prefill、一次 eager decode）；已提交的 JSON 里没有记形状，演示从这里打印
+PROFILE_POINTS = {"prefill": {"kind": "prefill", "n_prompts": 1, "prompt_len": 128},
+                  "decode": {"kind": "decode", "batch": 8, "context": 512}}
 
 
 # =============================================================================
@@ -278,12 +286,11 @@ def no_room(cfg, p, device, elem):
 
 @torch.no_grad()
 def profile_kernels(model, device, dtype):
-    """一次 prefill（1 × 128）和一次 eager decode（批 8、上下文 512）各启动了多少个 GPU 内核、注意力用的哪个内核
+    """PROFILE_POINTS 的一次 prefill 和一次 eager decode 各启动了多少个 GPU 内核、注意力用的哪个内核
     （torch.profiler）。用来解释 eager 的开销（每步的启动次数）和 SDPA 选了哪个后端。失败时返回原因。"""
     from torch.profiler import ProfilerActivity, profile
     out = {}
-    for kind, p in (("prefill", {"kind": "prefill", "n_prompts": 1, "prompt_len": 128}),
-                    ("decode", {"kind": "decode", "batch": 8, "context": 512})):
+    for kind, p in PROFILE_POINTS.items():
         n, S, T, pos0 = point_shape(p)
         cache = alloc_cache(model.cfg, n, S, dtype, device).zero_()
         ids = torch.zeros(n, T, dtype=torch.long, device=device)
@@ -408,8 +415,7 @@ def _write_json(res, path):
 
 
 def run_meta(device, dtype, quick, budget_s):
-    """测量文件里"在哪、怎么测的"：GPU、驱动、torch / CUDA 版本、日期（CUDA 上由 course_utils.gpu_meta 给）、
-    dtype、计时方法。"""
+    """测量文件里"在哪、怎么测的"：GPU、驱动、torch / CUDA 版本、日期（course_utils.gpu_meta）、dtype、计时方法。"""
     meta = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "quick": quick,
             "budget_s": budget_s, "chip_for_model": CHIP.name,
             "timing": f"CUDA events; warm-up, then the fastest of {TRIALS} groups of reps "
@@ -421,9 +427,8 @@ def run_meta(device, dtype, quick, budget_s):
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         meta.update(gpu_meta(torch, total_memory=props.total_memory, sm_count=props.multi_processor_count))
-    else:
-        meta.update(gpu=None, torch=torch.__version__, cuda=torch.version.cuda,
-                    date=datetime.date.today().isoformat(), cpu_threads=torch.get_num_threads())
+    else:                                   # 在 CPU 上测的：机器上有 GPU 也不记它
+        meta.update(gpu_meta(torch, cpu_threads=torch.get_num_threads()), gpu=None, driver=None)
     return meta
 
 
@@ -441,7 +446,7 @@ def load_results(path=RESULTS):
 def ideal_times(points, configs, chip=CHIP):
     """
     每一点在 StepModel 里的两边（mfu = mbu = 1、开销 0）：t_compute、t_memory（秒，数组）。任意参数下
-    StepModel 的一步 = max(t_compute / mfu, t_memory / mbu) + overhead（tp = 1，没有通信）。
+    StepModel 的一步由它们算出：predict(t_compute, t_memory, mfu, mbu, overhead)。
     mem_util = 1：这里只比时间，不让 StepModel 的 90% 显存策略（A5）拒绝实际放得下的点。
     """
     _check_points(points, configs)
@@ -464,27 +469,49 @@ def _step_cost(step, p):
 
 def step_overhead(params, mode, cfg):
     """
-    参数字典 → 模型 cfg 在 mode（"eager" / "graph"）下每步的开销（秒），也就是 StepModel 的 overhead。
-    拟合的参数按层给：overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比）；
-    默认假设按步给：overhead_{mode}（StepModel 的写法，不分层数）。值是 None（没有 graph 点的拟合）时按 0 算。
+    拟合形式的参数（FIT_KEYS）→ 模型 cfg 在 mode（"eager" / "graph"）下每步的开销（秒），也就是 StepModel 的
+    overhead = overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比）。
+    值是 None（没有 graph 点的拟合）时按 0 算。compare_points / fit_loss / synthetic_points 的 overhead 默认用它。
     """
     key = f"overhead_{mode}_per_layer"
-    v = params[key] * cfg.n_layers if params.get(key) is not None else params.get(f"overhead_{mode}")
-    return 0.0 if v is None else float(v)
+    if key not in params:
+        raise KeyError(f"params 里没有 {key}（默认假设 DEFAULT_PARAMS 按步给开销：传 overhead=default_overhead）")
+    v = params[key]
+    return 0.0 if v is None else float(v) * cfg.n_layers
 
 
-def predict(tc, tm, overhead, params):
-    """max(tc / mfu, tm / mbu) + overhead（每点的每步开销，step_overhead 算的数组）。"""
-    return np.maximum(tc / params["mfu"], tm / params["mbu"]) + overhead
+def default_overhead(params, mode, cfg):
+    """默认假设的开销：params["overhead_per_step"]（StepModel 的每步 1 ms），不分 mode、不分层数。
+    和 step_overhead 同一个签名：作为 overhead 参数和 DEFAULT_PARAMS 一起传。"""
+    return float(params["overhead_per_step"])
 
 
-def fit_loss(points, configs, params, chip=CHIP):
-    """Σ log²(模型 / 实测)（只用 status == "ok" 的点）：拟合最小化的量；拟合的参数、默认假设都能算。"""
+def predict(tc, tm, mfu, mbu, overhead):
+    """
+    StepModel 的一步（tp = 1，没有通信）：max(tc / mfu, tm / mbu) + overhead。全部按 numpy 广播，点在最后一维：
+    fit_loss、synthetic_points、拟合的目标函数和网格穷举（mfu、mbu、开销各占一维）都用这一个式子。
+    compare_points 不用它，直接问 StepModel（测试查两者一致）。
+    """
+    return np.maximum(tc / mfu, tm / mbu) + overhead
+
+
+def log_loss(pred, meas):
+    """Σ log²(模型 / 实测)，对最后一维（点）求和：相对误差，大小点一样重。"""
+    return np.sum(np.log(pred / meas) ** 2, axis=-1)
+
+
+def _overheads(points, configs, params, overhead):
+    """每一点的每步开销（数组）：overhead(params, 这一点的 mode, 这一点的模型)。"""
+    return np.array([overhead(params, p["mode"], configs[p["model"]]) for p in points])
+
+
+def fit_loss(points, configs, params, chip=CHIP, overhead=step_overhead):
+    """Σ log²(模型 / 实测)（只用 status == "ok" 的点）：拟合最小化的量。拟合的参数用默认的 overhead；
+    默认假设：fit_loss(..., DEFAULT_PARAMS, overhead=default_overhead)。"""
     ok = _ok_points(points)
     tc, tm = ideal_times(ok, configs, chip)
-    ovh = np.array([step_overhead(params, p["mode"], configs[p["model"]]) for p in ok])
-    meas = np.array([p["seconds"] for p in ok])
-    return float(np.sum(np.log(predict(tc, tm, ovh, params) / meas) ** 2))
+    pred = predict(tc, tm, params["mfu"], params["mbu"], _overheads(ok, configs, params, overhead))
+    return float(log_loss(pred, np.array([p["seconds"] for p in ok])))
 
 
 def fit_step_params(points, configs, chip=CHIP):
@@ -511,8 +538,7 @@ def fit_step_params(points, configs, chip=CHIP):
 
     def loss(x):                                      # x = (log mfu, log mbu, log 每层 oe, log 每层 og)
         mfu, mbu, oe, og = np.exp(x)
-        pred = np.maximum(tc / mfu, tm / mbu) + np.where(graph, og, oe) * layers
-        return float(np.sum(np.log(pred / meas) ** 2))
+        return float(log_loss(predict(tc, tm, mfu, mbu, np.where(graph, og, oe) * layers), meas))
 
     active = np.array([True, True, True, has_graph])
     x = _coordinate_search(loss, _grid_start(tc, tm, meas, graph, layers), active, step=0.25)
@@ -525,14 +551,14 @@ def _grid_start(tc, tm, meas, graph, layers):
     """网格上最好的 (log mfu, log mbu, log 每层 oe, log 每层 og)。"""
     eff = np.geomspace(0.02, 1.0, 31)
     ovh = np.concatenate([[1e-10], np.geomspace(1e-8, 2e-3, 50)])               # 每层；1e-10 ≈ 0（取对数用）
-    base = np.maximum(tc / eff[:, None, None], tm / eff[None, :, None])          # [mfu, mbu, 点]
     best, total = [], 0.0
     for sel in (~graph, graph):
         if not sel.any():
-            best.append(np.zeros(base.shape[:2], dtype=int))
+            best.append(np.zeros((len(eff), len(eff)), dtype=int))
             continue
-        pred = base[:, :, sel, None] + layers[sel, None] * ovh                   # [mfu, mbu, 点, 开销]
-        err = np.sum(np.log(pred / meas[sel, None]) ** 2, axis=2)                # [mfu, mbu, 开销]
+        pred = predict(tc[sel], tm[sel], eff[:, None, None, None], eff[None, :, None, None],
+                       ovh[:, None] * layers[sel])                              # [mfu, mbu, 开销, 点]
+        err = log_loss(pred, meas[sel])                                         # [mfu, mbu, 开销]
         best.append(err.argmin(axis=2))
         total = total + err.min(axis=2)
     i, j = np.unravel_index(np.argmin(total), total.shape)
@@ -563,36 +589,50 @@ def _coordinate_search(loss, x, active, step=0.25, tol=1e-7):
     return x
 
 
-def nudged_losses(points, configs, params, rel=0.01, chip=CHIP):
-    """局部最小的检查：把 params 里的每个拟合参数（FIT_KEYS 里不是 None 的）各乘 1 ± rel，返回
-    {(参数, ±1): 损失}。params 是 fit_step_params 的最小值时，每个都不小于 fit_loss(params)（演示和测试都查）。"""
-    out = {}
-    for k in FIT_KEYS:
-        if params.get(k) is None:
-            continue
-        for sgn in (1, -1):
-            q = dict(params)
-            q[k] = params[k] * (1 + sgn * rel)
+def nudged_losses(points, configs, params, rel=0.01, n_dirs=32, seed=0, chip=CHIP):
+    """
+    局部最小的检查：在拟合参数（FIT_KEYS 里不是 None 的）的对数坐标里取 n_dirs 个随机单位方向 u（种子 seed），
+    把参数一起挪到 参数 × exp(rel · u)（每个最多挪 rel），返回这些点的 fit_loss（数组）。params 是 fit_step_params
+    的最小值时，每个都不小于 fit_loss(params)（演示和测试都查）。坐标搜索只在停下时试过每个参数单独 ± 步长；
+    斜着的方向（例如 mfu、mbu 一起变）它没有试过，这个检查才不是它的停止条件的复述。mfu、mbu 夹在 ≤ 1。
+    """
+    keys = [k for k in FIT_KEYS if params.get(k) is not None]
+    dirs = np.random.default_rng(seed).standard_normal((n_dirs, len(keys)))
+    out = []
+    for u in dirs / np.linalg.norm(dirs, axis=1, keepdims=True):
+        q = dict(params)
+        for k, uk in zip(keys, u):
+            q[k] = params[k] * math.exp(rel * uk)
             if k in ("mfu", "mbu"):
                 q[k] = min(q[k], 1.0)                 # StepModel 的范围：mfu、mbu ≤ 1
-            out[(k, sgn)] = fit_loss(points, configs, q, chip)
-    return out
+        out.append(fit_loss(points, configs, q, chip))
+    return np.array(out)
 
 
-def compare_points(points, configs, params, chip=CHIP):
-    """逐点：StepModel(model, chip, mfu, mbu, overhead = step_overhead(这一点的 mode、模型)) 的预测 vs 实测。
-    返回字典列表（原来的字段 + model_s、roofline_s = max(t_compute, t_memory)（不含开销）、ratio = 模型 / 实测、
-    bound）。预测直接问 StepModel（不是拟合用的公式）。"""
+def compare_points(points, configs, params, chip=CHIP, overhead=step_overhead):
+    """逐点：StepModel(model, chip, mfu, mbu, overhead = overhead(params, 这一点的 mode、模型)) 的预测 vs 实测。
+    返回字典列表（原来的字段 + index = 这一点在 points 里的位置（JSON 的顺序就是测量顺序）、model_s、
+    roofline_s = max(t_compute, t_memory)（不含开销）、ratio = 模型 / 实测、bound）。预测直接问 StepModel
+    （不是拟合用的 predict）。默认假设：compare_points(..., DEFAULT_PARAMS, overhead=default_overhead)。"""
+    index = {id(p): i for i, p in enumerate(points)}
     rows = []
     for p in _ok_points(points):
         cfg = configs[p["model"]]
         step = ss.StepModel(cfg, chip, mfu=params["mfu"], mbu=params["mbu"],
-                            overhead=step_overhead(params, p["mode"], cfg), mem_util=1.0)
+                            overhead=overhead(params, p["mode"], cfg), mem_util=1.0)
         c = _step_cost(step, p)
         t = float(c.total)
-        rows.append({**p, "model_s": t, "roofline_s": float(max(c.t_compute, c.t_memory)), "ratio": t / p["seconds"],
-                     "bound": str(c.bound)})
+        rows.append({**p, "index": index[id(p)], "model_s": t, "roofline_s": float(max(c.t_compute, c.t_memory)),
+                     "ratio": t / p["seconds"], "bound": str(c.bound)})
     return rows
+
+
+def group_rows(rows):
+    """compare_points 的行按 (模型, 步, 执行方式) 分组：{(model, kind, mode): [行, …]}（保持原来的顺序）。"""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["kind"], r["mode"]), []).append(r)
+    return groups
 
 
 def error_summary(rows):
@@ -604,16 +644,19 @@ def error_summary(rows):
 
 def explain_point(row, cfg, kernels_per_step=None, peers=None):
     """这一点 StepModel 没有算到的东西（中文短句的列表），数字由 cfg 算出；kernels_per_step：实测的一次 decode
-    启动几个 GPU 内核（meta["kernels"]，没有就不写具体数）；peers：同一模型、同一种步、同一执行方式的其余点的
-    实测秒数（eager 的 decode 受主机限制，各点本该差不多：这一点远慢于它们时，多半是测量时主机卡了一下）。"""
+    启动几个 GPU 内核（meta["kernels"]，没有就不写具体数）；peers：同一模型、同一种步、同一执行方式的其余点
+    （compare_points 的行）。eager 的 decode 受主机限制，各点本该差不多：这一点远慢于它们时，写出倍数、它在这一组里
+    第几个测的（index）和计时的次数（reps、trials）——原因这里查不出来，不猜。"""
     notes = []
     if peers:
-        typical = float(np.median(peers))
+        typical = float(np.median([r["seconds"] for r in peers]))
         if row["seconds"] > 1.5 * typical:
+            order = 1 + sum(r["index"] < row["index"] for r in peers)
             notes.append(f"实测是同一模型、同一种步、同一执行方式其余 {len(peers)} 个点中位数"
-                         f"（{typical * 1e3:.1f} ms）的 {row['seconds'] / typical:.1f} 倍：这种步受主机限制，"
-                         "同一形状附近的点都在中位数上下，这一点更像是测量时主机的一次停顿"
-                         "（共享的测量机上主机时间时快时慢），不是模型漏算了什么")
+                         f"（{typical * 1e3:.1f} ms）的 {row['seconds'] / typical:.1f} 倍，而这种步受主机限制、"
+                         f"多数点在中位数上下：多出来的时间不像是模型漏算的。它是这 {len(peers) + 1} 个点里第 {order} "
+                         f"个测的，计时每组 {row.get('reps', '?')} 步、{row.get('trials', '?')} 组取最快。"
+                         "原因没有查清：预热不足和测量时主机变慢都说得通，要重测才分得清")
     flops_tok = cfg.linear_flops_per_token()
     head = 2 * cfg.d_model * cfg.vocab                              # lm_head 每个 token 的 FLOPs
     if row["kind"] == "prefill":
@@ -654,14 +697,14 @@ def constant_text(fit, meta):
             f'                           "lecture05/results/step_measure.json"}}')
 
 
-def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
+def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0, overhead=step_overhead):
     """用 StepModel 自己生成"实测"（拟合恢复测试与演示的测试用）：plan_points 里放得下（fits_chip）的每一点，
-    秒数 = 模型 × exp(noise·N(0,1))。"""
+    秒数 = 模型（predict；开销 overhead(params, mode, 模型)）× exp(noise·N(0,1))。"""
     rng = np.random.default_rng(seed)
     configs = {m.name: m for m in models}
     pts = [p for p in plan_points(models, grid) if fits_chip(configs[p["model"]], p, chip)]
     tc, tm = ideal_times(pts, configs, chip)
-    t = predict(tc, tm, np.array([step_overhead(params, p["mode"], configs[p["model"]]) for p in pts]), params)
+    t = predict(tc, tm, params["mfu"], params["mbu"], _overheads(pts, configs, params, overhead))
     for p, s in zip(pts, t * np.exp(noise * rng.standard_normal(len(pts)))):
         p.update(status="ok", seconds=float(s))
     return pts

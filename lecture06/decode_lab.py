@@ -434,21 +434,31 @@ def adjust(logits, temperature=1.0, top_k=None):
 
 
 PROB_TOL = 1e-9     # float64 概率行的和离 1 多远算"没归一化"（更低的精度见 prob_tol）
+PROB_TOL_CAP = 1e-3  # float32 的容差最多这么大：差 0.1% 以上的表不是舍入能解释的（×1.01 的表照样被拒）
 
 
-def prob_tol(dtype, n):
+def prob_tol(dtype, n, what="概率表"):
     """
-    长度 n 的一行概率、以 dtype 存储时，"和为 1"允许差多少：max(PROB_TOL, 2·√n · eps(dtype))。
+    长度 n 的一行概率、以 dtype 存储时，"和为 1"允许差多少：max(PROB_TOL, min(n · eps(dtype), PROB_TOL_CAP))。
 
-    为什么随 dtype 变：float32 的 softmax 先在 float32 里求分母 Σ exp，这个和的舍入误差像随机游走，
-    约 √n·eps；每个 p 都除以它，所以整行的和离 1 差同样多（_prob_rows 用 float64 求和，不再添误差）。
-    实测 torch.softmax（float32，各种温度）：V = 5000 最差 ~1.4e-6、V = 128256 最差 ~1.3e-5，容差分别是
-    1.7e-5、8.5e-5（留了 6 倍以上的余量）；乘了 1.01 的表（差 1e-2）照样被拒。固定的 1e-9 会把每一个 float32 概率表
-    都当成"没归一化"；n·eps 又太松（V = 128256 时 1.5e-2，连差 1% 的表都收）。float64（和整数）时就是 PROB_TOL。
+    为什么随 dtype 变：float32 的 softmax 先在 float32 里求分母 Σ exp，再让每个 p 除以它，整行的和离 1 差的
+    就是这个和的相对舍入误差（_prob_rows 用 float64 求和，不再添误差）。n · eps 是求和误差的上界，
+    和求和的顺序无关：两两求和（torch、numpy 的 sum）典型只有 √n · eps 的量级，但从左到右累加（cumsum、
+    朴素的循环）的误差会系统地累积，量级更大——V = 128256、logits 标准差 5 的 float32 softmax 用 cumsum 求分母，
+    和离 1 差 1.3e-4，已经超过 2√n · eps（8.5e-5）。上界在大词表时太松（V = 128256 时 n · eps = 1.5e-2，
+    差 1% 的表都收），所以截在 PROB_TOL_CAP = 1e-3：是上面左到右求和实测误差（1.3e-4）的 8 倍，
+    是"乘了 1.01"的表的误差的 1/10。float64（和整数）时就是 PROB_TOL。
+    半精度（float16）不收：ValueError。它的 eps ≈ 1e-3，n · eps 在 V = 5000 时已经是 4.9，截断的容差也分不清
+    舍入和"差 0.1%"的表；小概率（< 6.1e-5）还是非规格化数（间距 6e-8），1e-7 这样的概率本身就差几十个百分点。
+    在 float32 或 float64 里算 softmax 再传进来。
+    what：报错时说的是哪个参数。
     """
     dt = np.dtype(dtype)
+    if dt.kind == "f" and dt.itemsize < 4:
+        raise ValueError(f"{what} 是 {dt.name}：半精度的概率表分不清舍入误差和没归一化"
+                         f"（eps = {float(np.finfo(dt).eps):.1e}）；请在 float32 或 float64 里算概率再传进来")
     eps = float(np.finfo(dt).eps) if dt.kind == "f" else 0.0
-    return max(PROB_TOL, 2.0 * math.sqrt(int(n)) * eps)
+    return max(PROB_TOL, min(int(n) * eps, PROB_TOL_CAP))
 
 
 def _prob_rows(name, a, allow_zero=False, dtype=np.float64):
@@ -458,7 +468,7 @@ def _prob_rows(name, a, allow_zero=False, dtype=np.float64):
     if (a < 0).any() or not np.isfinite(a).all():
         raise ValueError(f"{name} 必须是概率：每个元素有限且 ≥ 0，收到 {a!r}")
     sums = a.sum(axis=-1)
-    tol = prob_tol(dtype, a.shape[-1] if a.ndim else 1)
+    tol = prob_tol(dtype, a.shape[-1] if a.ndim else 1, what=name)
     ok = np.abs(sums - 1.0) <= tol
     if allow_zero:
         ok |= sums == 0.0

@@ -25,7 +25,8 @@
 运行：
   python3 lecture11/06_triton_bench.py            有 GPU：测量，写 lecture11/results/triton_bench.json 和 .png
   python3 lecture11/06_triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表，不测量；--quick 还由 JSON
-                                                 画一张小图到 lecture11/figures/quick/（不动已提交的图）
+                                                 画同一张图（和完整图一样大）到 lecture11/figures/quick/，
+                                                 不动已提交的 results/triton_bench.png
   python3 lecture11/06_triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
 """
 import argparse
@@ -92,6 +93,9 @@ def print_table(res):
         print(line)
     if any("✗" in line for line in report):
         print(MISS_EXPLAINED)
+    if any("没测到" in line for line in report):
+        print("  ? / 没测到：这个形状上 SDPA 的后端或我们的内核测量时不可用（测量时打印了原因），JSON 里没有这一行；"
+              "没测到的形状不算达到")
 
 
 def report_failures(res):
@@ -116,7 +120,8 @@ def report_failures(res):
 MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，
     不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV
     是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和另一组的
-    wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours 52%、gluon 71%、cuDNN 76%（lecture11/ncu_profile.py）。
+    wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours 52%、gluon 的 ws2（步骤 C）71%、cuDNN 76%
+    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。
     N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。
     反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长；5 次的两条路
     （Triton 原子 dQ、Gluon）都更慢：原子加和寄存器溢出让它们等内存（ncu 的 long_scoreboard 停顿）。
@@ -124,13 +129,17 @@ MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是
 
 
 def target_report(rows):
-    """逐条对照目标，返回几行文字（没达到的形状逐个列出，不藏起来）。"""
+    """逐条对照目标，返回几行文字（没达到的形状逐个列出，不藏起来）。行首：✓ = 每个形状都测到且达到；
+    ✗ = 有形状没达到；? = 没有没达到的，但有形状缺测量（某个 provider 不可用）——没测到的不算达到。"""
     def ratio(mode, causal, d, n, other, mine):
-        """mine 里最快的那个 / other（mine 里一个都没测到时 None）。"""
+        """mine 里最快的那个 / other（mine 里一个都没测到、或 other 没测到时 None）。"""
         key = (mode, causal, d, n)
         sel = {r["provider"]: tflops_of(r) for r in rows if (r["mode"], r["causal"], r["d"], r["N"]) == key}
         best = max((sel[p] for p in mine if p in sel), default=None)
         return best / sel[other] if best is not None and other in sel else None
+
+    def label(c, d, n):
+        return f"{'causal' if c else 'full'} d={d} N={n}"
 
     shapes = sorted({(r["causal"], r["d"], r["N"]) for r in rows})
     ours, fwd_any, bwd_any = ("ours",), OURS_FWD, ("ours", "ours-atomic", "gluon")
@@ -147,11 +156,13 @@ def target_report(rows):
             ("issue 16：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, bwd_any,
              lambda c, d, n: n >= 4096)):
         checked = [(c, d, n, ratio(mode, c, d, n, other, mine)) for c, d, n in shapes if pick(c, d, n)]
-        miss = [f"{'causal' if c else 'full'} d={d} N={n}: {x:.3f}"
-                for c, d, n, x in checked if x is not None and x < want]
-        status = "✓" if not miss else "✗"
-        out.append(f"  {status} {name}：{len(checked) - len(miss)}/{len(checked)} 个形状达到" +
-                   (f"；没达到：{'; '.join(miss)}" if miss else ""))
+        miss = [f"{label(c, d, n)}: {x:.3f}" for c, d, n, x in checked if x is not None and x < want]
+        absent = [label(c, d, n) for c, d, n, x in checked if x is None]     # 缺一边的测量：不算达到
+        hit = len(checked) - len(miss) - len(absent)
+        status = "✗" if miss else "?" if absent or not checked else "✓"
+        out.append(f"  {status} {name}：{hit}/{len(checked)} 个形状达到" +
+                   (f"；没达到：{'; '.join(miss)}" if miss else "") +
+                   (f"；没测到（{other} 或我们的内核缺这一行）：{'; '.join(absent)}" if absent else ""))
     return out
 
 
@@ -499,7 +510,7 @@ def main():
             return
         print(f"{why}：打印已提交的测量结果 {os.path.relpath(committed)}")
         print_table(res)
-        if args.quick:                                   # 小图：检查画图代码还能用，不动已提交的图
+        if args.quick:                                   # 同一张图进 figures/quick/：检查画图代码还能用，不动已提交的图
             print(f"图（由已提交的 JSON 画）：{os.path.relpath(plot(res, None, quick=True))}")
         if report_failures(res):
             sys.exit(1)

@@ -6,17 +6,25 @@
      d = 128。三种实现：我们的 triton_flash.flash_decode（v3，split-KV + GQA 打包）、SDPA（enable_gqa=True）、
      我们的 flash_attn_func 的单 query 路径（FlashAttention-2 的并行方式：每个 (序列, query 头) 一个程序）。
      时间是 CUDA 图里重放的 GPU 时间；带宽 = K/V 字节数 / 时间，和同一次运行里实测的拷贝带宽比。
-  2. 主机开销：小形状上连续调用的每次墙钟时间 − GPU 时间（µs），以及 CUDA 图能否捕获、结果是否逐位一致。
-  3. 启动间隙：一个空内核在 stream 里和在 CUDA 图里每个多少 µs（第 5 节时间线模型的 launch 参数）。
-  4. 校准：flash_lab.decode_attention_time 用假设的 sm_bw_cap、launch 预测的时间 vs 实测，拟合这两个参数，
+  2. 正确性：每个实现的输出和 SDPA 的相对差（上限 DECODE_TOL，由来见它的注释），草稿区压力测试里不逐位相同的
+     次数（要是 0）。不过关时逐条列出，退出码 1。
+  3. 目标：issue 的速度目标（长序列的带宽、对 SDPA 的倍数）和主机开销、CUDA 图逐位一致，逐条 ✓ / ✗。
+  4. 主机开销（B = 1）：小形状上连续调用的每次墙钟时间 − GPU 时间（µs），CUDA 图能否捕获、结果是否逐位一致；
+     主机时间拆成几块；主机发一个空内核要多久。
+  5. 校准第 4 节的 decode_attention_time：用假设的 sm_bw_cap、launch 预测的时间 vs 实测，拟合这两个参数，
      拟合前后每个点的误差（见 flash_lab.H200_DEC_MEASURED 的文档）。
-  5. 图：lecture11/results/decode_bench_bandwidth.png、decode_bench_models.png（--quick 的小图进 figures/quick/）
+  6. 校准第 5 节的时间线模型：Llama-3.2-1B 批 1 的真实一步（lecture05/results/step_measure.json）vs 模型；
+     CUDA 图里的 launch = 实测的空内核间隙（一个空内核在 stream 里、在 CUDA 图里各占多少 µs），再拟合 small
+     和 eager 时的 launch。
+  图：lecture11/figures/07_decode_bench_bandwidth.png、07_decode_bench_models.png（--quick：同样的两张图、同样大，
+     进 figures/quick/）；已提交的 results/decode_bench_bandwidth.png、decode_bench_models.png 只在 --replot 时重画。
 
 单位：时间 µs，带宽 TB/s（10^12 字节/秒），K/V 字节 = B·S·Hk·d·2（K 和 V）·2（bf16）。
 
-在 GPU 上重新测（写 lecture11/results/decode_bench.json，H200 上约 1 分钟：提交的那次 44 s）：
+在 GPU 上重新测（写 lecture11/results/decode_bench.json，H200 上约 1 分钟：提交的那次 44 s），再重画已提交的图：
     python3 lecture11/07_decode_bench.py --measure [--sweep]
-只读结果、打印、画图（没有 GPU 也行；check-all 跑的就是这个）：
+    python3 lecture11/07_decode_bench.py --replot
+只读结果、打印、画图（没有 GPU 也行；check-all 跑 --quick，make figures 跑不带参数的；都不动 results/ 里的图）：
     python3 lecture11/07_decode_bench.py [--quick]
 """
 import argparse
@@ -52,6 +60,17 @@ SWEEP_CONFIGS = [(128, 4, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 4, 4)]
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 33)
 SWEEP_SPLITS_B1 = (8, 16, 24, 32, 33, 48, 66)      # B = 1：8 个 (序列, 头)，段数决定能不能铺满 132 个 SM（2 个 / SM）
 SWEEP_PDL = (False, "merge", True)                 # B = 1 时还扫 PDL：不用 / 只给合并内核 / 两个内核都用
+STRESS_SHAPES = ((1, 32768, 32), (1, 4096, 64), (8, 8192, 16))    # 压力测试：(B, S, 段数)
+STRESS_ORDER = (0, 0, 1, 0, 1, 1)    # 两组输入的调用顺序（循环）：A→A、A→B、B→A、B→B 四种前后关系都有
+STRESS_CALLS = 500
+# 正确性的上限（第 2 部分）。JSON 里每个点记的是和 SDPA（同为 bf16）的相对差 ‖x − sdpa‖ / ‖sdpa‖。
+# triton_flash.decode_limit（check_decode 和测试用的判据，flash-attn 的）要求：对 float64 参考的误差 < 2e，
+# e = 同 dtype 的 SDPA 对 float64 参考的误差。三角不等式：满足它的实现和 SDPA 相差 < 2e + e = 3e。
+# 测量时没有记 e（B = 64、S = 128k 的 K、V 换成 float64 要 137 GB，放不下）；bf16 输出的 e 主要是最后舍入到 bf16：
+# 每个元素的相对误差 ≤ u = 2⁻⁸（bf16 的有效位是 8 个二进制位），GPU 自检里 bf16 SDPA 的 e 实测 ≤ 2.4e-3 < u
+# （results/gpu_selftest_decode.log：上限 2e 最大 4.8e-3）。所以上限取 3u ≈ 1.2e-2。真出错时差得远比这大：
+# 随机输入下漏掉（或重复）32 段里的 1 段，输出约变 √(1/32) ≈ 18%。
+DECODE_TOL = 3 * 2.0 ** -8
 
 
 # =============================================================================
@@ -231,20 +250,37 @@ def sweep(torch, tf):
     return rows
 
 
-def stress(torch, tf, calls=500):
+def stress(torch, tf, calls=STRESS_CALLS):
     """
-    草稿区在调用之间复用：如果哪一次读到了上一次留下的段，结果会偶尔不一样。
-    同一输入连着算 calls 次，和第一次逐位比较，数不一致的次数。
+    草稿区（各段的部分结果）在调用之间复用：如果哪一次读到了上一次留下的段，结果就不对。
+    只用一组输入连着算查不出来——上一次留下的段和这一次该写的逐位相同。所以用两组输入：A = (q, 满长 S)，
+    B = (另一个 q, 有效长度 3S/4 − 5：尾部的段是空的，最后一块不满)，k、v、段数相同（同一个快速路径、同一块草稿区），
+    按 STRESS_ORDER 交替算 calls 次，每次和同一组输入第一次的结果逐位比较，数不一致的次数（两组合计）：
+    同一组的前一次调用有时是自己、有时是另一组，结果只要依赖上一次调用就会对不上。
+    "每次都错得一样"（例如 B 的空段从不写、总读到 A 留下的段）逐位比较查不出，所以两组的第一次结果还和
+    SDPA（triton_flash.sdpa_decode，只看有效前缀，同为 bf16）比，记下最大相对差。
+    返回 ({"B=.. S=.. splits=..": 不一致次数}, {同样的键: 和 SDPA 的最大相对差})。
     """
-    res = {}
-    for B, S, splits in ((1, 32768, 32), (1, 4096, 64), (8, 8192, 16)):
+    counts, errs = {}, {}
+    for B, S, splits in STRESS_SHAPES:
         q, k, v, lens = make_inputs(torch, B, S)
-        first = tf.flash_decode(q, k, v, lens, num_splits=splits)
-        outs = [tf.flash_decode(q, k, v, lens, num_splits=splits) for _ in range(calls)]
-        bad = sum(not torch.equal(o, first) for o in outs)
-        res[f"B={B} S={S} splits={splits}"] = bad
-        print(f"  压力测试 B={B} S={S} {splits} 段：{calls} 次里和第一次不逐位相同的 {bad} 次", flush=True)
-    return res
+        gen = torch.Generator(device=q.device).manual_seed(1)
+        q2 = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
+        inputs = [(q, lens), (q2, torch.full_like(lens, 3 * S // 4 - 5))]
+        first = [tf.flash_decode(qi, k, v, li, num_splits=splits) for qi, li in inputs]
+        assert not torch.equal(first[0], first[1]), "两组输入的结果相同：压力测试分不出读的是哪一组的段"
+        bad = 0
+        for i in range(calls):
+            j = STRESS_ORDER[i % len(STRESS_ORDER)]
+            qi, li = inputs[j]
+            bad += not torch.equal(tf.flash_decode(qi, k, v, li, num_splits=splits), first[j])
+        key = f"B={B} S={S} splits={splits}"
+        counts[key] = bad
+        errs[key] = max(tf._rel_err(f.double(), tf.sdpa_decode(qi, k, v, li).double())
+                        for f, (qi, li) in zip(first, inputs))
+        print(f"  压力测试 B={B} S={S} {splits} 段：两组输入交替 {calls} 次，和同组第一次不逐位相同的 {bad} 次；"
+              f"第一次结果和 SDPA 的相对差 {errs[key]:.1e}", flush=True)
+    return counts, errs
 
 
 def measure(args):
@@ -265,7 +301,10 @@ def measure(args):
     print("启动间隙：" + "  ".join(f"{k} {v * 1e6:.2f} µs" for k, v in res["launch"].items()), flush=True)
     if args.sweep:
         res["sweep"] = sweep(torch, tf)
-    res["stress"] = stress(torch, tf)
+    res["stress"], stress_err = stress(torch, tf)
+    # 压力测试的做法记进 meta（第 2 部分据此分辨新旧两种测法；旧的 JSON 没有这一项）
+    res["meta"]["stress"] = dict(calls=STRESS_CALLS, order=list(STRESS_ORDER),
+                                 inputs="A: q, L = S; B: q', L = 3S/4 - 5", err_vs_sdpa=stress_err)
     res["rows"] = measure_table(torch, tf)
     res["overhead"] = measure_overhead(torch, tf)
     res["meta"]["seconds"] = time.time() - t0
@@ -273,7 +312,8 @@ def measure(args):
     path = os.path.join(args.out, os.path.basename(RESULTS))
     with open(path, "w") as fh:
         json.dump(res, fh, indent=1)
-    print(f"写好 {os.path.relpath(path)}（{time.time() - t0:.0f} s）")
+    print(f"写好 {os.path.relpath(path)}（{time.time() - t0:.0f} s）；打印、检查、重画 results/ 里的图："
+          "python3 lecture11/07_decode_bench.py --replot")
     return 0
 
 
@@ -285,7 +325,14 @@ def ratio_text(x):
 
 
 def by_point(res):
-    return {(r["B"], r["S"], r["impl"]): r for r in res["rows"] if "gpu_s" in r}
+    """rows → {(B, S, 实现): 那一行}。测量时每个 B × S × 实现都测（measure_table），下面的代码直接按键取：
+    缺点就报错（说明 JSON 不是 --measure 完整写出来的），而不是在某一处悄悄跳过。"""
+    by = {(r["B"], r["S"], r["impl"]): r for r in res["rows"]}
+    missing = [key for key in itertools.product(BATCHES, SEQLENS, IMPLS) if key not in by]
+    if missing:
+        raise ValueError(f"decode_bench.json 的 rows 缺 {len(missing)} 个点（如 B, S, 实现 = {missing[0]}）："
+                         "--measure 每个点都测，重新测量")
+    return by
 
 
 def print_table(res):
@@ -302,20 +349,69 @@ def print_table(res):
         for S in SEQLENS:
             cells = [B, S, by[(B, S, "ours")]["splits"]]
             for impl in IMPLS:
-                r = by.get((B, S, impl))
-                cells += ["—", "—"] if r is None else [f"{r['gpu_s'] * 1e6:.1f}",
-                                                       f"{r['kv_bytes'] / r['gpu_s'] / copy:.0%}"]
-            o, s = by.get((B, S, "ours")), by.get((B, S, "sdpa"))
-            cells.append("—" if o is None or s is None else ratio_text(s["gpu_s"] / o["gpu_s"]))
+                r = by[(B, S, impl)]
+                cells += [f"{r['gpu_s'] * 1e6:.1f}", f"{r['kv_bytes'] / r['gpu_s'] / copy:.0%}"]
+            cells.append(ratio_text(by[(B, S, "sdpa")]["gpu_s"] / by[(B, S, "ours")]["gpu_s"]))
             table.append(cells)
     print(format_table(["B", "S", "段数", "ours µs", "ours/拷贝", "sdpa µs", "sdpa/拷贝", "fa2 µs", "fa2/拷贝",
                         "sdpa / ours"], table))
-    print("（时间 = CUDA 图里重放的 GPU 时间，三种实现轮流测 3 轮取最快；带宽 = K/V 字节 / 时间，和拷贝带宽比）")
+    rounds = "/".join(str(n) for n in sorted({len(r["gpu_rounds_s"]) for r in res["rows"]}))
+    print(f"（时间 = CUDA 图里重放的 GPU 时间，三种实现轮流测 {rounds} 轮取最快；"
+          "带宽 = K/V 字节 / 时间，和拷贝带宽比）")
     top = max(by.values(), key=lambda r: r["kv_bytes"] / r["gpu_s"])
     bw = top["kv_bytes"] / top["gpu_s"]
     print(f"  最高的一格：{top['impl']} B={top['B']} S={top['S']}，{bw / 1e12:.2f} TB/s = {bw / copy:.0%} 拷贝带宽、"
           f"{bw / H200.mem_bw:.0%} HBM 规格。超过 100% 拷贝不是算错：拷贝一半是写，HBM 在读写之间切换要付代价，"
           "只读的内核（解码注意力只读 K/V）能比拷贝更接近规格")
+
+
+def _err_key(x):
+    """误差排序用：NaN 当作最大（不让它在 max 里被悄悄排到后面）。"""
+    return math.inf if math.isnan(x) else x
+
+
+def check_correctness(res):
+    """
+    第 2 部分：测量时记下的正确性数据逐条对照，打印 ✓ / ✗，返回出问题的条数（main 据此以退出码 1 结束，
+    和 06 的 report_failures 一样：退出码 0 = 测量时都算对了）。
+      - rows[*].err_vs_sdpa：每个实现的输出和 SDPA 的相对差，要 < DECODE_TOL（sdpa 那一行是它第二次调用对第一次）；
+      - stress：草稿区压力测试里不逐位相同的次数，要是 0；新的测法（meta.stress）还记了和 SDPA 的相对差，
+        同样要 < DECODE_TOL。缺这些记录也算问题：没有记录撑着，就说不上"测量时都算对了"。
+    NaN 不满足 "<"，算不合格。
+    """
+    problems = 0
+    print(f"  上限：和 SDPA（同为 bf16）的相对差 ‖x − sdpa‖/‖sdpa‖ < {DECODE_TOL:.1e} = 3 × 2⁻⁸\n"
+          "    （triton_flash.decode_limit 的判据 \"对 float64 的误差 < 2 × SDPA 自己的误差\" 加三角不等式，"
+          "SDPA 的误差按 bf16 的舍入上界 2⁻⁸ 算；详见本文件 DECODE_TOL 的注释）")
+    for impl in IMPLS:
+        rows = [r for r in res["rows"] if r["impl"] == impl]
+        over = [r for r in rows if not r["err_vs_sdpa"] < DECODE_TOL]
+        worst = max(rows, key=lambda r: _err_key(r["err_vs_sdpa"]))
+        what = "（第二次调用对第一次）" if impl == "sdpa" else ""
+        listed = "; ".join(f"B={r['B']} S={r['S']}: {r['err_vs_sdpa']:.1e}" for r in over)
+        print(f"  {'✗' if over else '✓'} {impl}{what}：{len(rows)} 个点，最大相对差 {worst['err_vs_sdpa']:.1e}"
+              f"（B={worst['B']} S={worst['S']}）" + (f"；超过上限：{listed}" if over else ""))
+        problems += len(over)
+    counts, info = res.get("stress"), res["meta"].get("stress")
+    if not counts:
+        print("  ✗ 结果里没有压力测试（stress）的记录：无法确认草稿区在调用之间复用时结果不变")
+        return problems + 1
+    if info is None:
+        print("  压力测试（草稿区在调用之间复用；num_splits 固定）。注意：这份 JSON 是旧的测法——同一组输入连算 "
+              "500 次，读到上一次留下的段也和该写的逐位相同，查不出来；现在的测法是两组输入交替"
+              "（见 stress() 的文档），要在 GPU 上重新 --measure 才有它的结果")
+    else:
+        print(f"  压力测试（草稿区在调用之间复用；num_splits 固定）：两组输入（{info['inputs']}）按 {info['order']} "
+              f"交替算 {info['calls']} 次，每次和同组第一次的结果逐位比较；第一次的结果再和 SDPA 比")
+    for key, bad in counts.items():
+        err = None if info is None else info["err_vs_sdpa"].get(key)
+        ok = bad == 0 and (info is None or (err is not None and err < DECODE_TOL))
+        print(f"  {'✓' if ok else '✗'} {key}：不逐位相同 {bad} 次" +
+              ("" if info is None else "，和 SDPA 的相对差 " + ("没有记录" if err is None else f"{err:.1e}")))
+        problems += not ok
+    if problems:
+        print(f"  ✗ 有 {problems} 处正确性问题（上面逐条列出）：这份结果里的速度数字不能当真")
+    return problems
 
 
 def target_report(res):
@@ -381,7 +477,7 @@ def decode_points(res):
     fd_rows = max(16, 1 << math.ceil(math.log2(HQ // HK)))
     pts = []
     for r in res["rows"]:
-        if r["impl"] in ("ours", "fa2") and "gpu_s" in r:
+        if r["impl"] in ("ours", "fa2"):
             fd = r["impl"] == "ours"
             pts.append(dict(B=r["B"], Hq=HQ, Hkv=HK, S=r["S"], d=D, method="fd" if fd else "fa2",
                             splits=r["splits"] if fd else 1, block_m=fd_rows if fd else FA2_BLOCK_M, t=r["gpu_s"]))
@@ -468,7 +564,7 @@ def print_decode_fit(res):
 def ours_bw(res, B, s_min):
     """批 B、S ≥ s_min 时我们读 K/V 的带宽范围（文字，TB/s）。"""
     bws = [r["kv_bytes"] / r["gpu_s"] / 1e12 for r in res["rows"]
-           if r["impl"] == "ours" and r["B"] == B and r["S"] >= s_min and "gpu_s" in r]
+           if r["impl"] == "ours" and r["B"] == B and r["S"] >= s_min]
     return f"{min(bws):.1f}–{max(bws):.1f} TB/s"
 
 
@@ -510,7 +606,15 @@ def print_timeline_fit(res, step_res):
 # =============================================================================
 # 图（英文）
 # =============================================================================
-def plot(res, decode_rows, timeline_table, quick):
+def committed_figure(what, replot):
+    """replot 时图存到已提交的 results/decode_bench_<what>.png；
+    否则 None（save_figure 存进 figures/ 或 figures/quick/）。"""
+    return os.path.join(HERE, "results", f"decode_bench_{what}.png") if replot else None
+
+
+def plot(res, decode_rows, timeline_table, quick, replot=False):
+    """两张图。默认存到 lecture11/figures/，quick=True 时 figures/quick/（同样的图、同样大）；
+    只有 replot=True（且不是 quick）才重画已提交的 results/decode_bench_*.png。返回两个路径。"""
     plt = pyplot()
     copy = res["copy_Bps"]
     by = by_point(res)
@@ -528,10 +632,12 @@ def plot(res, decode_rows, timeline_table, quick):
         ax.set_xticks(SEQLENS, [f"{s // 1024}k" for s in SEQLENS])
         ax.set_ylim(0, 115)
     axes[0].set_ylabel(f"K/V read bandwidth (% of copy, {copy / 1e12:.2f} TB/s)")
-    axes[-1].legend(loc="lower right")
-    fig.suptitle(f"Decode attention on {res['meta']['gpu']} (bf16, {res['meta']['date']})")
-    bw_path = save_figure(fig, __file__, "bandwidth", quick=quick,
-                          path=os.path.join(HERE, "results", "decode_bench_bandwidth.png"))
+    fig.suptitle(f"Decode attention on {res['meta']['gpu']} (bf16, {res['meta']['date']})", y=0.995)
+    # 一个图例放在三个面板上面（和 06 一样）：放在面板里会挡住某个批的点
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=len(styles),
+               bbox_to_anchor=(0.5, 0.955), frameon=False)
+    fig.set_layout_engine("tight", rect=(0, 0, 1, 0.92))      # 上面留给标题和图例（save_figure 用这个排版）
+    bw_path = save_figure(fig, __file__, "bandwidth", quick=quick, path=committed_figure("bandwidth", replot))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 6))
     # 模型 / 实测（线性轴）：对数-对数的"模型 vs 实测"图上 3–20% 的差别看不出来；同一个方法同一种颜色，
@@ -567,8 +673,7 @@ def plot(res, decode_rows, timeline_table, quick):
     a2.set_ylabel("one decode step (ms)")
     a2.set_title("Llama-3.2-1B, batch 1: timeline model vs measured")
     a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
-    model_path = save_figure(fig, __file__, "models", quick=quick,
-                             path=os.path.join(HERE, "results", "decode_bench_models.png"))
+    model_path = save_figure(fig, __file__, "models", quick=quick, path=committed_figure("models", replot))
     return bw_path, model_path
 
 
@@ -578,7 +683,10 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="--measure 时先扫一遍内核配置 × 段数")
     ap.add_argument("--out", default=os.path.dirname(RESULTS),
                     help="--measure 把 decode_bench.json 写进哪个目录（和 06、ncu_profile 的 --out 一样是目录）")
-    ap.add_argument("--quick", action="store_true", help="只读已提交的结果；图进 figures/quick/")
+    ap.add_argument("--quick", action="store_true",
+                    help="只读已提交的结果；图进 figures/quick/（同样的图、同样大；不带参数时进 figures/）")
+    ap.add_argument("--replot", action="store_true",
+                    help="只读已提交的结果，并重画已提交的 results/decode_bench_bandwidth.png、decode_bench_models.png")
     args = ap.parse_args(argv)
     if args.measure:
         return measure(args)
@@ -588,21 +696,26 @@ def main(argv=None):
         return SKIP
     print("=== 1. 一次 decode 注意力：三种实现 ===")
     print_table(res)
-    print("\n=== 2. 目标 ===")
+    print("\n=== 2. 正确性 ===")
+    problems = check_correctness(res)
+    print("\n=== 3. 目标 ===")
     target_report(res)
-    print("\n=== 3. 主机开销（B = 1）===")
+    print("\n=== 4. 主机开销（B = 1）===")
     print_overhead(res)
-    print("\n=== 4. 校准第 4 节的 decode_attention_time（DecodeGPU 的 sm_bw_cap、launch）===")
+    print("\n=== 5. 校准第 4 节的 decode_attention_time（DecodeGPU 的 sm_bw_cap、launch）===")
     _, decode_rows = print_decode_fit(res)
     step_res = load_json(STEP_RESULTS)
     timeline_table = []
-    print("\n=== 5. 校准第 5 节的时间线模型 ===")
+    print("\n=== 6. 校准第 5 节的时间线模型 ===")
     if step_res is None:
         print(f"  （没有 {os.path.relpath(STEP_RESULTS)}：跳过；在 GPU 上运行 lecture05/step_bench.py --measure）")
     else:
         _, _, timeline_table = print_timeline_fit(res, step_res)
-    for path in plot(res, decode_rows, timeline_table, args.quick):
+    for path in plot(res, decode_rows, timeline_table, args.quick, replot=args.replot):
         print(f"图：{os.path.relpath(path)}")
+    if problems:
+        print(f"✗ 第 2 部分有 {problems} 处正确性问题：退出码 1")
+        return 1
     return 0
 
 

@@ -34,11 +34,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from course_utils import format_table  # noqa: E402
+import flash_lab as fl  # noqa: E402  （基准的形状：B·N、H·d 和 06、gluon_flash 相同）
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ncu")
 TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "gluon-bwd", "cudnn-bwd")
-SHAPE = dict(B=8, N=4096, H=16, d=128, causal=False)
+SHAPE = dict(B=fl.BENCH_TOKENS // 4096, N=4096, H=fl.BENCH_HIDDEN // 128, d=128, causal=False)   # 06 的 N = 4k、d = 128
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
             "SchedulerStats")
 
@@ -98,7 +99,13 @@ def measure(out_dir, targets=TARGETS):
         for s in SECTIONS:
             cmd += ["--section", s]
         cmd += [sys.executable, os.path.abspath(__file__), "--target", name]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired as exc:          # 一个目标卡住：记下，其余照量，表照样打印
+            res = subprocess.CompletedProcess(cmd, returncode=124, stdout=exc.stdout or "",
+                                              stderr=f"ncu 超过 {exc.timeout:.0f} s，被停下")
+            if isinstance(res.stdout, bytes):
+                res.stdout = res.stdout.decode(errors="replace")
         path = os.path.join(out_dir, f"ncu_{name}.csv")
         with open(path, "w") as fh:
             fh.write(res.stdout)

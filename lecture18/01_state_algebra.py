@@ -43,14 +43,14 @@ def orders_and_trees(gen, rng, trials, n_cols):
             V = torch.randn(2, 3, n_cols, 8, generator=gen, dtype=torch.float64).to(dtype)
             ref = torch.softmax(S.double(), -1) @ V.double()          # float64 的参考
             parts = [fl.block_state(S[..., a:b], V[..., a:b, :]) for a, b in cuts]
-            trees = {"left to right": None, "right to left": fl.reverse_chain_tree(k),
+            trees = {"left to right": fl.chain_tree(k), "right to left": fl.reverse_chain_tree(k),
                      "random tree": fl.random_tree(k, rng)}
             for name, tree in trees.items():
                 err = (fl.finalize(fl.merge_tree(parts, tree))[0].double() - ref).abs().max().item()
                 worst[dtype] = max(worst[dtype], err)
                 if dtype == torch.float64 or name == "random tree":
                     rows.append([t, k, str(dtype).replace("torch.", ""), name,
-                                 fl.tree_depth(tree if tree is not None else fl.chain_tree(k)), f"{err:.1e}"])
+                                 fl.tree_depth(tree), f"{err:.1e}"])
     print(fl.format_table(["试验", "块数", "dtype", "合并顺序", "树深", "和整块一次算的最大差"], rows))
     a, b = parts[0], parts[1]
     same = all(torch.equal(x, y) for x, y in zip(fl.merge_states(a, b), fl.merge_states(b, a)))

@@ -157,7 +157,8 @@ def merge_tree(states, tree=None):
 
 # 合并树（嵌套二元组，叶子是下标 0 … n−1）：演示和测试用它们排各种合并顺序
 def chain_tree(n):
-    """从左到右：(((0·1)·2)·…)，n − 1 层（flash 的逐块循环、环形注意力的逐轮合并）。"""
+    """从左到右：(((0·1)·2)·…)，n − 1 层（flash 的逐块循环、环形注意力的逐轮合并）。n ≥ 1。"""
+    n = check_int("n", n, lo=1, where="chain_tree")
     tree = 0
     for i in range(1, n):
         tree = (tree, i)
@@ -165,7 +166,8 @@ def chain_tree(n):
 
 
 def reverse_chain_tree(n):
-    """从右到左：(0·(1·(…·(n−2·n−1))))。"""
+    """从右到左：(0·(1·(…·(n−2·n−1))))。n ≥ 1。"""
+    n = check_int("n", n, lo=1, where="reverse_chain_tree")
     tree = n - 1
     for i in range(n - 2, -1, -1):
         tree = (i, tree)
@@ -173,16 +175,16 @@ def reverse_chain_tree(n):
 
 
 def pair_tree(n):
-    """相邻两两合并，⌈log₂ n⌉ 层（all-reduce 的归约树）。"""
-    level = list(range(n))
+    """相邻两两合并，⌈log₂ n⌉ 层（all-reduce 的归约树）。n ≥ 1。"""
+    level = list(range(check_int("n", n, lo=1, where="pair_tree")))
     while len(level) > 1:
         level = [(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
     return level[0]
 
 
 def random_tree(n, rng):
-    """随机二叉树：随便挑两棵子树合并（左右也随机），直到只剩一棵。rng：random.Random。"""
-    items = list(range(n))
+    """随机二叉树：随便挑两棵子树合并（左右也随机），直到只剩一棵。n ≥ 1；rng：random.Random。"""
+    items = list(range(check_int("n", n, lo=1, where="random_tree")))
     while len(items) > 1:
         a, b = rng.sample(range(len(items)), 2)
         items = [it for i, it in enumerate(items) if i not in (a, b)] + [(items[a], items[b])]

@@ -19,7 +19,7 @@
   5. 模型：一轮计算 = 这一轮的 FLOPs / 实测的单块吞吐；一轮通信 = α + 字节 × β（prereq5/06 的 NCCL 拟合）；
      重叠后 = max(计算, 通信)。P = 4 / 8 没有在真机上测过。
   6. 图：lecture19/results/ring_multi_gpu.png（上左：藏住 / 有效藏住和 80% 目标；上右：每轮的实测 vs 模型；
-     下：32k 时 default 和 triton 各一个环的甘特图——每轮的算和传在什么时候）
+     下：32k 时第一个变体 default 和藏住最低的变体（这次是 triton）各一个环的甘特图——每轮的算和传在什么时候）
 
 在 2 块 GPU 上重新测时间线（四个变体 + 合并进 ring_multi_gpu.json，约 3–4 分钟）：
     bash lecture19/run_ring_gpu.sh
@@ -302,7 +302,7 @@ def measure(out_path, seed):
                 d["timeline"] = timeline_part
 
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-        update_json(out_path, replace_keep_timeline)
+        update_json(out_path, replace_keep_timeline, strict=True)     # 已提交的结果坏了：报错，不覆盖
         print(f"结果写入 {out_path}；正确性 {sum(c['ok'] for c in checks)}/{len(checks)}")
     dist.destroy_process_group()
 
@@ -501,20 +501,19 @@ def _per_rank(ranks, key, mult=1.0):
 
 
 def _variant_meta(torch, args, cfg, world, sleep_cycles, device):
+    """这个变体"在哪、怎么测的"：course_utils.gpu_meta（GPU 上经 comm_sim.nccl_environment，加 NCCL 版本；
+    都带 triton 版本）+ NCCL 环境变量、尺寸、种子。"""
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL"))}
     if device.type == "cuda":
         import comm_sim as cs
         meta = cs.nccl_environment(torch)
         meta.pop("topology", None)                 # 拓扑已经在文件的 meta 里
     else:
-        import datetime
-        meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "gpu": "cpu (gloo)"}
+        from course_utils import gpu_meta
+        meta = dict(gpu_meta(torch), gpu="cpu (gloo)")
     meta.update(variant=args.variant, block=args.block, env=env, world=world, heads=cfg["heads"], d=cfg["d"],
                 dtype=cfg["dtype"], layout="striped", causal=True, seed=args.seed, preroll_s=PREROLL_S,
                 preroll_cycles=sleep_cycles, sizes=args.sizes)
-    if args.block == "triton":
-        import triton
-        meta["triton"] = triton.__version__
     return meta
 
 
@@ -577,7 +576,8 @@ TIMELINE_METHOD = (
 def merge(paths, results):
     """
     --merge：各变体的 JSON → results 的 "timeline" 一节（去掉原始样本；其余各节不动）。
-    course_utils.update_json 读-改-写（加锁、先写临时文件再改名；键按字母排序）。
+    course_utils.update_json(strict=True) 读-改-写（加锁、先写临时文件再改名；results 坏了就报错、不覆盖）。
+    它把键按字母排序，所以测量的先后（paths 的顺序，run_ring_gpu.sh 里的顺序）另记在 "order" 里，报告按它排。
     """
     from course_utils import load_json, update_json
     variants = {}
@@ -594,8 +594,9 @@ def merge(paths, results):
     first = next(iter(variants.values()))["meta"]
     keys = ("date", "gpu", "driver", "torch", "nccl", "NCCL_NVLS_ENABLE", "world", "heads", "d", "dtype", "layout",
             "causal", "preroll_s", "sizes")
-    section = {"meta": {k: first.get(k) for k in keys}, "method": TIMELINE_METHOD, "variants": variants}
-    update_json(results, lambda d: d.update(timeline=section))
+    section = {"meta": {k: first.get(k) for k in keys}, "method": TIMELINE_METHOD, "order": list(variants),
+               "variants": variants}
+    update_json(results, lambda d: d.update(timeline=section), strict=True)
     print(f"合并 {len(variants)} 个变体（{', '.join(variants)}）→ {results}")
 
 
@@ -674,7 +675,6 @@ def _span(xs):
 
 TARGET, TARGET_FROM_N = 0.8, 16384      # 目标：每块 ≥ 16k token 时 ≥ 80% 的通信被藏住
 GANTT_N = 32768                         # 甘特图画哪个长度（没有就画最长的）
-GANTT_VARIANTS = ("default", "triton")  # 甘特图画哪两个变体（缺了就用前两个）
 
 
 def hidden_share(r):
@@ -688,12 +688,6 @@ def hidden_share(r):
     return None if alone <= 0 else 1.0 - r["comm_exposed_s"] / alone
 
 
-def _variant_order(variants):
-    """JSON 里的键按字母排（update_json）；报告按 run_ring_gpu.sh 的顺序，别的变体排在后面。"""
-    known = [v for v in ("default", "nchannels2", "highprio", "triton") if v in variants]
-    return known + [v for v in variants if v not in known]
-
-
 def report_timeline(tl):
     """时间线一节：每个变体一张表（每个长度、每个进程一行），对照 80% 的目标，最后一张总表；返回画图用的数。"""
     from course_utils import fmt_time, format_table
@@ -705,16 +699,16 @@ def report_timeline(tl):
     print("  读数的定义见各表后的注释：藏住、有效藏住对照目标；|comm ∩ compute| / |comm|（重叠率）只作诊断。")
     model = p2p_model()
     data, verdicts = {}, {}
-    for name in _variant_order(tl["variants"]):
+    for name in tl["order"]:                      # 测量的先后（merge 记下的；JSON 的键按字母排）
         v = tl["variants"][name]
         vm = v["meta"]
         print(f"\n-- 变体 {name}：block = {vm['block']}，NCCL 环境 {vm['env']}"
-              + (f"，triton {vm['triton']}" if vm.get("triton") else ""))
+              + (f"，triton {vm.get('triton')}" if vm["block"] == "triton" else ""))
         checks = v.get("checks", [])
         lens = sorted({c["n_local"] for c in checks})
         print(f"   正确性 {sum(c['ok'] for c in checks)}/{len(checks)}（每块 {lens}）")
         assert all(c["ok"] for c in checks), f"变体 {name} 的环和单卡注意力不一致"
-        rows, per_len, rec = [], [], []
+        rows, per_len, rec, slow_comm, slow_comp = [], [], [], [], []
         for length in v["lengths"]:
             n = length["n_local"]
             for r in length["ranks"]:
@@ -726,6 +720,9 @@ def report_timeline(tl):
                 slow = r["compute_slowdown_s"]
                 p10, p90 = r.get("overlap_p10_p90") or (None, None)
                 rec.append(r["recorder_overhead"])
+                slow_comp.append(slow / comp_alone)
+                if comm_alone:
+                    slow_comm.append(slow / comm_alone)
                 rows.append([f"{n // 1024}k" if n >= 1024 else n, r["rank"], fmt_time(r["ring_serial_s"]),
                              fmt_time(r["ring_s"]), fmt_time(comp_alone), f"{slow / comp_alone:+.1%}",
                              fmt_time(comm_alone), fmt_time(comm_ring), fmt_time(r["comm_exposed_s"]), _pct(hid),
@@ -737,14 +734,17 @@ def report_timeline(tl):
                             "传没被盖住", "藏住", "有效藏住", "藏住−慢/传", "重叠率 (p10–p90)"], rows))
         print(f"   记录器开销（记录的环 / 不记录的环 − 1）：{min(rec):+.1%} … {max(rec):+.1%}；"
               "三种环的输出逐位相同")
+        if slow_comm:
+            print(f"   算变慢 ÷ 传·单独：{min(slow_comm):+.0%} … {max(slow_comm):+.0%}（各长度、两个进程），"
+                  f"而算变慢只占 Σ算·单独 的 {min(slow_comp):+.1%} … {max(slow_comp):+.1%}")
         verdicts[name] = _verdict(name, per_len)
         data[name] = per_len
     print("  藏住 = 1 − 传没被盖住 / 传·单独：传没被盖住 = Σ(|传| − |传 ∩ 算|)，重叠的环里在传、设备却没在算的时间；\n"
           "  有效藏住 = (不重叠的环 − 重叠的环) / 传·单独，交替成对地测、取中位数：重叠实际省下的时间；\n"
           "  算变慢 = Σ算(重叠) − Σ算(不重叠)，逐对相减的中位数，占 Σ算·单独：并发的 NCCL 内核抢 SM、显存带宽的代价；\n"
           "  藏住−慢/传 = 藏住 − 算变慢的时间 / 传·单独：两个环的差 = 传·单独 − 传没被盖住 − 算变慢（固定开销相消），\n"
-          "  所以它应当 ≈ 有效藏住。一环几十毫秒时算变慢几十微秒就是传的 ±10%：有效藏住在 100% 上下摆动，\n"
-          "  多半来自这一项，而它只有计算的零点几个百分点。\n"
+          "  所以它应当 ≈ 有效藏住：藏住和有效藏住差的就是\"算变慢 ÷ 传·单独\"（各表后给出它的范围），\n"
+          "  对照算变慢占计算的比例——计算比传长得多时，计算慢一点点就是传的一大截。\n"
           "  重叠率 = |传 ∩ 算| / |传|，中位数（p10–p90），只作诊断：传的区间从\"可以开始传\"算到 NCCL 结束，\n"
           "  NCCL 的线程块要等注意力内核让出 SM 时，这段等待也算在传里——传被拉长、落在算里面，重叠率就接近 100%，\n"
           "  哪怕传其实排在算后面（传·环里 远大于 传·单独 就是这个信号）。\n"
@@ -857,10 +857,11 @@ def plot(out, quick, world):
 
 def plot_timeline(data, quick, world):
     """
-    上左：每个变体的藏住（实线）和有效藏住（虚线）、80% 目标（图例里）；上右：default 每轮的实测 vs 模型；
-    下：甘特图（GANTT_N 时 GANTT_VARIANTS 各一个环，rank 0，JSON 里的 example）。没有 example 时不画下面一行。
+    上左：每个变体的藏住（实线）和有效藏住（虚线）、80% 目标（图例里）；上右：第一个变体每轮的实测 vs 模型；
+    下：甘特图（_gantt_rows：GANTT_N 时基准变体和藏住最低的变体各一个环，rank 0，JSON 里的 example）。
+    没有 example 时不画下面一行。
     """
-    from course_utils import pyplot, save_figure
+    from course_utils import merge_identical, pyplot, save_figure
     from matplotlib.lines import Line2D
     plt = pyplot()
     gantt = _gantt_rows(data)
@@ -868,30 +869,33 @@ def plot_timeline(data, quick, world):
     grid = fig.add_gridspec(2 if gantt else 1, 2, height_ratios=[1.25, 1] if gantt else [1])
     a1, a2 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color_of = {name: colors[i % len(colors)] for i, name in enumerate(data)}
     lows, handles = [0.0], []
-    for i, (name, pts) in enumerate(data.items()):
-        pts = [p for p in pts if p["hidden"] is not None]
-        n = [p["n"] for p in pts]
-        c = colors[i % len(colors)]
-        # 两条线可以完全重合（default 和 highprio 的藏住都是 100%）：先画的更粗、标记更大、空心，后画的套在里面
-        size, width = 15 - 3 * i, 5.5 - 1.2 * i
-        a1.semilogx(n, [100 * p["hidden"] for p in pts], "o-", color=c, lw=width, ms=size, mfc="none", mew=2,
-                    base=2, zorder=2 + i)
-        a1.semilogx(n, [100 * p["hidden_effective"] for p in pts], "s--", color=c, lw=width * 0.6, ms=size * 0.8,
-                    mew=2, base=2, zorder=2 + i)
-        handles.append(Line2D([], [], color=c, marker="o", mfc="none", ms=size, lw=width, mew=2, label=name))
-        lows += [100 * p[k] for p in pts for k in ("hidden", "hidden_effective")]
+    # 两个变体的线可以完全重合（default 和 highprio 的藏住都是 100%）：merge_identical 合成一条、图例写 "A = B"。
+    # 按表里的精度（整百分数）比较：差不到 1% 的两条线在图上本来就分不开
+    for key, fmt, kw, what in (("hidden", "o-", dict(lw=2.5, ms=10, mfc="none"), "hidden"),
+                               ("hidden_effective", "s--", dict(lw=1.8, ms=7), "saved")):
+        series = []
+        for name, pts in data.items():
+            pts = [p for p in pts if p["hidden"] is not None]
+            series.append((name, [p["n"] for p in pts], [round(100 * p[key]) for p in pts]))
+        for label, n, ys in merge_identical(series):
+            line, = a1.semilogx(n, ys, fmt, color=color_of[label.split(" = ")[0]], mew=2, base=2,
+                                label=f"{what}: {label}", **kw)
+            handles.append(line)
+            lows += ys
     a1.axhline(100 * TARGET, color="gray", ls=":", lw=2)
     handles += [Line2D([], [], color="k", marker="o", mfc="none", lw=2, mew=2,
                        label="solid: hidden = 1 - exposed comm / comm alone"),
-                Line2D([], [], color="k", marker="s", ls="--", lw=2, label="dashed: time saved / comm alone (paired)"),
+                Line2D([], [], color="k", marker="s", ls="--", lw=2,
+                       label="dashed: saved = time saved / comm alone (paired)"),
                 Line2D([], [], color="gray", ls=":", lw=2, label=f"target: {TARGET:.0%} hidden")]
     a1.set_ylim(max(min(lows) - 8, -100), 112)       # 可以是负的（传露出来的比单独传还长）；太负的画到框外
     a1.set_xlabel("tokens per GPU")
     a1.set_ylabel("share of communication hidden (%)")
     a1.set_title(f"Ring attention on {world} GPUs: how much comm is hidden")
     a1.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
-    name = "default" if "default" in data else next(iter(data))
+    name = next(iter(data))                          # 基准变体：测量顺序里的第一个（default）
     pts = data[name]
     n = [p["n"] for p in pts]
     ms = 1e3
@@ -923,21 +927,27 @@ def plot_timeline(data, quick, world):
 
 
 def _gantt_rows(data):
-    """甘特图的行：[(变体, 模式, 每块 n, timeline)]，GANTT_N（没有就最长的）时每个变体 rank 0 的 example。"""
-    have = {name: {p["n"]: p["example"] for p in pts if p.get("example")} for name, pts in data.items()}
-    have = {name: ex for name, ex in have.items() if ex}
-    names = [v for v in GANTT_VARIANTS if v in have]
-    names = names if len(names) == len(GANTT_VARIANTS) else list(have)[:len(GANTT_VARIANTS)]
-    common = set.intersection(*(set(have[v]) for v in names)) if names else set()
-    if not common:
+    """
+    甘特图的行 [(变体, 模式, 每块 n, timeline)]：rank 0 的 example，每块 GANTT_N（第一个变体没有这个长度就用它最长的）。
+    画两个变体：第一个（测量顺序里的第一个，基准）和其余变体里这个长度上藏住最低的那个——藏得住的和藏不住的对照着看。
+    """
+    have = {name: {p["n"]: p for p in pts if p.get("example")} for name, pts in data.items()}
+    have = {name: pts for name, pts in have.items() if pts}
+    if not have:
         return []
-    n = GANTT_N if GANTT_N in common else max(common)
-    return [(v, mode, n, have[v][n][mode]) for v in names for mode in ("overlapped", "serial") if mode in have[v][n]]
+    base = next(iter(have))
+    n = GANTT_N if GANTT_N in have[base] else max(have[base])
+    others = [v for v in have if v != base and n in have[v] and have[v][n]["hidden"] is not None]
+    names = [base] + ([min(others, key=lambda v: have[v][n]["hidden"])] if others else [])
+    return [(v, mode, n, have[v][n]["example"][mode]) for v in names for mode in ("overlapped", "serial")
+            if mode in have[v][n]["example"]]
 
 
 def _plot_gantt(ax, rows, colors):
     """每行一个环：粗条 = 每轮的算（计算流），细条 = 这一轮的传（旁路流夹住的 NCCL），红色 = 传没被算盖住的部分。"""
     from matplotlib.patches import Patch
+
+    import long_lab as ll
     ms = 1e3
     labels = []
     longest = max(tl["ring_s"] for *_, tl in rows)
@@ -948,15 +958,14 @@ def _plot_gantt(ax, rows, colors):
                            alpha=1.0 if i % 2 == 0 else 0.6, edgecolor="k", lw=0.8)
             if e - s > 0.15 * longest:                   # 窄条里放不下字
                 ax.text((s + e) / 2 * ms, y - 0.17, f"round {i}", ha="center", va="center", color="white")
-        exposed = 0.0
         for r in tl["rounds"]:
             if r["comm"] is None:
                 continue
             a, b = r["comm"]
             ax.broken_barh([(a * ms, (b - a) * ms)], (y + 0.08, 0.3), color=colors[1], edgecolor="k", lw=0.8)
-            free = _uncovered(r["comm"], computes)
+            free = ll.uncovered(r["comm"], computes)                      # 红色：这段传没被算盖住
             ax.broken_barh([(s * ms, (e - s) * ms) for s, e in free], (y + 0.08, 0.3), color="red")
-            exposed += sum(e - s for s, e in free)
+        exposed = ll.timeline_summary(tl)["comm_exposed_s"]              # = 红段的总长
         labels.append(f"{name}, {mode}\nring {tl['ring_s'] * ms:.1f} ms, exposed comm {exposed * ms:.2f} ms")
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
@@ -969,21 +978,6 @@ def _plot_gantt(ax, rows, colors):
                        Patch(color="red", label="comm not covered by compute (exposed)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     ax.grid(True, axis="x", alpha=0.3)
-
-
-def _uncovered(span, spans):
-    """span 里没被 spans 盖住的几段 [(起, 止)]（long_lab.covered 的补集，画红色用）。"""
-    a, b = span
-    out, t = [], a
-    for s, e in sorted((max(s, a), min(e, b)) for s, e in spans):
-        if e <= s:
-            continue
-        if s > t:
-            out.append((t, s))
-        t = max(t, e)
-    if t < b:
-        out.append((t, b))
-    return out
 
 
 def main():

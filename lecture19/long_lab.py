@@ -20,12 +20,14 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
     train_needle / niah_grid      训练（AdamW、预热 + 余弦、课程学习、梯度裁剪）与"长度 × 深度"准确率表
     save_model / load_model / get_model   checkpoints/ 里的缓存：state_dict + manifest.json（SHA-256 校验）
     CHECKPOINTS / get_checkpoint / cached_grid   演示用的模型配置（train_checkpoints.py 训练它们）与 NIAH 表缓存；
-                                  demo_start（演示 01–03 的开头：参数、线程、种子）、niah_heatmap（准确率表的图）
+                                  demo_start（演示 01–03 的开头：参数、线程、打印决定结果的种子）、
+                                  niah_heatmap（准确率表的图）
+    TASK_SEED / DATA_SEED / EVAL_SEED   草堆、训练数据、测试题的种子（模型初始化的在 CHECKPOINTS 里）
     RingLedger / ring_attention   环形注意力的单进程模拟（contiguous / striped 两种切法），记账每轮工作量和发送量
     ring_attention_dist / init_distributed / run_ring   真正的环形注意力：torch.distributed 点对点收发
                                   （本机 gloo 多进程；torchrun + NCCL 时每个进程一块 GPU）
-    RingEvents / covered / timeline_summary   每轮"算"和"传"的起止（CUDA 事件或 perf_counter），传没被算盖住的
-                                  时间 Σ(|传| − |传 ∩ 算|)（演示 06 拿它和单独传的时间比：藏住多少通信）
+    RingEvents / uncovered / covered / timeline_summary   每轮"算"和"传"的起止（CUDA 事件或 perf_counter），
+                                  传没被算盖住的几段和时间 Σ(|传| − |传 ∩ 算|)（演示 06 拿它和单独传比：藏住多少）
     flops_per_token               训练每个 token 的 FLOPs（参数部分 + 注意力部分）
     activation_bytes / max_seq_len   每层激活显存（Ring Attention 论文表 1；用第 18 讲的那一份）
 
@@ -89,6 +91,10 @@ CURRICULUM_T = 64       # 课程学习第一阶段（不放草堆）的长度：
 MASK_KINDS = ("full", "window", "strided", "dilated")
 LAYOUTS = ("contiguous", "striped")
 POS_KINDS = ("rope", "none")
+# 决定演示 01–03 结果的种子（模型初始化的种子在 CHECKPOINTS 每一项的 cfg["seed"] 里）；demo_start 把它们打印出来
+TASK_SEED = 0             # NeedleTask：草堆（填充词马尔可夫链）
+DATA_SEED = 0             # train_needle：训练数据
+EVAL_SEED = 12345         # niah_grid / cached_grid：测试题（所有模型答同一批题）
 
 
 # =====================================================================
@@ -113,7 +119,7 @@ class NeedleTask:
         测试时另放干扰针：只有一根针时，"抄 N 后面第二个 token"就能答对，测不出检索。
     """
 
-    def __init__(self, n_keys=16, n_values=16, n_filler=32, seed=0):
+    def __init__(self, n_keys=16, n_values=16, n_filler=32, seed=TASK_SEED):
         n_keys = check_int("n_keys", n_keys, lo=7, where="NeedleTask")       # 测试要 1 + 6 个不同的键
         n_values = check_int("n_values", n_values, lo=1, where="NeedleTask")
         n_filler = check_int("n_filler", n_filler, lo=4, where="NeedleTask")  # 每个填充词有 4 个后继
@@ -441,7 +447,7 @@ def lr_at(step, steps, warmup, lr):
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
 
 
-def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=0, log=None, log_every=0, warmup=100,
+def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=DATA_SEED, log=None, log_every=0, warmup=100,
                  data_offset=0, curriculum=0, zone=(0.0, 1.0), progress=False):
     """
     在大海捞针的数据上训练（每步现造一批新数据；只在答案处计损失）。
@@ -518,11 +524,11 @@ def _check_train_args(steps, T, batch, lr, warmup, curriculum):
 
 
 @torch.no_grad()
-def niah_grid(model, task, lengths, depths, n=64, seed=12345, batch=64):
+def niah_grid(model, task, lengths, depths, n=64, seed=EVAL_SEED, batch=64):
     """
     大海捞针的准确率表：grid[(T, depth)] = n 个测试序列里答对的比例（每个序列 1 根目标针 + 3 根干扰针）。
     【公平】测试序列只由 (seed, T, depth 的序号) 决定：所有模型答同一批题。训练数据的种子是
-        seed_train·10000019 + step（≤ 10⁵ 量级偏移），测试默认 seed = 12345 + 1000·T + …，两者不重叠。
+        seed_train·10000019 + step（≤ 10⁵ 量级偏移），测试默认 seed = EVAL_SEED（12345）+ 1000·T + …，两者不重叠。
     """
     check_int("n", n, lo=1, where="niah_grid")
     check_int("batch", batch, lo=1, where="niah_grid")
@@ -716,19 +722,20 @@ _QUICK_MODELS = {}
 GRIDS = "grids.json"
 
 
-def cached_grid(task, name, model, lengths, depths, n=64, seed=12345, variant="", quick=False, log=None, folder=None):
+def cached_grid(task, name, model, lengths, depths, n=64, seed=EVAL_SEED, variant="", quick=False, log=None,
+                folder=None):
     """
     niah_grid 加一层缓存（checkpoints/grids.json）：键 = 检查点名字 + 变体（如 "pi4"）+ 检查点文件的 SHA-256 前 12 位
     + n + seed，只算还没有的格子。长序列的格子在 2 核 CPU 上要几秒一个，演示反复运行时不必重算。
     quick=True 时不读也不写缓存；检查点换了（SHA 不同），旧格子自然不再命中。
-    variant 为空（原样的检查点）、n = 64、seed = 12345 时，manifest 里训练后算好的 NIAH 表也直接用。
+    variant 为空（原样的检查点）、n = 64、seed = EVAL_SEED 时，manifest 里训练后算好的 NIAH 表也直接用。
     """
     folder = folder or CKPT
     entry = read_manifest(folder).get(name, {})
     key = f"{name}|{variant}|{entry.get('sha256', 'none')[:12]}|n={n}|seed={seed}"
     path = os.path.join(folder, GRIDS)
     cells = {} if quick else read_json_dict(path).get(key, {})
-    if not quick and not variant and n == 64 and seed == 12345:
+    if not quick and not variant and n == 64 and seed == EVAL_SEED:
         cells = dict(entry.get("niah", {}), **cells)     # 训练完存盘时已经算过的表（同样的 n、种子、深度）
     todo = [T for T in lengths if any(f"{T}@{d}" not in cells for d in depths)]
     if todo:
@@ -759,18 +766,21 @@ def niah_heatmap(ax, grid, lengths, depths):
 
 def demo_start(description, quick_help):
     """
-    演示 01–03 共用的开头：解析 --quick / --seed；--quick 时单线程（它常和别的测试并行跑，单线程反而快）；
-    固定并打印种子；返回 (args, NeedleTask())。
+    演示 01–03 共用的开头：解析 --quick；--quick 时单线程（它常和别的测试并行跑，单线程反而快）；
+    打印决定结果的种子，返回 (args, NeedleTask())。
+    没有 --seed：结果由几个固定的种子决定（提交的检查点、manifest 里的 NIAH 表就是按它们算的），打印的就是
+    真正用到的那几个。要换种子：改这几个常量（或 CHECKPOINTS 的 cfg["seed"]），再删掉 checkpoints/ 里的旧文件、
+    重新训练（检查点的配置里只记了 cfg["seed"]：别的种子改了，旧的检查点和 NIAH 表照样会被读到）。
     """
     import argparse
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--seed", type=int, default=0, help="torch 的全局随机种子（训练、评估各自还有固定的种子）")
     args = ap.parse_args()
     if args.quick:
         torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    print(f"随机种子 seed = {args.seed}")
+    init = sorted({spec["cfg"].get("seed", 1) for spec in CHECKPOINTS.values()})
+    print(f"随机种子（固定，写在 long_lab 里）：模型初始化 {', '.join(map(str, init))}（CHECKPOINTS 的 cfg['seed']）、"
+          f"草堆 TASK_SEED = {TASK_SEED}、训练数据 DATA_SEED = {DATA_SEED}、测试题 EVAL_SEED = {EVAL_SEED}")
     return args, NeedleTask()
 
 
@@ -1036,20 +1046,29 @@ class RingEvents:
         return {"ring_s": at(self.marks["ring"][1]), "rounds": rounds}
 
 
-def covered(span, spans):
-    """span = (起, 止) 里有多长被 spans（若干区间，可重叠）盖住：|span ∩ ∪ spans|。止早于起 → ValueError。"""
+def uncovered(span, spans):
+    """
+    span = (起, 止) 里没被 spans（若干区间，可重叠）盖住的几段 [(起, 止)]：按时间排、互不相交、都在 span 里。
+    止早于起 → ValueError。演示 06 的甘特图把它们画成红色（露在外面的通信）。
+    """
     a, b = span
     if b < a:
-        raise ValueError(f"covered：span 的止 {b} 早于起 {a}")
-    merged = []
-    for s, e in sorted((max(s, a), min(e, b)) for s, e in spans):     # 先裁到 span 里，再合并重叠的
+        raise ValueError(f"covered / uncovered：span 的止 {b} 早于起 {a}")
+    out, t = [], a
+    for s, e in sorted((max(s, a), min(e, b)) for s, e in spans):     # 先裁到 span 里，再从左往右扫
         if e <= s:
             continue
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return sum(e - s for s, e in merged)
+        if s > t:
+            out.append((t, s))
+        t = max(t, e)
+    if t < b:
+        out.append((t, b))
+    return out
+
+
+def covered(span, spans):
+    """span = (起, 止) 里有多长被 spans 盖住：|span ∩ ∪ spans| = |span| − Σ uncovered。止早于起 → ValueError。"""
+    return (span[1] - span[0]) - sum(e - s for s, e in uncovered(span, spans))
 
 
 def timeline_summary(tl):

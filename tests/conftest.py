@@ -18,17 +18,12 @@ import torch  # noqa: E402
 # 只有解释器能跑内核：先以解释器模式导入一次，这样别的测试文件（如 gluon_flash 的）先 import triton 也不会
 # 让后面的解释器测试拿到编译模式的 tl.cdiv（与测试文件的先后顺序无关）。有 GPU 时不动：GPU 测试要编译模式。
 if not torch.cuda.is_available():
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton.language  # noqa: E402,F401
-    except ImportError:                      # 没有 triton：解释器测试自己会 skip
-        pass
-    finally:
-        if _saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = _saved
+    from triton_interp import interpreter_env  # noqa: E402
+    with interpreter_env():
+        try:
+            import triton.language  # noqa: F401
+        except ImportError:                  # 没有 triton：解释器测试自己会 skip
+            pass
 
 
 @pytest.fixture

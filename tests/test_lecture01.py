@@ -689,3 +689,45 @@ def test_check_bool_accepts_numpy_bools_only():
     for bad in (np.int64(1), np.float64(1.0), "True", 1, None, np.array([True])):
         with pytest.raises(TypeError, match="causal"):
             CU.check_bool("causal", bad)
+
+
+# ---------------------------------------------------------------------------
+# course_utils 的结果文件和"在哪测的"
+# ---------------------------------------------------------------------------
+def test_update_json_strict_refuses_damaged_file(tmp_path):
+    """strict=True（已提交的结果）：坏文件、不是字典 → ValueError，文件原样不动；默认（缓存）坏了就从空字典重建。"""
+    path = tmp_path / "r.json"
+    for damaged in ('{"a": [1, ', "[1, 2]", b"\xff\xfe{}"):
+        if isinstance(damaged, bytes):
+            path.write_bytes(damaged)
+        else:
+            path.write_text(damaged)
+        before = path.read_bytes()
+        with pytest.raises(ValueError, match="r.json"):
+            CU.update_json(str(path), lambda d: d.update(x=1), strict=True)
+        assert path.read_bytes() == before
+        assert CU.update_json(str(path), lambda d: d.update(x=1)) == {"x": 1}     # 宽容的读：重建
+    path.unlink()
+    assert CU.update_json(str(path), lambda d: d.update(y=2), strict=True) == {"y": 2}   # 不存在：从空的开始
+    assert CU.update_json(str(path), lambda d: d.update(z=3), strict=True) == {"y": 2, "z": 3} == CU.load_json(path)
+
+
+def test_gpu_meta_without_cuda():
+    """没有 CUDA：gpu、driver 是 None（不去问设备名、不跑 nvidia-smi），torch / CUDA / triton 版本和日期照样有。"""
+    from types import SimpleNamespace
+
+    def no_device(*a):
+        raise AssertionError("没有 CUDA 时不该问设备名")
+
+    fake = SimpleNamespace(__version__="9.9", version=SimpleNamespace(cuda=None),
+                           cuda=SimpleNamespace(is_available=lambda: False, get_device_name=no_device))
+    meta = CU.gpu_meta(fake, dtype="float32")
+    assert meta["gpu"] is None and meta["driver"] is None and meta["torch"] == "9.9" and meta["cuda"] is None
+    assert {"triton", "date"} <= set(meta) and meta["dtype"] == "float32"
+
+
+def test_ratio_errors_median_and_worst():
+    """中位 |比值 − 1|（偶数个取中间两个的平均）；最差按 |log 比值|：0.5 和 2.0 一样差，比 1.8 差。"""
+    assert CU.ratio_errors([1.1, 0.5, 1.8, 1.0]) == (pytest.approx(0.3), 1)
+    assert CU.ratio_errors([1.2, 0.9, 1.05]) == (pytest.approx(0.1), 0)
+    assert CU.ratio_errors([2.0, 1.8])[1] == 0

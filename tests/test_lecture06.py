@@ -696,13 +696,16 @@ def test_prob_tolerance_follows_dtype():
     out, beta = dl.spec_output_dist(p, p)                              # 原来：ValueError（容差固定 1e-9）
     assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0)
     assert dl.prob_tol(np.float64, 5000) == dl.PROB_TOL
-    assert dl.prob_tol(np.float32, 5000) < 2e-5 and dl.prob_tol(np.float32, 128256) < 1e-4   # 容差小：远小于 1%
+    eps32 = float(np.finfo(np.float32).eps)
+    assert dl.prob_tol(np.float32, 5000) == 5000 * eps32 < dl.PROB_TOL_CAP           # n·eps：和求和顺序无关的上界
+    assert dl.prob_tol(np.float32, 128256) == dl.PROB_TOL_CAP == 1e-3                # 大词表：截断，远小于 1%
     with pytest.raises(ValueError, match="归一化"):                  # 真没归一化的 float32 表照样拒绝
         dl.spec_output_dist(p * np.float32(1.01), p)
 
 
 def test_prob_tolerance_at_llama3_vocab():
-    """V = 128256（Llama 3 的词表）：n·eps 的老容差（1.5e-2）连乘了 1.01 的表都收；真的 float32 softmax 要收。"""
+    """V = 128256（Llama 3 的词表）：不截断的 n·eps（1.5e-2）连乘了 1.01 的表都收，容差截在 PROB_TOL_CAP = 1e-3；
+    真的 float32 softmax 要收。"""
     torch = pytest.importorskip("torch")
     V = 128256
     gen = torch.Generator().manual_seed(0)
@@ -713,9 +716,48 @@ def test_prob_tolerance_at_llama3_vocab():
     assert dl.PROB_TOL < err < dl.prob_tol(np.float32, V) / 3          # 真有误差，且容差留了余量
     out, beta = dl.spec_output_dist(p, p)                              # 收下（β = Σ min(p, p) = 行和）
     assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0, rtol=0, atol=err)
-    for bad in (p * np.float32(1.01), p * np.float32(0.999)):
+    for bad in (p * np.float32(1.01), p * np.float32(0.998)):
         with pytest.raises(ValueError, match="归一化"):
             dl.spec_output_dist(bad, p)
+
+
+def _left_to_right_softmax(z):
+    """float32 softmax，分母用 cumsum 从左到右累加（不是 numpy / torch sum 的两两求和）。"""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / np.cumsum(e, axis=-1, dtype=np.float32)[..., -1:]
+
+
+def test_prob_tolerance_does_not_assume_pairwise_summation():
+    """左到右求和的 float32 softmax（V = 128256）：误差超过 2√n·eps（老容差假设两两求和），照样要收；
+    乘了 1.01 的同一张表要拒。"""
+    V = 128256
+    z = (np.random.default_rng(0).normal(size=(4, V)) * 5).astype(np.float32)
+    p = _left_to_right_softmax(z)
+    assert p.dtype == np.float32
+    err = np.abs(p.astype(np.float64).sum(axis=1) - 1).max()
+    assert 2 * np.sqrt(V) * np.finfo(np.float32).eps < err < dl.prob_tol(np.float32, V) / 3
+    out, beta = dl.spec_output_dist(p, p)                              # 收下：和输入只差行和的舍入
+    assert np.allclose(out, p, rtol=3 * err, atol=1e-12) and np.allclose(beta, 1.0, rtol=0, atol=err)
+    with pytest.raises(ValueError, match="归一化"):
+        dl.spec_output_dist(p * np.float32(1.01), p)
+    with pytest.raises(ValueError, match="归一化"):
+        dl.residual(p, p * np.float32(1.01))
+
+
+def test_half_precision_probability_tables_rejected():
+    """float16 的表不按容差收（2√n·eps 在 V = 5000 时连差 10% 的表都收）：清楚的 ValueError，说是哪个参数。"""
+    V = 5000
+    z = np.random.default_rng(1).normal(size=(2, V)).astype(np.float32)
+    p32 = _left_to_right_softmax(z)
+    p16 = p32.astype(np.float16)
+    with pytest.raises(ValueError, match="p 是 float16.*半精度"):
+        dl.spec_output_dist(p16, p32)
+    with pytest.raises(ValueError, match="q 是 float16.*半精度"):
+        dl.residual(p32, (p32 * np.float32(1.1)).astype(np.float16))
+    with pytest.raises(ValueError, match="半精度"):
+        dl.prob_tol(np.float16, V)
+    out, _ = dl.spec_output_dist(p16.astype(np.float32) / p16.astype(np.float32).sum(axis=1, keepdims=True), p32)
+    assert out.shape == (2, V)                                          # 转成 float32 再归一化：收
 
 
 def test_fits_in_memory_and_capacity_errors():

@@ -192,7 +192,8 @@ def test_best_variant_rule_follows_the_committed_sweeps(sweep):
 def test_persistent_schedule_covers_each_q_block_once(n, bh):
     """持久内核的发块规则（主机上的同一份）：每个 Q 块恰好一个程序算；程序数 ≤ SM 数；
     基准形状上每个程序的 K/V 块数和平均差 ≤ 8%（静态分配的尾巴；最大的是 N = 4k causal 的 7.6%）。"""
-    n_m = -(-n // 128)
+    rows = gf.FLAGS["persist"]["CONSUMERS"] * gf.tile_config("persist", 128)[0]     # 一个 Q 块的行数
+    n_m = -(-n // rows)
     sched = gf.persistent_schedule(n_m, bh, 132)
     assert 1 <= len(sched) <= 132 and all(sched)
     seen = [t for prog in sched for t in prog]

@@ -307,6 +307,11 @@ def test_activation_bytes_is_table1():
     (lambda: fl.merge_states((1, 2, 3), (1, 2, 3)), TypeError, "(m, l, o)"),
     (lambda: fl.merge_tree([fl.block_state(torch.zeros(1, 2), torch.zeros(2, 1))] * 2, (0, 0)), ValueError,
      "叶子"),
+    (lambda: fl.chain_tree(0), ValueError, "chain_tree：n"),
+    (lambda: fl.reverse_chain_tree(-1), ValueError, "reverse_chain_tree：n"),
+    (lambda: fl.pair_tree(0), ValueError, "pair_tree：n"),
+    (lambda: fl.random_tree(0, random.Random(0)), ValueError, "random_tree：n"),
+    (lambda: fl.chain_tree(2.0), TypeError, "chain_tree：n"),
     (lambda: fl.activation_bytes("sparse", 8, 8, 2), ValueError, "'ring'"),
     (lambda: fl.max_seq_len("bpt", 1e9, 8, 2, devices=4), ValueError, "devices"),
     (lambda: fl.TransformerLayer(30, 4), ValueError, "n_heads"),
@@ -322,13 +327,18 @@ def test_bad_inputs(call, exc, words):
 @settings(deadline=None, max_examples=30)
 @given(n=st.integers(1, 40), seed=st.integers(0, 2**31))
 def test_merge_tree_builders(n, seed):
-    """四种合并树都恰好用到叶子 0 … n−1 各一次；链 n − 1 层，两两合并 ⌈log₂ n⌉ 层，随机树介于两者之间。"""
-    def leaves(t):
-        return [t] if not isinstance(t, tuple) else leaves(t[0]) + leaves(t[1])
+    """
+    四种合并树都能交给 merge_tree（它核对叶子恰好是 0 … n−1 各一次），合出来 = 整行注意力（float64）；
+    链 n − 1 层，两两合并 ⌈log₂ n⌉ 层，随机树介于两者之间。
+    """
+    g = torch.Generator().manual_seed(seed)
+    S, V = torch.randn(3, n, generator=g, dtype=torch.float64), torch.randn(n, 2, generator=g, dtype=torch.float64)
+    parts = [fl.block_state(S[:, i:i + 1], V[i:i + 1]) for i in range(n)]     # 每个 key 一块
+    ref = torch.softmax(S, -1) @ V
     trees = {"chain": fl.chain_tree(n), "reverse": fl.reverse_chain_tree(n), "pair": fl.pair_tree(n),
              "random": fl.random_tree(n, random.Random(seed))}
     for name, t in trees.items():
-        assert sorted(leaves(t)) == list(range(n)), name
+        assert (fl.finalize(fl.merge_tree(parts, t))[0] - ref).abs().max() < 1e-12, name
     assert fl.tree_depth(trees["chain"]) == fl.tree_depth(trees["reverse"]) == n - 1
     assert fl.tree_depth(trees["pair"]) == math.ceil(math.log2(n))
     assert fl.tree_depth(trees["pair"]) <= fl.tree_depth(trees["random"]) <= n - 1

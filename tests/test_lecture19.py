@@ -8,7 +8,6 @@ _selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里
 掩码按定义逐项核对；任务的不变量；提交的检查点能读、SHA-256 对得上、在没用过的针上准确率 ≥ 0.9；
 损坏 / 配置不符的检查点会带警告重新训练；坏输入报错。
 """
-import functools
 import json
 import math
 import os
@@ -258,12 +257,6 @@ def _demo06():
     return demo
 
 
-@functools.lru_cache(maxsize=1)
-def _demo06_shared():
-    """只读用的一份（不打补丁的测试共用，省得每个 hypothesis 样例重新导入）。"""
-    return _demo06()
-
-
 def _check_block_fn(block, seed=7, atol=1e-12):
     """逐设备、逐轮用 block 合并 = 整条注意力（P = 2, 3, 4；两种布局；因果与否）。"""
     g = torch.Generator().manual_seed(seed)
@@ -323,17 +316,27 @@ def _cells(a, b):
 @settings(deadline=None, max_examples=60)
 @given(comm=st.tuples(st.integers(0, 40), st.integers(0, 40)),
        computes=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=4))
-def test_covered_properties(comm, computes):
-    """整数端点：被盖住的长度 = 数单位格子；传 ⊂ 算 → 整段；不相交 → 0；止早于起 → ValueError。"""
+def test_uncovered_and_covered_properties(comm, computes):
+    """
+    整数端点，数单位格子：uncovered 的几段按时间排、互不相接、都在传里面，盖住的格子正好是"传里、算外"的格子；
+    covered = 传里被算盖住的格子数；传 ⊂ 算 → 整段、没有露出的；不相交 → 0；止早于起 → ValueError。
+    """
     comm = tuple(sorted(comm))
     computes = [tuple(sorted(c)) for c in computes]
     union = set().union(*[_cells(*c) for c in computes]) if computes else set()
+    free = L.uncovered(comm, computes)
+    assert all(comm[0] <= s < e <= comm[1] for s, e in free)
+    assert all(e1 < s2 for (_, e1), (s2, _) in zip(free, free[1:]))                          # 相接的会合成一段
+    assert set().union(*[_cells(*g) for g in free]) == _cells(*comm) - union
     assert L.covered(comm, computes) == len(_cells(*comm) & union)
     a, b = comm
     assert L.covered(comm, computes + [(a - 1, b + 2)]) == b - a                              # 传完全在算里面
+    assert L.uncovered(comm, computes + [(a - 1, b + 2)]) == []
     assert L.covered(comm, [(s, e) for s, e in computes if e <= a or s >= b]) == 0            # 不相交
     with pytest.raises(ValueError, match="span"):
         L.covered((3.0, 1.0), computes)
+    with pytest.raises(ValueError, match="span"):
+        L.uncovered((3.0, 1.0), computes)
 
 
 def test_timeline_summary_on_synthetic_rounds():
@@ -365,8 +368,11 @@ def test_ring_events_gloo_record_without_changing_output():
         assert 0.0 <= L.timeline_summary(tl)["overlap"] <= 1.0
 
 
-def _synthetic_variant(demo, name, slow=0.0):
-    """一个变体的 JSON（两个进程、两个长度），样本由已知的区间造出来，走 rank_summary 同一条路。"""
+def _synthetic_variant(demo, name, slow=0.0, block="aten"):
+    """
+    一个变体的 JSON（两个进程、两个长度），样本由已知的区间造出来，走 rank_summary 同一条路。
+    meta 和真的一样总带 triton 版本（course_utils.gpu_meta 给的），不管这个变体用不用 Triton。
+    """
     lengths = []
     for n in (4096, 16384):
         c = n / 4096 * 1e-3                                   # 一轮算的时间（秒）
@@ -386,47 +392,82 @@ def _synthetic_variant(demo, name, slow=0.0):
                           "full_block_tflops": 300.0, "recorder_output_max_diff": 0.0, "example": example,
                           "samples": {"overlapped": ov}})
         lengths.append({"n_local": n, "kv_bytes_per_round": 2 * 16 * n * 128 * 2, "ranks": ranks})
-    meta = {"variant": name, "block": "aten", "env": {"NCCL_NVLS_ENABLE": "0"}, "heads": 16, "d": 128,
-            "dtype": "bfloat16", "world": 2, "date": "2026-12-01", "gpu": "synthetic"}
+    meta = {"variant": name, "block": block, "env": {"NCCL_NVLS_ENABLE": "0"}, "heads": 16, "d": 128,
+            "dtype": "bfloat16", "world": 2, "date": "2026-12-01", "gpu": "synthetic", "triton": "9.9"}
     return {"meta": meta, "checks": [{"n_local": 1024, "ok": True}], "lengths": lengths}
 
 
-def test_demo06_rank_summary_merge_report_plot(tmp_path):
+def test_demo06_rank_summary_merge_report_plot(tmp_path, capsys):
     """
     合成数据：藏住 1、有效藏住 = 省下的时间 / 传；算慢 5% 时藏住仍是 1、有效藏住是 0，目标判为没有达到；
-    合并去掉原始样本、保留其他各节；报告、甘特图和画图跑得通。
+    合并去掉原始样本、保留其他各节、记下测量的先后（JSON 的键按字母排）；报告按这个先后、只给 Triton 块的变体
+    打印 triton 版本；甘特图画第一个变体和藏住最低的（一样低时取先测的）；画图跑得通。
     """
     demo = _demo06()
     paths = []
-    for name, slow in (("default", 0.0), ("nchannels2", 0.05)):
+    for name, slow, block in (("default", 0.0, "aten"), ("triton", 0.0, "triton"), ("nchannels2", 0.05, "aten")):
         p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps(_synthetic_variant(demo, name, slow)))
+        p.write_text(json.dumps(_synthetic_variant(demo, name, slow, block)))
         paths.append(str(p))
     v = json.loads(open(paths[0]).read())
     r = v["lengths"][1]["ranks"][0]
     assert r["overlap"] == 1.0 and r["comm_exposed_s"] == 0.0 and demo.hidden_share(r) == 1.0
     assert r["hidden_effective"] == pytest.approx(1.0)                   # 2.1c − 2c = 0.1c = 全部的传
     assert r["compute_alone_s"] == pytest.approx([4e-3, 4e-3]) and r["comm_alone_s"][1] is None
-    slow = json.loads(open(paths[1]).read())["lengths"][1]["ranks"][0]
+    slow = json.loads(open(paths[2]).read())["lengths"][1]["ranks"][0]          # nchannels2
     assert slow["hidden_effective"] == pytest.approx(0.0, abs=1e-9)      # 算慢 5% 正好吃掉省下的 0.1c
     results = tmp_path / "ring_multi_gpu.json"
     results.write_text(json.dumps({"meta": {"world": 2}, "checks": [], "times": []}))
     demo.merge(paths, str(results))
     res = json.loads(results.read_text())
     assert set(res) == {"meta", "checks", "times", "timeline"}
-    assert list(res["timeline"]["variants"]) == ["default", "nchannels2"]
+    assert list(res["timeline"]["variants"]) == ["default", "nchannels2", "triton"]      # update_json 排了序
+    assert res["timeline"]["order"] == ["default", "triton", "nchannels2"]               # 测量的先后
     assert all("samples" not in r for v in res["timeline"]["variants"].values() for x in v["lengths"]
                for r in x["ranks"])
+    capsys.readouterr()
     data = demo.report_timeline(res["timeline"])
+    out = capsys.readouterr().out
+    assert list(data) == ["default", "triton", "nchannels2"]
+    assert out.count("triton 9.9") == 1 and "block = triton，NCCL 环境 {'NCCL_NVLS_ENABLE': '0'}，triton 9.9" in out
     assert data["default"][1]["hidden"] == 1.0
     assert data["nchannels2"][1]["hidden_effective"] == pytest.approx(0, abs=1e-9)
     assert demo._verdict("default", data["default"]) is True
     assert demo._verdict("nchannels2", data["nchannels2"]) is False      # 藏住 100%，但省下的时间被算慢吃掉
-    rows = demo._gantt_rows(data)                                        # 没有 triton：画前两个变体
+    rows = demo._gantt_rows(data)                    # 没有 32k：最长的 16k；藏住都是 1，取先测的 triton
     assert [(name, mode, n) for name, mode, n, _ in rows] == [
         ("default", "overlapped", 16384), ("default", "serial", 16384),
-        ("nchannels2", "overlapped", 16384), ("nchannels2", "serial", 16384)]
+        ("triton", "overlapped", 16384), ("triton", "serial", 16384)]
+    data["nchannels2"][1]["hidden"] = 0.5                                # 藏住最低的换成 nchannels2
+    assert [name for name, *_ in demo._gantt_rows(data)][2:] == ["nchannels2", "nchannels2"]
+    data["nchannels2"][1]["hidden"] = 1.0
     demo.plot_timeline(data, quick=True, world=2)
+
+
+def test_demo06_merge_refuses_damaged_results(tmp_path):
+    """已提交的结果坏了：--merge 报错（消息里有路径），文件原样不动——不能把它悄悄换成只有时间线的新文件。"""
+    demo = _demo06()
+    p = tmp_path / "default.json"
+    p.write_text(json.dumps(_synthetic_variant(demo, "default")))
+    for damaged in ('{"meta": {"world": 2}, "checks": [', "[1, 2]"):
+        results = tmp_path / "ring_multi_gpu.json"
+        results.write_text(damaged)
+        with pytest.raises(ValueError, match="ring_multi_gpu.json"):
+            demo.merge([str(p)], str(results))
+        assert results.read_text() == damaged
+    results.unlink()                                                     # 没有结果文件：从空的开始
+    demo.merge([str(p)], str(results))
+    assert list(json.loads(results.read_text())) == ["timeline"]
+
+
+def test_demo06_variant_meta_on_cpu():
+    """CPU（gloo）上变体的 meta 也来自 course_utils.gpu_meta：有 torch / triton 版本和日期，gpu 写成 cpu (gloo)。"""
+    import argparse
+    demo = _demo06()
+    args = argparse.Namespace(variant="v", block="explicit", seed=0, sizes="cpu")
+    meta = demo._variant_meta(torch, args, demo.SIZES["cpu"], 2, 0, torch.device("cpu"))
+    assert meta["gpu"] == "cpu (gloo)" and meta["torch"] == torch.__version__
+    assert {"triton", "date", "driver", "cuda"} <= set(meta) and meta["variant"] == "v" and meta["world"] == 2
 
 
 def test_demo06_hidden_is_not_fooled_by_stretched_comm():
@@ -456,15 +497,20 @@ def test_demo06_recorder_check_is_exact():
         demo._check_rank({"rank": 0, "recorder_output_max_diff": 1e-9}, "x", 1024)
 
 
-@settings(deadline=None, max_examples=60)
-@given(comm=st.tuples(st.integers(0, 40), st.integers(0, 40)),
-       computes=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=4))
-def test_demo06_uncovered_is_complement_of_covered(comm, computes):
-    """甘特图的红段（传没被算盖住的几段）：互不相交、在传里面，总长 = |传| − covered。"""
-    demo = _demo06_shared()
-    comm = tuple(sorted(comm))
-    computes = [tuple(sorted(c)) for c in computes]
-    free = demo._uncovered(comm, computes)
-    assert all(comm[0] <= s < e <= comm[1] for s, e in free)
-    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(free, free[1:]))
-    assert sum(e - s for s, e in free) == comm[1] - comm[0] - L.covered(comm, computes)
+
+def test_demo_start_prints_the_seeds_in_use(monkeypatch, capsys):
+    """演示 01–03 打印的种子就是决定结果的那几个（没有不起作用的 --seed）。"""
+    monkeypatch.setattr("sys.argv", ["demo", "--quick"])
+    threads = torch.get_num_threads()
+    try:
+        args, task = L.demo_start("x", "y")
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert args.quick and isinstance(task, L.NeedleTask)
+    for seed in (f"TASK_SEED = {L.TASK_SEED}", f"DATA_SEED = {L.DATA_SEED}", f"EVAL_SEED = {L.EVAL_SEED}",
+                 f"模型初始化 {L.CHECKPOINTS['base']['cfg']['seed']}"):
+        assert seed in out, (seed, out)
+    monkeypatch.setattr("sys.argv", ["demo", "--seed", "3"])
+    with pytest.raises(SystemExit):
+        L.demo_start("x", "y")

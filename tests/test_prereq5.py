@@ -321,7 +321,7 @@ def test_nccl_environment_builds_on_gpu_meta(monkeypatch, tmp_path):
     """nccl_environment = course_utils.gpu_meta + NCCL 版本、NCCL_NVLS_ENABLE、拓扑；没有 nvidia-smi 时照样返回。"""
     from types import SimpleNamespace
     fake_torch = SimpleNamespace(__version__="9.9", version=SimpleNamespace(cuda="12.0"),
-                                 cuda=SimpleNamespace(get_device_name=lambda *a: "FakeGPU",
+                                 cuda=SimpleNamespace(is_available=lambda: True, get_device_name=lambda *a: "FakeGPU",
                                                       nccl=SimpleNamespace(version=lambda: (2, 28, 9))))
     monkeypatch.setenv("PATH", str(tmp_path))                # 找不到 nvidia-smi
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
@@ -343,6 +343,9 @@ def test_gloo_demo_never_oversubscribes_cores():
     assert demo.process_counts((2, 4), 16) == ([2, 4], [])
     assert demo.process_counts((4,), 1) == ([], [4])
     assert demo.process_counts((2,), 1) == ([], [2])           # all-reduce 至少 2 个进程：1 个核时不测（SKIP）
-    for cores in range(1, 9):
-        assert all(w <= cores for w in demo.process_counts((2, 4), cores)[0])
+    prev = []
+    for cores in range(1, 9):                                     # 重复、乱序的请求：去重、排好；每个数恰好在一边；
+        keep, drop = demo.process_counts((4, 2, 2), cores)        # 核越多，留下的只多不少
+        assert sorted(keep + drop) == [2, 4] and keep == sorted(keep) and set(prev) <= set(keep), (cores, keep)
+        prev = keep
     assert 1 <= demo.usable_cores()

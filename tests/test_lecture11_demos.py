@@ -1,0 +1,309 @@
+"""lecture11 的两个基准演示（06_triton_bench.py、07_decode_bench.py）的读结果路径：没有 GPU 也能测。
+
+演示的 --quick 整体由 test_harness.py 在子进程里跑；这里测的是几个判断本身：06 的目标行在缺测量时不算达到，
+07 的正确性检查（相对差上限、压力测试）真的会失败，压力测试能抓到"读到上一次调用留下的段"，图的路径和图例。
+07 的 stress() 只在 GPU 上跑：这里给它 CPU 上的输入和一个假的 flash_decode（自己管一块跨调用复用的草稿区，
+可以故意做错），看它数出来的次数和记下的误差。
+"""
+import copy
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+from labload import load_lab
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+fl = load_lab("lecture11", "flash_lab")
+
+
+def _load_demo(monkeypatch, filename, name):
+    """按路径加载演示（文件名以数字开头，不能 import）；它的 `import flash_lab` 拿到第 11 讲的这一份。"""
+    monkeypatch.setitem(sys.modules, "flash_lab", fl)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "lecture11", filename))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def tb(monkeypatch):
+    return _load_demo(monkeypatch, "06_triton_bench.py", "lecture11_triton_bench_06")
+
+
+@pytest.fixture
+def db(monkeypatch):
+    return _load_demo(monkeypatch, "07_decode_bench.py", "lecture11_decode_bench_07")
+
+
+@pytest.fixture
+def res07(db):
+    res = db.load_json(db.RESULTS)
+    assert res is not None, "提交的 decode_bench.json 不见了"
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- 06 的目标行
+BWD_CUDNN = "issue 16：反向 ≥ 0.85× cuDNN"
+
+
+def _line(report, name):
+    hit = [line for line in report if name in line]
+    assert len(hit) == 1, report
+    return hit[0]
+
+
+def test_06_target_report_on_committed_rows_counts_every_shape(tb):
+    rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
+    report = tb.target_report(rows)
+    assert len(report) == 6 and not any("没测到" in line for line in report)
+    assert _line(report, "反向 ≥ 1.0× SDPA-FLASH").startswith("  ✓") and "12/12" in _line(report, "反向 ≥ 1.0×")
+
+
+def test_06_target_with_missing_provider_is_not_reported_as_achieved(tb):
+    """cuDNN 的反向一行都没有：这条目标的形状全是"没测到"，不能读成 ✓（之前是 ✓ 8/8）。"""
+    rows = [r for r in tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
+            if not (r["provider"] == "sdpa-cudnn" and r["mode"] == "bwd")]
+    line = _line(tb.target_report(rows), BWD_CUDNN)
+    assert not line.startswith("  ✓"), line
+    assert line.startswith("  ?") and "0/8 个形状达到" in line and "没测到" in line and "causal d=128 N=16384" in line
+
+
+def test_06_target_with_one_missing_shape_and_real_misses_is_a_cross(tb):
+    """缺一个形状的 sdpa-flash 前向：那一条是 ? 11/12。缺一个没达到的形状的 cuDNN 前向：另一个形状真没达到，
+    仍是 ✗；达到的还是那 2 个（缺的不算达到），缺的也列出来。"""
+    rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
+
+    def drop(r, provider, mode):
+        return (r["provider"], r["mode"], r["causal"], r["d"], r["N"]) == (provider, mode, True, 128, 4096)
+
+    line = _line(tb.target_report([r for r in rows if not drop(r, "sdpa-flash", "fwd")]), "前向 ≥ 1.0× SDPA-FLASH")
+    assert line.startswith("  ?") and "11/12" in line and "没测到" in line and "causal d=128 N=4096" in line
+    report = tb.target_report([r for r in rows if not drop(r, "sdpa-cudnn", "fwd")])
+    line = _line(report, "前向 ≥ 0.8× cuDNN（d = 128")
+    assert line.startswith("  ✗") and "2/4" in line and "没达到：full d=128 N=4096" in line and "没测到" in line
+
+
+def test_06_miss_text_names_the_profiled_gluon_variant(tb):
+    assert "gluon 的 ws2（步骤 C）71%" in tb.MISS_EXPLAINED
+
+
+# ---------------------------------------------------------------------------------------------- 07 的正确性检查
+def test_07_correctness_passes_on_committed_json(db, res07, capsys):
+    assert db.check_correctness(res07) == 0
+    out = capsys.readouterr().out
+    assert out.count("✓") == 3 + len(res07["stress"]) and "✗" not in out
+    # 改压力测试之前测的 JSON（meta 里没有 stress）：要说出来那种测法查不出什么；重新测过以后就不再说
+    assert ("旧的测法" in out) == ("stress" not in res07["meta"])
+
+
+def test_07_tolerance_is_three_bf16_roundings(db, res07):
+    """上限 = 3u，u = 2⁻⁸ 是 bf16 的舍入单位（eps 的一半）：decode_limit（< 2 × SDPA 的误差）+ 三角不等式。
+    提交的测量离它有 4 倍的余量（最大 3.0e-3）。"""
+    assert db.DECODE_TOL == 3 * torch.finfo(torch.bfloat16).eps / 2
+    assert max(r["err_vs_sdpa"] for r in res07["rows"]) < db.DECODE_TOL / 3.5
+
+
+@pytest.mark.parametrize("impl", ["ours", "fa2", "sdpa"])
+@pytest.mark.parametrize("bad", [2e-2, float("nan"), float("inf")])
+def test_07_correctness_fails_on_a_large_error(db, res07, impl, bad, capsys):
+    res = copy.deepcopy(res07)
+    row = next(r for r in res["rows"] if r["impl"] == impl and r["B"] == 8 and r["S"] == 8192)
+    row["err_vs_sdpa"] = bad
+    assert db.check_correctness(res) == 1
+    out = capsys.readouterr().out
+    assert f"✗ {impl}" in out and "B=8 S=8192" in out
+
+
+def test_07_correctness_fails_on_stress_mismatch_or_missing_record(db, res07):
+    res = copy.deepcopy(res07)
+    res["stress"]["B=1 S=4096 splits=64"] = 3
+    assert db.check_correctness(res) == 1
+    del res["stress"]
+    assert db.check_correctness(res) == 1
+
+
+def test_07_correctness_checks_new_stress_records(db, res07, capsys):
+    """新的测法在 meta.stress 里记了两组输入和 SDPA 的相对差：超过上限、缺记录都算问题。"""
+    res = copy.deepcopy(res07)
+    errs = {key: 3e-3 for key in res["stress"]}
+    res["meta"]["stress"] = dict(calls=db.STRESS_CALLS, order=list(db.STRESS_ORDER), inputs="A, B", err_vs_sdpa=errs)
+    assert db.check_correctness(res) == 0
+    assert "旧的测法" not in capsys.readouterr().out
+    errs["B=8 S=8192 splits=16"] = 0.1
+    assert db.check_correctness(res) == 1
+    del errs["B=8 S=8192 splits=16"]
+    assert db.check_correctness(res) == 1
+
+
+def test_07_main_exits_1_when_correctness_fails(db, res07, monkeypatch):
+    bad = copy.deepcopy(res07)
+    bad["stress"]["B=1 S=32768 splits=32"] = 1
+    real = db.load_json
+    monkeypatch.setattr(db, "load_json", lambda path: bad if path == db.RESULTS else real(path))
+    monkeypatch.setattr(db, "plot", lambda *a, **k: [])
+    assert db.main([]) == 1
+    monkeypatch.setattr(db, "load_json", lambda path: res07 if path == db.RESULTS else real(path))
+    assert db.main([]) == 0
+
+
+def test_07_missing_point_is_an_error_not_a_dash(db, res07):
+    res = copy.deepcopy(res07)
+    res["rows"] = [r for r in res["rows"] if not (r["B"] == 8 and r["S"] == 1024 and r["impl"] == "fa2")]
+    with pytest.raises(ValueError, match="缺 1 个点"):
+        db.by_point(res)
+
+
+def test_07_table_states_the_number_of_rounds(db, res07, capsys):
+    res = copy.deepcopy(res07)
+    for r in res["rows"]:
+        r["gpu_rounds_s"] = r["gpu_rounds_s"] + [r["gpu_s"]]
+    db.print_table(res)
+    assert "轮流测 4 轮" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- 07 的图
+def test_07_figures_go_to_figures_unless_replot(db, res07, monkeypatch):
+    """不带参数 / --quick 不动已提交的 results/*.png；只有 --replot 写那里。带宽图只有一个图例，在面板外。"""
+    saved = []
+
+    def fake_save(fig, script, what, quick=False, path=None, **kw):
+        if what == "bandwidth":
+            assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        saved.append((what, quick, path))
+        return path or what
+
+    monkeypatch.setattr(db, "save_figure", fake_save)
+    _, rows = db.calibrate_decode(res07)
+    for quick, replot in ((False, False), (True, False), (False, True)):
+        saved.clear()
+        db.plot(res07, rows, [], quick, replot=replot)
+        paths = [p for _, _, p in saved]
+        assert [q for _, q, _ in saved] == [quick, quick]
+        if replot:
+            assert paths == [os.path.join(db.HERE, "results", f"decode_bench_{w}.png") for w in ("bandwidth", "models")]
+        else:
+            assert paths == [None, None]
+
+
+# ---------------------------------------------------------------------------------------------- 07 的压力测试
+class FakeDecodeTF:
+    """
+    假的 triton_flash：flash_decode 按 S_max 均匀切段，各段的 (m, l, o) 写进一块跨调用复用的草稿区，再合并。
+    bug=None：正确；"race"：合并时第 0 段用的是上一次调用留下的（像合并内核没等 split-KV 内核写完）；
+    "empty"：空段（有效长度之外）不写，合并时照样读草稿区里留下的。
+    """
+
+    def __init__(self, bug=None):
+        self.bug, self.scratch = bug, None
+
+    def flash_decode(self, q, k, v, lens, num_splits):
+        B, S, Hk, d = k.shape
+        Hq = q.shape[1]
+        qf = q.float().view(B, Hk, Hq // Hk, d)
+        seg = math.ceil(S / num_splits)
+        new = torch.zeros(num_splits, B, Hk, Hq // Hk, d + 2)        # 每段：o（d 个）、m、l
+        written = torch.zeros(num_splits, B, dtype=torch.bool)
+        for s in range(num_splits):
+            for b in range(B):
+                lo, hi = s * seg, min((s + 1) * seg, int(lens[b]))
+                if lo >= hi:
+                    new[s, b, ..., d] = -math.inf
+                    continue
+                written[s, b] = True
+                logits = torch.einsum("hrd,shd->hrs", qf[b], k[b, lo:hi].float()) / math.sqrt(d)
+                m = logits.amax(-1)
+                p = torch.exp(logits - m[..., None])
+                new[s, b, ..., :d] = torch.einsum("hrs,shd->hrd", p, v[b, lo:hi].float())
+                new[s, b, ..., d], new[s, b, ..., d + 1] = m, p.sum(-1)
+        same = self.scratch is not None and self.scratch.shape == new.shape
+        old = self.scratch if same else torch.zeros_like(new)
+        used = new.clone()
+        if self.bug == "race":
+            used[0] = old[0]
+        elif self.bug == "empty":
+            used[~written] = old[~written]
+        self.scratch = used if self.bug == "empty" else new
+        m = used[..., d].amax(0)
+        w = torch.exp(used[..., d] - m)
+        w = torch.nan_to_num(w)
+        o = (w[..., None] * used[..., :d]).sum(0) / (w * used[..., d + 1]).sum(0)[..., None]
+        return o.reshape(B, Hq, d).to(q.dtype)
+
+    def sdpa_decode(self, q, k, v, lens):
+        B, S, Hk, d = k.shape
+        out = []
+        for b in range(B):
+            L = int(lens[b])
+            kb = k[b, :L].float().repeat_interleave(q.shape[1] // Hk, dim=1)       # [L, Hq, d]
+            vb = v[b, :L].float().repeat_interleave(q.shape[1] // Hk, dim=1)
+            p = torch.softmax(torch.einsum("hd,lhd->hl", q[b].float(), kb) / math.sqrt(d), -1)
+            out.append(torch.einsum("hl,lhd->hd", p, vb))
+        return torch.stack(out).to(q.dtype)
+
+    @staticmethod
+    def _rel_err(x, ref):
+        return float((x - ref).norm() / ref.norm()) if bool(torch.isfinite(x).all()) else math.inf
+
+
+def _cpu_inputs(torch_, B, S, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 8, 16, generator=gen).to(torch.bfloat16)
+    k = torch.randn(B, S, 2, 16, generator=gen).to(torch.bfloat16)
+    v = torch.randn(B, S, 2, 16, generator=gen).to(torch.bfloat16)
+    return q, k, v, torch.full((B,), S, dtype=torch.int32)
+
+
+@pytest.fixture
+def small_stress(db, monkeypatch):
+    monkeypatch.setattr(db, "make_inputs", _cpu_inputs)
+    monkeypatch.setattr(db, "STRESS_SHAPES", ((1, 64, 8), (2, 48, 4)))
+    return lambda tf: db.stress(torch, tf, calls=24)
+
+
+def test_07_stress_passes_a_correct_kernel(small_stress):
+    counts, errs = small_stress(FakeDecodeTF())
+    assert counts == {"B=1 S=64 splits=8": 0, "B=2 S=48 splits=4": 0}
+    assert all(e < 1e-2 for e in errs.values()), errs
+
+
+def test_07_stress_catches_a_read_of_the_previous_calls_scratch(small_stress):
+    """合并读到上一次调用的段：结果随前一次是哪组输入而变 → 不一致次数 > 0。
+    只用一组输入（改之前的写法）时上一次留下的段逐位相同，这个 bug 查不出来——见下一个测试。"""
+    counts, _ = small_stress(FakeDecodeTF("race"))
+    assert all(n > 0 for n in counts.values()), counts
+
+
+def test_07_single_input_repetition_cannot_see_the_race():
+    """改之前的测法：同一组输入连算，"race" 的假内核每次结果都一样（所以旧的压力测试不可能失败）。"""
+    tf = FakeDecodeTF("race")
+    q, k, v, lens = _cpu_inputs(torch, 1, 64)
+    tf.flash_decode(q, k, v, lens, 8)
+    first = tf.flash_decode(q, k, v, lens, 8)
+    assert all(torch.equal(tf.flash_decode(q, k, v, lens, 8), first) for _ in range(6))
+
+
+def test_07_stress_catches_consistently_wrong_empty_splits_by_error(small_stress):
+    """空段不写、总读到 A 留下的段：每次错得一样，逐位比较查不出；和 SDPA 的相对差远超上限。"""
+    counts, errs = small_stress(FakeDecodeTF("empty"))
+    assert all(e > 1e-1 for e in errs.values()), errs
+
+
+def test_07_stress_runs_with_the_real_flash_decode_in_the_interpreter(db, monkeypatch):
+    """同一段代码用真的 triton_flash（Triton 解释器，CPU、fp32、小尺寸）：调用的接口对得上，次数是 0、误差很小。"""
+    from triton_interp import interpreter_env, load_triton_flash
+    with interpreter_env():
+        tf = load_triton_flash()
+
+        def fp32_inputs(torch_, B, S, seed=0):
+            return tuple(t.float() if t.is_floating_point() else t for t in _cpu_inputs(torch_, B, S, seed))
+
+        monkeypatch.setattr(db, "make_inputs", fp32_inputs)
+        monkeypatch.setattr(db, "STRESS_SHAPES", ((1, 64, 8),))
+        counts, errs = db.stress(torch, tf, calls=6)
+    assert counts == {"B=1 S=64 splits=8": 0}
+    assert errs["B=1 S=64 splits=8"] < tf.CPU_TOL
