@@ -439,3 +439,116 @@ def test_dense_key_tensor_dropout_p(fake_gpu):
     assert key is not None and isinstance(hash(key), int)
     assert tf._dense_key(t, t, t, torch.tensor([0.0, 0.1]), *args) is None
     assert tf._dense_key(t, t, t, torch.tensor(0.0), *args) is None          # 0 维张量：不是普通标量，走正常路径
+
+
+# ---- 第一块 K/V 不等 cache_seqlens（prefetch=True，_decode_kernel 的 PREFETCH）----
+# (lengths, S_max, Hq, Hk, d, n, 段数)。解释器的块是 16 个 key：段的起点按 S_max 猜，猜中的段用预取的一块，
+# 没猜中的扔掉它。缓存里 L_b 之后是 NaN：预取的块只按 S_max 掩，≥ L_b 的位置必须在内核里再掩掉，否则结果是 NaN。
+PREFETCH_SHAPES = [
+    ([5, 37, 200], 200, 4, 2, 16, 1, 3),      # L < S_max：段 0 猜中、其余没猜中；L = S_max：全猜中；L = 5：一块不满
+    ([1, 50], 50, 2, 2, 32, 1, None),         # 自动段数；L = 1
+    ([64, 64], 64, 8, 2, 16, 1, 16),          # 4 块分 16 段：大多数段（猜的和真的）是空的
+    ([3, 33, 17, 40], 40, 4, 1, 16, 3, 5),    # n = 3、MQA（R = 4）、长度 = n
+    ([20, 33], 40, 8, 1, 16, 3, 2),           # n = 3、GQA 8
+    ([47, 48, 49], 49, 4, 2, 64, 2, 3),       # 块边界附近：S_max − 2、S_max − 1（块数和 S_max 相同 / 少一块）
+    ([100], 1000, 4, 2, 16, 1, 7),            # L ≪ S_max：除了段 0 都没猜中
+    ([40, 7], 60, 4, 2, 16, 1, 2),            # L = 40：段 1 真的是块 1–2、猜的是块 2 起——没猜中，预取的块和
+                                              # 真的范围重叠（不扔掉就把块 2 算两遍）
+    ([19, 3], 27, 2, 2, 128, 3, 1),           # 1 段（没有合并）、d = 128
+]
+
+
+def _prefetch_ids(shapes):
+    return [f"L{s[0]}-S{s[1]}-R{s[2] // s[3]}-n{s[5]}-{s[6]}splits" for s in shapes]
+
+
+@pytest.mark.parametrize("shape", PREFETCH_SHAPES, ids=_prefetch_ids(PREFETCH_SHAPES))
+def test_prefetch_matches_references_fp32(gen, shape):
+    """prefetch=True：对 float64 参考和 SDPA（_check 的判据），也和 prefetch=False 的结果相同（只差舍入）。"""
+    lengths, s_max, hq, hk, d, n, splits = shape
+    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32)
+    ref = tf.reference_decode(q, k, v, lens)
+    on = tf.flash_decode(q, k, v, lens, num_splits=splits, prefetch=True)
+    off = tf.flash_decode(q, k, v, lens, num_splits=splits, prefetch=False)
+    assert on.shape == q.shape and on.dtype == q.dtype and not on.isnan().any()
+    assert tf._rel_err(on, ref) < TOL
+    assert tf._rel_err(on, tf.sdpa_decode(q, k, v, lens).double()) < TOL
+    assert tf._rel_err(on, off.double()) < TOL
+
+
+@pytest.mark.parametrize("shape", PREFETCH_SHAPES[::3], ids=_prefetch_ids(PREFETCH_SHAPES[::3]))
+def test_prefetch_matches_references_fp16(gen, shape):
+    lengths, s_max, hq, hk, d, n, splits = shape
+    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F16)
+    ref = tf.reference_decode(q, k, v, lens)
+    err = tf._rel_err(tf.flash_decode(q, k, v, lens, num_splits=splits, prefetch=True), ref)
+    assert err < tf.decode_limit(q, k, v, lens, ref)
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(3, 70), min_size=1, max_size=3), extra=st.integers(0, 40),
+       group=st.sampled_from([1, 2, 4]), n=st.sampled_from([1, 2, 3]), splits=st.integers(1, 12),
+       seed=st.integers(0, 2**31 - 1))
+def test_prefetch_random_lengths(lengths, extra, group, n, splits, seed):
+    """随机的 L_b ≤ S_max（S_max 比最长的还长 extra）、段数、GQA、n：prefetch 开和关都等于 float64 参考。"""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, max(lengths) + extra, 2 * group, 2, 16, n, F32)
+    on = tf.flash_decode(q, k, v, lens, num_splits=splits, prefetch=True)
+    assert tf._rel_err(on, tf.reference_decode(q, k, v, lens)) < TOL
+    assert tf._rel_err(on, tf.flash_decode(q, k, v, lens, num_splits=splits).double()) < TOL
+
+
+def test_prefetch_switch_reaches_the_kernel(monkeypatch):
+    """开关真的传进了内核：猜中的段先算后面的块、最后算预取的那一块，fp32 的舍入和不预取时不逐位相同（但都对）；
+    DECODE_PREFETCH 是 prefetch=None 时的默认值；块放不进寄存器（decode_prefetch_used 为假）时和不预取逐位相同。"""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, lens = tf.make_decode_case(gen, 2, [64, 64], 64, 4, 2, 32, 1, F32)     # 4 块、2 段：每段 2 块
+    off = tf.flash_decode(q, k, v, lens, num_splits=2)
+    on = tf.flash_decode(q, k, v, lens, num_splits=2, prefetch=True)
+    assert not torch.equal(on, off) and tf._rel_err(on, off.double()) < TOL
+    monkeypatch.setattr(tf, "DECODE_PREFETCH", True)
+    assert torch.equal(tf.flash_decode(q, k, v, lens, num_splits=2), on)
+    assert torch.equal(tf.flash_decode(q, k, v, lens, num_splits=2, prefetch=False), off)
+    monkeypatch.setattr(tf, "DECODE_PREFETCH_MAX_ELEMS", 16 * 32 - 1)            # 解释器的块 16 × d = 32 放不下
+    assert torch.equal(tf.flash_decode(q, k, v, lens, num_splits=2), off)
+
+
+def test_decode_prefetch_used():
+    """GPU 的两种配置、d = 128：(64, 4, 4) 的块用预取，(128, 4, 3) 的块太大（寄存器溢出）不用；开关关着时都不用。"""
+    assert tf.decode_prefetch_used(True, tf.DECODE_CONFIG_GPU[0], 128)
+    assert not tf.decode_prefetch_used(True, tf.DECODE_CONFIG_SHORT_GPU[0], 128)
+    assert tf.decode_prefetch_used(True, 128, 64)
+    assert not tf.decode_prefetch_used(False, 16, 16)
+
+
+def test_prefetch_zero_length_and_lengths_beyond_cache(gen, monkeypatch):
+    """GPU 上不查 L_b 的值：L = 0（整行没有 key → 输出 0）和 L > S_max（截到 S_max）时 prefetch 开和关一样；
+    L = 0 的那个序列整个缓存都是 NaN，预取的块（段 0 猜中、hi = 0）必须整块掩掉。跳过主机端检查，直接看内核。"""
+    s_max = 40
+    q, k, v, lens = tf.make_decode_case(gen, 3, [0, s_max, s_max], s_max, 4, 2, 16, 1, F32)
+    monkeypatch.setattr(tf, "_check_decode", lambda q_, *a, **kw: (True, 1 / math.sqrt(16), a[3]))
+    bad = torch.tensor([0, s_max + 9, 10**6], dtype=torch.int32)
+    for splits in (1, 3, 8):
+        on = tf.flash_decode(q, k, v, bad, num_splits=splits, prefetch=True)
+        off = tf.flash_decode(q, k, v, bad, num_splits=splits, prefetch=False)
+        assert torch.equal(on[0], torch.zeros_like(on[0])) and torch.equal(off[0], on[0])
+        ref = tf.reference_decode(q[1:], k[1:], v[1:], lens[1:])
+        assert tf._rel_err(on[1:], ref) < TOL and tf._rel_err(off[1:], ref) < TOL
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", 1.0])
+def test_bad_prefetch_option(gen, bad):
+    """prefetch 只收 True / False / None（None = DECODE_PREFETCH）：1、'yes' 不当成 True。"""
+    with pytest.raises(TypeError, match="prefetch"):
+        tf.flash_decode(*_good(gen), prefetch=bad)
+
+
+def test_decode_key_prefetch(fake_gpu, monkeypatch):
+    """快速路径的键里是解析过的 prefetch：None 和此刻的 DECODE_PREFETCH 同键，改了模块默认值就换一个键
+    （不会用上按旧值记的 _Plan）；不可哈希的 prefetch → None（走正常路径报错）。"""
+    t = fake_gpu
+    default, on = tf._decode_key(t, t, t, t, 2, None), tf._decode_key(t, t, t, t, 2, None, prefetch=True)
+    assert default == tf._decode_key(t, t, t, t, 2, None, prefetch=False) and default != on
+    monkeypatch.setattr(tf, "DECODE_PREFETCH", True)
+    assert tf._decode_key(t, t, t, t, 2, None) == on
+    assert tf._decode_key(t, t, t, t, 2, None, prefetch=[True]) is None
