@@ -1571,33 +1571,11 @@ def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stri
 
 
 @triton.jit
-def _decode_block(q, k, v, cols, hi, last_key, m_i, l_i, acc, qk_scale, N_NEW: tl.constexpr, PREC: tl.constexpr):
-    """一块 key（位置 cols，只有 < hi 的算数）做一步 online softmax，返回新的 (m_i, l_i, acc)。
-    k、v 在掩掉的位置上可以是任何值，只有一条：v 不能是 NaN / inf（概率 0 × NaN = NaN）——tl.load 的 other=0.0
-    保证了这一点；寄存器里预取的那一块要先自己清零。整块都掩掉时这一步什么也不改（alpha = 1、p = 0，逐位不变）。"""
-    col_ok = cols < hi
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale                    # [BLOCK_M, BLOCK_N]，log2 单位
-    if N_NEW == 1:
-        visible = col_ok[None, :]
-    else:
-        visible = col_ok[None, :] & (cols[None, :] <= last_key[:, None])
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)         # 整行还没看到 key：别算出 −inf − (−inf)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH: tl.constexpr = False):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
@@ -1605,24 +1583,6 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
     if PDL:
         tl.extra.cuda.gdc_wait()                  # 前一个内核的写入此后才可见：所有读写都在这之后
         tl.extra.cuda.gdc_launch_dependents()     # 合并内核现在就可以发射（它会在自己的 gdc_wait 处等本内核结束）
-    if PREFETCH:
-        # 第一块不等 cache_seqlens：段的起点先按缓存长度 S_max（主机知道）猜，规则和下面按 L_b 算的相同；这一块的
-        # K、V 现在就读进寄存器，和 cache_seqlens 的那次读同时在路上（否则 K/V 的第一次读要等它一整个访存来回）。
-        # 只按 S_max 掩：读的永远在缓存之内；块里 ≥ L_b 的位置留到后面按真实的 hi 掩掉。仍在 gdc_wait 之后：
-        # 前一个内核可能刚把新 token 的 K/V 写进缓存。
-        pre_lo = (split * tl.cdiv(S_MAX, BLOCK_N) // N_SPLITS) * BLOCK_N
-        pre_cols = pre_lo + tl.arange(0, BLOCK_N)
-        pre_ok = (pre_cols < S_MAX)[:, None]
-        pre_d = tl.arange(0, HEAD_DIM)[None, :]
-        k_pre = tl.load(K + b * stride_kb + h * stride_kh + pre_cols[:, None] * stride_kn + pre_d, mask=pre_ok,
-                        other=0.0)
-        v_pre = tl.load(V + b * stride_vb + h * stride_vh + pre_cols[:, None] * stride_vn + pre_d, mask=pre_ok,
-                        other=0.0)
-        # 这道栅栏只为排指令（Triton 3.6 + ptxas，sm_90 的 SASS 上看的）：不加它，ptxas 把用 cache_seqlens 的算术
-        # 排在 16 条预取的读之前——线程束按顺序发射，停在那里等 cache_seqlens 读回来，预取的读之后才发出，等于没预取。
-        # bar.sync 两边的访存不能互相越过：预取先发出去，再读 cache_seqlens；栅栏本身不等读回来（SASS 里它不等
-        # 任何记分牌）。代价：读 cache_seqlens 晚发约 200 条指令（~0.1 µs）。
-        tl.debug_barrier()
     seq_len = tl.minimum(tl.load(SEQLENS + b), S_MAX)            # 截到 S_max：坏的长度也不会越界读
     n_blocks = tl.cdiv(seq_len, BLOCK_N)          # 块平均分给各段：段数不整除块数时也用满所有程序
     lo = (split * n_blocks // N_SPLITS) * BLOCK_N
@@ -1641,23 +1601,24 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
-    loop_lo = lo
-    if PREFETCH:
-        hit = lo == pre_lo                        # 猜中：真的第一块就是预取的那一块（第 0 段、L_b = S_max 时总是猜中）
-        loop_lo = tl.where(hit, lo + BLOCK_N, lo)
-    for start in range(loop_lo, hi, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        m_i, l_i, acc = _decode_block(q, k, v, cols, hi, last_key, m_i, l_i, acc, qk_scale, N_NEW, PREC)
-    if PREFETCH:
-        # 预取的一块放在循环之后算（online softmax 的合并和顺序无关）：循环的流水线（前几块的异步拷贝）在 hi 算出来后
-        # 立刻发出，不用先等这一块算完。没猜中时 pre_hi = pre_lo，整块掩掉（这一步什么也不改，读到的白读了）。
-        pre_hi = tl.where(hit, hi, pre_lo)
-        v_pre = tl.where((pre_cols < pre_hi)[:, None], v_pre, 0.0)      # ≥ L_b 的位置可能是 NaN / 旧数据
-        m_i, l_i, acc = _decode_block(q, k_pre, v_pre, pre_cols, pre_hi, last_key, m_i, l_i, acc, qk_scale, N_NEW,
-                                      PREC)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale                # [BLOCK_M, BLOCK_N]，log2 单位
+        if N_NEW == 1:
+            visible = col_ok[None, :]
+        else:
+            visible = col_ok[None, :] & (cols[None, :] <= last_key[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # 整行还没看到 key：别算出 −inf − (−inf)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
 
     seen = l_i > 0                                # 这一段里没有可见 key 的行：o = 0、lse = −∞（合并时权重 0）
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -1749,18 +1710,6 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None):
 _N_SM = {}
 _HOPPER = {}
 DECODE_PDL = True       # 两个内核都用 PDL 发射（results/NOTES.md 的 v3.2）；Hopper 之前的 GPU、解释器上自动不用
-# 第一步的第一块 K/V 不等 cache_seqlens（_decode_kernel 的 PREFETCH）：还没在 GPU 上量过，默认不用（默认路径的 SASS
-# 和加这个开关之前逐条相同）。量：python3 .gpu/decode_try.py（B = 1、S = 32k 的截距约 6.5 µs，见 results/NOTES.md
-# 的"收尾"）。预取的一块占寄存器：BLOCK_N·d ≤ DECODE_PREFETCH_MAX_ELEMS 时才用——(64, 4, 4) 的 64 × 128 块 K、V
-# 每个线程 64 个寄存器（共 252 个，不溢出）；(128, 4, 3) 翻倍：255 个寄存器还溢出到栈，预取的读和别的指令共用
-# 记分牌，读 cache_seqlens 之前就得等预取读回来（sm_90 的 SASS 上看的）。
-DECODE_PREFETCH = False
-DECODE_PREFETCH_MAX_ELEMS = 64 * 128
-
-
-def decode_prefetch_used(prefetch, block_n, d):
-    """prefetch 开着、而且预取的一块 K、V 放得进寄存器（BLOCK_N·d ≤ DECODE_PREFETCH_MAX_ELEMS）时，内核才真的预取。"""
-    return bool(prefetch) and block_n * d <= DECODE_PREFETCH_MAX_ELEMS
 
 
 def _pdl_modes(device, pdl):
@@ -1808,7 +1757,7 @@ class _Scratch:
         return bufs
 
 
-def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None, out=None, prefetch=None):
+def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None, out=None):
     """
     flash-decoding：新 token 的 query 对 KV 缓存的有效前缀做注意力。
 
@@ -1818,13 +1767,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
     【num_splits】key 轴切成几段（None → decode_plan 按 decode_splits 选）；段数多于块数时多出的段为空，结果不变。
     【out】可选：写进这个张量（和 q 同形状、同 dtype、同设备，最后一维连续，不和输入共用内存）并返回它——
         每一步都不再分配（CUDA 图里也常这样用）。
-    【prefetch】第一块 K/V 不等 cache_seqlens（按 S_max 猜段的起点，先读进寄存器；见 _decode_kernel）：
-        None = DECODE_PREFETCH（默认 False）；True / False。只在 BLOCK_N·d ≤ DECODE_PREFETCH_MAX_ELEMS 时真的用上；
-        结果和不用时只差浮点合并顺序带来的舍入。
     【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
         同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核）；可以在 CUDA 图里捕获。
     """
-    key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out, prefetch)
+    key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     plans = _PLANS.get(key) if key is not None else None
     if plans and not _launch_hooks_active():     # 一到两个 _Plan（第一步、第二步）；钩子、stream 只查一次
         if out is None:
@@ -1836,7 +1782,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
             plan.launch(tensors, key[-1])
         return out
     return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, None,
-                   key if _should_record(key) else None, out, prefetch=prefetch)
+                   key if _should_record(key) else None, out)
 
 
 def _byte_range(t):
@@ -1858,36 +1804,31 @@ def _check_out_alias(out, inputs, where):
                              f"out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
 
 
-def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None, prefetch=None):
-    """快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、16 字节对齐、两个参数、out 的布局、
-    prefetch——None 换成此刻的 DECODE_PREFETCH，改了模块的默认值也不会用上按旧值记的 _Plan），最后一项是当前 stream。
-    只给 GPU；不是张量、参数不可哈希等情况返回 None（走正常路径，由 _check_decode 报错）。"""
+def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
+    """快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、16 字节对齐、两个参数、out 的布局），
+    最后一项是当前 stream。只给 GPU；不是张量、参数不可哈希等情况返回 None（走正常路径，由 _check_decode 报错）。"""
     try:
         if INTERPRET or not q.is_cuda:
             return None
-        # 键里原样放进去的调用者参数只有这三个（其余都取自张量的属性）：不可哈希（如 num_splits=[2]）时在这里
+        # 键里原样放进去的调用者参数只有这两个（其余都取自张量的属性）：不可哈希（如 num_splits=[2]）时在这里
         # 抛 TypeError → None，否则 _PLANS.get(键) 才报 "unhashable"，而不是 _check_decode 的 ValueError
-        prefetch = DECODE_PREFETCH if prefetch is None else prefetch
-        hash((num_splits, softmax_scale, prefetch))
+        hash((num_splits, softmax_scale))
         dev = q.get_device()
         o = None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device(),
                                       out.data_ptr() % 16)
         return ("decode", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                 lens.dtype, lens.shape, lens.stride(), dev, k.get_device(), v.get_device(), lens.get_device(),
                 q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, lens.data_ptr() % 16,
-                num_splits, type(num_splits), softmax_scale, type(softmax_scale), prefetch, type(prefetch), o,
-                _current_stream(dev))
+                num_splits, type(num_splits), softmax_scale, type(softmax_scale), o, _current_stream(dev))
     except (AttributeError, TypeError):
         return None
 
 
 def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None,
-            pdl=None, prefetch=None):
+            pdl=None):
     """正常路径：检查输入、选配置和段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。
     config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选。
-    pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。
-    prefetch：None = DECODE_PREFETCH；True / False（用不用还看 decode_prefetch_used）。"""
-    prefetch = check_bool("prefetch", DECODE_PREFETCH if prefetch is None else prefetch, "flash_decode")
+    pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
@@ -1904,8 +1845,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
                  (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, scale * math.log2(math.e),
                   s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
                  dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
-                      SPLIT=splits > 1, PREFETCH=decode_prefetch_used(prefetch, block_n, d), num_warps=warps,
-                      num_stages=stages, **pdl[0]))]
+                      SPLIT=splits > 1, num_warps=warps, num_stages=stages, **pdl[0]))]
     if splits > 1:
         launches.append((_decode_merge_kernel, (group * n_new, batch * hk),
                          (o_part, lse_part, out, hk, splits, *so),
