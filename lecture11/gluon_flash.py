@@ -23,10 +23,14 @@ N = 4k / 16k，TFLOP/s；cuDNN 690 / 625，results/gluon_bench.json）：
 Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_specialize 的 worker_num_regs + 内核的 maxnreg；
 轮流用 mbarrier（不需要 named barrier）。写不成 FA3 原样的：每组 128 行的 Q 块（d = 128 时 Gluon 生成的 softmax
 多占寄存器，溢出 92–148 字节），所以每组 64 行。N = 1k 上 E 明显最快，更长时不慢于 C（best_variant）。
-反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住一块 K/V，Q、dO 块流过（同一套生产者 +
-环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ），dQ 用 red.global.add.v2 原子加进 fp32——triton_flash 默认的反向另开
-dQ 内核，共 7 次。实测它比 triton_flash 的反向还慢（d = 128：0.69–0.74×）：d = 128 时寄存器溢出 ~830 字节，ncu 看到
-Tensor Core 只忙 29%、long_scoreboard 停顿（等本地内存和原子操作）占大头（results/NOTES.md 的 v9）。
+反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住 128 行 K/V（两个计算组各 64 行），
+Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ）——triton_flash 默认的反向另开 dQ 内核，
+共 7 次。dQ 要跨程序相加（fp32 累加器），两版（dq_mode=，实测见 results/NOTES.md 的 v9、v11）：
+  "red"  v1：每个计算组从寄存器发向量原子加（red.global.add.v2）          d = 128 时比 triton_flash 慢（0.69–0.74×）：
+         ptxas 溢出 ~830 字节，原子加的流量是 v2 的两倍，ncu：Tensor Core 只忙 29%
+  "tma"  v2（默认，FA3 的做法）：两组先交换 dSᵀ（共享内存 + mbarrier），各算 dQ 的一半列（K 方向走满 128 行），
+         写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor）加进全局——Gluon 3.6 没包装这条，
+         _tma_reduce_add 直接调 IR 构造器。d = 128、N ≥ 4k：v1 的 1.6–1.8×，triton_flash 的 1.2–1.3×，cuDNN 的 0.80–0.83
 
 形状（flash-attn 布局）：q、k、v [B, N, H, d]（Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，任意 N，causal = 左上角对齐
 （Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。TMA 描述符把连续的 q 看成二维 [B·N, H·d]：一个 Q 块 =
@@ -71,6 +75,8 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton._C.libtriton import ir as _ir
+    from triton.language.core import builtin as _builtin
     GLUON_ERROR = None
 except Exception as exc:            # 没有 triton，或者 triton 太旧、没有 Gluon：模块照样能 import，attention() 报错
     triton = gluon = gl = None
@@ -565,7 +571,7 @@ def _layout(block, dtype):
     key = (tuple(block), dtype)
     if key not in _LAYOUTS:
         if not _GL_DTYPES:
-            _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16})
+            _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32})
         _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
     return _LAYOUTS[key]
 
@@ -683,7 +689,7 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
 # 拿的是相邻两个 Q 行（地址差 H·d），原子加不能合并成向量；dS K 的结果每个线程拿相邻两列（d 方向连续）。
 # 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
 # worker_regs（最后一项）只是记账：_attn_bwd 的 gl.warp_specialize 调用里写死了同样的 [24] / [240, 24]（测试对照两处）
-BWD_FLAGS = {1: (64, 64, 1, 2, 4, 232, (24,)), 2: (64, 64, 2, 2, 4, 168, (240, 24))}
+BWD_FLAGS = {1: (64, 64, 1, 2, 4, 232, (24,)), 2: (64, 64, 2, 3, 4, 168, (240, 24))}
 
 
 def bwd_tile_config(d, consumers=2):
@@ -706,16 +712,22 @@ def bwd_tile_config(d, consumers=2):
     return block_m, block_n, cons, stages, warps, maxnreg, regs
 
 
+# dQ 怎么加回全局（反向 v1 / v2，见 _bwd_consumer、_bwd_consumer_tma）：
+#   'red' = v1，每个计算组从寄存器发向量原子加；'tma' = v2（FA3），两组合算一份 dQ、经共享内存用 TMA 归约写回
+BWD_DQ_MODES = ("tma", "red")
+BWD_DQ = "tma"
 DQ_RED_V2 = True     # dQ 的原子加用向量 red.v2（False：gl.atomic_add，每元素一条；出错时对照用）
 PRE_BLOCK = 64        # 预处理一个程序的行数（[B·N·H] 里的行）
 
 
 if gl is not None:
     @gluon.jit
-    def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
+    def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr,
+                        DQ_HEAD_MAJOR: gl.constexpr):
         """
-        D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, N, H, d] 清零（同一批行，一次扫过）。
-        o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
+        D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器清零（同一批行，一次扫过）：
+        DQ_HEAD_MAJOR 时累加器是 [B, H, DQ_PAD, d]（v2，每个头的行补齐到 BLOCK_M 的倍数，补出来的行不用清），
+        否则 [B, N, H, d]（v1）。o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
         """
         tpc: gl.constexpr = HEAD_DIM // 8                 # 一行几个线程（每个线程 8 个 16 位数 = 16 字节）
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // tpc, tpc], [4, 1], [1, 0])
@@ -729,7 +741,29 @@ if gl is not None:
         h = rows % H
         bn = rows // H                                                      # = b·N + n
         gl.store(DELTA + ((bn // N) * H + h).to(gl.int64) * N + bn % N, delta, mask=rows < ROWS)
+        if DQ_HEAD_MAJOR:
+            dq_rows = ((bn // N) * H + h).to(gl.int64) * DQ_PAD + bn % N
+            offs = gl.expand_dims(dq_rows * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
         gl.store(DQ_ACC + offs, gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=layout), mask=ok)
+
+    @gluon.jit
+    def _dq_convert(DQ_ACC, DQ, N, H, ROWS, DQ_PAD, scale, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
+        """
+        v2 的收尾：dQ = scale · 累加器，fp32 [B, H, DQ_PAD, d] → 输入的 dtype [B, N, H, d]。两边每行的 d 个数都连续，
+        只是行的顺序不同（头、位置对调）；按输出的行 r = (b·N + n)·H + h 排，每行整行读、整行写。
+        （torch.mul 对转置视图做同样的事要 323 µs，cuDNN 自己的换 dtype 内核 111 µs：results/ncu/ 的 gluon-bwd。）
+        """
+        tpc: gl.constexpr = HEAD_DIM // 4                 # 一行几个线程（每个线程 4 个 fp32 = 16 字节）
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // tpc, tpc], [4, 1], [1, 0])
+        rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        ok = gl.expand_dims(rows < ROWS, 1)
+        h = rows % H
+        bn = rows // H                                                      # = b·N + n
+        src = ((bn // N) * H + h).to(gl.int64) * DQ_PAD + bn % N
+        x = gl.load(DQ_ACC + gl.expand_dims(src * HEAD_DIM, 1) + gl.expand_dims(cols, 0), mask=ok, other=0.0)
+        dst = gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        gl.store(DQ + dst, (x * scale).to(DQ.dtype.element_ty), mask=ok)
 
     @gluon.jit
     def _mask_t(p_t, k0, m0, N, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
@@ -737,8 +771,9 @@ if gl is not None:
         p_t = Pᵀ [BLOCK_N, BLOCK_M]（行 = key，列 = query）：key ≥ N、query ≥ N、（causal）key > query → 0。
         key ≥ N 的行是下一个序列的 K（或 TMA 补的 0）：不掩掉的话会经 dS K 加进 dQ。只在边上的块调用。
         """
-        keys = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, p_t.type.layout))
-        qs = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, p_t.type.layout))
+        # _opaque：下标和循环无关，不挡住的话 LLVM 把它们提到循环外一直占着寄存器（d = 128 causal 时多溢出 ~230 字节）
+        keys = k0 + _opaque(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, p_t.type.layout)))
+        qs = m0 + _opaque(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, p_t.type.layout)))
         ok = gl.expand_dims(keys < N, 1) & gl.expand_dims(qs < N, 0)
         if CAUSAL:
             ok = ok & (gl.expand_dims(keys, 1) <= gl.expand_dims(qs, 0))
@@ -882,11 +917,135 @@ if gl is not None:
         gl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=ok)
         gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
 
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """
+        TMA 的归约写回：全局里 coord 起的一块 += 共享内存 src（cp.reduce.async.bulk.tensor … .add，L2 里原子地加）。
+        Gluon 3.6 的 hopper.tma 只包装了拷贝（async_copy_shared_to_global），IR 构造器里却有这条
+        （create_async_tma_reduce，Triton 的 desc.atomic_add 就降到它）：照 async_copy_shared_to_global 的样子包一层。
+        和 TMA 写回一样是 bulk group：改写 src 之前要 tma.store_wait。
+        """
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+    # ========================================================================
+    # 反向 v2（FA3 的做法）：dQ 不再由每个计算组各自原子加。
+    #   两个计算组各拿程序 K/V 块的 64 行，dSᵀ 各写一半进共享内存；两半都到齐（ds_bar）后，每组算 dQ 的一半列：
+    #   dQ[:, 列的一半] = dS₀ K₀[:, 一半] + dS₁ K₁[:, 一半]（K 方向 128 行，一次走完整个 K/V 块）。于是每个 Q 块、
+    #   每个 K/V 块只归约一次 [BLOCK_M, d] 的 fp32（原来两组各一次：L2 上的归约流量减半），而且不从寄存器发原子加：
+    #   结果写进共享内存，由 TMA 的归约写回（cp.reduce.async.bulk.tensor … add.f32）加到全局的 fp32 累加器，
+    #   计算组不等它完成（下一轮写同一块共享内存之前才 store_wait）。
+    #   dSᵀ 的共享内存按轮的奇偶双份：第 t + 2 轮改写第 t 轮那份时，另一组一定已经做完第 t 轮的 dQ（它 arrive 第 t + 1
+    #   轮的 ds_bar 在那之后，而本组过了第 t + 1 轮的 wait 才走到 t + 2）。
+    #   causal：两组都从第 0 组的第一个 Q 块开始走（第 1 组只多一块，由掩码清零），交换 dSᵀ 时两组步调一致。
+    # ========================================================================
     @gluon.jit
-    def _attn_bwd(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, DQ, DK, DV, qk_scale, scale, N, H, GROUP,
+    def _bwd_step(j, start, dk, dv, q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc,
+                  lse_base, delta_base, qk_scale, N, dq_row0, k0, me: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """_bwd_consumer_tma 的一轮：第 j 个 Q 块（环上第 t = j − start 格）。"""
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])  # Sᵀ、dPᵀ [BLOCK_N, BLOCK_M]
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])    # dK、dV [BLOCK_N, d]
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        HALF: gl.constexpr = HEAD_DIM // 2                                    # 本组算 dQ 的哪几列：[me·HALF, +HALF)
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF, 16])    # dQ 的一半 [BLOCK_M, HALF]
+        vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])     # 一维、128 个线程
+        dtype: gl.constexpr = k_smem.dtype
+        k_t = k_smem.index(me)                                                # [BLOCK_N, d]
+        v_t = v_smem.index(me)
+        my_dq = dq_smem.index(me)                                             # [BLOCK_M, HALF]，fp32
+        t = j - start
+        slot = t % STAGES
+        m0 = j * BLOCK_M
+        # 这块 Q 行的 LSE、D：先按"每线程一个"读（Sᵀ 的布局里每个线程要 16 个不同的列，直接读就是 16 个 64 位地址，
+        # d = 128 时逼得 ptxas 溢出），再经共享内存换成沿列广播的布局
+        qs = m0 + gl.arange(0, BLOCK_M, layout=vec_layout)
+        lse2 = gl.convert_layout(gl.load(lse_base + qs, mask=qs < N, other=0.0) * 1.4426950408889634,
+                                 gl.SliceLayout(0, st_layout))               # 自然对数 → 以 2 为底
+        d_i = gl.convert_layout(gl.load(delta_base + qs, mask=qs < N, other=0.0), gl.SliceLayout(0, st_layout))
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        q_t = q_bufs.index(slot)                                              # [BLOCK_M, d]
+        do_t = do_bufs.index(slot)
+        s_tok = warpgroup_mma(k_t, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)     # Sᵀ = K Qᵀ
+        dp_tok = warpgroup_mma(v_t, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)   # dPᵀ = V dOᵀ
+        s_t = warpgroup_mma_wait(1, deps=[s_tok, k_t, q_t])[0]
+        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
+        need_mask = (k0 + BLOCK_N > N) | (m0 + BLOCK_M > N)                   # 这组的 K 行、这块 Q 行跨过序列末尾
+        if CAUSAL:
+            need_mask = need_mask | (m0 < k0 + BLOCK_N)                      # 碰到对角线（或整块在它上面）的块
+        if need_mask:
+            p_t = _mask_t(p_t, k0, m0, N, CAUSAL, BLOCK_N, BLOCK_M)
+        p_op = gl.convert_layout(p_t.to(dtype), a_layout)                     # Pᵀ 当 A 操作数，留在寄存器里
+        dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)                 # dV += Pᵀ dO
+        dp_t, dv = warpgroup_mma_wait(0, deps=[dp_tok, dv_tok, v_t, do_t, p_op])[:2]
+        ds_t = (p_t * (dp_t - gl.expand_dims(d_i, 0))).to(dtype)              # dSᵀ（没乘 scale：最后乘）
+        ds_op = gl.convert_layout(ds_t, a_layout)
+        dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)                 # dK += dSᵀ Q
+        ds_mine = ds_smem.index((t % 2) * 2 + me)                             # [BLOCK_N, BLOCK_M]
+        ds_mine.store(ds_t)
+        fence_async_shared()                                                  # 普通写 → wgmma / 另一组（异步代理）读
+        gl.thread_barrier()                                                   # 本组 128 个线程都写完，才替全组 arrive
+        mbarrier.arrive(ds_bar.index(t % 2))
+        dk = warpgroup_mma_wait(0, deps=[dk_tok, ds_op, q_t])[0]
+        mbarrier.arrive(empty.index(slot))                                    # Q、dO 这一格用完了
+        mbarrier.wait(ds_bar.index(t % 2), (t // 2) & 1)                      # 两组的 dSᵀ 都在共享内存里了
+        ds0 = ds_smem.index((t % 2) * 2)
+        ds1 = ds_smem.index((t % 2) * 2 + 1)
+        zero_q = gl.zeros([BLOCK_M, HALF], gl.float32, layout=dq_layout)
+        dq_tok = warpgroup_mma(ds0.permute((1, 0)), k_smem.index(0).slice(me * HALF, HALF, dim=1), zero_q,
+                               use_acc=False, is_async=True)
+        dq_tok = warpgroup_mma(ds1.permute((1, 0)), k_smem.index(1).slice(me * HALF, HALF, dim=1), dq_tok,
+                               is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq_tok, ds0, ds1, k_smem])[0]
+        tma.store_wait(0)                                                     # 上一轮的归约读完了 my_dq
+        gl.thread_barrier()
+        my_dq.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [dq_row0 + m0, me * HALF], my_dq)           # 全局 dQ 累加器 += my_dq（L2 里原子地加）
+        return dk, dv
+
+    @gluon.jit
+    def _bwd_consumer_tma(q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar, dq_desc,
+                          LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k0, start, n_q,
+                          me: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """计算组 me 拿 K/V 的第 k0 行起 BLOCK_N 行，走 Q 块 start .. n_q − 1（每一轮见 _bwd_step）。"""
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])    # dK、dV [BLOCK_N, d]
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        lse_base = LSE + (b * H + h).to(gl.int64) * N                         # lse、D 都是 [B, H, N]
+        delta_base = DELTA + (b * H + h).to(gl.int64) * N
+        dq_row0 = (b * H + h) * n_pad                                         # 这个头在 dQ 累加器里的第 0 行
+        mbarrier.wait(kv_bar.index(0), 0)
+        for j in range(start, n_q):
+            dk, dv = _bwd_step(j, start, dk, dv, q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, ready, empty,
+                               ds_bar, dq_desc, lse_base, delta_base, qk_scale, N, dq_row0, k0, me, HEAD_DIM, BLOCK_M,
+                               BLOCK_N, STAGES, CAUSAL)
+        tma.store_wait(0)
+
+        # 收尾：dK 乘 scale，dK、dV 写回（只写 < N 的行）；DK、DV 是 [B, N, H, d]（每个 query 头一份，GQA 在主机上求和）
+        rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offs = gl.expand_dims(((b * N + rows).to(gl.int64) * H + h) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        ok = gl.expand_dims(rows < N, 1)
+        gl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=ok)
+        gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _attn_bwd(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, DQ, DK, DV, qk_scale, scale, N, H, GROUP, n_pad,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """程序 (i, b·H + h)：第 b 个序列、第 h 个 query 头，K/V 行 [i·CONSUMERS·BLOCK_N, +CONSUMERS·BLOCK_N)。"""
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA: gl.constexpr):
+        """
+        程序 (i, b·H + h)：第 b 个序列、第 h 个 query 头，K/V 行 [i·CONSUMERS·BLOCK_N, +CONSUMERS·BLOCK_N)。
+        一个头一个头地发：同时在跑的程序只落在几个头上，共用的 Q、dO、dQ 累加器留在 L2 里（先发所有头的第 i 块、
+        或 causal 时按段先发最长的块，都实测过，更慢或没有区别：results/NOTES.md 的 v11）。
+        """
         pid_n = gl.program_id(0)                 # causal 时小的 i 看到的 Q 块最多：正序发就是最长的先上 SM
         bh = gl.program_id(1)
         b = bh // H
@@ -914,7 +1073,7 @@ if gl is not None:
         q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if DQ_TMA else CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -924,28 +1083,47 @@ if gl is not None:
             mbarrier.init(empty.index(s), count=CONSUMERS)     # 一格 Q / dO 要所有计算组都用完才能重填
         fence_async_shared()
 
-        io = (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK, DV, qk_scale, scale,
-              b, h, N, H)
-        if CONSUMERS == 1:
+        if DQ_TMA:                               # v2：DQ = fp32 累加器 [B·H·n_pad, d] 的 TMA 描述符，块 [BLOCK_M, d/2]
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], DQ.layout)
+            ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(2):
+                mbarrier.init(ds_bar.index(s), count=2)
+            fence_async_shared()
             gl.warp_specialize([
-                (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                                      CAUSAL)),
-                (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
-                                 empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
-                                 STAGES, CONSUMERS)),
-            ], [1], [24])
-        else:                                    # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）
-            gl.warp_specialize([
-                (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                                      CAUSAL)),
-                (_bwd_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK,
-                                 DV, qk_scale, scale, b, h, N, H, k1, start0, start1, n_q, gl.constexpr(1), HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
+                                     DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, n0, start0, n_q,
+                                     gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
+                                     DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k1,
+                                     gl.to_tensor(start0), n_q, gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                     CAUSAL)),
                 (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
                                  empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
                                  STAGES, CONSUMERS)),
             ], [4, 1], [240, 24])
-
+        else:                                    # v1（v9 测的那版）：每个计算组自己把 dQ 原子加回全局（red.v2）
+            io = (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK, DV, qk_scale,
+                  scale, b, h, N, H)
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N,
+                                          STAGES, CAUSAL)),
+                    (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar,
+                                     ready, empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total,
+                                     BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                ], [1], [24])
+            else:                                # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）
+                # worker 的参数写成字面的元组：拼接（io + ...）会把 constexpr 拆成普通 int，worker 就不认了
+                gl.warp_specialize([
+                    (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N,
+                                          STAGES, CAUSAL)),
+                    (_bwd_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA,
+                                     DQ, DK, DV, qk_scale, scale, b, h, N, H, k1, start0, start1, n_q,
+                                     gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                    (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar,
+                                     ready, empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total,
+                                     BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                ], [4, 1], [240, 24])
 
 def _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale):
     """attention_backward 的参数检查（先于设备检查，CPU 上也能测）。返回 scale。"""
@@ -966,32 +1144,40 @@ def _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale):
     return scale
 
 
-def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
+def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None, dq_mode=None):
     """
     注意力的反向：q [B, N, H, d]、k、v [B, N, Hk, d]、前向的 out [B, N, H, d] 和 lse [B, H, N]（自然对数），
     上游梯度 do [B, N, H, d] → (dq, dk, dv)，形状、dtype 和 q、k、v 相同。causal、softmax_scale 必须和前向一样。
     GQA（Hk < H）：内核给每个 query 头写一份 fp32 的 dK、dV，主机上按组求和。
+    dq_mode：'tma'（v2，默认 BWD_DQ）/ 'red'（v1），dQ 怎么加回全局，见 BWD_DQ_MODES。
     """
     scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
+    dq_mode = check_choice("dq_mode", dq_mode or BWD_DQ, BWD_DQ_MODES, where="attention_backward")
     _check_device(q, k, v)
     for name, t in (("out", out), ("lse", lse), ("do", do)):
         if not t.is_cuda or t.device != q.device:
             raise RuntimeError(f"attention_backward：{name} 必须在和 q 同一块 CUDA GPU 上，收到 {t.device}")
-    return _launch_bwd(q, k, v, out, lse, do, causal, scale)
+    return _launch_bwd(q, k, v, out, lse, do, causal, scale, dq_mode=dq_mode)
 
 
-def _launch_bwd(q, k, v, out, lse, do, causal, scale, consumers=2):
+def _launch_bwd(q, k, v, out, lse, do, causal, scale, consumers=2, dq_mode=None):
     """检查过的输入 → 预处理（D、清零 dQ 累加器）→ 主内核 → dQ 乘 scale 换 dtype（GQA：dK、dV 按组求和）。"""
     batch, n, hq, d = q.shape
     hk = k.shape[2]
     group = hq // hk
+    dq_mode = check_choice("dq_mode", dq_mode or BWD_DQ, BWD_DQ_MODES, where="attention_backward")
+    tma_dq = dq_mode == "tma"
+    if tma_dq:
+        consumers = 2                                                      # v2 的 dSᵀ 交换是为两个计算组写的
     q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
     block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d, consumers)
+    n_pad = triton.cdiv(n, block_m) * block_m
     delta = torch.empty((batch, hq, n), device=q.device, dtype=torch.float32)          # D [B, H, N]
-    dq_acc = torch.empty((batch, n, hq, d), device=q.device, dtype=torch.float32)      # 预处理内核清零
+    acc_shape = (batch, hq, n_pad, d) if tma_dq else (batch, n, hq, d)
+    dq_acc = torch.empty(acc_shape, device=q.device, dtype=torch.float32)              # 预处理内核清零
     rows = batch * n * hq
-    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, delta, dq_acc, n, hq, rows, HEAD_DIM=d,
-                                                     BLOCK=PRE_BLOCK, num_warps=4)
+    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, delta, dq_acc, n, hq, rows, n_pad, HEAD_DIM=d,
+                                                     BLOCK=PRE_BLOCK, DQ_HEAD_MAJOR=tma_dq, num_warps=4)
     # GQA：每个 query 头一份 fp32 的 dK、dV [B, N, H, d]，之后按组求和；否则直接写输入的 dtype
     acc_dtype = q.dtype if group == 1 else torch.float32
     dk = torch.empty((batch, n, hq, d), device=q.device, dtype=acc_dtype)
@@ -1000,12 +1186,18 @@ def _launch_bwd(q, k, v, out, lse, do, causal, scale, consumers=2):
     do_desc = _desc(do.view(batch * n, hq * d), (block_m, d))
     k_desc = _desc(k.view(batch * n, hk * d), (block_n, d))                  # [B·N, Hk·d]，块 [BLOCK_N, d]
     v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
+    # v2：dQ 累加器 [B·H·n_pad, d] 的 TMA 描述符，块 = 一个计算组归约的那一半 [BLOCK_M, d/2]
+    dq_arg = _desc(dq_acc.view(batch * hq * n_pad, d), (block_m, d // 2)) if tma_dq else dq_acc
     grid = (triton.cdiv(n, cons * block_n), batch * hq)
-    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, lse, delta, dq_acc, dk, dv, scale * LOG2E, scale, n, hq, group,
-                    HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CONSUMERS=cons, STAGES=stages, CAUSAL=causal,
-                    num_warps=num_warps, maxnreg=maxnreg)
+    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, lse, delta, dq_arg, dk, dv, scale * LOG2E, scale, n, hq, group,
+                    n_pad, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CONSUMERS=cons, STAGES=stages, CAUSAL=causal,
+                    DQ_TMA=tma_dq, num_warps=num_warps, maxnreg=maxnreg)
     dq = torch.empty_like(q)
-    torch.mul(dq_acc, scale, out=dq)                                          # dQ = scale·dS K，一次读写换 dtype
+    if tma_dq:                                                                # [B, H, n_pad, d] → [B, N, H, d]
+        _dq_convert[(triton.cdiv(rows, PRE_BLOCK),)](dq_acc, dq, n, hq, rows, n_pad, scale, HEAD_DIM=d,
+                                                     BLOCK=PRE_BLOCK, num_warps=4)
+    else:
+        torch.mul(dq_acc, scale, out=dq)                                      # dQ = scale·dS K，一次读写换 dtype
     if group > 1:                                                             # [B, N, Hk, GROUP, d] → 组内求和
         dk = dk.view(batch, n, hk, group, d).sum(3).to(q.dtype)
         dv = dv.view(batch, n, hk, group, d).sum(3).to(q.dtype)
@@ -1017,18 +1209,18 @@ if torch is not None:
         """attention 的 autograd：前向 = _launch（带 LSE），反向 = _launch_bwd。lse 不可求导。"""
 
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, variant):
+        def forward(ctx, q, k, v, causal, scale, variant, dq_mode=None):
             out, lse = _launch(q, k, v, causal, scale, variant, True)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.causal, ctx.scale = causal, scale
+            ctx.causal, ctx.scale, ctx.dq_mode = causal, scale, dq_mode
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, do, _dlse):
             q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = _launch_bwd(q, k, v, out, lse, do, ctx.causal, ctx.scale)
-            return dq, dk, dv, None, None, None
+            dq, dk, dv = _launch_bwd(q, k, v, out, lse, do, ctx.causal, ctx.scale, dq_mode=ctx.dq_mode)
+            return dq, dk, dv, None, None, None, None
 
 
 # ============================================================================
@@ -1084,9 +1276,10 @@ def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
     return rows
 
 
-def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
+def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES, dq_modes=BWD_DQ_MODES):
     """
-    反向（前向用 BEST）：dq、dk、dv 和 float64 参考比，判据和前向相同（≤ 2 × PyTorch 低精度的误差 + 1e-6）。
+    反向（前向用 BEST），每种 dq_mode 各一遍：dq、dk、dv 和 float64 参考比，判据和前向相同
+    （≤ 2 × PyTorch 低精度的误差 + 1e-6）。field 记成 "dq"（默认的 BWD_DQ）或 "dq:red"（另一种）。
     输入、参考、误差函数都用 triton_flash 的（make_case、run_reference、field_errors）：参考 = 同样的输入在 float64 /
     低精度里走一遍 autograd。返回行 (dtype, case, field, ours, torch, ok, err)。
     """
@@ -1100,25 +1293,32 @@ def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
             case = tf.make_case(name, batch, n, n, hq, hk, d, dtype, "cuda", gen, causal=causal)
             ref = tf.run_reference(case)                                                    # float64
             torch_errs = tf.field_errors(tf.run_reference(case, dtype=dtype), ref)          # torch 低精度
-            q, k, v = (case[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v"))
-            try:
-                attention(q, k, v, causal=causal).backward(case["do"])
-                grads = dict(zip(("dq", "dk", "dv"), (q.grad.double(), k.grad.double(), v.grad.double())))
-                err = ""
-            except Exception as exc:
-                grads, err = None, _short(exc)
-            for f, r in zip(("dq", "dk", "dv"), ref[2:]):
-                e = float("inf") if grads is None else tf._rel_err(grads[f], r)
-                ok, t = tf.within_torch_bound(f, e, torch_errs)
-                if grads is not None and float(r.norm()) == 0.0:
-                    # 梯度恰好是 0（N = 1：只有一个 key，dS = P∘(dP − D) ≡ 0）：相对误差没有意义。我们的 D 按
-                    # FlashAttention 的恒等式 rowsum(dO∘O) 算，和 dP 差一点舍入，dq、dk 是很小的非零数；
-                    # 改成和同一用例的 dV 比大小（‖ours‖ / ‖dV‖ ≤ 1e-4）
-                    e, t = _zero_grad_err(grads[f], ref[4]), 0.0
-                    ok = e <= ZERO_GRAD_TOL
-                rows.append((str(dtype).replace("torch.", ""), name, f, e, t, ok, err))
+            for mode in dq_modes:
+                _check_bwd_mode(tf, rows, dtype, name, case, causal, ref, torch_errs, mode)
     return rows
 
+
+def _check_bwd_mode(tf, rows, dtype, name, case, causal, ref, torch_errs, mode):
+    """check_gpu_bwd 的一个用例、一种 dq_mode：前向经 autograd，反向用 mode。"""
+    q, k, v = (case[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v"))
+    try:
+        variant, scale = _check_args(q, k, v, causal, None, "best", True)
+        _AttentionFn.apply(q, k, v, causal, scale, variant, mode)[0].backward(case["do"])
+        grads = dict(zip(("dq", "dk", "dv"), (q.grad.double(), k.grad.double(), v.grad.double())))
+        err = ""
+    except Exception as exc:
+        grads, err = None, _short(exc)
+    suffix = "" if mode == BWD_DQ else f":{mode}"
+    for f, r in zip(("dq", "dk", "dv"), ref[2:]):
+        e = float("inf") if grads is None else tf._rel_err(grads[f], r)
+        ok, t = tf.within_torch_bound(f, e, torch_errs)
+        if grads is not None and float(r.norm()) == 0.0:
+            # 梯度恰好是 0（N = 1：只有一个 key，dS = P∘(dP − D) ≡ 0）：相对误差没有意义。我们的 D 按
+            # FlashAttention 的恒等式 rowsum(dO∘O) 算，和 dP 差一点舍入，dq、dk 是很小的非零数；
+            # 改成和同一用例的 dV 比大小（‖ours‖ / ‖dV‖ ≤ 1e-4）
+            e, t = _zero_grad_err(grads[f], ref[4]), 0.0
+            ok = e <= ZERO_GRAD_TOL
+        rows.append((str(dtype).replace("torch.", ""), name, f + suffix, e, t, ok, err))
 
 ZERO_GRAD_TOL = 1e-4
 
@@ -1225,7 +1425,7 @@ def bench(out_dir):
     print(f"写好 {path}（{info['seconds']} s）")
 
 
-BWD_COLS = ("gluon-bwd", "triton_flash", "sdpa:cudnn", "sdpa:flash")
+BWD_COLS = ("gluon-bwd", "gluon-bwd:red", "triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
 def bench_bwd(tf, quick_launch):
@@ -1234,7 +1434,11 @@ def bench_bwd(tf, quick_launch):
     grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 tf.flops 的 mode="bwd"（2.5 × 前向 FLOP）。
     """
     from triton.testing import do_bench
-    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c),
+    def gluon_red(q, k, v, c):                      # 反向 v1（dQ 从寄存器原子加），对照用
+        variant, scale = _check_args(q, k, v, c, None, "best", True)
+        return _AttentionFn.apply(q, k, v, c, scale, variant, "red")[0]
+
+    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c), "gluon-bwd:red": gluon_red,
             "triton_flash": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch),
             "sdpa:cudnn": tf.sdpa_fn("sdpa-cudnn"), "sdpa:flash": tf.sdpa_fn("sdpa-flash")}
     rows = []

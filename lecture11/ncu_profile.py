@@ -11,7 +11,9 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
     barrier = 等 __syncthreads，wait = 等固定延迟，math_pipe_throttle = 运算单元忙，…）
 被测的 6 个（"目标"）：
   ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
-  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 5 次矩阵乘 + 原子 dQ）
+  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 = 默认的 v2：5 次矩阵乘，
+                          dQ 经共享内存用 TMA 归约加回全局）。提交的 ncu_gluon-bwd.csv 量于 _dq_convert 之前：
+                          最后一个内核是 torch.mul 对转置视图换 dtype（323 µs），现在换成了 _dq_convert
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：

@@ -92,6 +92,9 @@ def test_bwd_tile_table():
         bm, bn, consumers, stages, warps, maxnreg, regs = gf.bwd_tile_config(d)
         smem = 2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + consumers * bn * bm * 2
         assert smem <= 227 * 1024, (d, smem)
+        # v2（dq_mode="tma"）：dSᵀ 按奇偶双份（4 格），再加两个计算组各一块 fp32 的 dQ 半块 [BLOCK_M, d/2]
+        smem_v2 = 2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + 4 * bn * bm * 2 + 2 * bm * (d // 2) * 4
+        assert smem_v2 <= 227 * 1024, (d, smem_v2)
         assert stages >= 2 and len(regs) == consumers
     with pytest.raises(ValueError, match="consumers"):
         gf.bwd_tile_config(64, consumers=3)
@@ -149,6 +152,7 @@ def test_explore_cli_names_the_file_after_ns():
      {}, ValueError, "头维 d"),
     ({}, dict(causal=1), TypeError, "causal"),
     ({}, dict(softmax_scale=0.0), ValueError, "softmax_scale"),
+    ({}, dict(dq_mode="atomic"), ValueError, "dq_mode"),
 ])
 def test_backward_bad_args(over, kwargs, exc, word):
     with pytest.raises(exc, match=word) as info:
