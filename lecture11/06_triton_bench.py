@@ -125,7 +125,7 @@ MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是
     N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。
     反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长。gluon 的反向
     （FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，经共享内存用 TMA 归约加回全局）在 d = 128、N ≥ 4k 上
-    比 ours 快 1.2–1.3×，到 cuDNN 的 0.80–0.83；d = 64 和 ours 差不多（0.75–0.82）。ncu：它的主内核 Tensor Core
+    比 ours 快 1.2–1.3×，到 cuDNN 的 0.80–0.83；d = 64 和 ours 差不多（cuDNN 的 0.75–0.82）。ncu：它的主内核 Tensor Core
     忙 49%（cuDNN 66%），停顿最多的是 barrier（两组交换 dSᵀ、等 Q / dO）和 long_scoreboard（d = 128 时
     ptxas 溢出的寄存器、每轮读 LSE / D）。数字和剖析见 results/NOTES.md 的 v9–v11。"""
 

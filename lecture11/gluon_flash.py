@@ -25,12 +25,11 @@ Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_
 多占寄存器，溢出 92–148 字节），所以每组 64 行。N = 1k 上 E 明显最快，更长时不慢于 C（best_variant）。
 反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住 128 行 K/V（两个计算组各 64 行），
 Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ）——triton_flash 默认的反向另开 dQ 内核，
-共 7 次。dQ 要跨程序相加（fp32 累加器），两版（dq_mode=，实测见 results/NOTES.md 的 v9、v11）：
-  "red"  v1：每个计算组从寄存器发向量原子加（red.global.add.v2）          d = 128 时比 triton_flash 慢（0.69–0.74×）：
-         ptxas 溢出 ~830 字节，原子加的流量是 v2 的两倍，ncu：Tensor Core 只忙 29%
-  "tma"  v2（默认，FA3 的做法）：两组先交换 dSᵀ（共享内存 + mbarrier），各算 dQ 的一半列（K 方向走满 128 行），
-         写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor）加进全局——Gluon 3.6 没包装这条，
-         _tma_reduce_add 直接调 IR 构造器。d = 128、N ≥ 4k：v1 的 1.6–1.8×，triton_flash 的 1.2–1.3×，cuDNN 的 0.80–0.83
+共 7 次。dQ 要跨程序相加（fp32 累加器），FA3 的做法：两组先交换 dSᵀ（共享内存 + mbarrier），各算 dQ 的一半列（K 方向
+走满 128 行），写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor）加进全局——Gluon 3.6 的 Python 层没包装
+这条，_tma_reduce_add 直接调 IR 构造器。d = 128、N ≥ 4k：triton_flash 的 1.2–1.3×，cuDNN 的 0.80–0.83；d = 64 和
+triton_flash 持平。v9 的第一版每个计算组从寄存器原子加自己那份 dQ（red.global.add.v2），d = 128 慢 1.6–1.8×：L2 流量
+两倍、ptxas 溢出 ~830 字节（results/NOTES.md 的 v9、v11）。
 
 形状（flash-attn 布局）：q、k、v [B, N, H, d]（Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，任意 N，causal = 左上角对齐
 （Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。TMA 描述符把连续的 q 看成二维 [B·N, H·d]：一个 Q 块 =
@@ -577,7 +576,10 @@ def _layout(block, dtype):
 
 
 def _desc(t2d, block):
-    """t2d [B·N, H·d] 连续 → 块 block 的 TMA 描述符（基址 16 字节对齐、行步长 H·d·2 字节是 16 的倍数）。"""
+    """
+    连续的二维 t2d → 块 block 的 TMA 描述符（基址 16 字节对齐、行步长是 16 字节的倍数）：q、k、v 看成 [B·N, H·d]
+    （16 位），反向的 dQ 累加器看成 [B·H·n_pad, d]（fp32）。
+    """
     return TensorDescriptor.from_tensor(t2d, list(block), _layout(block, t2d.dtype))
 
 
@@ -674,60 +676,56 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
 
 
 # ############################################################################
-# 反向（FA2 / FA3 的做法）：一个主内核，每对 (K/V 块, Q 块) 5 次矩阵乘，dQ 原子加
+# 反向（FA3 的做法）：一个主内核，每对 (K/V 块, Q 块) 5 次矩阵乘；dQ 经共享内存用 TMA 归约加回全局
 # ############################################################################
 # 记号：S = scale·Q Kᵀ，P = exp(S − LSE)，dV = Pᵀ dO，dP = dO Vᵀ，dS = P ∘ (dP − D)，D = rowsum(dO ∘ O)，
 #       dQ = scale·dS K，dK = scale·dSᵀ Q。
-# 程序 (i, b·H + h) 拿住第 i 个 K/V 块（CONSUMERS·BLOCK_N 行，每个计算组 BLOCK_N 行），走过它看得到的所有 Q 块：
+# 程序 (i, b·H + h) 拿住第 i 个 K/V 块（两个计算组各 BLOCK_N 行），走过它看得到的所有 Q 块，每个计算组每一轮：
 #   Sᵀ = K Qᵀ → Pᵀ = exp2(Sᵀ·scale·log2 e − LSE·log2 e) → dV += Pᵀ dO → dPᵀ = V dOᵀ → dSᵀ = Pᵀ ∘ (dPᵀ − D)
-#   → dK += dSᵀ Q → dQ_i += dS K（dSᵀ 写进共享内存，转置视图当 A 操作数），原子加进 fp32 的 dQ 累加器。
+#   → dK += dSᵀ Q → dSᵀ 写进共享内存、和另一组交换 → dQ 的一半列 = dS K（K 方向走满两组的 K/V 行）
+#   → 写进共享内存，TMA 归约加进 fp32 的 dQ 累加器（不同 K/V 块的程序加到同一块 dQ 上）。
 # 为什么算转置（Sᵀ 而不是 S）：wgmma 的 A 操作数可以在寄存器里，而 dV += Pᵀ dO、dK += dSᵀ Q 要的 A 正是 Pᵀ、dSᵀ，
 # 并且行 = key 行，和 dK、dV 累加器同一种分布——Pᵀ、dSᵀ 不经过共享内存（FA3 的 "swapAB"）。
-# dQ = dS K 要 dS 当 A：寄存器里的 dSᵀ 换不成 dS 的分布（要跨线程转置），所以写进共享内存 [BLOCK_N, BLOCK_M]，
-# 读的时候用 .permute((1, 0)) 视图 [BLOCK_M, BLOCK_N]：16 位数的 wgmma 允许 A 从共享内存转置读（描述符的 tnspA，
-# Gluon 3.6 按共享内存布局的顺序自己选；ptxas 编译通过）。另一种写法 dQᵀ = Kᵀ dSᵀ 也行，但结果 [d, BLOCK_M] 的每个线程
-# 拿的是相邻两个 Q 行（地址差 H·d），原子加不能合并成向量；dS K 的结果每个线程拿相邻两列（d 方向连续）。
+# dQ = dS K 要 dS 当 A：寄存器里的 dSᵀ 换不成 dS 的分布（要跨线程转置），而它本来就要写进共享内存给另一组用：
+# [BLOCK_N, BLOCK_M] 的格子读的时候用 .permute((1, 0)) 视图 [BLOCK_M, BLOCK_N]
+# （16 位数的 wgmma 允许 A 从共享内存转置读）。
+# v9 的第一版（v1）每个计算组各算自己 64 行 K 的那份 dQ、从寄存器原子加（red.global.add.v2）：L2 流量是这里的两倍、
+# 原子加的地址逼得 ptxas 溢出 ~830 字节，d = 128 时慢 1.6–1.8×（results/NOTES.md 的 v9、v11；代码在 git 18929f1）。
 # 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
-# worker_regs（最后一项）只是记账：_attn_bwd 的 gl.warp_specialize 调用里写死了同样的 [24] / [240, 24]（测试对照两处）
-BWD_FLAGS = {1: (64, 64, 1, 2, 4, 232, (24,)), 2: (64, 64, 2, 3, 4, 168, (240, 24))}
+# worker_regs（最后一项）只是记账：_attn_bwd 的 gl.warp_specialize 调用里写死了同样的 [240, 24]（测试对照两处）
+BWD_TILE = (64, 64, 2, 3, 4, 168, (240, 24))
 
 
-def bwd_tile_config(d, consumers=2):
+def bwd_tile_config(d):
     """
     反向的块：(BLOCK_M, BLOCK_N, CONSUMERS, STAGES, num_warps, maxnreg, worker_regs)。
-    BLOCK_N = 每个计算组拿的 K/V 行数（程序的 K/V 块 = CONSUMERS·BLOCK_N 行）；BLOCK_M = 每轮流过的 Q / dO 块的行数；
-    STAGES = Q / dO 环的格数。
-    寄存器账（每线程，128 线程的计算组）：dK、dV 累加器各 BLOCK_N·d/128 个 fp32（d = 128、BLOCK_N = 64：64 + 64），
-    Sᵀ、dPᵀ 各 BLOCK_N·BLOCK_M/128（32 + 32），Pᵀ、dSᵀ 的 16 位 A 操作数再各一半，dQ 块 BLOCK_M·d/128（64，
-    这时 Sᵀ、dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 dK + dV 就有 256 个：必溢出——所以用两个计算组各 64 行，
-    共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
-    共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ CONSUMERS·BLOCK_N·BLOCK_M·2（dSᵀ）。
-    每一组都用 triton 3.6 为 sm_90 编译、ptxas -v 看过溢出（见 CHANGELOG / 提交说明）。
+    BLOCK_N = 每个计算组拿的 K/V 行数（程序的 K/V 块 = CONSUMERS·BLOCK_N = 128 行）；BLOCK_M = 每轮流过的 Q / dO 块的
+    行数；STAGES = Q / dO 环的格数（d = 64 多一格）。
+    寄存器账（每线程，128 线程的计算组）：dK、dV 累加器各 BLOCK_N·d/128 个 fp32（d = 128：64 + 64），Sᵀ、dPᵀ 各
+    BLOCK_N·BLOCK_M/128（32 + 32），Pᵀ、dSᵀ 的 16 位 A 操作数再各一半，LSE、D 各 16（沿列广播），dQ 的一半
+    BLOCK_M·d/2/128（32，这时 Sᵀ、dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 dK + dV 就有 256 个：必溢出——所以两个
+    计算组各 64 行，共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
+    共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
+    奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）；d = 128 时 229 984 字节（上限 232 448）。
+    溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 192 / 352 字节，d = 64 没有
+    （results/gluon_bwd_ptxas.log）。
     """
-    if consumers not in BWD_FLAGS:
-        raise ValueError(f"bwd_tile_config：consumers 只能是 {' / '.join(map(str, BWD_FLAGS))}，收到 {consumers!r}")
-    block_m, block_n, cons, stages, warps, maxnreg, regs = BWD_FLAGS[consumers]
+    block_m, block_n, cons, stages, warps, maxnreg, regs = BWD_TILE
     if d == 64:
         stages = stages + 1                     # d = 64 的 Q / dO 块小一半：多一格
     return block_m, block_n, cons, stages, warps, maxnreg, regs
 
 
-# dQ 怎么加回全局（反向 v1 / v2，见 _bwd_consumer、_bwd_consumer_tma）：
-#   'red' = v1，每个计算组从寄存器发向量原子加；'tma' = v2（FA3），两组合算一份 dQ、经共享内存用 TMA 归约写回
-BWD_DQ_MODES = ("tma", "red")
-BWD_DQ = "tma"
-DQ_RED_V2 = True     # dQ 的原子加用向量 red.v2（False：gl.atomic_add，每元素一条；出错时对照用）
 PRE_BLOCK = 64        # 预处理一个程序的行数（[B·N·H] 里的行）
 
 
 if gl is not None:
     @gluon.jit
-    def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr,
-                        DQ_HEAD_MAJOR: gl.constexpr):
+    def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
         """
-        D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器清零（同一批行，一次扫过）：
-        DQ_HEAD_MAJOR 时累加器是 [B, H, DQ_PAD, d]（v2，每个头的行补齐到 BLOCK_M 的倍数，补出来的行不用清），
-        否则 [B, N, H, d]（v1）。o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
+        D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, H, DQ_PAD, d] 清零（同一批行，一次扫过；
+        每个头的行补齐到 BLOCK_M 的倍数，TMA 的块不跨头，补出来的行只会被加 0、也不会被读，不用清）。
+        o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
         """
         tpc: gl.constexpr = HEAD_DIM // 8                 # 一行几个线程（每个线程 8 个 16 位数 = 16 字节）
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // tpc, tpc], [4, 1], [1, 0])
@@ -741,15 +739,14 @@ if gl is not None:
         h = rows % H
         bn = rows // H                                                      # = b·N + n
         gl.store(DELTA + ((bn // N) * H + h).to(gl.int64) * N + bn % N, delta, mask=rows < ROWS)
-        if DQ_HEAD_MAJOR:
-            dq_rows = ((bn // N) * H + h).to(gl.int64) * DQ_PAD + bn % N
-            offs = gl.expand_dims(dq_rows * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        dq_rows = ((bn // N) * H + h).to(gl.int64) * DQ_PAD + bn % N
+        offs = gl.expand_dims(dq_rows * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
         gl.store(DQ_ACC + offs, gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=layout), mask=ok)
 
     @gluon.jit
     def _dq_convert(DQ_ACC, DQ, N, H, ROWS, DQ_PAD, scale, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
         """
-        v2 的收尾：dQ = scale · 累加器，fp32 [B, H, DQ_PAD, d] → 输入的 dtype [B, N, H, d]。两边每行的 d 个数都连续，
+        反向的收尾：dQ = scale · 累加器，fp32 [B, H, DQ_PAD, d] → 输入的 dtype [B, N, H, d]。两边每行的 d 个数都连续，
         只是行的顺序不同（头、位置对调）；按输出的行 r = (b·N + n)·H + h 排，每行整行读、整行写。
         （torch.mul 对转置视图做同样的事要 323 µs，cuDNN 自己的换 dtype 内核 111 µs：results/ncu/ 的 gluon-bwd。）
         """
@@ -789,19 +786,6 @@ if gl is not None:
         return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _red_add_v2(ptrs, x, mask):
-        """
-        x（fp32，wgmma 累加器布局）原子加到 ptrs。gl.atomic_add 在 3.6 里每个元素一条 atom.add.f32；Hopper 有向量的
-        red.global.add.v2.f32（sm_90 起）：累加器布局里每个线程的元素两两是同一行的相邻两列（地址连续、8 字节对齐），
-        pack=2 让内联汇编一次拿两个，用第一个的地址——指令数减半。结果不用（red 不返回值），输出是占位的 0。
-        """
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $4, 0; "
-            "@p red.relaxed.gpu.global.add.v2.f32 [$2], {$6, $7}; mov.b32 $0, 0; mov.b32 $1, 0; }",
-            "=r,=r,l,l,r,r,r,r", [ptrs.to(gl.int64, bitcast=True), mask.to(gl.int32), x], dtype=gl.int32,
-            is_pure=False, pack=2)
-
-    @gluon.jit
     def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready, empty,
                       q_row_start, q_col, kv_row, kv_col, n_total, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -818,105 +802,6 @@ if gl is not None:
             mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
             _load_kv(q_desc, do_desc, q_bufs, do_bufs, ready, t, t, q_row_start, q_col, True, BLOCK_M, STAGES)
 
-    # ========================================================================
-    # 计算组 me：拿 K/V 的第 k0 行起 BLOCK_N 行，走过 Q 块 start .. n_q − 1。环的位置 t = j − start0（start0 = 第 0 组的
-    # 第一个 Q 块）：causal 时第 1 组的第一个 Q 块更靠后，前面几格走"空轮"（等 ready、arrive empty），因为 empty 要
-    # 两组都 arrive 才完成——和前向 causal 的空轮同一个道理，只是这里空轮在开头。
-    # 一轮里 wgmma 的顺序（都异步发，按发出顺序完成，wait(n) = 最多还剩 n 个在飞）：
-    #   发 Sᵀ、dPᵀ → wait(1) 拿到 Sᵀ → 算 Pᵀ（exp2 和 dPᵀ 的矩阵乘重叠）→ 发 dV += Pᵀ dO → wait(1) 拿到 dPᵀ
-    #   → dSᵀ → 发 dK += dSᵀ Q → dSᵀ 写共享内存 → 发 dQ = dS K → wait(0) → arrive empty → 原子加 dQ
-    # ========================================================================
-    @gluon.jit
-    def _bwd_consumer(q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK, DV,
-                      qk_scale, scale, b, h, N, H, k0, start0, start, n_q,
-                      me: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_RED_V2: gl.constexpr = DQ_RED_V2):
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])  # Sᵀ、dPᵀ [BLOCK_N, BLOCK_M]
-        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HEAD_DIM, 16])    # dK、dV、dQ [*, d]
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-        DQ_CHUNK: gl.constexpr = 64 if HEAD_DIM > 64 else HEAD_DIM
-        # 一段 dQ [BLOCK_M, DQ_CHUNK] 的累加器布局
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, DQ_CHUNK, 16])
-        dtype: gl.constexpr = k_smem.dtype
-        k_t = k_smem.index(me)                                                # [BLOCK_N, d]
-        v_t = v_smem.index(me)
-        ds_buf = ds_smem.index(me)                                            # [BLOCK_N, BLOCK_M]，放 dSᵀ
-        for j in range(start0, start):                                       # 空轮：causal 时看不到这些 Q 块
-            t = j - start0
-            mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
-            mbarrier.arrive(empty.index(t % STAGES))
-
-        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
-        zero_q = gl.zeros([BLOCK_M, DQ_CHUNK], gl.float32, layout=dq_layout)
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-        lse_base = LSE + (b * H + h).to(gl.int64) * N                         # lse、D 都是 [B, H, N]
-        delta_base = DELTA + (b * H + h).to(gl.int64) * N
-        tail_k = k0 + BLOCK_N > N                                             # 这组的 K 行跨过序列末尾
-        mbarrier.wait(kv_bar.index(0), 0)
-        for j in range(start, n_q):
-            t = j - start0
-            slot = t % STAGES
-            m0 = j * BLOCK_M
-            # 这块 Q 行的 LSE、D：在等数据之前发出去（普通 load，延迟和等 TMA 重叠）；沿列广播
-            qs = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-            lse2 = gl.load(lse_base + qs, mask=qs < N, other=0.0) * 1.4426950408889634    # 自然对数 → 以 2 为底
-            d_i = gl.load(delta_base + qs, mask=qs < N, other=0.0)
-            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-            q_t = q_bufs.index(slot)                                          # [BLOCK_M, d]
-            do_t = do_bufs.index(slot)
-            s_tok = warpgroup_mma(k_t, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)     # Sᵀ = K Qᵀ
-            dp_tok = warpgroup_mma(v_t, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)   # dPᵀ = V dOᵀ
-            s_t = warpgroup_mma_wait(1, deps=[s_tok, k_t, q_t])[0]
-            p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
-            need_mask = tail_k | (m0 + BLOCK_M > N)
-            if CAUSAL:
-                need_mask = need_mask | (m0 < k0 + BLOCK_N)                  # 碰到对角线的块
-            if need_mask:
-                p_t = _mask_t(p_t, k0, m0, N, CAUSAL, BLOCK_N, BLOCK_M)
-            p_op = gl.convert_layout(p_t.to(dtype), a_layout)                 # Pᵀ 当 A 操作数，留在寄存器里
-            dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)             # dV += Pᵀ dO
-            # 等 dPᵀ 和 dV 都完：Pᵀ 的 16 位副本这就能扔（寄存器账：dK、dV 128 + Pᵀ、dPᵀ 64 + dSᵀ 16）
-            dp_t, dv = warpgroup_mma_wait(0, deps=[dp_tok, dv_tok, v_t, do_t, p_op])[:2]
-            ds_t = (p_t * (dp_t - gl.expand_dims(d_i, 0))).to(dtype)          # dSᵀ（没乘 scale：最后乘）
-            ds_op = gl.convert_layout(ds_t, a_layout)
-            dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)             # dK += dSᵀ Q
-            ds_buf.store(ds_t)
-            fence_async_shared()                                              # 普通写 → wgmma（异步代理）读
-            # dQ = dS K 分成 DQ_CHUNK 列一段（K 块的列切片当 B）：一段的累加器 BLOCK_M·DQ_CHUNK/128 个寄存器。
-            # 第 0 段和 dK 一起等；等完 Q、dO 这一格就放回，然后一段一段：发下一段、原子加上一段
-            dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_t.slice(0, DQ_CHUNK, dim=1), zero_q, use_acc=False,
-                                   is_async=True)
-            dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok, ds_op, q_t, ds_buf, k_t])[:2]
-            mbarrier.arrive(empty.index(slot))                                # Q、dO 这一格用完了
-            rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-            row_ptr = DQ + gl.expand_dims(((b * N + rows).to(gl.int64) * H + h) * HEAD_DIM, 1)
-            row_ok = gl.expand_dims(rows < N, 1)
-            for c in gl.static_range(HEAD_DIM // DQ_CHUNK):
-                if c + 1 < HEAD_DIM // DQ_CHUNK:
-                    next_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_t.slice((c + 1) * DQ_CHUNK, DQ_CHUNK, dim=1),
-                                             zero_q, use_acc=False, is_async=True)
-                cols = _opaque(c * DQ_CHUNK + gl.arange(0, DQ_CHUNK, layout=gl.SliceLayout(0, dq_layout)))
-                ptrs = row_ptr + gl.expand_dims(cols, 0)                      # dQ [B, N, H, d]，fp32
-                ok = row_ok & gl.expand_dims(cols < HEAD_DIM, 0)
-                if DQ_RED_V2:
-                    _red_add_v2(ptrs, dq, ok)
-                else:
-                    gl.atomic_add(ptrs, dq, mask=ok, sem="relaxed")
-                if c + 1 < HEAD_DIM // DQ_CHUNK:
-                    dq = warpgroup_mma_wait(0, deps=[next_tok, ds_buf, k_t])[0]
-
-        # 收尾：dK 乘 scale，dK、dV 写回（只写 < N 的行）；DK、DV 是 [B, N, H, d]（每个 query 头一份，GQA 在主机上求和）
-        rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offs = gl.expand_dims(((b * N + rows).to(gl.int64) * H + h) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
-        ok = gl.expand_dims(rows < N, 1)
-        gl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=ok)
-        gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
-
     @_builtin
     def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
         """
@@ -929,10 +814,10 @@ if gl is not None:
         _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
     # ========================================================================
-    # 反向 v2（FA3 的做法）：dQ 不再由每个计算组各自原子加。
+    # 计算组的一轮（FA3 的 dQ 做法）：
     #   两个计算组各拿程序 K/V 块的 64 行，dSᵀ 各写一半进共享内存；两半都到齐（ds_bar）后，每组算 dQ 的一半列：
     #   dQ[:, 列的一半] = dS₀ K₀[:, 一半] + dS₁ K₁[:, 一半]（K 方向 128 行，一次走完整个 K/V 块）。于是每个 Q 块、
-    #   每个 K/V 块只归约一次 [BLOCK_M, d] 的 fp32（原来两组各一次：L2 上的归约流量减半），而且不从寄存器发原子加：
+    #   每个 K/V 块只归约一次 [BLOCK_M, d] 的 fp32（v1 两组各一次：L2 上的归约流量是这里的两倍），不从寄存器发原子加：
     #   结果写进共享内存，由 TMA 的归约写回（cp.reduce.async.bulk.tensor … add.f32）加到全局的 fp32 累加器，
     #   计算组不等它完成（下一轮写同一块共享内存之前才 store_wait）。
     #   dSᵀ 的共享内存按轮的奇偶双份：第 t + 2 轮改写第 t 轮那份时，另一组一定已经做完第 t 轮的 dQ（它 arrive 第 t + 1
@@ -1040,7 +925,7 @@ if gl is not None:
     @gluon.jit
     def _attn_bwd(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, DQ, DK, DV, qk_scale, scale, N, H, GROUP, n_pad,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA: gl.constexpr):
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """
         程序 (i, b·H + h)：第 b 个序列、第 h 个 query 头，K/V 行 [i·CONSUMERS·BLOCK_N, +CONSUMERS·BLOCK_N)。
         一个头一个头地发：同时在跑的程序只落在几个头上，共用的 Q、dO、dQ 累加器留在 L2 里（先发所有头的第 i 块、
@@ -1055,25 +940,22 @@ if gl is not None:
         kv_col = (h // GROUP) * HEAD_DIM
         q_col = h * HEAD_DIM
         n_q = gl.cdiv(N, BLOCK_M)
-        # 每组第一个要算的 Q 块：causal 时从含第 k0 行的块开始（更早的块整块在对角线之上）；K 行全 ≥ N 的组不算
-        k1 = n0 + BLOCK_N
+        # 第一个要算的 Q 块：causal 时从含第 n0 行的块开始（更早的块整块在对角线之上）。两组从同一块走起（第 1 组
+        # 的第一块整块被掩掉，只多算一块），交换 dSᵀ 时步调一致
+        k1 = n0 + BLOCK_N                        # 第 1 组的 K/V 行
         start0 = 0
-        start1 = 0
         if CAUSAL:
             start0 = n0 // BLOCK_M
-            start1 = k1 // BLOCK_M
-        if k1 >= N:
-            start1 = n_q
-        n_total = n_q - start0                   # 生产者搬的 Q / dO 块数 = 第 0 组要的块数（第 1 组的是它的后缀）
+        n_total = n_q - start0                   # 生产者搬的 Q / dO 块数
 
         # 共享内存：K、V [CONSUMERS, BLOCK_N, d]（整个程序不动），Q、dO 环 [STAGES, BLOCK_M, d]，
-        #           dSᵀ [CONSUMERS, BLOCK_N, BLOCK_M]
+        #           dSᵀ [2·2, BLOCK_N, BLOCK_M]（奇偶两份 × 两组），dQ 的两个半块 [2, BLOCK_M, d/2]（fp32）
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if DQ_TMA else CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [4, BLOCK_N, BLOCK_M], ds_layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -1083,47 +965,27 @@ if gl is not None:
             mbarrier.init(empty.index(s), count=CONSUMERS)     # 一格 Q / dO 要所有计算组都用完才能重填
         fence_async_shared()
 
-        if DQ_TMA:                               # v2：DQ = fp32 累加器 [B·H·n_pad, d] 的 TMA 描述符，块 [BLOCK_M, d/2]
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], DQ.layout)
-            ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(2):
-                mbarrier.init(ds_bar.index(s), count=2)
-            fence_async_shared()
-            gl.warp_specialize([
-                (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
-                                     DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, n0, start0, n_q,
-                                     gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-                (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
-                                     DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k1,
-                                     gl.to_tensor(start0), n_q, gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                                     CAUSAL)),
-                (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
-                                 empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
-                                 STAGES, CONSUMERS)),
-            ], [4, 1], [240, 24])
-        else:                                    # v1（v9 测的那版）：每个计算组自己把 dQ 原子加回全局（red.v2）
-            io = (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA, DQ, DK, DV, qk_scale,
-                  scale, b, h, N, H)
-            if CONSUMERS == 1:
-                gl.warp_specialize([
-                    (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N,
-                                          STAGES, CAUSAL)),
-                    (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar,
-                                     ready, empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total,
-                                     BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
-                ], [1], [24])
-            else:                                # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）
-                # worker 的参数写成字面的元组：拼接（io + ...）会把 constexpr 拆成普通 int，worker 就不认了
-                gl.warp_specialize([
-                    (_bwd_consumer, io + (n0, start0, start0, n_q, gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N,
-                                          STAGES, CAUSAL)),
-                    (_bwd_consumer, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, kv_bar, ready, empty, LSE, DELTA,
-                                     DQ, DK, DV, qk_scale, scale, b, h, N, H, k1, start0, start1, n_q,
-                                     gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-                    (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar,
-                                     ready, empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total,
-                                     BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
-                ], [4, 1], [240, 24])
+        # DQ = fp32 累加器 [B·H·n_pad, d] 的 TMA 描述符，块 [BLOCK_M, d/2]（一个计算组归约的那一半）
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], DQ.layout)
+        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(2):
+            mbarrier.init(ds_bar.index(s), count=2)
+        fence_async_shared()
+        # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）。worker 的参数写成字面的元组：
+        # 拼接（io + ...）会把 constexpr 拆成普通 int、把描述符拆散，worker 就不认了；start0 也要是张量
+        gl.warp_specialize([
+            (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
+                                 DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, n0, start0, n_q,
+                                 gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
+                                 DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k1,
+                                 gl.to_tensor(start0), n_q, gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                 CAUSAL)),
+            (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
+                             empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
+                             STAGES, CONSUMERS)),
+        ], [4, 1], [240, 24])
+
 
 def _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale):
     """attention_backward 的参数检查（先于设备检查，CPU 上也能测）。返回 scale。"""
@@ -1144,40 +1006,33 @@ def _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale):
     return scale
 
 
-def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None, dq_mode=None):
+def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
     """
     注意力的反向：q [B, N, H, d]、k、v [B, N, Hk, d]、前向的 out [B, N, H, d] 和 lse [B, H, N]（自然对数），
     上游梯度 do [B, N, H, d] → (dq, dk, dv)，形状、dtype 和 q、k、v 相同。causal、softmax_scale 必须和前向一样。
     GQA（Hk < H）：内核给每个 query 头写一份 fp32 的 dK、dV，主机上按组求和。
-    dq_mode：'tma'（v2，默认 BWD_DQ）/ 'red'（v1），dQ 怎么加回全局，见 BWD_DQ_MODES。
     """
     scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
-    dq_mode = check_choice("dq_mode", dq_mode or BWD_DQ, BWD_DQ_MODES, where="attention_backward")
     _check_device(q, k, v)
     for name, t in (("out", out), ("lse", lse), ("do", do)):
         if not t.is_cuda or t.device != q.device:
             raise RuntimeError(f"attention_backward：{name} 必须在和 q 同一块 CUDA GPU 上，收到 {t.device}")
-    return _launch_bwd(q, k, v, out, lse, do, causal, scale, dq_mode=dq_mode)
+    return _launch_bwd(q, k, v, out, lse, do, causal, scale)
 
 
-def _launch_bwd(q, k, v, out, lse, do, causal, scale, consumers=2, dq_mode=None):
+def _launch_bwd(q, k, v, out, lse, do, causal, scale):
     """检查过的输入 → 预处理（D、清零 dQ 累加器）→ 主内核 → dQ 乘 scale 换 dtype（GQA：dK、dV 按组求和）。"""
     batch, n, hq, d = q.shape
     hk = k.shape[2]
     group = hq // hk
-    dq_mode = check_choice("dq_mode", dq_mode or BWD_DQ, BWD_DQ_MODES, where="attention_backward")
-    tma_dq = dq_mode == "tma"
-    if tma_dq:
-        consumers = 2                                                      # v2 的 dSᵀ 交换是为两个计算组写的
     q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
-    block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d, consumers)
-    n_pad = triton.cdiv(n, block_m) * block_m
+    block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d)
+    n_pad = triton.cdiv(n, block_m) * block_m                                 # 每个头的行补齐到 BLOCK_M 的倍数
     delta = torch.empty((batch, hq, n), device=q.device, dtype=torch.float32)          # D [B, H, N]
-    acc_shape = (batch, hq, n_pad, d) if tma_dq else (batch, n, hq, d)
-    dq_acc = torch.empty(acc_shape, device=q.device, dtype=torch.float32)              # 预处理内核清零
+    dq_acc = torch.empty((batch, hq, n_pad, d), device=q.device, dtype=torch.float32)  # 预处理内核清零
     rows = batch * n * hq
     _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, delta, dq_acc, n, hq, rows, n_pad, HEAD_DIM=d,
-                                                     BLOCK=PRE_BLOCK, DQ_HEAD_MAJOR=tma_dq, num_warps=4)
+                                                     BLOCK=PRE_BLOCK, num_warps=4)
     # GQA：每个 query 头一份 fp32 的 dK、dV [B, N, H, d]，之后按组求和；否则直接写输入的 dtype
     acc_dtype = q.dtype if group == 1 else torch.float32
     dk = torch.empty((batch, n, hq, d), device=q.device, dtype=acc_dtype)
@@ -1186,18 +1041,14 @@ def _launch_bwd(q, k, v, out, lse, do, causal, scale, consumers=2, dq_mode=None)
     do_desc = _desc(do.view(batch * n, hq * d), (block_m, d))
     k_desc = _desc(k.view(batch * n, hk * d), (block_n, d))                  # [B·N, Hk·d]，块 [BLOCK_N, d]
     v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
-    # v2：dQ 累加器 [B·H·n_pad, d] 的 TMA 描述符，块 = 一个计算组归约的那一半 [BLOCK_M, d/2]
-    dq_arg = _desc(dq_acc.view(batch * hq * n_pad, d), (block_m, d // 2)) if tma_dq else dq_acc
+    dq_desc = _desc(dq_acc.view(batch * hq * n_pad, d), (block_m, d // 2))  # 块 = 一个计算组归约的那一半
     grid = (triton.cdiv(n, cons * block_n), batch * hq)
-    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, lse, delta, dq_arg, dk, dv, scale * LOG2E, scale, n, hq, group,
+    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, lse, delta, dq_desc, dk, dv, scale * LOG2E, scale, n, hq, group,
                     n_pad, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CONSUMERS=cons, STAGES=stages, CAUSAL=causal,
-                    DQ_TMA=tma_dq, num_warps=num_warps, maxnreg=maxnreg)
-    dq = torch.empty_like(q)
-    if tma_dq:                                                                # [B, H, n_pad, d] → [B, N, H, d]
-        _dq_convert[(triton.cdiv(rows, PRE_BLOCK),)](dq_acc, dq, n, hq, rows, n_pad, scale, HEAD_DIM=d,
-                                                     BLOCK=PRE_BLOCK, num_warps=4)
-    else:
-        torch.mul(dq_acc, scale, out=dq)                                      # dQ = scale·dS K，一次读写换 dtype
+                    num_warps=num_warps, maxnreg=maxnreg)
+    dq = torch.empty_like(q)                                                  # [B, H, n_pad, d] → [B, N, H, d]
+    _dq_convert[(triton.cdiv(rows, PRE_BLOCK),)](dq_acc, dq, n, hq, rows, n_pad, scale, HEAD_DIM=d, BLOCK=PRE_BLOCK,
+                                                 num_warps=4)
     if group > 1:                                                             # [B, N, Hk, GROUP, d] → 组内求和
         dk = dk.view(batch, n, hk, group, d).sum(3).to(q.dtype)
         dv = dv.view(batch, n, hk, group, d).sum(3).to(q.dtype)
@@ -1209,18 +1060,18 @@ if torch is not None:
         """attention 的 autograd：前向 = _launch（带 LSE），反向 = _launch_bwd。lse 不可求导。"""
 
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, variant, dq_mode=None):
+        def forward(ctx, q, k, v, causal, scale, variant):
             out, lse = _launch(q, k, v, causal, scale, variant, True)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.causal, ctx.scale, ctx.dq_mode = causal, scale, dq_mode
+            ctx.causal, ctx.scale = causal, scale
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, do, _dlse):
             q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = _launch_bwd(q, k, v, out, lse, do, ctx.causal, ctx.scale, dq_mode=ctx.dq_mode)
-            return dq, dk, dv, None, None, None, None
+            dq, dk, dv = _launch_bwd(q, k, v, out, lse, do, ctx.causal, ctx.scale)
+            return dq, dk, dv, None, None, None
 
 
 # ============================================================================
@@ -1276,10 +1127,10 @@ def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
     return rows
 
 
-def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES, dq_modes=BWD_DQ_MODES):
+def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
     """
-    反向（前向用 BEST），每种 dq_mode 各一遍：dq、dk、dv 和 float64 参考比，判据和前向相同
-    （≤ 2 × PyTorch 低精度的误差 + 1e-6）。field 记成 "dq"（默认的 BWD_DQ）或 "dq:red"（另一种）。
+    反向（前向用 BEST，经 attention() 的 autograd）：dq、dk、dv 和 float64 参考比，判据和前向相同
+    （≤ 2 × PyTorch 低精度的误差 + 1e-6）。
     输入、参考、误差函数都用 triton_flash 的（make_case、run_reference、field_errors）：参考 = 同样的输入在 float64 /
     低精度里走一遍 autograd。返回行 (dtype, case, field, ours, torch, ok, err)。
     """
@@ -1293,32 +1144,25 @@ def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES, dq_modes=BWD_DQ_MOD
             case = tf.make_case(name, batch, n, n, hq, hk, d, dtype, "cuda", gen, causal=causal)
             ref = tf.run_reference(case)                                                    # float64
             torch_errs = tf.field_errors(tf.run_reference(case, dtype=dtype), ref)          # torch 低精度
-            for mode in dq_modes:
-                _check_bwd_mode(tf, rows, dtype, name, case, causal, ref, torch_errs, mode)
+            q, k, v = (case[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v"))
+            try:
+                attention(q, k, v, causal=causal).backward(case["do"])
+                grads = dict(zip(("dq", "dk", "dv"), (q.grad.double(), k.grad.double(), v.grad.double())))
+                err = ""
+            except Exception as exc:
+                grads, err = None, _short(exc)
+            for f, r in zip(("dq", "dk", "dv"), ref[2:]):
+                e = float("inf") if grads is None else tf._rel_err(grads[f], r)
+                ok, t = tf.within_torch_bound(f, e, torch_errs)
+                if grads is not None and float(r.norm()) == 0.0:
+                    # 梯度恰好是 0（N = 1：只有一个 key，dS = P∘(dP − D) ≡ 0）：相对误差没有意义。我们的 D 按
+                    # FlashAttention 的恒等式 rowsum(dO∘O) 算，和 dP 差一点舍入，dq、dk 是很小的非零数；
+                    # 改成和同一用例的 dV 比大小（‖ours‖ / ‖dV‖ ≤ 1e-4）
+                    e, t = _zero_grad_err(grads[f], ref[4]), 0.0
+                    ok = e <= ZERO_GRAD_TOL
+                rows.append((str(dtype).replace("torch.", ""), name, f, e, t, ok, err))
     return rows
 
-
-def _check_bwd_mode(tf, rows, dtype, name, case, causal, ref, torch_errs, mode):
-    """check_gpu_bwd 的一个用例、一种 dq_mode：前向经 autograd，反向用 mode。"""
-    q, k, v = (case[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v"))
-    try:
-        variant, scale = _check_args(q, k, v, causal, None, "best", True)
-        _AttentionFn.apply(q, k, v, causal, scale, variant, mode)[0].backward(case["do"])
-        grads = dict(zip(("dq", "dk", "dv"), (q.grad.double(), k.grad.double(), v.grad.double())))
-        err = ""
-    except Exception as exc:
-        grads, err = None, _short(exc)
-    suffix = "" if mode == BWD_DQ else f":{mode}"
-    for f, r in zip(("dq", "dk", "dv"), ref[2:]):
-        e = float("inf") if grads is None else tf._rel_err(grads[f], r)
-        ok, t = tf.within_torch_bound(f, e, torch_errs)
-        if grads is not None and float(r.norm()) == 0.0:
-            # 梯度恰好是 0（N = 1：只有一个 key，dS = P∘(dP − D) ≡ 0）：相对误差没有意义。我们的 D 按
-            # FlashAttention 的恒等式 rowsum(dO∘O) 算，和 dP 差一点舍入，dq、dk 是很小的非零数；
-            # 改成和同一用例的 dV 比大小（‖ours‖ / ‖dV‖ ≤ 1e-4）
-            e, t = _zero_grad_err(grads[f], ref[4]), 0.0
-            ok = e <= ZERO_GRAD_TOL
-        rows.append((str(dtype).replace("torch.", ""), name, f + suffix, e, t, ok, err))
 
 ZERO_GRAD_TOL = 1e-4
 
@@ -1425,7 +1269,7 @@ def bench(out_dir):
     print(f"写好 {path}（{info['seconds']} s）")
 
 
-BWD_COLS = ("gluon-bwd", "gluon-bwd:red", "triton_flash", "sdpa:cudnn", "sdpa:flash")
+BWD_COLS = ("gluon-bwd", "triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
 def bench_bwd(tf, quick_launch):
@@ -1434,11 +1278,7 @@ def bench_bwd(tf, quick_launch):
     grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 tf.flops 的 mode="bwd"（2.5 × 前向 FLOP）。
     """
     from triton.testing import do_bench
-    def gluon_red(q, k, v, c):                      # 反向 v1（dQ 从寄存器原子加），对照用
-        variant, scale = _check_args(q, k, v, c, None, "best", True)
-        return _AttentionFn.apply(q, k, v, c, scale, variant, "red")[0]
-
-    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c), "gluon-bwd:red": gluon_red,
+    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c),
             "triton_flash": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch),
             "sdpa:cudnn": tf.sdpa_fn("sdpa-cudnn"), "sdpa:flash": tf.sdpa_fn("sdpa-flash")}
     rows = []
