@@ -768,7 +768,7 @@ if gl is not None:
         p_t = Pᵀ [BLOCK_N, BLOCK_M]（行 = key，列 = query）：key ≥ N、query ≥ N、（causal）key > query → 0。
         key ≥ N 的行是下一个序列的 K（或 TMA 补的 0）：不掩掉的话会经 dS K 加进 dQ。只在边上的块调用。
         """
-        # _opaque：下标和循环无关，不挡住的话 LLVM 把它们提到循环外一直占着寄存器（d = 128 causal 时多溢出 ~230 字节）
+        # _opaque：下标和循环无关，不挡住的话 LLVM 把它们提到循环外一直占着寄存器（d = 128 causal 时多溢出 76 字节）
         keys = k0 + _opaque(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, p_t.type.layout)))
         qs = m0 + _opaque(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, p_t.type.layout)))
         ok = gl.expand_dims(keys < N, 1) & gl.expand_dims(qs < N, 0)
@@ -779,9 +779,9 @@ if gl is not None:
     @gluon.jit
     def _opaque(x):
         """
-        x 原样返回，但编译器看不穿（有副作用的内联汇编不能提到循环外）。用途：dQ 的列下标和循环无关，LLVM 会把
-        "行指针 + 列"里和列有关的 64 位偏移全部提到循环外、一直占着寄存器（d = 128 时 64 对），逼得 ptxas 溢出；
-        放在循环里现算只要几条整数指令。
+        x 原样返回，但编译器看不穿（有副作用的内联汇编不能提到循环外）。用途：和循环无关的下标（_mask_t 的 key、
+        query 下标），LLVM 会把它们提到循环外、一直占着寄存器，逼得 ptxas 溢出；放在循环里现算只要几条整数指令。
+        （v1 用它挡原子加的列下标：那里 64 对 64 位偏移被提到循环外。）
         """
         return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
