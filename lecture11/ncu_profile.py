@@ -21,11 +21,16 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
                                                         （没有 GPU 也行）
   python3 lecture11/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
                                                         再打印 DIR 的对照表；有目标 ncu 失败时退出码 1
+  python3 lecture11/ncu_profile.py --measure --causal --out DIR
+                                                        同样的形状但 causal（和不 causal 的比停顿：NOTES v11 里
+                                                        gluon 的 causal 反向比按块数算的慢 ~25%）；形状记在
+                                                        DIR/ncu_shape.json，之后读这个目录时按它打印
   python3 lecture11/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
 """
 import argparse
 import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -42,6 +47,7 @@ SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ncu")
 TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "gluon-bwd", "cudnn-bwd")
 SHAPE = dict(B=fl.BENCH_TOKENS // 4096, N=4096, H=fl.BENCH_HIDDEN // 128, d=128, causal=False)   # 06 的 N = 4k、d = 128
+SHAPE_FILE = "ncu_shape.json"     # --measure 写在 CSV 旁边；没有它的目录（已提交的 results/ncu/）= SHAPE 的默认值
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
             "SchedulerStats")
 
@@ -95,12 +101,15 @@ def measure(out_dir, targets=TARGETS):
         print("SKIP: 没有 ncu（Nsight Compute）")
         return SKIP
     os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, SHAPE_FILE), "w") as fh:      # 这个目录的 CSV 量的是哪个形状
+        json.dump(SHAPE, fh)
     failed = []
     for name in targets:
         cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-summary", "none"]
         for s in SECTIONS:
             cmd += ["--section", s]
-        cmd += [sys.executable, os.path.abspath(__file__), "--target", name]
+        causal = ["--causal"] if SHAPE["causal"] else []
+        cmd += [sys.executable, os.path.abspath(__file__)] + causal + ["--target", name]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired as exc:          # 一个目标卡住：记下，其余照量，表照样打印
@@ -125,6 +134,18 @@ def measure(out_dir, targets=TARGETS):
 # =============================================================================
 # 读 CSV、打印（没有 GPU 也行）
 # =============================================================================
+def measured_shape(res_dir):
+    """res_dir 的 CSV 量的是哪个形状：有 ncu_shape.json 就按它，否则是默认的 SHAPE（不 causal）。"""
+    path = os.path.join(res_dir, SHAPE_FILE)
+    if not os.path.isfile(path):
+        return dict(SHAPE, causal=False)
+    with open(path) as fh:
+        shape = json.load(fh)
+    if set(shape) != set(SHAPE):
+        raise ValueError(f"{path} 的键应是 {sorted(SHAPE)}，收到 {sorted(shape)}")
+    return shape
+
+
 def read_csv(path):
     """ncu --page raw --csv 的输出 → [{列名: 值}]（每个内核一行）。前面的 ==PROF== 行、第二行的单位跳过。"""
     with open(path) as fh:
@@ -218,8 +239,9 @@ def report(res_dir=RESULTS):
     if not found:
         print(f"SKIP: 还没有 {os.path.relpath(res_dir, os.path.join(HERE, '..'))}/ncu_*.csv（先在 GPU 上 --measure）")
         return SKIP
-    print(f"形状：bf16，B = {SHAPE['B']}，N = {SHAPE['N']}，H = {SHAPE['H']}，d = {SHAPE['d']}，"
-          f"causal = {SHAPE['causal']}；每个目标一次调用里的每个内核")
+    shape = measured_shape(res_dir)
+    print(f"形状：bf16，B = {shape['B']}，N = {shape['N']}，H = {shape['H']}，d = {shape['d']}，"
+          f"causal = {shape['causal']}；每个目标一次调用里的每个内核")
     print(format_table(headers, rows))
     tot = totals(res_dir)
     table = []
@@ -237,7 +259,9 @@ def main(argv=None):
     ap.add_argument("--out", default=RESULTS, help="--measure 写 CSV 的目录；不 --measure 时读哪个目录的 CSV")
     ap.add_argument("--target", choices=TARGETS, help="（内部用）ncu 里面跑的那一段")
     ap.add_argument("--only", nargs="+", choices=TARGETS, default=TARGETS, help="--measure 只量这几个目标")
+    ap.add_argument("--causal", action="store_true", help="量 causal 的同一个形状（--out 请换一个目录）")
     args = ap.parse_args(argv)
+    SHAPE["causal"] = args.causal
     if args.target:
         run_target(args.target)
         return 0

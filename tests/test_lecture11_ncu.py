@@ -105,3 +105,28 @@ def test_measure_returns_1_when_ncu_fails(tmp_path, monkeypatch, capsys):
     assert ncu.measure(str(tmp_path), ("ours-fwd", "gluon-fwd")) == 1         # 超时：不崩，退出码 1
     assert "gluon-fwd" in capsys.readouterr().out.splitlines()[-1]
     assert ncu.measure(str(tmp_path), ("ours-fwd",)) == 0                     # 全部成功：0
+
+
+def test_causal_measure_is_forwarded_and_labelled(tmp_path, monkeypatch, capsys):
+    """--causal：传给 ncu 里面跑的那一段（在 --target 之前），形状记进 ncu_shape.json，读这个目录时按它打印；
+    已提交的目录没有这个文件，按默认（不 causal）打印。"""
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/fake/ncu")
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        with open(os.path.join(ncu.RESULTS, f"ncu_{cmd[-1]}.csv")) as fh:
+            return types.SimpleNamespace(returncode=0, stdout=fh.read(), stderr="")
+    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
+    monkeypatch.setitem(ncu.SHAPE, "causal", False)
+    out_dir = str(tmp_path / "causal")
+    assert ncu.main(["--measure", "--causal", "--only", "ours-fwd", "--out", out_dir]) == 0
+    assert seen[-1][-3:] == ["--causal", "--target", "ours-fwd"]
+    assert ncu.measured_shape(out_dir)["causal"] is True
+    assert "causal = True" in capsys.readouterr().out
+    assert ncu.main(["--out", ncu.RESULTS]) == 0                              # 已提交的：不 causal
+    assert "causal = False" in capsys.readouterr().out
+    with open(os.path.join(out_dir, ncu.SHAPE_FILE), "w") as fh:              # 坏的形状文件：报错，不乱标
+        fh.write('{"B": 1}')
+    with pytest.raises(ValueError, match="ncu_shape.json"):
+        ncu.measured_shape(out_dir)
