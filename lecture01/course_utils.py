@@ -156,17 +156,23 @@ def pyplot():
     return plt
 
 
-def merge_identical(series):
+def merge_identical(series, atol=0.0):
     """
-    [(标签, xs, ys)] → 同样的列表，但 (xs, ys) 完全相同的几条合成一条、标签写成 "A = B"（保持第一次出现的顺序）。
+    [(标签, xs, ys)] → 同样的列表，但 xs 相同、ys 逐点相差 ≤ atol 的几条合成一条（用第一条的 ys）、标签写成 "A = B"
+    （保持第一次出现的顺序）。atol = 0：完全相同才合并。
 
-    为什么：两条曲线一模一样时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
+    为什么：两条曲线重合时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
     """
-    merged = {}
+    merged = []                                   # [(标签列表, xs, ys)]
     for label, xs, ys in series:
-        key = (tuple(float(v) for v in xs), tuple(float(v) for v in ys))
-        merged.setdefault(key, []).append(label)
-    return [(" = ".join(labels), list(k[0]), list(k[1])) for k, labels in merged.items()]
+        xs, ys = [float(v) for v in xs], [float(v) for v in ys]
+        for labels, mx, my in merged:
+            if mx == xs and all(abs(a - b) <= atol for a, b in zip(my, ys)):
+                labels.append(label)
+                break
+        else:
+            merged.append(([label], xs, ys))
+    return [(" = ".join(labels), xs, ys) for labels, xs, ys in merged]
 
 
 def small_texts(fig, min_pt=MIN_FONT_PT):
@@ -644,6 +650,9 @@ def _selftest():
                     (lambda: check_array("s", [math.inf], allow_neginf=True), ValueError, "−∞")])
     got = merge_identical([("a", [1, 2], [3, 4]), ("b", [1, 2], [5, 6]), ("c", [1, 2], [3, 4])])
     assert [g[0] for g in got] == ["a = c", "b"], got
+    near = [("a", [1, 2], [3, 4]), ("b", [1, 2], [3.4, 4]), ("c", [1, 3], [3, 4])]      # c 的 x 不同：不合并
+    assert [g[0] for g in merge_identical(near)] == ["a", "b", "c"]
+    assert [(g[0], g[2]) for g in merge_identical(near, atol=0.5)] == [("a = b", [3.0, 4.0]), ("c", [3.0, 4.0])]
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "07_demo.py")
         assert figure_path(script, "c", quick=True) == os.path.join(tmp, "figures", "quick", "07_demo_c.png")

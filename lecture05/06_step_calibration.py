@@ -11,8 +11,8 @@
   4. 每个模型、每种步和执行方式：实测比 roofline（拟合的 mfu、mbu，不含开销）多出的时间，除以每步的内核数——
      每个内核的开销差不多是常数，所以开销按层数（内核数）算；
   5. 第 11 讲时间线模型的那一步（1B、批 1、上下文 160）：eager 与 CUDA graph 差多少；
-  6. 图：lecture05/results/step_calibration.png（模型 vs 实测，对数坐标，拟合前后，模型 / 实测在 [1/1.25, 1.25]
-     的带；--quick 的小图进 figures/quick/）。
+  6. 图：lecture05/figures/06_step_calibration_fit.png（模型 vs 实测，对数坐标，拟合前后，模型 / 实测在
+     [1/1.25, 1.25] 的带；--quick 的小图进 figures/quick/；--replot 才重画已提交的 results/step_calibration.png）。
 
 在 H200 上重新测（约 1–2 分钟）：python3 lecture05/step_bench.py --measure
 只读结果、拟合、画图（没有 GPU 也行）：python3 lecture05/06_step_calibration.py [--quick] [--results PATH]
@@ -37,7 +37,10 @@ def shape_text(p):
     return f"{p['n_prompts']}×{p['prompt_len']}" if p["kind"] == "prefill" else f"B {p['batch']} × ctx {p['context']}"
 
 
-PROFILED = {kind: shape_text(p) for kind, p in sb.PROFILE_POINTS.items()}   # profiler 数内核的两个形状
+def profiled(meta, kind):
+    """profiler 数内核时用的形状：结果里记着的（"shape"），没有记的旧 JSON 用 step_bench.PROFILE_POINTS。"""
+    shapes = [k.get(kind, {}).get("shape") for k in meta.get("kernels", {}).values()]
+    return shape_text(next((p for p in shapes if p), sb.PROFILE_POINTS[kind]))
 
 
 def print_meta(res):
@@ -47,8 +50,8 @@ def print_meta(res):
     for name, k in m.get("kernels", {}).items():
         pre, dec = k.get("prefill", {}), k.get("decode", {})
         attn = sorted(set(pre.get("attention_kernels", []) + dec.get("attention_kernels", [])))
-        print(f"  {name}：一次 prefill（{PROFILED['prefill']}）启动 {pre.get('n_kernels', '?')} 个 GPU 内核，"
-              f"一次 eager decode（{PROFILED['decode']}）{dec.get('n_kernels', '?')} 个；"
+        print(f"  {name}：一次 prefill（{profiled(m, 'prefill')}）启动 {pre.get('n_kernels', '?')} 个 GPU 内核，"
+              f"一次 eager decode（{profiled(m, 'decode')}）{dec.get('n_kernels', '?')} 个；"
               f"注意力 / softmax 内核：{attn[:3]}")
     bad = [p for p in res["points"] if p.get("status") != "ok"]
     for p in bad:
@@ -83,7 +86,7 @@ def print_fit(fit, before, after, configs, loss_before):
         rows.append([key, "-（按步给）", _param_text(key, fit[key])])
         for name, cfg in configs.items():
             rows.append([f"  → {name}（{cfg.n_layers} 层）每步",
-                         _param_text("overhead", sb.default_overhead(d, mode, cfg)),
+                         _param_text("overhead", sb.step_overhead(d, mode, cfg)),
                          _param_text("overhead", sb.step_overhead(fit, mode, cfg))])
     print(format_table(["参数", "默认假设", "H200 拟合"], rows))
     eb, ea = sb.error_summary(before), sb.error_summary(after)
@@ -113,7 +116,8 @@ def print_per_kernel(after, meta):
                      f"{med / n_k * 1e6:.2f}" if n_k else "-"])
     print("\n=== 实测比 roofline（拟合的 mfu、mbu）多出的时间：每步和每个内核 ===")
     print(format_table(["模型", "步", "执行", "点数", "实测 − roofline 中位 ms", "每步内核", "每个内核 µs"], rows))
-    print(f"  内核数是 torch.profiler 数的一次 prefill（{PROFILED['prefill']}）/ eager decode（{PROFILED['decode']}）；"
+    print(f"  内核数是 torch.profiler 数的一次 prefill（{profiled(meta, 'prefill')}）/ eager decode"
+          f"（{profiled(meta, 'decode')}）；"
           "graph 重放的是同样的内核。\n  多出的时间里也有 roofline 没算到的东西（小批的 GEMV、注意力的效率），"
           "所以只看量级和两个模型之比。")
 
@@ -168,7 +172,9 @@ def check_constants(fit, meta, results_path):
     print("\nserving_sim.H200_MEASURED 与这次拟合一致（相对 1e-4 内；常数写 5 位有效数字）。")
 
 
-def plot(before, after, meta, quick):
+def plot(before, after, meta, quick, replot=False):
+    """图默认存进 lecture05/figures/（--quick：figures/quick/）；
+    只有 replot 才重画已提交的 results/step_calibration.png。"""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.8), sharex=True, sharey=True)
     markers = {("prefill", "eager"): ("o", "prefill (eager)"), ("decode", "eager"): ("^", "decode, eager"),
@@ -202,7 +208,8 @@ def plot(before, after, meta, quick):
                fontsize=12)                                                         # 图下面（一列一种步）：不挡点
     fig.suptitle(f"StepModel vs measured engine steps "
                  f"({meta.get('gpu')}, torch {meta.get('torch')}, {meta.get('date')})")
-    path = save_figure(fig, __file__, "fit", quick=quick, path=os.path.join(HERE, "results", "step_calibration.png"))
+    path = save_figure(fig, __file__, "fit", quick=quick,
+                       path=os.path.join(HERE, "results", "step_calibration.png") if replot else None)
     print(f"\n图：{path}")
 
 
@@ -210,6 +217,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--results", default=sb.RESULTS, help="测量 JSON（step_bench.py --measure 写的）")
     ap.add_argument("--quick", action="store_true", help="同完整版：只读已提交的结果；图进 figures/quick/")
+    ap.add_argument("--replot", action="store_true", help="图写进 results/step_calibration.png（重测之后用）")
     args = ap.parse_args()
     loaded = sb.load_results(args.results)
     if loaded is None:
@@ -218,12 +226,12 @@ def main():
         sys.exit(SKIP)
     res, configs = loaded
     print_meta(res)
-    before = sb.compare_points(res["points"], configs, sb.DEFAULT_PARAMS, overhead=sb.default_overhead)
+    before = sb.compare_points(res["points"], configs, sb.DEFAULT_PARAMS)
     fit = sb.fit_step_params(res["points"], configs)
     after = sb.compare_points(res["points"], configs, fit)
     print("\n=== 逐点：实测 vs StepModel（默认假设 / 拟合后）===")
     table(before, after)
-    loss_before = sb.fit_loss(res["points"], configs, sb.DEFAULT_PARAMS, overhead=sb.default_overhead)
+    loss_before = sb.fit_loss(res["points"], configs, sb.DEFAULT_PARAMS)
     ea = print_fit(fit, before, after, configs, loss_before)
     print_groups(after)
     print_per_kernel(after, res["meta"])
@@ -236,7 +244,7 @@ def main():
     assert nudged.min() >= fit["loss"], (fit["loss"], nudged.min())
     assert 0 < fit["mfu"] <= 1 and 0 < fit["mbu"] <= 1 and fit["overhead_eager_per_layer"] >= 0
     check_constants(fit, res["meta"], args.results)
-    plot(before, after, res["meta"], args.quick)
+    plot(before, after, res["meta"], args.quick, args.replot)
 
 
 if __name__ == "__main__":

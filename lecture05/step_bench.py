@@ -14,7 +14,7 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
     测量    plan_points（网格）、measure（CUDA 事件计时；放不下的点记 skipped 和原因）、
             profile_kernels（PROFILE_POINTS 两个形状每步几个内核）
     拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、predict（一步的公式，向量化）、log_loss、
-            step_overhead / default_overhead（参数 → 这一点的每步开销：拟合的按层、默认假设按步）、
+            step_overhead（参数 → 这一点的每步开销：拟合的按层、默认假设按步）、
             fit_step_params（平方对数比：对数网格穷举 + 坐标搜索）、fit_loss（任意参数下的平方对数比之和）、
             nudged_losses（随机方向挪一点：局部最小的检查）、
             compare_points（逐点：模型 / 实测 / 比值 / 测量顺序）、group_rows（按模型、步、执行方式分组）、
@@ -29,8 +29,8 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
     和 StepModel 对照：prefill ↔ prefill_time([T] × n)，decode ↔ decode_time(B, B·(context + 1))，芯片 hw_specs.H200。
     参数字典：{"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer"}（FIT_KEYS：拟合的结果，每层秒数，
     step_overhead 给 StepModel 的 overhead = 每层 × n_layers）。默认假设不是这个形式（每步 1 ms，不分层数、不分
-    mode）：DEFAULT_PARAMS = {"mfu", "mbu", "overhead_per_step"}，和 overhead=default_overhead 一起传给
-    compare_points / fit_loss / synthetic_points（它们的 overhead 参数默认是 step_overhead）。
+    mode）：DEFAULT_PARAMS = {"mfu", "mbu", "overhead_per_step"}；step_overhead 两种都认，compare_points / fit_loss /
+    synthetic_points 都经它拿开销。
     measure 按 plan_points 的顺序测（同一形状的 eager、graph 一组，eager 先）：JSON 里点的顺序就是测量的先后。
     时间：秒；显存：字节。
 
@@ -85,9 +85,10 @@ TIME_BUDGET_S = 210.0       # 测量的时间预算（秒）：超出后剩下�
 WORKSPACE_BYTES = 1 << 30   # 每个点在 KV 和激活之外留的显存（cuBLAS 工作区、分配器碎片）
 RESULTS = os.path.join(HERE, "results", "step_measure.json")
 FIT_KEYS = ("mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer")   # 拟合的参数（开销：每层秒数）
-# 默认假设（StepModel 的 mfu 0.6、mbu 0.8、每步 1 ms）：开销按步给，不分层数、不分 mode —— 配 default_overhead 用
+# 默认假设（StepModel 的 mfu 0.6、mbu 0.8、每步 1 ms）：开销按步给，不分层数、不分 mode（step_overhead 认这两种写法）
 DEFAULT_PARAMS = {"mfu": ss.MFU, "mbu": ss.MBU, "overhead_per_step": ss.STEP_OVERHEAD_S}
-# profile_kernels 数内核的两个形状（一次 prefill、一次 eager decode）；已提交的 JSON 里没有记形状，演示从这里打印
+# profile_kernels 数内核的两个形状（一次 prefill、一次 eager decode）；结果里记着 "shape"（2026-11-30 提交的 JSON
+# 早于这一项，演示读不到时才用这里的）
 PROFILE_POINTS = {"prefill": {"kind": "prefill", "n_prompts": 1, "prompt_len": 128},
                   "decode": {"kind": "decode", "batch": 8, "context": 512}}
 
@@ -304,7 +305,7 @@ def profile_kernels(model, device, dtype):
                      and not e.name.startswith(("Memcpy", "Memset"))]
             attn = sorted({nm[:120] for nm in names if any(w in nm.lower() for w in ("flash", "fmha", "attention",
                                                                                       "cudnn", "softmax"))})
-            out[kind] = {"n_kernels": len(names), "attention_kernels": attn}
+            out[kind] = {"n_kernels": len(names), "attention_kernels": attn, "shape": p}
         except Exception as e:                          # 只是说明用的信息：profiler 出问题不该让测量失败
             out[kind] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     return out
@@ -469,21 +470,18 @@ def _step_cost(step, p):
 
 def step_overhead(params, mode, cfg):
     """
-    拟合形式的参数（FIT_KEYS）→ 模型 cfg 在 mode（"eager" / "graph"）下每步的开销（秒），也就是 StepModel 的
-    overhead = overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比）。
-    值是 None（没有 graph 点的拟合）时按 0 算。compare_points / fit_loss / synthetic_points 的 overhead 默认用它。
+    参数 → 模型 cfg 在 mode（"eager" / "graph"）下每步的开销（秒），也就是 StepModel 的 overhead。两种写法：
+      拟合的（FIT_KEYS）按层：overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比；
+      值是 None——没有 graph 点的拟合——按 0 算）；
+      默认假设（DEFAULT_PARAMS）按步：overhead_per_step（StepModel 的每步 1 ms），不分 mode、不分层数。
     """
+    if "overhead_per_step" in params:
+        return float(params["overhead_per_step"])
     key = f"overhead_{mode}_per_layer"
     if key not in params:
-        raise KeyError(f"params 里没有 {key}（默认假设 DEFAULT_PARAMS 按步给开销：传 overhead=default_overhead）")
+        raise KeyError(f"params 里既没有 {key} 也没有 overhead_per_step，收到 {sorted(params)}")
     v = params[key]
     return 0.0 if v is None else float(v) * cfg.n_layers
-
-
-def default_overhead(params, mode, cfg):
-    """默认假设的开销：params["overhead_per_step"]（StepModel 的每步 1 ms），不分 mode、不分层数。
-    和 step_overhead 同一个签名：作为 overhead 参数和 DEFAULT_PARAMS 一起传。"""
-    return float(params["overhead_per_step"])
 
 
 def predict(tc, tm, mfu, mbu, overhead):
@@ -500,17 +498,17 @@ def log_loss(pred, meas):
     return np.sum(np.log(pred / meas) ** 2, axis=-1)
 
 
-def _overheads(points, configs, params, overhead):
-    """每一点的每步开销（数组）：overhead(params, 这一点的 mode, 这一点的模型)。"""
-    return np.array([overhead(params, p["mode"], configs[p["model"]]) for p in points])
+def _overheads(points, configs, params):
+    """每一点的每步开销（数组）：step_overhead(params, 这一点的 mode, 这一点的模型)。"""
+    return np.array([step_overhead(params, p["mode"], configs[p["model"]]) for p in points])
 
 
-def fit_loss(points, configs, params, chip=CHIP, overhead=step_overhead):
-    """Σ log²(模型 / 实测)（只用 status == "ok" 的点）：拟合最小化的量。拟合的参数用默认的 overhead；
-    默认假设：fit_loss(..., DEFAULT_PARAMS, overhead=default_overhead)。"""
+def fit_loss(points, configs, params, chip=CHIP):
+    """Σ log²(模型 / 实测)（只用 status == "ok" 的点）：拟合最小化的量。
+    params 用拟合的或默认的写法都行（step_overhead）。"""
     ok = _ok_points(points)
     tc, tm = ideal_times(ok, configs, chip)
-    pred = predict(tc, tm, params["mfu"], params["mbu"], _overheads(ok, configs, params, overhead))
+    pred = predict(tc, tm, params["mfu"], params["mbu"], _overheads(ok, configs, params))
     return float(log_loss(pred, np.array([p["seconds"] for p in ok])))
 
 
@@ -609,17 +607,17 @@ def nudged_losses(points, configs, params, rel=0.01, n_dirs=32, seed=0, chip=CHI
     return np.array(out)
 
 
-def compare_points(points, configs, params, chip=CHIP, overhead=step_overhead):
+def compare_points(points, configs, params, chip=CHIP):
     """逐点：StepModel(model, chip, mfu, mbu, overhead = overhead(params, 这一点的 mode、模型)) 的预测 vs 实测。
     返回字典列表（原来的字段 + index = 这一点在 points 里的位置（JSON 的顺序就是测量顺序）、model_s、
     roofline_s = max(t_compute, t_memory)（不含开销）、ratio = 模型 / 实测、bound）。预测直接问 StepModel
-    （不是拟合用的 predict）。默认假设：compare_points(..., DEFAULT_PARAMS, overhead=default_overhead)。"""
+    （不是拟合用的 predict）。params 用拟合的或默认的写法都行（step_overhead）。"""
     index = {id(p): i for i, p in enumerate(points)}
     rows = []
     for p in _ok_points(points):
         cfg = configs[p["model"]]
         step = ss.StepModel(cfg, chip, mfu=params["mfu"], mbu=params["mbu"],
-                            overhead=overhead(params, p["mode"], cfg), mem_util=1.0)
+                            overhead=step_overhead(params, p["mode"], cfg), mem_util=1.0)
         c = _step_cost(step, p)
         t = float(c.total)
         rows.append({**p, "index": index[id(p)], "model_s": t, "roofline_s": float(max(c.t_compute, c.t_memory)),
@@ -673,7 +671,7 @@ def explain_point(row, cfg, kernels_per_step=None, peers=None):
         w = cfg.matmul_params() * 2
         notes.append(f"读 KV 占模型字节的 {kv / (kv + w):.0%}：decode 注意力（每个 KV 头一个 R 行的小查询）的带宽效率"
                      f"和读权重的矩阵乘不同")
-        if row["mode"] == "eager":
+        if row["mode"] == "eager" and row["ratio"] > 1:          # 模型高估时才是这个原因
             k = (f"每步启动 {kernels_per_step} 个 GPU 内核（每层约 {kernels_per_step / cfg.n_layers:.0f} 个）"
                  if kernels_per_step else "每层几十次内核启动")
             notes.append(f"eager：{k}；主机发内核和 GPU 执行是重叠的，一步更接近 max(主机时间, GPU 时间)，"
@@ -697,14 +695,14 @@ def constant_text(fit, meta):
             f'                           "lecture05/results/step_measure.json"}}')
 
 
-def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0, overhead=step_overhead):
+def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
     """用 StepModel 自己生成"实测"（拟合恢复测试与演示的测试用）：plan_points 里放得下（fits_chip）的每一点，
-    秒数 = 模型（predict；开销 overhead(params, mode, 模型)）× exp(noise·N(0,1))。"""
+    秒数 = 模型（predict；开销 step_overhead(params, mode, 模型)）× exp(noise·N(0,1))。"""
     rng = np.random.default_rng(seed)
     configs = {m.name: m for m in models}
     pts = [p for p in plan_points(models, grid) if fits_chip(configs[p["model"]], p, chip)]
     tc, tm = ideal_times(pts, configs, chip)
-    t = predict(tc, tm, params["mfu"], params["mbu"], _overheads(pts, configs, params, overhead))
+    t = predict(tc, tm, params["mfu"], params["mbu"], _overheads(pts, configs, params))
     for p, s in zip(pts, t * np.exp(noise * rng.standard_normal(len(pts)))):
         p.update(status="ok", seconds=float(s))
     return pts

@@ -92,7 +92,7 @@ def print_table(res):
     for line in report:
         print(line)
     if any("✗" in line for line in report):
-        print(MISS_EXPLAINED)
+        print(miss_explained(rows))
     if any("没测到" in line for line in report):
         print("  ? / 没测到：这个形状上 SDPA 的后端或我们的内核测量时不可用（测量时打印了原因），JSON 里没有这一行；"
               "没测到的形状不算达到")
@@ -117,17 +117,64 @@ def report_failures(res):
     return len(failures)
 
 
-MISS_EXPLAINED = """  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，
-    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV
-    是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和另一组的
-    wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours 52%、gluon 的 ws2（步骤 C）71%、cuDNN 76%
-    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。
-    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。
-    反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长。gluon 的反向
-    （FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，经共享内存用 TMA 归约加回全局）在 d = 128、N ≥ 4k 上
-    比 ours 快 1.2–1.3×，到 cuDNN 的 0.80–0.83；d = 64 和 ours 差不多（cuDNN 的 0.75–0.82）。ncu：它的主内核 Tensor Core
-    忙 49%（cuDNN 66%），停顿最多的是 barrier（两组交换 dSᵀ、等 Q / dO）和 long_scoreboard（d = 128 时
-    ptxas 溢出的寄存器、每轮读 LSE / D）。数字和剖析见 results/NOTES.md 的 v9–v11。"""
+def _span(xs, fmt="{:.2f}"):
+    """几个数 → "a–b"（只有一个数或都相同时就是它）。"""
+    lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def tensor_busy(ncu_dir=None):
+    """已提交的 ncu CSV（ncu_profile.py）里每个目标的主内核（最长的那个）Tensor Core 忙的比例（%）：{目标: %}。"""
+    import ncu_profile
+    ncu_dir = ncu_dir or ncu_profile.RESULTS
+    out = {}
+    for name in ncu_profile.TARGETS:
+        path = os.path.join(ncu_dir, f"ncu_{name}.csv")
+        if os.path.isfile(path):
+            main = max((ncu_profile.summarise(r) for r in ncu_profile.read_csv(path)), key=lambda k: k["us"])
+            out[name] = main["tensor"]
+    return out
+
+
+def miss_explained(rows, busy=None):
+    """没达到的目标的解释：比值由这份结果的 rows 算，Tensor Core 的忙碌比例由已提交的 ncu CSV 算。"""
+    busy = tensor_busy() if busy is None else busy
+    tc = {k: f"{v:.0f}%" if v == v else "?" for k, v in busy.items()}
+    tfl = {(r["provider"], r["mode"], r["d"], r["N"], r["causal"]): tflops_of(r) for r in rows}
+    big = [(d, n, c) for (p, m, d, n, c) in tfl if p == "gluon" and m == "bwd" and n >= 4096]
+
+    def ratios(num, den, d):
+        return [tfl[(num, "bwd", d_, n, c)] / tfl[(den, "bwd", d_, n, c)] for d_, n, c in big
+                if d_ == d and (num, "bwd", d_, n, c) in tfl and (den, "bwd", d_, n, c) in tfl]
+
+    def best64():
+        out = []
+        for d_, n, c in big:
+            if d_ == 64 and ("sdpa-cudnn", "bwd", d_, n, c) in tfl:
+                best = max(tfl.get((p, "bwd", d_, n, c), 0.0) for p in ("ours", "ours-atomic", "gluon"))
+                out.append(best / tfl[("sdpa-cudnn", "bwd", d_, n, c)])
+        return out
+
+    g_ours, g_cudnn, b64 = ratios("gluon", "ours", 128), ratios("gluon", "sdpa-cudnn", 128), best64()
+    bwd = ""
+    if g_ours and g_cudnn and b64:
+        bwd = (f"gluon 的反向（FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，经共享内存用 TMA 归约加回全局）\n"
+               f"    在 d = 128、N ≥ 4k 上是 ours 的 {_span(g_ours)}×、cuDNN 的 {_span(g_cudnn)}；"
+               f"d = 64 我们最快的反向是 cuDNN 的 {_span(b64)}。\n"
+               f"    ncu：gluon 反向的主内核 Tensor Core 忙 {tc.get('gluon-bwd', '?')}"
+               f"（cuDNN {tc.get('cudnn-bwd', '?')}），"
+               "停顿最多的是 barrier（两组交换 dSᵀ、等 Q / dO）和\n"
+               f"    long_scoreboard（d = 128 时 ptxas 溢出的寄存器、每轮读 LSE / D）。")
+    return ("  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，\n"
+            "    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV\n"
+            "    是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和\n"
+            f"    另一组的 wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours {tc.get('ours-fwd', '?')}、"
+            "gluon 的 ws2（步骤 C）"
+            f"{tc.get('gluon-fwd', '?')}、cuDNN {tc.get('cudnn-fwd', '?')}\n"
+            "    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。\n"
+            "    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。\n"
+            "    反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长。\n    " + bwd
+            + "\n    数字和剖析见 results/NOTES.md 的 v9–v11。")
 
 
 def target_report(rows):
@@ -236,9 +283,9 @@ def measure(args):
                                                                time_fwd=p not in BWD_ONLY)
                     except Exception as e:                     # 不支持该形状或编译失败：记下来，不计时
                         print(f"  {p} d={d} N={n} causal={causal}: 不可用（{str(e).splitlines()[0][:80]}）")
-                        if p != "gluon":
+                        if p in BWD_ONLY:
                             continue
-                        try:                                   # Gluon 的反向出错时，前向照样测（no_grad：只走前向）
+                        try:                                   # 可能只是反向出错：前向照样测（no_grad：只走前向）
                             got, ms_fwd, ms_bwd, first = bench_one(torch.no_grad()(fns[p]), q, k, v, do, causal,
                                                                    args, triton.testing.do_bench)
                         except Exception as e2:

@@ -36,7 +36,8 @@ triton_flash 持平。v9 的第一版每个计算组从寄存器原子加自己�
 行 [b·N + m0, +BLOCK_M)、列 [h·d, +d)；块跨过序列末尾读到的行被掩掉（key 列 ≥ N → −∞，多出的 Q 行不写回）。
 运行（只在 Hopper 上；没有 GPU 时一行 SKIP、退出码 77）：
   python3 lecture11/gluon_flash.py [--seed N] [--only V ...]   每个 variant 和反向对照 float64 参考（flash-attn 判据）
-  python3 lecture11/gluon_flash.py --bench --out DIR          每一步 vs triton_flash、cuDNN、FLASH（前向、反向两张表）
+  python3 lecture11/gluon_flash.py --bench --out DIR          前向的每一步 vs triton_flash、cuDNN、FLASH
+                                                              （反向的对照在 06_triton_bench.py 里，带 NaN 检查）
   python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
                                                               （N = 4k、16k → DIR/gluon_explore.json；提交的那份
                                                               早于步骤 E，只有 C–D2）
@@ -721,6 +722,14 @@ PRE_BLOCK = 64        # 预处理一个程序的行数（[B·N·H] 里的行）
 
 if gl is not None:
     @gluon.jit
+    def _head_major(rows, N, H, PAD):
+        """[B·N·H] 里的行 r = (b·N + n)·H + h → 按头排的 [B, H, PAD] 里的行 (b·H + h)·PAD + n（int64）。
+        D（PAD = N）、dQ 累加器（PAD = n_pad）都按头排：一个头的一块 Q 行在里面是连续的。"""
+        h = rows % H
+        bn = rows // H                                                      # = b·N + n
+        return ((bn // N) * H + h).to(gl.int64) * PAD + bn % N
+
+    @gluon.jit
     def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
         """
         D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, H, DQ_PAD, d] 清零（同一批行，一次扫过；
@@ -736,11 +745,8 @@ if gl is not None:
         o = gl.load(O + offs, mask=ok, other=0.0).to(gl.float32)
         do = gl.load(DO + offs, mask=ok, other=0.0).to(gl.float32)
         delta = gl.sum(o * do, axis=1)
-        h = rows % H
-        bn = rows // H                                                      # = b·N + n
-        gl.store(DELTA + ((bn // N) * H + h).to(gl.int64) * N + bn % N, delta, mask=rows < ROWS)
-        dq_rows = ((bn // N) * H + h).to(gl.int64) * DQ_PAD + bn % N
-        offs = gl.expand_dims(dq_rows * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        gl.store(DELTA + _head_major(rows, N, H, N), delta, mask=rows < ROWS)
+        offs = gl.expand_dims(_head_major(rows, N, H, DQ_PAD) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
         gl.store(DQ_ACC + offs, gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=layout), mask=ok)
 
     @gluon.jit
@@ -755,9 +761,7 @@ if gl is not None:
         rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
         ok = gl.expand_dims(rows < ROWS, 1)
-        h = rows % H
-        bn = rows // H                                                      # = b·N + n
-        src = ((bn // N) * H + h).to(gl.int64) * DQ_PAD + bn % N
+        src = _head_major(rows, N, H, DQ_PAD)
         x = gl.load(DQ_ACC + gl.expand_dims(src * HEAD_DIM, 1) + gl.expand_dims(cols, 0), mask=ok, other=0.0)
         dst = gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
         gl.store(DQ + dst, (x * scale).to(DQ.dtype.element_ty), mask=ok)
@@ -1257,53 +1261,14 @@ def bench(out_dir):
                         row["errors"][name] = _short(exc)
                 results.append(row)
                 _print_row(row, first=len(results) == 1)
-    bwd_rows = bench_bwd(tf, quick_launch)
     info = gpu_meta(torch, dtype="bfloat16", tokens=fl.BENCH_TOKENS, hidden=fl.BENCH_HIDDEN,
                     seconds=round(time.time() - t_start, 1),
-                    tiles={v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, rows=results,
-                    bwd_tiles={d: bwd_tile_config(d)[:6] for d in HEAD_DIMS}, bwd_rows=bwd_rows)
+                    tiles={v: {d: tile_config(v, d)[:5] for d in HEAD_DIMS} for v in VARIANTS}, rows=results)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "gluon_bench.json")
     with open(path, "w") as fh:
         json.dump(info, fh, indent=1, ensure_ascii=False)
     print(f"写好 {path}（{info['seconds']} s）")
-
-
-BWD_COLS = ("gluon-bwd", "triton_flash", "sdpa:cudnn", "sdpa:flash")
-
-
-def bench_bwd(tf, quick_launch):
-    """
-    反向的基准：同样的形状，只计 out.backward(do) 的时间（前向在计时之外做一次，retain_graph 反复用同一张图；
-    grad_to_none 每次清掉 q、k、v 的梯度，免得变成累加）。TFLOP/s 按 tf.flops 的 mode="bwd"（2.5 × 前向 FLOP）。
-    """
-    from triton.testing import do_bench
-    fwds = {"gluon-bwd": lambda q, k, v, c: attention(q, k, v, causal=c),
-            "triton_flash": lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch),
-            "sdpa:cudnn": tf.sdpa_fn("sdpa-cudnn"), "sdpa:flash": tf.sdpa_fn("sdpa-flash")}
-    rows = []
-    for d in HEAD_DIMS:
-        for n in BENCH_NS:
-            batch, heads = fl.BENCH_TOKENS // n, fl.BENCH_HIDDEN // d
-            q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            for x in (q, k, v):
-                x.requires_grad_(True)
-            for causal in (False, True):
-                row = {"d": d, "N": n, "B": batch, "H": heads, "causal": causal, "tflops": {}, "ms": {}, "errors": {}}
-                for name, fwd in fwds.items():
-                    try:
-                        out = fwd(q, k, v, causal)
-                        ms = do_bench(functools.partial(out.backward, do, retain_graph=True), warmup=5, rep=20,
-                                      grad_to_none=[q, k, v])
-                        row["ms"][name] = ms
-                        row["tflops"][name] = _tflops(batch, heads, n, d, causal, ms, mode="bwd")
-                    except Exception as exc:
-                        row["errors"][name] = _short(exc)
-                    out = None                                                # 放掉这张图（显存）
-                rows.append(row)
-                _print_row(row, first=len(rows) == 1, cols=BWD_COLS,
-                           title="反向 TFLOP/s（2.5 × 前向 FLOP；bf16；括号 = / cuDNN）")
-    return rows
 
 
 EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (128, 2), (128, 3))}

@@ -47,6 +47,7 @@ SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ncu")
 TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "gluon-bwd", "cudnn-bwd")
 SHAPE = dict(B=fl.BENCH_TOKENS // 4096, N=4096, H=fl.BENCH_HIDDEN // 128, d=128, causal=False)   # 06 的 N = 4k、d = 128
+# （--causal 只改 causal；SHAPE 本身不改）
 SHAPE_FILE = "ncu_shape.json"     # --measure 写在 CSV 旁边；没有它的目录（已提交的 results/ncu/）= SHAPE 的默认值
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
             "SchedulerStats")
@@ -55,7 +56,7 @@ SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats
 # =============================================================================
 # ncu 里面跑的那一段
 # =============================================================================
-def run_target(name):
+def run_target(name, causal=False):
     import torch
     import triton_flash as tf
     B, N, H, d = SHAPE["B"], SHAPE["N"], SHAPE["H"], SHAPE["d"]
@@ -63,17 +64,17 @@ def run_target(name):
     q, k, v, do = (torch.randn(B, N, H, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
     if name.startswith("ours"):
         def fwd(q, k, v):
-            return tf.flash_attn_func(q, k, v, causal=SHAPE["causal"])
+            return tf.flash_attn_func(q, k, v, causal=causal)
     elif name.startswith("gluon"):
         import gluon_flash as gf
 
         def fwd(q, k, v):     # 步骤 C（ws2）：提交的 CSV 量的是它（NOTES v9）；E 只是把它做成持久内核
-            return gf.attention(q, k, v, causal=SHAPE["causal"], variant="ws2")
+            return gf.attention(q, k, v, causal=causal, variant="ws2")
     else:
         cudnn = tf.sdpa_fn("sdpa-cudnn")                # 和 06_triton_bench.py 的 sdpa-cudnn 同一个调用
 
         def fwd(q, k, v):
-            return cudnn(q, k, v, SHAPE["causal"])
+            return cudnn(q, k, v, causal)
     backward = name.endswith("bwd")
     qq, kk, vv = (t.clone().requires_grad_(backward) for t in (q, k, v))
     for _ in range(3):                                  # 热身：编译、autotune 都在计数范围之外
@@ -94,22 +95,23 @@ def run_target(name):
     torch.cuda.profiler.stop()
 
 
-def measure(out_dir, targets=TARGETS):
-    """每个目标一次 ncu，写 out_dir/ncu_<目标>.csv，再打印 out_dir 的对照表。有目标 ncu 失败时返回 1（表照样打印）。"""
+def measure(out_dir, targets=TARGETS, causal=False):
+    """每个目标一次 ncu，写 out_dir/ncu_<目标>.csv（形状写进 ncu_shape.json），再打印 out_dir 的对照表。
+    有目标 ncu 失败时返回 1（表照样打印）。"""
     ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if os.path.exists("/usr/local/cuda/bin/ncu") else None)
     if ncu is None:
         print("SKIP: 没有 ncu（Nsight Compute）")
         return SKIP
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, SHAPE_FILE), "w") as fh:      # 这个目录的 CSV 量的是哪个形状
-        json.dump(SHAPE, fh)
+        json.dump(dict(SHAPE, causal=causal), fh)
     failed = []
     for name in targets:
         cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-summary", "none"]
         for s in SECTIONS:
             cmd += ["--section", s]
-        causal = ["--causal"] if SHAPE["causal"] else []
-        cmd += [sys.executable, os.path.abspath(__file__)] + causal + ["--target", name]
+        flag = ["--causal"] if causal else []
+        cmd += [sys.executable, os.path.abspath(__file__)] + flag + ["--target", name]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired as exc:          # 一个目标卡住：记下，其余照量，表照样打印
@@ -138,7 +140,7 @@ def measured_shape(res_dir):
     """res_dir 的 CSV 量的是哪个形状：有 ncu_shape.json 就按它，否则是默认的 SHAPE（不 causal）。"""
     path = os.path.join(res_dir, SHAPE_FILE)
     if not os.path.isfile(path):
-        return dict(SHAPE, causal=False)
+        return SHAPE
     with open(path) as fh:
         shape = json.load(fh)
     if set(shape) != set(SHAPE):
@@ -243,6 +245,12 @@ def report(res_dir=RESULTS):
     print(f"形状：bf16，B = {shape['B']}，N = {shape['N']}，H = {shape['H']}，d = {shape['d']}，"
           f"causal = {shape['causal']}；每个目标一次调用里的每个内核")
     print(format_table(headers, rows))
+    print("  列：SM % = SM 吞吐占峰值；张量核 % = Tensor Core 在干活的周期比例；发射 % = 有 warp 发出指令的周期比例；\n"
+          "  占用 % = 同时活着的 warp 占上限的比例；停顿 = 每条发出的指令平均等了几个周期，最大的三项")
+    gluon_bwd = [r[1] for r in rows if r[0] == "gluon-bwd"]
+    if gluon_bwd and not any("_dq_convert" in k for k in gluon_bwd):
+        print("  注意：这份 gluon-bwd 量于 _dq_convert 之前（dQ 换 dtype 还是 torch.mul 对转置视图的逐元素内核）；"
+              "现在的代码用 _dq_convert，合计会少一些")
     tot = totals(res_dir)
     table = []
     for name, (count, us) in tot.items():
@@ -261,12 +269,11 @@ def main(argv=None):
     ap.add_argument("--only", nargs="+", choices=TARGETS, default=TARGETS, help="--measure 只量这几个目标")
     ap.add_argument("--causal", action="store_true", help="量 causal 的同一个形状（--out 请换一个目录）")
     args = ap.parse_args(argv)
-    SHAPE["causal"] = args.causal
     if args.target:
-        run_target(args.target)
+        run_target(args.target, args.causal)
         return 0
     if args.measure:
-        return measure(args.out, args.only)
+        return measure(args.out, args.only, args.causal)
     return report(args.out)
 
 

@@ -1369,13 +1369,18 @@ def field_errors(ours, ref):
     return {f: (_lse_err(a, b) if f == "lse" else _rel_err(a, b)) for f, a, b in zip(FIELDS, ours, ref)}
 
 
+def torch_bound(torch_err):
+    """flash-attn 的 GPU 判据的上限：2 × PyTorch 自己在同一低精度里算的误差（+1e-6：两边都是 0 时也算过）。"""
+    return 2 * torch_err + 1e-6
+
+
 def within_torch_bound(field, err, torch_errs):
     """
-    flash-attn 的 GPU 判据：我们这一项和 float64 参考的误差 ≤ 2 × PyTorch 自己在同一低精度里算的误差（+1e-6：两边
-    都是 0 时也算过）。field 可以带后缀（"dq:atomic" 和 dq 比同一个 torch 误差）。返回 (是否过, torch 的误差)。
+    我们这一项和 float64 参考的误差 ≤ torch_bound(PyTorch 低精度的误差)。field 可以带后缀（"dq:atomic" 和 dq 比
+    同一个 torch 误差）。返回 (是否过, torch 的误差)。
     """
     t = torch_errs[field.split(":")[0]]
-    return err <= 2 * t + 1e-6, t
+    return err <= torch_bound(t), t
 
 
 def both_backward_errors(case, kernel, ref, launch=None):
@@ -1923,7 +1928,7 @@ def decode_limit(q, k_cache, v_cache, cache_seqlens, ref):
     fp32（解释器）CPU_TOL；fp16 / bf16 是 2 × 同 dtype 的 SDPA 对 ref 的误差（flash-attn 的判据，+1e-6 防 0）。"""
     if q.dtype == torch.float32:
         return CPU_TOL
-    return 2 * _rel_err(sdpa_decode(q, k_cache, v_cache, cache_seqlens), ref) + 1e-6
+    return torch_bound(_rel_err(sdpa_decode(q, k_cache, v_cache, cache_seqlens), ref))
 
 
 def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):

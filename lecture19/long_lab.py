@@ -95,6 +95,7 @@ POS_KINDS = ("rope", "none")
 TASK_SEED = 0             # NeedleTask：草堆（填充词马尔可夫链）
 DATA_SEED = 0             # train_needle：训练数据
 EVAL_SEED = 12345         # niah_grid / cached_grid：测试题（所有模型答同一批题）
+MODEL_SEED = 1            # 模型初始化：cfg 里没写 "seed" 时的默认（CHECKPOINTS 每一项都写明了）
 
 
 # =====================================================================
@@ -432,7 +433,7 @@ def build_model(task, cfg):
     【为什么默认种子是 1】检索能力是"突然学会"的，出不出现和初始化很有关系（见 train_needle）。
     """
     get = cfg.get
-    torch.manual_seed(get("seed", 1))
+    torch.manual_seed(get("seed", MODEL_SEED))
     attn_kw = dict(pos=get("pos", "rope"), base=get("base", 10000.0), mask_kind=get("mask", "full"),
                    mask_kw=dict(get("mask_kw", {})))
     model = LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),
@@ -657,7 +658,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
                          log_every=0 if quick else max(1, steps // 10), log=log, progress=not quick)
     if not quick:
         _round_to_storage(model)                        # 之后的评测用的就是存盘后读回来的那份权重
-        extra = {"curve": curve, "steps": steps, "seconds": round(time.time() - t0, 1), "seed": cfg.get("seed", 1)}
+        extra = {"curve": curve, "steps": steps, "seconds": round(time.time() - t0, 1),
+                 "seed": cfg.get("seed", MODEL_SEED)}
         if eval_fn is not None:
             extra.update(eval_fn(model))
         save_model(model, name, full_cfg, extra, folder=folder)
@@ -778,7 +780,7 @@ def demo_start(description, quick_help):
     args = ap.parse_args()
     if args.quick:
         torch.set_num_threads(1)
-    init = sorted({spec["cfg"].get("seed", 1) for spec in CHECKPOINTS.values()})
+    init = sorted({spec["cfg"].get("seed", MODEL_SEED) for spec in CHECKPOINTS.values()})
     print(f"随机种子（固定，写在 long_lab 里）：模型初始化 {', '.join(map(str, init))}（CHECKPOINTS 的 cfg['seed']）、"
           f"草堆 TASK_SEED = {TASK_SEED}、训练数据 DATA_SEED = {DATA_SEED}、测试题 EVAL_SEED = {EVAL_SEED}")
     return args, NeedleTask()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # 第 19 讲 · 演示 06 的时间线测量：环形注意力每轮的"算"和"传"有多少重叠（2 块 GPU，NCCL）。
 #
-#   bash lecture19/run_ring_gpu.sh          # 2 块 GPU：四个变体，各一次 torchrun（约 3.5 分钟），再合并
+#   bash lecture19/run_ring_gpu.sh          # 2 块 GPU：四个变体，各一次 torchrun（提交的那次共 118 s），再合并
 #   bash lecture19/run_ring_gpu.sh --quick  # 2 块 GPU：同样四个变体，每块 1k / 2k token（冒烟测试，约 2 分钟）
 #   bash lecture19/run_ring_gpu.sh --cpu    # 没有 GPU：gloo + CPU + 小尺寸，走一遍同样的代码；结果写到临时目录
 #

@@ -9,7 +9,7 @@
   3. 拟合出的 α 和 NCCL 自己调优模型里的常数比（comm_sim.nccl_ring_latency，[S71]），
      大消息的 busbw 和 NVLink 4 的单向线速 450 GB/s、维护者说的 ≈ 370 GB/s 有效值比 [S40]。
   4. 用 P = 2 拟合出的 α、β 外推 P = 4 / 8（ring 模型；**是模型，不是测量**）。
-  5. 图：prereq5/results/nccl_measure.png（busbw vs 消息大小，实测点 + α-β 曲线）。
+  5. 图：busbw vs 消息大小，实测点 + α-β 曲线。存进 prereq5/figures/；--replot 才重画已提交的 results/nccl_measure.png。
 
 在有 ≥ 2 块 GPU 的机器上重新测（写 prereq5/results/nccl_measure.json，约 1 分钟）：
     torchrun --nproc_per_node=2 prereq5/06_nccl_measure.py --measure
@@ -173,7 +173,8 @@ def compare(meta, data, fits):
           "这就是 NCCL 在多卡小消息时改用 tree / NVLS 的原因。")
 
 
-def plot(meta, data, fits, quick):
+def plot(meta, data, fits, quick, replot=False):
+    """图默认存进 prereq5/figures/（--quick：figures/quick/）；只有 replot 才重画已提交的 results/nccl_measure.png。"""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -195,7 +196,8 @@ def plot(meta, data, fits, quick):
     ax.tick_params(labelsize=12)
     ax.legend(fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)   # 图下方：不压数据
     ax.grid(True, alpha=0.3)
-    path = save_figure(fig, __file__, "busbw", quick=quick, path=os.path.join(HERE, "results", "nccl_measure.png"))
+    path = save_figure(fig, __file__, "busbw", quick=quick,
+                       path=os.path.join(HERE, "results", "nccl_measure.png") if replot else None)
     print(f"\n图已保存：{path}")
 
 
@@ -204,6 +206,7 @@ def main():
     ap.add_argument("--measure", action="store_true", help="在 GPU 上测量并写结果（用 torchrun 启动）")
     ap.add_argument("--results", default=RESULTS, help="结果 JSON 的路径（读或写）")
     ap.add_argument("--quick", action="store_true", help="同完整版：只读已提交的结果（check-all 用）")
+    ap.add_argument("--replot", action="store_true", help="图写进 results/nccl_measure.png（重测之后用）")
     args = ap.parse_args()
     if args.measure:
         return measure(args.results)
@@ -214,7 +217,7 @@ def main():
     meta, data = load(args.results)
     fits = report(meta, data)
     compare(meta, data, fits)
-    plot(meta, data, fits, args.quick)
+    plot(meta, data, fits, args.quick, args.replot)
     # 结论：大消息达到 NVLink 带宽的可观比例；α-β 直线在 4 个数量级上大体贴合
     n, t = data["allreduce"]
     big = cs.busbw("allreduce", n[-1], t[-1], meta["world"])

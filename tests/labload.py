@@ -80,3 +80,23 @@ def load_lab(folder, name):
         if moved:
             sys.modules[name] = bare
     return mod
+
+
+def load_demo(folder, filename, **bare):
+    """
+    按路径加载演示脚本（文件名以数字开头，不能 import），模块名 "<讲次>_<文件名>"。bare：演示里以裸名字导入、要拿到
+    指定那一份的模块（例如 flash_lab=第 11 讲的那份），加载期间临时放进 sys.modules，之后恢复原样。
+    """
+    saved = {k: sys.modules.get(k) for k in bare}
+    sys.modules.update(bare)
+    try:
+        spec = importlib.util.spec_from_file_location(f"{folder}_{filename[:-3]}", os.path.join(ROOT, folder, filename))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        for k, m in saved.items():
+            if m is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = m
+    return mod

@@ -136,7 +136,7 @@ def test_crossover_batch_is_the_first_compute_bound_batch():
             bx = ss.crossover_batch(sm, ctx, b_max=4096)
             if bx is None:                                            # MHA + 长上下文：KV 字节随批一起涨，永远到不了
                 # 批 4096 仍受带宽限制：换一块显存够大的同款芯片（roofline 只看峰值和带宽，容量只决定放不放得下）
-                need = (m.weight_bytes() + 4096 * ctx * m.kv_bytes_per_token(2)) / 0.9
+                need = (m.weight_bytes() + 4096 * ctx * m.kv_bytes_per_token(2)) / sm.mem_util
                 big = ss.StepModel(m, dataclasses.replace(chip, mem_cap=2 * need, mem_alloc=None))
                 assert big.decode_cost(4096, 4096 * ctx).bound == "memory"
                 continue

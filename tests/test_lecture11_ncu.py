@@ -118,14 +118,13 @@ def test_causal_measure_is_forwarded_and_labelled(tmp_path, monkeypatch, capsys)
         with open(os.path.join(ncu.RESULTS, f"ncu_{cmd[-1]}.csv")) as fh:
             return types.SimpleNamespace(returncode=0, stdout=fh.read(), stderr="")
     monkeypatch.setattr(ncu.subprocess, "run", fake_run)
-    monkeypatch.setitem(ncu.SHAPE, "causal", False)
     out_dir = str(tmp_path / "causal")
     assert ncu.main(["--measure", "--causal", "--only", "ours-fwd", "--out", out_dir]) == 0
     assert seen[-1][-3:] == ["--causal", "--target", "ours-fwd"]
     assert ncu.measured_shape(out_dir)["causal"] is True
     assert "causal = True" in capsys.readouterr().out
     assert ncu.main(["--out", ncu.RESULTS]) == 0                              # 已提交的：不 causal
-    assert "causal = False" in capsys.readouterr().out
+    assert "causal = False" in capsys.readouterr().out and ncu.SHAPE["causal"] is False
     with open(os.path.join(out_dir, ncu.SHAPE_FILE), "w") as fh:              # 坏的形状文件：报错，不乱标
         fh.write('{"B": 1}')
     with pytest.raises(ValueError, match="ncu_shape.json"):

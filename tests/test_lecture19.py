@@ -249,12 +249,8 @@ def test_bad_inputs():
 
 
 def _demo06():
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "lecture19", "06_ring_multi_gpu.py")
-    spec = importlib.util.spec_from_file_location("lecture19_demo06", path)
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
-    return demo
+    from labload import load_demo
+    return load_demo("lecture19", "06_ring_multi_gpu.py")
 
 
 def _check_block_fn(block, seed=7, atol=1e-12):

@@ -333,12 +333,8 @@ def test_nccl_environment_builds_on_gpu_meta(monkeypatch, tmp_path):
 
 def test_gloo_demo_never_oversubscribes_cores():
     # issue 10：核数少于进程数时测的是调度（α 被撑大、拟合变差）；演示只用不超过核数的进程数，1 个核时一个也不起
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "prereq5", "05_gloo_allreduce_measure.py")
-    spec = importlib.util.spec_from_file_location("gloo_demo_05", path)
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    from labload import load_demo
+    demo = load_demo("prereq5", "05_gloo_allreduce_measure.py")
     assert demo.process_counts((2, 4), 2) == ([2], [4])
     assert demo.process_counts((2, 4), 16) == ([2, 4], [])
     assert demo.process_counts((4,), 1) == ([], [4])
