@@ -707,7 +707,8 @@ def bwd_tile_config(d):
     BLOCK_M·d/2/128（32，这时 Sᵀ、dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 dK + dV 就有 256 个：必溢出——所以两个
     计算组各 64 行，共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
-    奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）；d = 128 时 229 984 字节（上限 232 448）。
+    奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
+    d = 128 时 231 360 字节（上限 232 448）。
     溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 192 / 352 字节，d = 64 没有
     （results/gluon_bwd_ptxas.log）。
     """
@@ -724,13 +725,13 @@ if gl is not None:
     @gluon.jit
     def _head_major(rows, N, H, PAD):
         """[B·N·H] 里的行 r = (b·N + n)·H + h → 按头排的 [B, H, PAD] 里的行 (b·H + h)·PAD + n（int64）。
-        D（PAD = N）、dQ 累加器（PAD = n_pad）都按头排：一个头的一块 Q 行在里面是连续的。"""
+        LSE（PAD = N）、STATS 和 dQ 累加器（PAD = n_pad）都按头排：一个头的一块 Q 行在里面是连续的。"""
         h = rows % H
         bn = rows // H                                                      # = b·N + n
         return ((bn // N) * H + h).to(gl.int64) * PAD + bn % N
 
     @gluon.jit
-    def _bwd_preprocess(O, DO, DELTA, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
+    def _bwd_preprocess(O, DO, LSE, STATS, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
         """
         D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, H, DQ_PAD, d] 清零（同一批行，一次扫过；
         每个头的行补齐到 BLOCK_M 的倍数，TMA 的块不跨头，补出来的行只会被加 0、也不会被读，不用清）。
@@ -745,8 +746,13 @@ if gl is not None:
         o = gl.load(O + offs, mask=ok, other=0.0).to(gl.float32)
         do = gl.load(DO + offs, mask=ok, other=0.0).to(gl.float32)
         delta = gl.sum(o * do, axis=1)
-        gl.store(DELTA + _head_major(rows, N, H, N), delta, mask=rows < ROWS)
-        offs = gl.expand_dims(_head_major(rows, N, H, DQ_PAD) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        # STATS [2, B·H, DQ_PAD]：[0] = LSE·log2 e，[1] = D（补出来的位置主机上清零：被掩掉的 query 不能是 NaN）
+        dq_rows = _head_major(rows, N, H, DQ_PAD)
+        row_ok = rows < ROWS
+        lse = gl.load(LSE + _head_major(rows, N, H, N), mask=row_ok, other=0.0)
+        gl.store(STATS + dq_rows, lse * 1.4426950408889634, mask=row_ok)
+        gl.store(STATS + (ROWS // N) * DQ_PAD + dq_rows, delta, mask=row_ok)
+        offs = gl.expand_dims(dq_rows * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
         gl.store(DQ_ACC + offs, gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=layout), mask=ok)
 
     @gluon.jit
@@ -790,9 +796,9 @@ if gl is not None:
         return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready, empty,
-                      q_row_start, q_col, kv_row, kv_col, n_total, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    def _bwd_producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem,
+                      kv_bar, ready, empty, q_row_start, st_row_start, st_half, q_col, kv_row, kv_col, n_total,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
         """
         生产者分区（1 个 warp）：先发这个程序的 K、V 块（每个计算组一份 [BLOCK_N, d]），再按顺序填 Q / dO 环：
         第 t 个 Q 块放第 t % STAGES 格，和前向的 K/V 环同一套（同一个 _load_kv，ready / empty 的相位规则见那里）。
@@ -803,8 +809,14 @@ if gl is not None:
             tma.async_copy_global_to_shared(k_desc, [kv_row + c * BLOCK_N, kv_col], kv_bar.index(0), k_smem.index(c))
             tma.async_copy_global_to_shared(v_desc, [kv_row + c * BLOCK_N, kv_col], kv_bar.index(0), v_smem.index(c))
         for t in range(n_total):
-            mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)
-            _load_kv(q_desc, do_desc, q_bufs, do_bufs, ready, t, t, q_row_start, q_col, True, BLOCK_M, STAGES)
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + 2 * st_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row_start + t * BLOCK_M, q_col], bar, q_bufs.index(slot))
+            tma.async_copy_global_to_shared(do_desc, [q_row_start + t * BLOCK_M, q_col], bar, do_bufs.index(slot))
+            tma.async_copy_global_to_shared(st_desc, [st_row_start + t * BLOCK_M], bar, lse_bufs.index(slot))
+            tma.async_copy_global_to_shared(st_desc, [st_half + st_row_start + t * BLOCK_M], bar, dlt_bufs.index(slot))
 
     @_builtin
     def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -829,8 +841,8 @@ if gl is not None:
     #   causal：两组都从第 0 组的第一个 Q 块开始走（第 1 组只多一块，由掩码清零），交换 dSᵀ 时两组步调一致。
     # ========================================================================
     @gluon.jit
-    def _bwd_step(j, start, dk, dv, q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc,
-                  lse_base, delta_base, qk_scale, N, dq_row0, k0, me: gl.constexpr, HEAD_DIM: gl.constexpr,
+    def _bwd_step(j, start, dk, dv, q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem, ds_smem, dq_smem, ready, empty,
+                  ds_bar, dq_desc, qk_scale, N, dq_row0, k0, me: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """_bwd_consumer_tma 的一轮：第 j 个 Q 块（环上第 t = j − start 格）。"""
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -841,7 +853,6 @@ if gl is not None:
         HALF: gl.constexpr = HEAD_DIM // 2                                    # 本组算 dQ 的哪几列：[me·HALF, +HALF)
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HALF, 16])    # dQ 的一半 [BLOCK_M, HALF]
-        vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])     # 一维、128 个线程
         dtype: gl.constexpr = k_smem.dtype
         k_t = k_smem.index(me)                                                # [BLOCK_N, d]
         v_t = v_smem.index(me)
@@ -849,16 +860,12 @@ if gl is not None:
         t = j - start
         slot = t % STAGES
         m0 = j * BLOCK_M
-        # 这块 Q 行的 LSE、D：先按"每线程一个"读（Sᵀ 的布局里每个线程要 16 个不同的列，直接读就是 16 个 64 位地址，
-        # d = 128 时逼得 ptxas 溢出），再经共享内存换成沿列广播的布局
-        qs = m0 + gl.arange(0, BLOCK_M, layout=vec_layout)
-        lse2 = gl.convert_layout(gl.load(lse_base + qs, mask=qs < N, other=0.0) * 1.4426950408889634,
-                                 gl.SliceLayout(0, st_layout))               # 自然对数 → 以 2 为底
-        d_i = gl.convert_layout(gl.load(delta_base + qs, mask=qs < N, other=0.0), gl.SliceLayout(0, st_layout))
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         q_t = q_bufs.index(slot)                                              # [BLOCK_M, d]
         do_t = do_bufs.index(slot)
+        # 这块 Q 行的 LSE·log2 e、D：生产者和 Q、dO 一起用 TMA 读进共享内存，这里按沿列广播的布局读出来
+        lse2 = lse_bufs.index(slot).load(gl.SliceLayout(0, st_layout))
         s_tok = warpgroup_mma(k_t, q_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)     # Sᵀ = K Qᵀ
         dp_tok = warpgroup_mma(v_t, do_t.permute((1, 0)), zero_s, use_acc=False, is_async=True)   # dPᵀ = V dOᵀ
         s_t = warpgroup_mma_wait(1, deps=[s_tok, k_t, q_t])[0]
@@ -871,6 +878,7 @@ if gl is not None:
         p_op = gl.convert_layout(p_t.to(dtype), a_layout)                     # Pᵀ 当 A 操作数，留在寄存器里
         dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)                 # dV += Pᵀ dO
         dp_t, dv = warpgroup_mma_wait(0, deps=[dp_tok, dv_tok, v_t, do_t, p_op])[:2]
+        d_i = dlt_bufs.index(slot).load(gl.SliceLayout(0, st_layout))
         ds_t = (p_t * (dp_t - gl.expand_dims(d_i, 0))).to(dtype)              # dSᵀ（没乘 scale：最后乘）
         ds_op = gl.convert_layout(ds_t, a_layout)
         dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)                 # dK += dSᵀ Q
@@ -899,8 +907,8 @@ if gl is not None:
         return dk, dv
 
     @gluon.jit
-    def _bwd_consumer_tma(q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar, dq_desc,
-                          LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k0, start, n_q,
+    def _bwd_consumer_tma(q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                          ds_bar, dq_desc, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k0, start, n_q,
                           me: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """计算组 me 拿 K/V 的第 k0 行起 BLOCK_N 行，走 Q 块 start .. n_q − 1（每一轮见 _bwd_step）。"""
@@ -908,14 +916,12 @@ if gl is not None:
                                                             instr_shape=[16, HEAD_DIM, 16])    # dK、dV [BLOCK_N, d]
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-        lse_base = LSE + (b * H + h).to(gl.int64) * N                         # lse、D 都是 [B, H, N]
-        delta_base = DELTA + (b * H + h).to(gl.int64) * N
         dq_row0 = (b * H + h) * n_pad                                         # 这个头在 dQ 累加器里的第 0 行
         mbarrier.wait(kv_bar.index(0), 0)
         for j in range(start, n_q):
-            dk, dv = _bwd_step(j, start, dk, dv, q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, ready, empty,
-                               ds_bar, dq_desc, lse_base, delta_base, qk_scale, N, dq_row0, k0, me, HEAD_DIM, BLOCK_M,
-                               BLOCK_N, STAGES, CAUSAL)
+            dk, dv = _bwd_step(j, start, dk, dv, q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem, ds_smem, dq_smem,
+                               ready, empty, ds_bar, dq_desc, qk_scale, N, dq_row0, k0, me, HEAD_DIM, BLOCK_M, BLOCK_N,
+                               STAGES, CAUSAL)
         tma.store_wait(0)
 
         # 收尾：dK 乘 scale，dK、dV 写回（只写 < N 的行）；DK、DV 是 [B, N, H, d]（每个 query 头一份，GQA 在主机上求和）
@@ -927,7 +933,7 @@ if gl is not None:
         gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
 
     @gluon.jit
-    def _attn_bwd(q_desc, do_desc, k_desc, v_desc, LSE, DELTA, DQ, DK, DV, qk_scale, scale, N, H, GROUP, n_pad,
+    def _attn_bwd(q_desc, do_desc, k_desc, v_desc, st_desc, DQ, DK, DV, qk_scale, scale, N, H, GROUP, n_pad,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """
@@ -958,6 +964,8 @@ if gl is not None:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], st_desc.layout)
+        dlt_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], st_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [4, BLOCK_N, BLOCK_M], ds_layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -978,16 +986,17 @@ if gl is not None:
         # 默认分区 = 计算组 0；worker = 计算组 1（4 warp）、生产者（1 warp）。worker 的参数写成字面的元组：
         # 拼接（io + ...）会把 constexpr 拆成普通 int、把描述符拆散，worker 就不认了；start0 也要是张量
         gl.warp_specialize([
-            (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
-                                 DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, n0, start0, n_q,
+            (_bwd_consumer_tma, (q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+                                 empty, ds_bar, DQ, DK, DV, qk_scale, scale, b, h, N, H, n_pad, n0, start0, n_q,
                                  gl.constexpr(0), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-            (_bwd_consumer_tma, (q_bufs, do_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bar,
-                                 DQ, LSE, DELTA, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k1,
+            (_bwd_consumer_tma, (q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+                                 empty, ds_bar, DQ, DK, DV, qk_scale, scale, b, h, N, H, n_pad, k1,
                                  gl.to_tensor(start0), n_q, gl.constexpr(1), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                                  CAUSAL)),
-            (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_bar, ready,
-                             empty, b * N + start0 * BLOCK_M, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N,
-                             STAGES, CONSUMERS)),
+            (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, st_desc, q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem,
+                             v_smem, kv_bar, ready, empty, b * N + start0 * BLOCK_M, bh * n_pad + start0 * BLOCK_M,
+                             gl.num_programs(1) * n_pad, q_col, kv_row, kv_col, n_total, BLOCK_M, BLOCK_N, STAGES,
+                             CONSUMERS)),
         ], [4, 1], [240, 24])
 
 
@@ -1032,10 +1041,11 @@ def _launch_bwd(q, k, v, out, lse, do, causal, scale):
     q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
     block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d)
     n_pad = triton.cdiv(n, block_m) * block_m                                 # 每个头的行补齐到 BLOCK_M 的倍数
-    delta = torch.empty((batch, hq, n), device=q.device, dtype=torch.float32)          # D [B, H, N]
+    # [2, B·H·n_pad]：LSE·log2 e、D，每个头补齐到 BLOCK_M 的倍数（补出来的位置清零），生产者按块用 TMA 读
+    stats = torch.zeros((2 * batch * hq * n_pad,), device=q.device, dtype=torch.float32)
     dq_acc = torch.empty((batch, hq, n_pad, d), device=q.device, dtype=torch.float32)  # 预处理内核清零
     rows = batch * n * hq
-    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, delta, dq_acc, n, hq, rows, n_pad, HEAD_DIM=d,
+    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, lse, stats, dq_acc, n, hq, rows, n_pad, HEAD_DIM=d,
                                                      BLOCK=PRE_BLOCK, num_warps=4)
     # GQA：每个 query 头一份 fp32 的 dK、dV [B, N, H, d]，之后按组求和；否则直接写输入的 dtype
     acc_dtype = q.dtype if group == 1 else torch.float32
@@ -1046,8 +1056,9 @@ def _launch_bwd(q, k, v, out, lse, do, causal, scale):
     k_desc = _desc(k.view(batch * n, hk * d), (block_n, d))                  # [B·N, Hk·d]，块 [BLOCK_N, d]
     v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
     dq_desc = _desc(dq_acc.view(batch * hq * n_pad, d), (block_m, d // 2))  # 块 = 一个计算组归约的那一半
+    st_desc = _desc(stats, (block_m,))                                         # 一维，块 = BLOCK_M 个 fp32
     grid = (triton.cdiv(n, cons * block_n), batch * hq)
-    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, lse, delta, dq_desc, dk, dv, scale * LOG2E, scale, n, hq, group,
+    _attn_bwd[grid](q_desc, do_desc, k_desc, v_desc, st_desc, dq_desc, dk, dv, scale * LOG2E, scale, n, hq, group,
                     n_pad, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CONSUMERS=cons, STAGES=stages, CAUSAL=causal,
                     num_warps=num_warps, maxnreg=maxnreg)
     dq = torch.empty_like(q)                                                  # [B, H, n_pad, d] → [B, N, H, d]

@@ -93,7 +93,8 @@ def test_bwd_tile_table():
     for d in gf.HEAD_DIMS:
         bm, bn, consumers, stages, warps, maxnreg, regs = gf.bwd_tile_config(d)
         assert consumers == 2 and len(regs) == consumers and stages >= 2
-        smem = 2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + 4 * bn * bm * 2 + 2 * bm * (d // 2) * 4
+        smem = (2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + 4 * bn * bm * 2 + 2 * bm * (d // 2) * 4
+                + stages * 2 * bm * 4)                                        # 每格的 LSE·log2 e、D（fp32）
         assert smem <= 227 * 1024, (d, smem)
 
 
