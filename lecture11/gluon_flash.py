@@ -709,7 +709,7 @@ def bwd_tile_config(d):
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
     奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
     d = 128 时 231 360 字节（上限 232 448）。
-    溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 192 / 352 字节，d = 64 没有
+    溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 124 / 44 字节（main 上是 192 / 352），d = 64 没有
     （results/gluon_bwd_ptxas.log）。
     """
     block_m, block_n, cons, stages, warps, maxnreg, regs = BWD_TILE
