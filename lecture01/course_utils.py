@@ -15,7 +15,7 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
     check_int / check_real / check_bool / check_choice / check_array
                                     参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
-    cuda_time / wall_per_call / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
+    cuda_time / wall_per_call(_many) / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
                                     GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
     ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）
     sha256_file / read_json_dict / update_json   检查点的 manifest、结果缓存、已提交的结果（strict=True）：
@@ -234,19 +234,40 @@ def cuda_time(fn, reps, trials=5, warmup=1):
     return best
 
 
-def wall_per_call(fn, calls, warmup=20):
-    """连续调用 calls 次的墙钟时间 / calls（秒），前后各同步一次 GPU：主机比 GPU 慢时，这就是每次调用的主机时间。"""
+def wall_per_call(fn, calls, warmup=20, trials=5):
+    """
+    每次调用的墙钟时间（秒）：calls 次分成 trials 组连续调用，每组前后各同步一次 GPU，取最快一组的平均。
+    主机比 GPU 慢时，这就是每次调用的主机时间。取最快的一组（和 cuda_time 一样）：共用的主机上别的进程、
+    中断只会让一组变慢，不会变快。几个调用要互相比较时用 wall_per_call_many（轮流量）。
+    """
+    return wall_per_call_many({0: fn}, calls, warmup=warmup, rounds=trials)[0]
+
+
+def wall_per_call_many(fns, calls, warmup=20, rounds=5):
+    """
+    {名字: fn} → {名字: 每次调用的墙钟时间（秒）}。每个 fn 的 calls 次分成 rounds 轮，每一轮把所有 fn 各量一组，
+    各取最快的一轮。轮流量而不是一个量完再量下一个：共用主机上的慢段常常持续好几秒，一个一个量时先量的和后量的
+    会落在不同的段里（同一个 SDPA 调用在几次运行里量出 23–41 µs），轮流量时每个 fn 都有几组落在快的段里。
+    """
     import time
 
     import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls
+    if calls < 1 or rounds < 1:
+        raise ValueError(f"calls、rounds 必须 ≥ 1，收到 calls={calls}、rounds={rounds}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    per = max(1, calls // rounds)
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(per):
+                fn()
+            torch.cuda.synchronize()
+            best[name] = min(best[name], (time.perf_counter() - t0) / per)
+    return best
 
 
 def capture_graph(fn, calls=1, warmup=2):

@@ -38,7 +38,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json, pyplot, save_figure,  # noqa: E402
-                          wall_per_call)
+                          wall_per_call_many)
 
 sys.path.insert(0, HERE)
 # 形状、FLOP 算法和 gluon_flash、ncu_profile 共用一份（flash_lab.py，只依赖 numpy：没有 triton 也能打印结果）
@@ -375,8 +375,9 @@ def _load_module(path):
 
 def overhead(args):
     """
-    主机开销：B = 1、H = 16、d = 128、bf16、causal 的小形状上，每次调用的墙钟时间（连续调用 calls 次，
-    主机比 GPU 慢时这就是主机时间）减去同一调用在 CUDA 图里重放的 GPU 时间。再确认 CUDA 图能捕获、
+    主机开销：B = 1、H = 16、d = 128、bf16、causal 的小形状上，每次调用的墙钟时间（calls 次分 5 轮、所有形状和
+    实现轮流量、取最快的一轮：wall_per_call_many；主机比 GPU 慢时这就是主机时间）减去同一调用在 CUDA 图里重放的
+    GPU 时间。再确认 CUDA 图能捕获、
     结果和直接调用一致，并用 cProfile 看 N = 128 时主机时间花在哪里。
     """
     import cProfile
@@ -387,34 +388,36 @@ def overhead(args):
     import triton
     tf = _load_module(args.module)
     F = torch.nn.functional
-    rows, profile = [], ""
+    cases = {}                                          # (N, 实现) → (fn, 输入)
     for n in OVERHEAD_NS:
         q, k, v = (torch.randn(1, n, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        fns = {"ours": lambda q=q, k=k, v=v: tf.flash_attn_func(q, k, v, causal=True),
-               "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
-                   q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)}
-        for name, fn in fns.items():
-            wall = wall_per_call(fn, args.calls) * 1e6
-            try:
-                gpu = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
-                graph = "ok" if graph_matches_eager(fn, (q, k, v)) else "结果和直接调用不一致"
-            except Exception as e:                              # 记下为什么不能捕获，不中断测量
-                gpu, graph = None, f"失败：{str(e).splitlines()[0][:120]}"
-            rows.append(dict(impl=name, N=n, wall_us=wall, gpu_us=gpu,
-                             over_us=None if gpu is None else wall - gpu, graph=graph))
-            print(f"  {args.label:<7s}{name:<6s}N={n:<5d}每次调用 {wall:8.1f} µs  GPU {gpu or float('nan'):7.1f} µs  "
-                  f"CUDA 图：{graph}", flush=True)
-        if n == 128:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(1000):
-                fns["ours"]()
-            prof.disable()
-            torch.cuda.synchronize()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
-            profile = _relative_paths(buf.getvalue())
-            print(profile)
+        cases[(n, "ours")] = (lambda q=q, k=k, v=v: tf.flash_attn_func(q, k, v, causal=True), (q, k, v))
+        cases[(n, "sdpa")] = (lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2), (q, k, v))
+    walls = wall_per_call_many({key: fn for key, (fn, _) in cases.items()}, args.calls)    # 所有形状轮流量
+    rows = []
+    for (n, name), (fn, inputs) in cases.items():
+        wall = walls[(n, name)] * 1e6
+        try:
+            gpu = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+            graph = "ok" if graph_matches_eager(fn, inputs) else "结果和直接调用不一致"
+        except Exception as e:                              # 记下为什么不能捕获，不中断测量
+            gpu, graph = None, f"失败：{str(e).splitlines()[0][:120]}"
+        rows.append(dict(impl=name, N=n, wall_us=wall, gpu_us=gpu,
+                         over_us=None if gpu is None else wall - gpu, graph=graph))
+        print(f"  {args.label:<7s}{name:<6s}N={n:<5d}每次调用 {wall:8.1f} µs  GPU {gpu or float('nan'):7.1f} µs  "
+              f"CUDA 图：{graph}", flush=True)
+    prof = cProfile.Profile()                           # N = 128 时主机时间花在哪
+    fn = cases[(128, "ours")][0]
+    prof.enable()
+    for _ in range(1000):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+    profile = _relative_paths(buf.getvalue())
+    print(profile)
     parts = host_parts(torch, tf) if hasattr(tf, "_check_dense") else None
     return dict(label=args.label, module=args.module or "lecture11/triton_flash.py", rows=rows, profile=profile,
                 parts=parts, fastpath=fastpath_checks(torch, tf) if hasattr(tf, "_PLANS") else None)
@@ -436,9 +439,8 @@ def host_parts(torch, tf, n=128, calls=5000):
         "reshape ×3": lambda: (q.reshape(n, 16, 128), k.reshape(n, 16, 128), v.reshape(n, 16, 128)),
         "整次调用 flash_attn_func": lambda: tf.flash_attn_func(q, k, v, causal=True),
     }
-    out = {}
-    for name, fn in pieces.items():
-        out[name] = wall_per_call(fn, calls, warmup=1) * 1e6
+    out = {name: t * 1e6 for name, t in wall_per_call_many(pieces, calls, warmup=1).items()}
+    for name in pieces:
         print(f"  主机时间的一块：{name:<32s}{out[name]:7.1f} µs", flush=True)
     return out
 

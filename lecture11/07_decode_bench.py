@@ -43,7 +43,8 @@ from dataclasses import replace  # noqa: E402
 
 import flash_lab as fl  # noqa: E402
 from course_utils import (capture_graph, cuda_time, format_table, gpu_meta, graph_matches_eager, load_json,  # noqa: E402,E501
-                          pyplot, ratio_errors, save_figure, wall_per_call)
+                          pyplot, ratio_errors, save_figure, wall_per_call,
+                          wall_per_call_many)
 from hw_specs import H200  # noqa: E402
 
 SKIP = 77
@@ -196,28 +197,33 @@ def decode_choice(tf, B, S, device):
 
 
 def measure_overhead(torch, tf, calls=3000):
-    """B = 1 的小形状：每次调用的墙钟时间（主机）− GPU 时间；CUDA 图捕获后换输入重放 = 直接调用（逐位）。"""
-    rows = []
+    """
+    B = 1 的小形状：每次调用的墙钟时间（主机）− GPU 时间；CUDA 图捕获后换输入重放 = 直接调用（逐位）。
+    墙钟时间用 wall_per_call_many：所有形状、实现轮流量 5 轮，各取最快的一轮（共用主机上的慢段不偏向哪一个）。
+    """
+    cases = {}                                          # (S, 实现) → (fn, 输入)
     for S in OVERHEAD_S:
         q, k, v, lens = make_inputs(torch, 1, S)
         fns = impl_fns(torch, tf, q, k, v, lens)
         out = torch.empty_like(q)
         fns["ours-out"] = lambda q=q, k=k, v=v, lens=lens, out=out: tf.flash_decode(q, k, v, lens, out=out)
         for name in ("ours", "ours-out", "sdpa"):
-            fn = fns[name]
-            gpu = graph_time(torch, fn)
-            wall = wall_per_call(fn, calls)
-            rows.append(dict(S=S, impl=name, wall_s=wall, gpu_s=gpu, over_s=wall - gpu,
-                             graph_ok=graph_matches_eager(fn, (q, k, v))))
-            print(f"  主机开销 S={S:<6d}{name:<5s} 每次调用 {wall * 1e6:6.1f} µs  GPU {gpu * 1e6:6.1f} µs  "
-                  f"多出 {(wall - gpu) * 1e6:6.1f} µs  CUDA 图逐位一致：{rows[-1]['graph_ok']}", flush=True)
+            cases[(S, name)] = (fns[name], (q, k, v))
+    walls = wall_per_call_many({key: fn for key, (fn, _) in cases.items()}, calls)
+    rows = []
+    for (S, name), (fn, inputs) in cases.items():
+        gpu, wall = graph_time(torch, fn), walls[(S, name)]
+        rows.append(dict(S=S, impl=name, wall_s=wall, gpu_s=gpu, over_s=wall - gpu,
+                         graph_ok=graph_matches_eager(fn, inputs)))
+        print(f"  主机开销 S={S:<6d}{name:<5s} 每次调用 {wall * 1e6:6.1f} µs  GPU {gpu * 1e6:6.1f} µs  "
+              f"多出 {(wall - gpu) * 1e6:6.1f} µs  CUDA 图逐位一致：{rows[-1]['graph_ok']}", flush=True)
     q, k, v, lens = make_inputs(torch, 1, 1024)
     out = torch.empty_like(q)
     parts = {"key": lambda: tf._decode_key(q, k, v, lens, None, None),
              "empty_like": lambda: torch.empty_like(q),
              "flash_decode": lambda: tf.flash_decode(q, k, v, lens),
              "flash_decode(out=)": lambda: tf.flash_decode(q, k, v, lens, out=out)}
-    host = {name: wall_per_call(fn, calls) for name, fn in parts.items()}
+    host = wall_per_call_many(parts, calls)
     for name, t in host.items():
         print(f"  主机时间的一块：{name:<14s}{t * 1e6:6.2f} µs", flush=True)
     return dict(rows=rows, parts=host, plan_launches=tf._Plan.launches)

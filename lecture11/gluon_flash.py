@@ -694,28 +694,30 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
 # 原子加的地址逼得 ptxas 溢出 ~830 字节，d = 128 时慢 1.6–1.8×（results/NOTES.md 的 v9、v11；代码在 git 18929f1）。
 # 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
 # worker_regs（最后一项）只是记账：_attn_bwd 的 gl.warp_specialize 调用里写死了同样的 [240, 24]（测试对照两处）
-BWD_TILE = (64, 64, 2, 3, 4, 168, (240, 24))
+BWD_TILES = {64: (128, 64, 2, 2, 4, 168, (240, 24)),
+             128: (64, 64, 2, 3, 4, 168, (240, 24))}
 
 
 def bwd_tile_config(d):
     """
     反向的块：(BLOCK_M, BLOCK_N, CONSUMERS, STAGES, num_warps, maxnreg, worker_regs)。
     BLOCK_N = 每个计算组拿的 K/V 行数（程序的 K/V 块 = CONSUMERS·BLOCK_N = 128 行）；BLOCK_M = 每轮流过的 Q / dO 块的
-    行数；STAGES = Q / dO 环的格数（d = 64 多一格）。
+    行数；STAGES = Q / dO 环的格数。
     寄存器账（每线程，128 线程的计算组）：dK、dV 累加器各 BLOCK_N·d/128 个 fp32（d = 128：64 + 64），Sᵀ、dPᵀ 各
-    BLOCK_N·BLOCK_M/128（32 + 32），Pᵀ、dSᵀ 的 16 位 A 操作数再各一半，LSE、D 各 16（沿列广播），dQ 的一半
-    BLOCK_M·d/2/128（32，这时 Sᵀ、dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 dK + dV 就有 256 个：必溢出——所以两个
-    计算组各 64 行，共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
+    BLOCK_N·BLOCK_M/128（d = 128：32 + 32），Pᵀ、dSᵀ 的 16 位 A 操作数再各一半，dQ 的一半 BLOCK_M·d/2/128（这时 Sᵀ、
+    dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 d = 128 的 dK + dV 就有 256 个：必溢出——所以两个计算组各 64 行，
+    共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
+    d = 64 的 dK + dV 只有 64 个：BLOCK_M 加到 128（Sᵀ、dPᵀ 各 64 个），每轮的矩阵乘大一倍、同步和等待少一半；
+    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 9–12%（results/NOTES.md 的 v12）。
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
     奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
-    d = 128 时 231 360 字节（上限 232 448）。
-    溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 124 / 44 字节（main 上是 192 / 352），d = 64 没有
+    d = 128 时 231 360 字节、d = 64 时 199 072 字节（上限 232 448；d = 64 再加一格就超了）。
+    溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 124 / 44 字节，d = 64 196 / 196 字节
     （results/gluon_bwd_ptxas.log）。
     """
-    block_m, block_n, cons, stages, warps, maxnreg, regs = BWD_TILE
-    if d == 64:
-        stages = stages + 1                     # d = 64 的 Q / dO 块小一半：多一格
-    return block_m, block_n, cons, stages, warps, maxnreg, regs
+    if d not in BWD_TILES:
+        raise ValueError(f"bwd_tile_config：d 只能是 {sorted(BWD_TILES)}，收到 {d!r}")
+    return BWD_TILES[d]
 
 
 PRE_BLOCK = 64        # 预处理一个程序的行数（[B·N·H] 里的行）
@@ -1041,8 +1043,10 @@ def _launch_bwd(q, k, v, out, lse, do, causal, scale):
     q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
     block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d)
     n_pad = triton.cdiv(n, block_m) * block_m                                 # 每个头的行补齐到 BLOCK_M 的倍数
-    # [2, B·H·n_pad]：LSE·log2 e、D，每个头补齐到 BLOCK_M 的倍数（补出来的位置清零），生产者按块用 TMA 读
-    stats = torch.zeros((2 * batch * hq * n_pad,), device=q.device, dtype=torch.float32)
+    # [2, B·H·n_pad]：LSE·log2 e、D，每个头补齐到 BLOCK_M 的倍数，生产者按块用 TMA 读。补出来的位置要清零
+    # （被掩掉的 query 不能是 NaN）；N 是 BLOCK_M 的倍数时没有补的位置，预处理写满每一格，省一次清零
+    alloc = torch.empty if n_pad == n else torch.zeros
+    stats = alloc((2 * batch * hq * n_pad,), device=q.device, dtype=torch.float32)
     dq_acc = torch.empty((batch, hq, n_pad, d), device=q.device, dtype=torch.float32)  # 预处理内核清零
     rows = batch * n * hq
     _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK),)](out, do, lse, stats, dq_acc, n, hq, rows, n_pad, HEAD_DIM=d,
@@ -1078,12 +1082,15 @@ if torch is not None:
         def forward(ctx, q, k, v, causal, scale, variant):
             out, lse = _launch(q, k, v, causal, scale, variant, True)
             ctx.save_for_backward(q, k, v, out, lse)
+            ctx.set_materialize_grads(False)          # lse 没有梯度：不让 autograd 每次为它启动一个填零的内核
             ctx.causal, ctx.scale = causal, scale
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, do, _dlse):
+            if do is None:                            # 损失没用到 out（set_materialize_grads(False) 时不补零）
+                return None, None, None, None, None, None
             q, k, v, out, lse = ctx.saved_tensors
             dq, dk, dv = _launch_bwd(q, k, v, out, lse, do, ctx.causal, ctx.scale)
             return dq, dk, dv, None, None, None
