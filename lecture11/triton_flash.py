@@ -913,12 +913,14 @@ _CU_DENSE = {}
 
 
 def _launch_hooks_active():
-    """Triton 的启动钩子（proton 等 profiler 用）有没有装上：空的 HookChain 不算。没有 knobs 的版本按"有"处理。"""
+    """Triton 的启动钩子（proton 等 profiler 用）有没有装上：空的 HookChain 不算。没有 knobs 的版本按"有"处理。
+    每次启动都要问：不用生成器、不建元组（快速路径上每一处零点几 µs 都算数）。"""
     knobs = getattr(triton, "knobs", None)
     if knobs is None:
         return True
-    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-    return any(h is not None and getattr(h, "calls", True) != [] for h in hooks)
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return ((enter is not None and getattr(enter, "calls", True) != [])
+            or (leave is not None and getattr(leave, "calls", True) != []))
 
 
 def _cu_dense(batch, n, device):
@@ -1145,12 +1147,17 @@ def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, wi
                 or not q.is_cuda or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                   or v.requires_grad))):
             return None
+        if type(window_size) is not tuple:
+            return None
         scalars = (dropout_p, softmax_scale, causal, return_lse, seed, enable_profiling, deterministic, *window_size)
-        if not all(type(x) in _PLAIN for x in scalars) or type(window_size) is not tuple:
-            return None                               # numpy 标量、0 维张量、list……：交给正常路径
+        types = tuple(map(type, scalars))
+        if types not in _PLAIN_TYPES:                 # 第一次见到这组类型：逐个看（之后只查集合）
+            if not all(t in _PLAIN for t in types):
+                return None                           # numpy 标量、0 维张量、list……：交给正常路径
+            _PLAIN_TYPES.add(types)
         key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.get_device(), k.get_device(), v.get_device(), q.data_ptr() % 16, k.data_ptr() % 16,
-               v.data_ptr() % 16, scalars, tuple(map(type, scalars)))
+               v.data_ptr() % 16, scalars, types)
         hash(key)
         return key
     except (AttributeError, TypeError, ValueError, RuntimeError):   # RuntimeError：多元素张量的 dropout_p != 0
@@ -1158,25 +1165,49 @@ def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, wi
 
 
 _PLAIN = (bool, int, float, type(None))
+_PLAIN_TYPES = set()           # 检查过、全是 _PLAIN 的类型元组（最多 4⁹ 种，实际只有几种）
 
 
 class _DenseFast:
     """flash_attn_func 的最快路径：一个 _Plan 加上这组形状的 cu_seqlens 和输出形状。q、k、v 直接传给内核
-    （记录时已确认 reshape 成 [B·N, H, d] 只是换视图：数据指针相同，步长在键里）。"""
-    __slots__ = ("plan", "cu_q", "cu_k", "shape", "return_lse")
+    （记录时已确认 reshape 成 [B·N, H, d] 只是换视图：数据指针相同，步长在键里）。o 直接按 [B, N, H, d] 分配
+    （连续：和内核看到的 [B·N, H, d] 是同一块内存）。不要 lse 时内核照样写 lse，写进每块 GPU 共用的一块草稿区
+    （_lse_scratch）：每次调用少分配一次；没人读它，几个 stream 同时写也无妨。"""
+    __slots__ = ("plan", "cu_q", "cu_k", "shape", "return_lse", "lse_scratch")
 
     def __init__(self, plan, cu_q, cu_k, shape, return_lse):
         self.plan, self.cu_q, self.cu_k, self.shape, self.return_lse = plan, cu_q, cu_k, shape, return_lse
+        batch, nq, hq, _ = shape
+        self.lse_scratch = None if return_lse else _lse_scratch(cu_q.device, hq * batch * nq)
 
     def __call__(self, q, k, v):
-        batch, nq, hq, d = self.shape
-        o = q.new_empty((batch * nq, hq, d))
+        o = q.new_empty(self.shape)
+        if self.lse_scratch is not None:
+            self.plan.launch((q, k, v, o, self.lse_scratch, self.cu_q, self.cu_k), _current_stream(q.get_device()))
+            return o
+        batch, nq, hq, _ = self.shape
         lse = q.new_empty((hq, batch * nq), dtype=torch.float32)
         self.plan.launch((q, k, v, o, lse, self.cu_q, self.cu_k), _current_stream(q.get_device()))
-        out = o.view(batch, nq, hq, d)
         if self.return_lse:
-            return out, lse.view(hq, batch, nq).transpose(0, 1)
-        return out
+            return o, lse.view(hq, batch, nq).transpose(0, 1)
+        return o
+
+
+_LSE_SCRATCH = {}
+LSE_SCRATCH_MAX = 1 << 20     # 草稿区最多 1M 个 fp32（4 MB）；更大的 lse 每次照常分配（那时内核本身远比分配慢）
+
+
+def _lse_scratch(device, numel):
+    """device 上共用的 fp32 草稿区，至少 numel 个（不够时按两倍长大；旧的那块由还在用它的 _DenseFast 留住，
+    所以总共最多约两倍的最大尺寸）；numel > LSE_SCRATCH_MAX 时返回 None。"""
+    if numel > LSE_SCRATCH_MAX:
+        return None
+    buf = _LSE_SCRATCH.get(device)
+    if buf is None or buf.numel() < numel:
+        size = max(numel, 2 * (0 if buf is None else buf.numel()), 4096)
+        buf = torch.empty(min(size, LSE_SCRATCH_MAX), device=device, dtype=torch.float32)
+        _LSE_SCRATCH[device] = buf
+    return buf
 
 
 def _plan_key(qp, kp, vp, opts):
@@ -1793,6 +1824,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
 def _byte_range(t):
     """张量 t 碰到的字节 [起点, 终点)：起点 = data_ptr，长度 = (Σ (size − 1)·stride + 1)·元素字节；空张量 → 空区间。"""
     start = t.data_ptr()
+    if t.is_contiguous():                 # 常见情况：一段连续的字节（含空张量），不用逐维求和
+        return start, start + t.numel() * t.element_size()
     if t.numel() == 0:
         return start, start
     extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))

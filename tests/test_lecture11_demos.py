@@ -162,6 +162,26 @@ def test_07_table_states_the_number_of_rounds(db, res07, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- 07 的图
+def test_07_merge_overhead_keeps_the_faster_pass(db, res07, capsys):
+    """主机开销量两遍：每点取快的一遍、GPU 时间用最后一遍、CUDA 图核对两遍都要过；打印时列出各遍。"""
+    a = copy.deepcopy(res07["overhead"])
+    b = copy.deepcopy(res07["overhead"])
+    for i, (ra, rb) in enumerate(zip(a["rows"], b["rows"])):
+        ra["wall_s"], rb["wall_s"] = (30e-6, 20e-6) if i % 2 else (20e-6, 30e-6)
+    b["rows"][0]["graph_ok"] = False
+    a["parts"] = {name: 1e-6 for name in a["parts"]}
+    m = db.merge_overhead(a, b)
+    assert [r["wall_s"] for r in m["rows"]] == [20e-6] * len(a["rows"])
+    assert all(r["over_s"] == pytest.approx(20e-6 - rb["gpu_s"]) for r, rb in zip(m["rows"], b["rows"]))
+    assert m["rows"][0]["graph_ok"] is False and m["passes"] == 2
+    assert m["parts"] == {name: min(1e-6, t) for name, t in b["parts"].items()}
+    db.print_overhead(dict(res07, overhead=m))
+    assert "量了 2 遍" in capsys.readouterr().out
+    b["rows"] = b["rows"][::-1]
+    with pytest.raises(ValueError, match="顺序不同"):
+        db.merge_overhead(a, b)
+
+
 def test_07_figures_go_to_figures_unless_replot(db, res07, monkeypatch):
     """不带参数 / --quick 不动已提交的 results/*.png；只有 --replot 写那里。带宽图只有一个图例，在面板外。"""
     saved = []

@@ -611,3 +611,47 @@ def test_gpu_checks(kernel):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_lse_scratch_grows_and_is_shared(monkeypatch):
+    """不要 lse 的快速路径共用一块 fp32 草稿区：够大就原样返回同一块，不够时至少长到两倍，超过上限返回 None。"""
+    monkeypatch.setattr(tf, "_LSE_SCRATCH", {})
+    cpu = torch.device("cpu")
+    a = tf._lse_scratch(cpu, 10)
+    assert a.dtype == torch.float32 and a.numel() >= 10
+    assert tf._lse_scratch(cpu, a.numel()) is a
+    b = tf._lse_scratch(cpu, a.numel() + 1)
+    assert b is not a and b.numel() >= 2 * a.numel()
+    assert tf._lse_scratch(cpu, tf.LSE_SCRATCH_MAX).numel() == tf.LSE_SCRATCH_MAX
+    assert tf._lse_scratch(cpu, tf.LSE_SCRATCH_MAX + 1) is None
+
+
+def test_byte_range_matches_the_strided_formula(gen):
+    """_byte_range 的连续张量捷径和一般公式（起点 + (1 + Σ (size − 1)·stride)·元素字节）一致；视图、切片、转置、
+    空张量走一般公式。out 的别名检查（flash_decode）靠它。"""
+    base = torch.randn(6, 5, 4, generator=gen)
+    cases = [base, base[1:4], base[:, 2], base.transpose(0, 2), base[::2], base[2:2], base.reshape(-1)[3:17],
+             torch.empty(0, 3), base[:, :, 1:2]]
+    for t in cases:
+        start = t.data_ptr()
+        extent = 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        assert tf._byte_range(t) == (start, start + extent * t.element_size()), (t.shape, t.stride())
+
+
+def test_launch_hooks_active_sees_installed_hooks(monkeypatch):
+    """快速路径只在没有启动钩子（proton 等 profiler）时走：装了钩子 → True，空的 HookChain、None → False。"""
+    import triton
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    rt = triton.knobs.runtime
+    monkeypatch.setattr(rt, "launch_enter_hook", Chain([]))
+    monkeypatch.setattr(rt, "launch_exit_hook", None)
+    assert tf._launch_hooks_active() is False
+    monkeypatch.setattr(rt, "launch_exit_hook", Chain([print]))
+    assert tf._launch_hooks_active() is True
+    monkeypatch.setattr(rt, "launch_exit_hook", Chain([]))
+    monkeypatch.setattr(rt, "launch_enter_hook", print)           # 不是 HookChain 的钩子（旧接口）：按"有"处理
+    assert tf._launch_hooks_active() is True
