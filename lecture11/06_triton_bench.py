@@ -158,13 +158,11 @@ def miss_explained(rows, busy=None):
     g_ours, g_cudnn, b64 = ratios("gluon", "ours", 128), ratios("gluon", "sdpa-cudnn", 128), best64()
     bwd = ""
     if g_ours and g_cudnn and b64:
-        bwd = (f"gluon 的反向（FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，经共享内存用 TMA 归约加回全局）\n"
-               f"    在 d = 128、N ≥ 4k 上是 ours 的 {_span(g_ours)}×、cuDNN 的 {_span(g_cudnn)}；"
-               f"d = 64 我们最快的反向是 cuDNN 的 {_span(b64)}。\n"
-               f"    ncu：gluon 反向的主内核 Tensor Core 忙 {tc.get('gluon-bwd', '?')}"
-               f"（cuDNN {tc.get('cudnn-bwd', '?')}），"
-               "停顿最多的是 barrier（两组交换 dSᵀ、等 Q / dO）和\n"
-               f"    long_scoreboard（d = 128 时 ptxas 溢出的寄存器、每轮读 LSE / D）。")
+        bwd = (f"gluon 的反向（FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，经共享内存用 TMA 归约加回全局；\n"
+               f"    LSE、D 由生产者用 TMA 读进共享内存）在 d = 128、N ≥ 4k 上是 ours 的 {_span(g_ours)}×、"
+               f"cuDNN 的 {_span(g_cudnn)}；\n"
+               f"    d = 64 我们最快的反向是 cuDNN 的 {_span(b64)}。ncu：gluon 反向的主内核 Tensor Core 忙 "
+               f"{tc.get('gluon-bwd', '?')}（cuDNN {tc.get('cudnn-bwd', '?')}）。")
     return ("  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，\n"
             "    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV\n"
             "    是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和\n"
@@ -174,7 +172,7 @@ def miss_explained(rows, busy=None):
             "    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。\n"
             "    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。\n"
             "    反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长。\n    " + bwd
-            + "\n    数字和剖析见 results/NOTES.md 的 v9–v11。")
+            + "\n    数字和剖析见 results/NOTES.md 的 v9–v12。")
 
 
 def target_report(rows):
@@ -361,6 +359,35 @@ def explore(args):
 
 
 OVERHEAD_NS = (1, 16, 128, 512)
+
+
+OVERHEAD_TARGET_US = 15.0      # issue 16：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
+
+
+def print_host_overhead(path):
+    """已提交的 host_overhead.json：每次 --overhead 测量（键 = --label）里 ours、SDPA 在各个 N 上多出的主机时间
+    （每次调用 − CUDA 图里的 GPU 时间），以及 ours 达到目标的点数。没有这个文件时什么都不打印。"""
+    res = load_json(path)
+    if not res:
+        return
+    labels = [k for k in res if k != "meta"]
+    head = ["测量（--label）"] + [f"N={n} ours / sdpa" for n in OVERHEAD_NS] + [f"ours ≤ {OVERHEAD_TARGET_US:.0f} µs"]
+    rows = []
+    for label in labels:
+        over = {(r["impl"], r["N"]): r["over_us"] for r in res[label]["rows"]}
+        ours = [over.get(("ours", n)) for n in OVERHEAD_NS]
+        cells = [f"{_us(over.get(('ours', n)))} / {_us(over.get(('sdpa', n)))}" for n in OVERHEAD_NS]
+        met = sum(o is not None and o <= OVERHEAD_TARGET_US for o in ours)
+        rows.append([label] + cells + [f"{met}/{len(OVERHEAD_NS)}"])
+    print(f"主机开销（{os.path.relpath(path)}；B = 1、H = 16、d = 128、causal；µs，每次调用 − GPU 时间，"
+          "按测量的先后）：")
+    print(format_table(head, rows))
+    print("  这台共用主机的快慢在变：SDPA 每一行都是同一个调用，在各行里能差 1.5 倍以上（v15 和 v15-recheck 的 ours\n"
+          "  也是同一份代码，前后隔几分钟）。每一行对应的代码版本见 results/NOTES.md")
+
+
+def _us(x):
+    return "—" if x is None else f"{x:.1f}"
 
 
 def _load_module(path):
@@ -561,6 +588,7 @@ def main():
             return
         print(f"{why}：打印已提交的测量结果 {os.path.relpath(committed)}")
         print_table(res)
+        print_host_overhead(os.path.join(RESULTS, "host_overhead.json"))
         if args.quick:                                   # 同一张图进 figures/quick/：检查画图代码还能用，不动已提交的图
             print(f"图（由已提交的 JSON 画）：{os.path.relpath(plot(res, None, quick=True))}")
         if report_failures(res):

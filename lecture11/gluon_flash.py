@@ -25,11 +25,14 @@ Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_
 多占寄存器，溢出 92–148 字节），所以每组 64 行。N = 1k 上 E 明显最快，更长时不慢于 C（best_variant）。
 反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住 128 行 K/V（两个计算组各 64 行），
 Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ）——triton_flash 默认的反向另开 dQ 内核，
-共 7 次。dQ 要跨程序相加（fp32 累加器），FA3 的做法：两组先交换 dSᵀ（共享内存 + mbarrier），各算 dQ 的一半列（K 方向
-走满 128 行），写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor）加进全局——Gluon 3.6 的 Python 层没包装
-这条，_tma_reduce_add 直接调 IR 构造器。d = 128、N ≥ 4k：triton_flash 的 1.2–1.3×，cuDNN 的 0.80–0.83；d = 64 和
-triton_flash 持平。v9 的第一版每个计算组从寄存器原子加自己那份 dQ（red.global.add.v2），d = 128 慢 1.6–1.8×：L2 流量
-两倍、ptxas 溢出 ~830 字节（results/NOTES.md 的 v9、v11）。
+共 7 次。H200、06 的基准（N ≥ 4k）：cuDNN 的 1.00–1.02×（d = 128）、0.93–1.01×（d = 64）。每一步买到的
+（results/NOTES.md 的 v9–v12，同一次运行里前后两版的比）：
+  dQ 跨程序相加（fp32 累加器）：每组从寄存器原子加自己那份（v1）→ FA3 的做法：两组交换 dSᵀ（共享内存 + mbarrier），
+      各算 dQ 的一半列，写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor；Gluon 3.6 的 Python 层没包装，
+      _tma_reduce_add 直接调 IR 构造器）：L2 流量减半、溢出 ~830 → 192 字节，d = 128 快 1.6–1.8×
+  LSE、D：每轮从全局读再 convert_layout（经共享内存、要同步）→ 生产者用 TMA 和 Q、dO 一起读进同一格：
+      d = 128 快 1.24–1.33×、d = 64 快 1.10–1.18×（ncu：Tensor Core 忙 49% → 64%，cuDNN 66%）
+  d = 64 的 Q 块 64 → 128 行（bwd_tile_config）：每轮的矩阵乘大一倍，快 1.10–1.11×
 
 形状（flash-attn 布局）：q、k、v [B, N, H, d]（Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，任意 N，causal = 左上角对齐
 （Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。TMA 描述符把连续的 q 看成二维 [B·N, H·d]：一个 Q 块 =
@@ -690,6 +693,8 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
 # dQ = dS K 要 dS 当 A：寄存器里的 dSᵀ 换不成 dS 的分布（要跨线程转置），而它本来就要写进共享内存给另一组用：
 # [BLOCK_N, BLOCK_M] 的格子读的时候用 .permute((1, 0)) 视图 [BLOCK_M, BLOCK_N]
 # （16 位数的 wgmma 允许 A 从共享内存转置读）。
+# 每块 Q 行的 LSE·log2 e、D：预处理内核写成按头排的 [2, B·H, n_pad]，生产者每格用一维 TMA 和 Q、dO 一起读进来，
+# 计算组直接按沿列广播的布局从共享内存读（v11 每轮从全局读、再 convert_layout：慢 1.1–1.3×，results/NOTES.md 的 v12）。
 # v9 的第一版（v1）每个计算组各算自己 64 行 K 的那份 dQ、从寄存器原子加（red.global.add.v2）：L2 流量是这里的两倍、
 # 原子加的地址逼得 ptxas 溢出 ~830 字节，d = 128 时慢 1.6–1.8×（results/NOTES.md 的 v9、v11；代码在 git 18929f1）。
 # 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
@@ -708,7 +713,7 @@ def bwd_tile_config(d):
     dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 d = 128 的 dK + dV 就有 256 个：必溢出——所以两个计算组各 64 行，
     共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
     d = 64 的 dK + dV 只有 64 个：BLOCK_M 加到 128（Sᵀ、dPᵀ 各 64 个），每轮的矩阵乘大一倍、同步和等待少一半；
-    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 9–12%（results/NOTES.md 的 v12）。
+    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 10–11%（results/NOTES.md 的 v12）。
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
     奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
     d = 128 时 231 360 字节、d = 64 时 199 072 字节（上限 232 448；d = 64 再加一格就超了）。

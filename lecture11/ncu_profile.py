@@ -12,8 +12,7 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
 被测的 6 个（"目标"）：
   ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
   gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 = 默认的 v2：5 次矩阵乘，
-                          dQ 经共享内存用 TMA 归约加回全局）。提交的 ncu_gluon-bwd.csv 量于 _dq_convert 之前：
-                          最后一个内核是 torch.mul 对转置视图换 dtype（323 µs），现在换成了 _dq_convert
+                          dQ 经共享内存用 TMA 归约加回全局，LSE、D 由生产者用 TMA 读；提交的反向 CSV 是 NOTES v12 的）
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：
@@ -22,9 +21,9 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
   python3 lecture11/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
                                                         再打印 DIR 的对照表；有目标 ncu 失败时退出码 1
   python3 lecture11/ncu_profile.py --measure --causal --out DIR
-                                                        同样的形状但 causal（和不 causal 的比停顿：NOTES v11 里
-                                                        gluon 的 causal 反向比按块数算的慢 ~25%）；形状记在
-                                                        DIR/ncu_shape.json，之后读这个目录时按它打印
+                                                        同样的形状但 causal（和不 causal 的比停顿）；形状记在
+                                                        DIR/ncu_shape.json，之后读这个目录时按它打印。提交的一份：
+                                                        --out lecture11/results/ncu/causal（只有两个反向，NOTES v12）
   python3 lecture11/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
 """
 import argparse

@@ -6,8 +6,10 @@
 可以故意做错），看它数出来的次数和记下的误差。
 """
 import copy
+import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -61,7 +63,7 @@ def test_06_target_with_missing_provider_is_not_reported_as_achieved(tb):
 
 def test_06_target_with_one_missing_shape_and_real_misses_is_a_cross(tb):
     """缺一个形状的 sdpa-flash 前向：那一条是 ? 11/12。缺一个没达到的形状的 cuDNN 前向：另一个形状真没达到，
-    仍是 ✗；达到的还是那 2 个（缺的不算达到），缺的也列出来。"""
+    仍是 ✗；达到的个数不变（缺的不算达到），缺的也列出来。"""
     rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
 
     def drop(r, provider, mode):
@@ -69,9 +71,12 @@ def test_06_target_with_one_missing_shape_and_real_misses_is_a_cross(tb):
 
     line = _line(tb.target_report([r for r in rows if not drop(r, "sdpa-flash", "fwd")]), "前向 ≥ 1.0× SDPA-FLASH")
     assert line.startswith("  ?") and "11/12" in line and "没测到" in line and "causal d=128 N=4096" in line
+    full = _line(tb.target_report(rows), "前向 ≥ 0.8× cuDNN（d = 128")
+    assert "causal d=128 N=4096" in full.split("没达到")[1]           # 要丢掉的正是一个没达到的形状
+    met = re.search(r"：(\d)/4 个形状达到", full).group(1)
     report = tb.target_report([r for r in rows if not drop(r, "sdpa-cudnn", "fwd")])
     line = _line(report, "前向 ≥ 0.8× cuDNN（d = 128")
-    assert line.startswith("  ✗") and "2/4" in line and "没达到：full d=128 N=4096" in line and "没测到" in line
+    assert line.startswith("  ✗") and f"{met}/4" in line and "没达到：full d=128 N=4096" in line and "没测到" in line
 
 
 def test_06_miss_text_is_computed_from_the_results(tb):
@@ -87,6 +92,19 @@ def test_06_miss_text_is_computed_from_the_results(tb):
 
 
 # ---------------------------------------------------------------------------------------------- 07 的正确性检查
+def test_06_host_overhead_summary_counts_from_the_json(tb, tmp_path, capsys):
+    """主机开销的小结由 JSON 现算：每个 --label 一行，达到目标的点数按 over_us ≤ 15 数；没有文件时不打印。"""
+    rows = [dict(impl=impl, N=n, over_us=over) for n, over in zip(tb.OVERHEAD_NS, (14.9, 15.0, 15.1, None))
+            for impl in ("ours", "sdpa")]
+    path = tmp_path / "host_overhead.json"
+    path.write_text(json.dumps({"meta": {}, "x1": {"rows": rows}}))
+    tb.print_host_overhead(str(path))
+    out = capsys.readouterr().out
+    assert "x1" in out and "2/4" in out and "—" in out
+    tb.print_host_overhead(str(tmp_path / "missing.json"))
+    assert capsys.readouterr().out == ""
+
+
 def test_07_correctness_passes_on_committed_json(db, res07, capsys):
     assert db.check_correctness(res07) == 0
     out = capsys.readouterr().out
