@@ -41,6 +41,8 @@ Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ
   python3 lecture11/gluon_flash.py [--seed N] [--only V ...]   每个 variant 和反向对照 float64 参考（flash-attn 判据）
   python3 lecture11/gluon_flash.py --bench --out DIR          前向的每一步 vs triton_flash、cuDNN、FLASH
                                                               （反向的对照在 06_triton_bench.py 里，带 NaN 检查）
+  python3 lecture11/gluon_flash.py --explore-bwd --out DIR    反向的块 × N × causal 对 cuDNN，bwd_tile_config 的出处
+                                                              （→ DIR/gluon_bwd_explore.json）
   python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
                                                               （N = 4k、16k → DIR/gluon_explore.json；提交的那份
                                                               早于步骤 E，只有 C–D2）
@@ -1040,13 +1042,13 @@ def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
     return _launch_bwd(q, k, v, out, lse, do, causal, scale)
 
 
-def _launch_bwd(q, k, v, out, lse, do, causal, scale):
+def _launch_bwd(q, k, v, out, lse, do, causal, scale, tile=None):
     """检查过的输入 → 预处理（D、清零 dQ 累加器）→ 主内核 → dQ 乘 scale 换 dtype（GQA：dK、dV 按组求和）。"""
     batch, n, hq, d = q.shape
     hk = k.shape[2]
     group = hq // hk
     q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
-    block_m, block_n, cons, stages, num_warps, maxnreg, _ = bwd_tile_config(d)
+    block_m, block_n, cons, stages, num_warps, maxnreg, _ = tile or bwd_tile_config(d)   # tile：--explore-bwd 用
     n_pad = triton.cdiv(n, block_m) * block_m                                 # 每个头的行补齐到 BLOCK_M 的倍数
     # [2, B·H·n_pad]：LSE·log2 e、D，每个头补齐到 BLOCK_M 的倍数，生产者按块用 TMA 读。补出来的位置要清零
     # （被掩掉的 query 不能是 NaN）；N 是 BLOCK_M 的倍数时没有补的位置，预处理写满每一格，省一次清零
@@ -1340,6 +1342,56 @@ def explore(out_dir, ns=EXPLORE_NS, variants=EXPLORE_VARIANTS, name=None):
     print(f"写好 {path}")
 
 
+# --explore-bwd 比的反向块（bwd_tile_config 的出处；d = 64 再大一格 STAGES 就超出共享内存）
+EXPLORE_BWD_TILES = {64: ((64, 64, 2, 4, 4, 168, (240, 24)), (64, 64, 2, 6, 4, 168, (240, 24)),
+                          (128, 64, 2, 2, 4, 168, (240, 24))),
+                     128: ((64, 64, 2, 2, 4, 168, (240, 24)), (64, 64, 2, 3, 4, 168, (240, 24)))}
+
+
+def explore_bwd(out_dir, ns=EXPLORE_NS, tiles=EXPLORE_BWD_TILES):
+    """
+    调参：反向主内核的块（EXPLORE_BWD_TILES）在 N ∈ ns、full / causal 上的时间，和 cuDNN 的整个反向比；每个块的
+    梯度和默认块的梯度比（相对差，应在舍入量级：块不同，fp32 累加的顺序不同）。写 DIR/gluon_bwd_explore.json。
+    计时的是 _launch_bwd（预处理 + 主内核 + dQ 换 dtype），cuDNN 是 autograd 的 backward（do_bench 每次清梯度）。
+    """
+    from triton.testing import do_bench
+    cudnn = _triton_flash().sdpa_fn("sdpa-cudnn")
+    rows, t_start = [], time.time()
+    for d in HEAD_DIMS:
+        for n, causal in itertools.product(ns, (False, True)):
+            batch, heads = fl.BENCH_TOKENS // n, fl.BENCH_HIDDEN // d
+            q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            scale = d ** -0.5
+            out, lse = _launch(q, k, v, causal, scale, BEST, True)
+            ref = _launch_bwd(q, k, v, out, lse, do, causal, scale)
+            qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+            o_cudnn = cudnn(qg, kg, vg, causal)
+            ms_cudnn = do_bench(functools.partial(o_cudnn.backward, do, retain_graph=True), warmup=5, rep=25,
+                                grad_to_none=[qg, kg, vg])
+            del o_cudnn, qg, kg, vg
+            for tile in tiles[d]:
+                row = dict(d=d, N=n, causal=causal, tile=list(tile[:6]), default=tile == bwd_tile_config(d),
+                           cudnn_ms=ms_cudnn)
+                try:
+                    got = _launch_bwd(q, k, v, out, lse, do, causal, scale, tile)
+                    row["rel_diff"] = max(float((a.float() - b.float()).norm() / b.float().norm())
+                                          for a, b in zip(got, ref))
+                    row["ms"] = do_bench(functools.partial(_launch_bwd, q, k, v, out, lse, do, causal, scale, tile),
+                                         warmup=5, rep=25)
+                    row["vs_cudnn"] = ms_cudnn / row["ms"]
+                except Exception as exc:
+                    row["error"] = _short(exc)
+                rows.append(row)
+                print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}tile={tile[:4]}{' *' if row['default'] else '  '}  "
+                      + (f"{row['ms']:7.3f} ms  cuDNN {ms_cudnn:7.3f} ms  ×{row['vs_cudnn']:.3f}  "
+                         f"和默认块的梯度差 {row['rel_diff']:.1e}" if "ms" in row else row["error"]), flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "gluon_bwd_explore.json")
+    with open(path, "w") as fh:
+        json.dump(gpu_meta(torch, dtype="bfloat16", seconds=round(time.time() - t_start, 1), rows=rows), fh, indent=1)
+    print(f"写好 {path}（* = bwd_tile_config 现在的选择；× = cuDNN 时间 / 这个块的时间）")
+
+
 BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
@@ -1363,6 +1415,8 @@ def _parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=None, help="自检的随机种子（默认按时间取，打印出来）")
     ap.add_argument("--bench", action="store_true", help="跑基准（代替自检）")
     ap.add_argument("--explore", action="store_true", help="扫 variant × (BLOCK_N, STAGES)（代替自检）")
+    ap.add_argument("--explore-bwd", action="store_true",
+                    help="反向的块（EXPLORE_BWD_TILES）× N × causal，对 cuDNN（代替自检）→ DIR/gluon_bwd_explore.json")
     ap.add_argument("--ns", type=int, nargs="+", default=list(EXPLORE_NS),
                     help="--explore 测哪几个 N（默认 4096 16384；文件名跟着变：--ns 1024 → gluon_explore_1k.json）")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(EXPLORE_VARIANTS),
@@ -1378,7 +1432,9 @@ def _measure(args):
     if torch is None or not torch.cuda.is_available() or GLUON_ERROR is not None:
         print("SKIP: 基准要 CUDA GPU 和 triton ≥ 3.6 的 Gluon")
         sys.exit(77)
-    if args.explore:
+    if args.explore_bwd:
+        explore_bwd(args.out, ns=tuple(args.ns))
+    elif args.explore:
         explore(args.out, ns=tuple(args.ns), variants=tuple(args.variants))
     else:
         bench(args.out)
@@ -1386,7 +1442,7 @@ def _measure(args):
 
 if __name__ == "__main__":
     _args = _parse_args()
-    if _args.bench or _args.explore:
+    if _args.bench or _args.explore or _args.explore_bwd:
         _measure(_args)
     else:
         _selftest(_args.seed, tuple(_args.only))

@@ -87,15 +87,32 @@ def _bwd_args(**over):
     return args
 
 
+def _bwd_smem(d, tile):
+    """bwd_tile_config 文档里的共享内存账：K、V + Q / dO 环 + 4 格 dSᵀ + 两个 fp32 的 dQ 半块 + 每格的 LSE、D。"""
+    bm, bn, consumers, stages = tile[:4]
+    return (2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + 4 * bn * bm * 2 + 2 * bm * (d // 2) * 4
+            + stages * 2 * bm * 4)
+
+
 def test_bwd_tile_table():
-    """共享内存按 bwd_tile_config 文档里的账算（K、V + Q / dO 环 + 4 格 dSᵀ + 两个 fp32 的 dQ 半块）不超过 227 KB；
-    dSᵀ 的交换是为两个计算组写的。"""
+    """共享内存按 bwd_tile_config 文档里的账算不超过 227 KB；dSᵀ 的交换是为两个计算组写的；--explore-bwd 比的块
+    都放得下，并且包含现在的选择（选择有出处）。"""
     for d in gf.HEAD_DIMS:
         bm, bn, consumers, stages, warps, maxnreg, regs = gf.bwd_tile_config(d)
         assert consumers == 2 and len(regs) == consumers and stages >= 2
-        smem = (2 * consumers * bn * d * 2 + stages * 2 * bm * d * 2 + 4 * bn * bm * 2 + 2 * bm * (d // 2) * 4
-                + stages * 2 * bm * 4)                                        # 每格的 LSE·log2 e、D（fp32）
-        assert smem <= 227 * 1024, (d, smem)
+        assert _bwd_smem(d, gf.bwd_tile_config(d)) <= 227 * 1024, d
+        assert gf.bwd_tile_config(d) in gf.EXPLORE_BWD_TILES[d]
+        for tile in gf.EXPLORE_BWD_TILES[d]:
+            assert tile[2] == 2 and _bwd_smem(d, tile) <= 227 * 1024, (d, tile)
+    with pytest.raises(ValueError, match="d 只能是"):
+        gf.bwd_tile_config(96)
+
+
+def test_explore_bwd_cli():
+    """--explore-bwd 代替自检；没有 GPU 时一行 SKIP、退出码 77。"""
+    args = gf._parse_args(["--explore-bwd", "--ns", "4096", "--out", "/tmp/x"])
+    assert args.explore_bwd and args.ns == [4096] and not args.explore
+    assert not gf._parse_args([]).explore_bwd
 
 
 def _warp_specialize_literals(kernel):
