@@ -32,7 +32,7 @@ Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ
       _tma_reduce_add 直接调 IR 构造器）：L2 流量减半、溢出 ~830 → 192 字节，d = 128 快 1.6–1.8×
   LSE、D：每轮从全局读再 convert_layout（经共享内存、要同步）→ 生产者用 TMA 和 Q、dO 一起读进同一格：
       d = 128 快 1.24–1.33×、d = 64 快 1.10–1.18×（ncu：Tensor Core 忙 49% → 64%，cuDNN 66%）
-  d = 64 的 Q 块 64 → 128 行（bwd_tile_config）：每轮的矩阵乘大一倍，快 1.10–1.11×
+  d = 64 的 Q 块 64 → 128 行（bwd_tile_config）：每轮的矩阵乘大一倍，快 1.04–1.11×
 
 形状（flash-attn 布局）：q、k、v [B, N, H, d]（Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，任意 N，causal = 左上角对齐
 （Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。TMA 描述符把连续的 q 看成二维 [B·N, H·d]：一个 Q 块 =
@@ -715,7 +715,7 @@ def bwd_tile_config(d):
     dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 d = 128 的 dK + dV 就有 256 个：必溢出——所以两个计算组各 64 行，
     共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
     d = 64 的 dK + dV 只有 64 个：BLOCK_M 加到 128（Sᵀ、dPᵀ 各 64 个），每轮的矩阵乘大一倍、同步和等待少一半；
-    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 10–11%（results/NOTES.md 的 v12）。
+    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 4–11%（两次运行；results/gluon_bwd_explore.json）。
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
     奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
     d = 128 时 231 360 字节、d = 64 时 199 072 字节（上限 232 448；d = 64 再加一格就超了）。
