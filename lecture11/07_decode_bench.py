@@ -422,9 +422,7 @@ def check_correctness(res):
     if info is None:
         print("  压力测试（草稿区在调用之间复用；num_splits 固定）。注意：这份 JSON 是旧的测法——同一组输入连算 "
               "500 次，读到上一次留下的段也和该写的逐位相同，查不出来，所以下面记成 ?（不算通过）；现在的测法是两组"
-              "输入交替（见 stress() 的文档）。新测法在 H200 上的完整一次运行（同样的内核，--sweep）在 "
-              "results/decode_bench_v15.json（stress 一项）、decode_v15.log。那份没有替换这一份：triton_flash "
-              "的段数规则和 flash_lab 的校准引用的是这一份，换掉要一起重新拟合（results/NOTES.md 的 v12）")
+              "输入交替（见 stress() 的文档），用 --measure 重测就是新测法")
     else:
         print(f"  压力测试（草稿区在调用之间复用；num_splits 固定）：两组输入（{info['inputs']}）按 {info['order']} "
               f"交替算 {info['calls']} 次，每次和同组第一次的结果逐位比较；第一次的结果再和 SDPA 比")

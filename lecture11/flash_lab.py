@@ -882,7 +882,7 @@ class TimelineParams:
 #       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
 #   eager 的 launch = 11.96 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
 #   其余（eff、ramp、sync……）用默认值。中位误差见 07 的第 6 部分；tests 断言它们等于对已提交 JSON 的校准。
-H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.019519805908203e-07, small=1.91e-6)
+H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.022079825401305e-07, small=1.91e-6)
 H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.196e-05, small=1.91e-6)
 
 # timeline() 返回的时间分解：键 → (中文说明, 英文图例)
