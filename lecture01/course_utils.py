@@ -163,6 +163,7 @@ def merge_identical(series, atol=0.0):
 
     为什么：两条曲线重合时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
     """
+    check_real("atol", atol, lo=0.0, where="merge_identical")
     merged = []                                   # [(标签列表, xs, ys)]
     for label, xs, ys in series:
         xs, ys = [float(v) for v in xs], [float(v) for v in ys]
@@ -240,7 +241,8 @@ def wall_per_call(fn, calls, warmup=20, trials=5):
     主机比 GPU 慢时，这就是每次调用的主机时间。取最快的一组（和 cuda_time 一样）：共用的主机上别的进程、
     中断只会让一组变慢，不会变快。几个调用要互相比较时用 wall_per_call_many（轮流量）。
     """
-    return wall_per_call_many({0: fn}, calls, warmup=warmup, rounds=trials)[0]
+    check_int("trials", trials, lo=1, where="wall_per_call")
+    return _wall_rounds({0: fn}, calls, warmup, trials, "wall_per_call")[0]
 
 
 def wall_per_call_many(fns, calls, warmup=20, rounds=5):
@@ -248,16 +250,26 @@ def wall_per_call_many(fns, calls, warmup=20, rounds=5):
     {名字: fn} → {名字: 每次调用的墙钟时间（秒）}。每个 fn 的 calls 次分成 rounds 轮，每一轮把所有 fn 各量一组，
     各取最快的一轮。轮流量而不是一个量完再量下一个：共用主机上的慢段常常持续好几秒，一个一个量时先量的和后量的
     会落在不同的段里（同一个 SDPA 调用在几次运行里量出 23–41 µs），轮流量时每个 fn 都有几组落在快的段里。
+    【报错】fns 不是 {名字: 可调用} → TypeError；calls、rounds < 1、warmup < 0、calls < rounds（每组不到一次调用）
+    → ValueError。
     """
+    check_int("rounds", rounds, lo=1, where="wall_per_call_many")
+    return _wall_rounds(fns, calls, warmup, rounds, "wall_per_call_many")
+
+
+def _wall_rounds(fns, calls, warmup, rounds, where):
     import time
+    from collections.abc import Mapping
 
     import torch
-    if calls < 1 or rounds < 1:
-        raise ValueError(f"calls、rounds 必须 ≥ 1，收到 calls={calls}、rounds={rounds}")
+    if not isinstance(fns, Mapping) or not all(callable(f) for f in fns.values()):
+        raise TypeError(f"{where}：fns 必须是 {{名字: 可调用}}，收到 {type(fns).__name__}")
+    check_int("calls", calls, lo=rounds, where=where)
+    check_int("warmup", warmup, lo=0, where=where)
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    per = max(1, calls // rounds)
+    per = calls // rounds
     best = {name: float("inf") for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():

@@ -474,12 +474,14 @@ def step_overhead(params, mode, cfg):
       拟合的（FIT_KEYS）按层：overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比；
       值是 None——没有 graph 点的拟合——按 0 算）；
       默认假设（DEFAULT_PARAMS）按步：overhead_per_step（StepModel 的每步 1 ms），不分 mode、不分层数。
+    mode 不是 MODES 之一、params 两种键都没有 → ValueError。
     """
+    check_choice("mode", mode, MODES, where="step_overhead")
     if "overhead_per_step" in params:
         return float(params["overhead_per_step"])
     key = f"overhead_{mode}_per_layer"
     if key not in params:
-        raise KeyError(f"params 里既没有 {key} 也没有 overhead_per_step，收到 {sorted(params)}")
+        raise ValueError(f"step_overhead：params 里既没有 {key} 也没有 overhead_per_step，收到 {sorted(params)}")
     v = params[key]
     return 0.0 if v is None else float(v) * cfg.n_layers
 

@@ -32,6 +32,7 @@
 import argparse
 import json
 import os
+import math
 import re
 import sys
 
@@ -43,6 +44,7 @@ from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json
 sys.path.insert(0, HERE)
 # 形状、FLOP 算法和 gluon_flash、ncu_profile 共用一份（flash_lab.py，只依赖 numpy：没有 triton 也能打印结果）
 from flash_lab import BENCH_HIDDEN as HIDDEN, BENCH_TOKENS as TOKENS, attention_flops as flops  # noqa: E402
+import ncu_profile  # noqa: E402  （在这里导入：它的 `import flash_lab` 和上一行是同一份）
 
 RESULTS = os.path.join(HERE, "results")
 JSON_NAME = "triton_bench.json"
@@ -91,8 +93,9 @@ def print_table(res):
     report = target_report(rows)
     for line in report:
         print(line)
-    if any("✗" in line for line in report):
-        print(miss_explained(rows))
+    text = miss_explained(rows)
+    if text:
+        print(text)
     if any("没测到" in line for line in report):
         print("  ? / 没测到：这个形状上 SDPA 的后端或我们的内核测量时不可用（测量时打印了原因），JSON 里没有这一行；"
               "没测到的形状不算达到")
@@ -123,94 +126,119 @@ def _span(xs, fmt="{:.2f}"):
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def tensor_busy(ncu_dir=None):
-    """已提交的 ncu CSV（ncu_profile.py）里每个目标的主内核（最长的那个）Tensor Core 忙的比例（%）：{目标: %}。"""
-    import ncu_profile
-    ncu_dir = ncu_dir or ncu_profile.RESULTS
-    out = {}
-    for name in ncu_profile.TARGETS:
-        path = os.path.join(ncu_dir, f"ncu_{name}.csv")
-        if os.path.isfile(path):
-            main = max((ncu_profile.summarise(r) for r in ncu_profile.read_csv(path)), key=lambda k: k["us"])
-            out[name] = main["tensor"]
+BWD_ANY = ("ours", "ours-atomic", "gluon")  # 反向目标按"我们的反向里快的那个"算
+# 目标：(名字, 方向, 对照, 要到的比值, 我们的哪些内核取快的, 哪些形状, 解释属于哪一段)
+TARGETS = (
+    ("前向 ≥ 1.0× SDPA-FLASH（Triton 内核）", "fwd", "sdpa-flash", 1.0, ("ours",), lambda c, d, n: True, "flash"),
+    ("反向 ≥ 1.0× SDPA-FLASH（Triton 内核）", "bwd", "sdpa-flash", 1.0, ("ours",), lambda c, d, n: True, "flash"),
+    ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k，Triton 内核）", "fwd", "sdpa-cudnn", 0.8, ("ours",),
+     lambda c, d, n: d == 128 and n >= 4096, "fwd"),
+    ("issue 16：前向 ≥ 0.9× cuDNN（N ≥ 4k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.9, OURS_FWD,
+     lambda c, d, n: n >= 4096, "fwd"),
+    ("issue 16：前向 ≥ 0.8× cuDNN（N = 1k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.8, OURS_FWD,
+     lambda c, d, n: n == 1024, "fwd1k"),
+    ("issue 16：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, BWD_ANY,
+     lambda c, d, n: n >= 4096, "bwd"),
+)
+
+
+def best_ratio(rows, mode, causal, d, n, other, mine):
+    """这个形状上 mine 里最快的那个 / other 的 TFLOP/s（mine 里一个都没测到、或 other 没测到时 None）。"""
+    key = (mode, causal, d, n)
+    sel = {r["provider"]: tflops_of(r) for r in rows if (r["mode"], r["causal"], r["d"], r["N"]) == key}
+    best = max((sel[p] for p in mine if p in sel), default=None)
+    return best / sel[other] if best is not None and other in sel else None
+
+
+def target_results(rows):
+    """逐条目标：[(名字, 段, 查了的形状, 没达到的 [(形状, 比值)], 没测到的形状)]。"""
+    shapes = sorted({(r["causal"], r["d"], r["N"]) for r in rows})
+    out = []
+    for name, mode, other, want, mine, pick, topic in TARGETS:
+        checked = [(c, d, n, best_ratio(rows, mode, c, d, n, other, mine)) for c, d, n in shapes if pick(c, d, n)]
+        miss = [((c, d, n), x) for c, d, n, x in checked if x is not None and x < want]
+        absent = [(c, d, n) for c, d, n, x in checked if x is None]     # 缺一边的测量：不算达到
+        out.append((name, topic, checked, miss, absent))
     return out
 
 
-def miss_explained(rows, busy=None):
-    """没达到的目标的解释：比值由这份结果的 rows 算，Tensor Core 的忙碌比例由已提交的 ncu CSV 算。"""
-    busy = tensor_busy() if busy is None else busy
-    tc = {k: f"{v:.0f}%" if v == v else "?" for k, v in busy.items()}
-    tfl = {(r["provider"], r["mode"], r["d"], r["N"], r["causal"]): tflops_of(r) for r in rows}
-    big = [(d, n, c) for (p, m, d, n, c) in tfl if p == "gluon" and m == "bwd" and n >= 4096]
-
-    def ratios(num, den, d):
-        return [tfl[(num, "bwd", d_, n, c)] / tfl[(den, "bwd", d_, n, c)] for d_, n, c in big
-                if d_ == d and (num, "bwd", d_, n, c) in tfl and (den, "bwd", d_, n, c) in tfl]
-
-    def best64():
-        out = []
-        for d_, n, c in big:
-            if d_ == 64 and ("sdpa-cudnn", "bwd", d_, n, c) in tfl:
-                best = max(tfl.get((p, "bwd", d_, n, c), 0.0) for p in ("ours", "ours-atomic", "gluon"))
-                out.append(best / tfl[("sdpa-cudnn", "bwd", d_, n, c)])
-        return out
-
-    g_ours, g_cudnn, b64 = ratios("gluon", "ours", 128), ratios("gluon", "sdpa-cudnn", 128), best64()
-    bwd = ""
-    if g_ours and g_cudnn and b64:
-        bwd = (f"gluon 的反向（FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，经共享内存用 TMA 归约加回全局；\n"
-               f"    LSE、D 由生产者用 TMA 读进共享内存）在 d = 128、N ≥ 4k 上是 ours 的 {_span(g_ours)}×、"
-               f"cuDNN 的 {_span(g_cudnn)}；\n"
-               f"    d = 64 我们最快的反向是 cuDNN 的 {_span(b64)}。ncu：gluon 反向的主内核 Tensor Core 忙 "
-               f"{tc.get('gluon-bwd', '?')}（cuDNN {tc.get('cudnn-bwd', '?')}）。")
-    return ("  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，\n"
-            "    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。前向：Triton 编译出来的内核里 QKᵀ → softmax → PV\n"
-            "    是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）让一组的 softmax 和\n"
-            f"    另一组的 wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours {tc.get('ours-fwd', '?')}、"
-            "gluon 的 ws2（步骤 C）"
-            f"{tc.get('gluon-fwd', '?')}、cuDNN {tc.get('cudnn-fwd', '?')}\n"
-            "    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。\n"
-            "    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。\n"
-            "    反向：ours 每对块 7 次矩阵乘（dQ 另开内核），dK/dV 内核一个就和 cuDNN 的整个反向一样长。\n    " + bwd
-            + "\n    数字和剖析见 results/NOTES.md 的 v9–v12。")
+def _label(c, d, n):
+    return f"{'causal' if c else 'full'} d={d} N={n}"
 
 
 def target_report(rows):
     """逐条对照目标，返回几行文字（没达到的形状逐个列出，不藏起来）。行首：✓ = 每个形状都测到且达到；
     ✗ = 有形状没达到；? = 没有没达到的，但有形状缺测量（某个 provider 不可用）——没测到的不算达到。"""
-    def ratio(mode, causal, d, n, other, mine):
-        """mine 里最快的那个 / other（mine 里一个都没测到、或 other 没测到时 None）。"""
-        key = (mode, causal, d, n)
-        sel = {r["provider"]: tflops_of(r) for r in rows if (r["mode"], r["causal"], r["d"], r["N"]) == key}
-        best = max((sel[p] for p in mine if p in sel), default=None)
-        return best / sel[other] if best is not None and other in sel else None
-
-    def label(c, d, n):
-        return f"{'causal' if c else 'full'} d={d} N={n}"
-
-    shapes = sorted({(r["causal"], r["d"], r["N"]) for r in rows})
-    ours, fwd_any, bwd_any = ("ours",), OURS_FWD, ("ours", "ours-atomic", "gluon")
     out = []
-    for name, mode, other, want, mine, pick in (
-            ("前向 ≥ 1.0× SDPA-FLASH（Triton 内核）", "fwd", "sdpa-flash", 1.0, ours, lambda c, d, n: True),
-            ("反向 ≥ 1.0× SDPA-FLASH（Triton 内核）", "bwd", "sdpa-flash", 1.0, ours, lambda c, d, n: True),
-            ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k，Triton 内核）", "fwd", "sdpa-cudnn", 0.8, ours,
-             lambda c, d, n: d == 128 and n >= 4096),
-            ("issue 16：前向 ≥ 0.9× cuDNN（N ≥ 4k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.9, fwd_any,
-             lambda c, d, n: n >= 4096),
-            ("issue 16：前向 ≥ 0.8× cuDNN（N = 1k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.8, fwd_any,
-             lambda c, d, n: n == 1024),
-            ("issue 16：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, bwd_any,
-             lambda c, d, n: n >= 4096)):
-        checked = [(c, d, n, ratio(mode, c, d, n, other, mine)) for c, d, n in shapes if pick(c, d, n)]
-        miss = [f"{label(c, d, n)}: {x:.3f}" for c, d, n, x in checked if x is not None and x < want]
-        absent = [label(c, d, n) for c, d, n, x in checked if x is None]     # 缺一边的测量：不算达到
+    for (name, _, checked, miss, absent), target in zip(target_results(rows), TARGETS):
         hit = len(checked) - len(miss) - len(absent)
         status = "✗" if miss else "?" if absent or not checked else "✓"
         out.append(f"  {status} {name}：{hit}/{len(checked)} 个形状达到" +
-                   (f"；没达到：{'; '.join(miss)}" if miss else "") +
-                   (f"；没测到（{other} 或我们的内核缺这一行）：{'; '.join(absent)}" if absent else ""))
+                   (f"；没达到：{'; '.join(f'{_label(*k)}: {x:.3f}' for k, x in miss)}" if miss else "") +
+                   (f"；没测到（{target[2]} 或我们的内核缺这一行）：{'; '.join(_label(*k) for k in absent)}"
+                    if absent else ""))
     return out
+
+
+def ncu_summary(ncu_dir=None):
+    """已提交的 ncu CSV（ncu_profile.kernels）→ {目标: {"tensor": 主内核（最长的那个）Tensor Core 忙的 %,
+    "us": 每个内核的 µs 列表, "names": 内核名}}。"""
+    ncu_dir = ncu_dir or ncu_profile.RESULTS
+    out = {}
+    for name, ks in ncu_profile.kernels(ncu_dir).items():
+        main = max(ks, key=lambda k: k["us"])
+        out[name] = dict(tensor=main["tensor"], us=[k["us"] for k in ks], names=[k["kernel"] for k in ks])
+    return out
+
+
+def miss_explained(rows, ncu=None):
+    """没达到的目标的解释：只写没达到的那几条所属的段（前向、N = 1k、反向、对 FLASH）。比值由这份结果的 rows 算，
+    Tensor Core 的忙碌比例、内核时间由已提交的 ncu CSV 算。没有没达到的目标时返回空串。"""
+    topics = {topic for _, topic, _, miss, _ in target_results(rows) if miss}
+    if not topics:
+        return ""
+    ncu = ncu_summary() if ncu is None else ncu
+    tc = {k: "?" if math.isnan(v["tensor"]) else f"{v['tensor']:.0f}%" for k, v in ncu.items()}
+    parts = ["  ✗ 是什么意思：没达到的是速度目标，不是结果出错（每个形状的输出和梯度都和 SDPA 的三个后端对照过，\n"
+             "    不一致时脚本会报错退出，所以退出码 0 = 全部算对）。"]
+    if "fwd" in topics or "flash" in topics:
+        parts.append("前向：Triton 编译出来的内核里 QKᵀ → softmax → PV\n"
+                     "    是串行的，cuDNN 和 gluon_flash（FA3 的做法：生产者 warp + 两个计算 warpgroup）"
+                     "让一组的 softmax 和\n"
+                     f"    另一组的 wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours {tc.get('ours-fwd', '?')}、"
+                     f"gluon 的 ws2（步骤 C）{tc.get('gluon-fwd', '?')}、cuDNN {tc.get('cudnn-fwd', '?')}\n"
+                     "    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。")
+    if "fwd1k" in topics:
+        parts.append("\n    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；"
+                     "gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。")
+    if "bwd" in topics or "flash" in topics:
+        parts.append("\n    " + _bwd_text(rows, ncu, tc))
+    parts.append("\n    数字和剖析见 results/NOTES.md 的 v9–v12。")
+    return "".join(parts)
+
+
+def _bwd_text(rows, ncu, tc):
+    """反向那一段：ours 的 dK/dV 内核对 cuDNN 整个反向的时间（ncu），gluon 对 ours、对 cuDNN 的比值（rows）。"""
+    text = "反向：ours 每对块 7 次矩阵乘（dQ 另开内核）"
+    ours, cudnn = ncu.get("ours-bwd"), ncu.get("cudnn-bwd")
+    dkdv = [us for us, k in zip(ours["us"], ours["names"]) if "dkdv" in k] if ours else []
+    if dkdv and cudnn:
+        text += f"，ncu 里它的 dK/dV 内核一个就是 cuDNN 整个反向的 {dkdv[0] / sum(cudnn['us']):.2f}×"
+    big = sorted({(r["causal"], r["N"]) for r in rows if r["mode"] == "bwd" and r["N"] >= 4096})
+
+    def ratios(d, other, mine):                  # N ≥ 4k 的每个形状上的比值（缺测量的形状跳过）
+        xs = [best_ratio(rows, "bwd", c, d, n, other, mine) for c, n in big]
+        return [x for x in xs if x is not None]
+    g_ours, g_cudnn = ratios(128, "ours", ("gluon",)), ratios(128, "sdpa-cudnn", ("gluon",))
+    b64 = ratios(64, "sdpa-cudnn", BWD_ANY)
+    if g_ours and g_cudnn and b64:
+        text += ("。\n    gluon 的反向（FA3 的做法：5 次矩阵乘，两个计算组合算一份 dQ，"
+                 "经共享内存用 TMA 归约加回全局；\n"
+                 f"    LSE、D 由生产者用 TMA 读进共享内存）在 d = 128、N ≥ 4k 上是 ours 的 {_span(g_ours)}×、"
+                 f"cuDNN 的 {_span(g_cudnn)}×；\n"
+                 f"    d = 64 我们最快的反向是 cuDNN 的 {_span(b64)}×。ncu：gluon 反向的主内核 Tensor Core 忙 "
+                 f"{tc.get('gluon-bwd', '?')}（cuDNN {tc.get('cudnn-bwd', '?')}）")
+    return text + "。"
 
 
 # ---------------------------------------------------------------- 测量（只在 GPU 上）
@@ -364,26 +392,37 @@ OVERHEAD_NS = (1, 16, 128, 512)
 OVERHEAD_TARGET_US = 15.0      # issue 16：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
 
 
+OVERHEAD_TIMING = "wall_per_call_many：calls 次分 5 轮，所有形状、实现轮流量，取最快的一轮"
+
+
 def print_host_overhead(path):
     """已提交的 host_overhead.json：每次 --overhead 测量（键 = --label）里 ours、SDPA 在各个 N 上多出的主机时间
-    （每次调用 − CUDA 图里的 GPU 时间），以及 ours 达到目标的点数。没有这个文件时什么都不打印。"""
+    （每次调用 − CUDA 图里的 GPU 时间），ours 达到目标的点数，和那次的测法（没记的是旧测法：一个调用连续量一组
+    取平均）。SDPA 每一行都是同一个调用：它在各行之间的差别就是主机快慢的差别。没有这个文件时什么都不打印。"""
     res = load_json(path)
     if not res:
         return
     labels = [k for k in res if k != "meta"]
-    head = ["测量（--label）"] + [f"N={n} ours / sdpa" for n in OVERHEAD_NS] + [f"ours ≤ {OVERHEAD_TARGET_US:.0f} µs"]
-    rows = []
+    head = (["测量（--label）"] + [f"N={n} ours / sdpa" for n in OVERHEAD_NS] + [f"ours ≤ {OVERHEAD_TARGET_US:.0f} µs"]
+            + ["测法"])
+    rows, sdpa = [], {n: [] for n in OVERHEAD_NS}
     for label in labels:
         over = {(r["impl"], r["N"]): r["over_us"] for r in res[label]["rows"]}
         ours = [over.get(("ours", n)) for n in OVERHEAD_NS]
         cells = [f"{_us(over.get(('ours', n)))} / {_us(over.get(('sdpa', n)))}" for n in OVERHEAD_NS]
         met = sum(o is not None and o <= OVERHEAD_TARGET_US for o in ours)
-        rows.append([label] + cells + [f"{met}/{len(OVERHEAD_NS)}"])
+        new = "timing" in res[label]
+        rows.append([label] + cells + [f"{met}/{len(OVERHEAD_NS)}", "轮流、取最快" if new else "单组平均（旧）"])
+        for n in OVERHEAD_NS:
+            if new and over.get(("sdpa", n)) is not None:
+                sdpa[n].append(over[("sdpa", n)])
     print(f"主机开销（{os.path.relpath(path)}；B = 1、H = 16、d = 128、causal；µs，每次调用 − GPU 时间，"
           "按测量的先后）：")
     print(format_table(head, rows))
-    print("  这台共用主机的快慢在变：SDPA 每一行都是同一个调用，在各行里能差 1.5 倍以上（v15 和 v15-recheck 的 ours\n"
-          "  也是同一份代码，前后隔几分钟）。每一行对应的代码版本见 results/NOTES.md")
+    spread = [max(v) / min(v) for v in sdpa.values() if len(v) > 1 and min(v) > 0]
+    if spread:
+        print(f"  这台共用主机的快慢在变：同样用新测法，SDPA（同一个调用）多出的时间在各行之间差 "
+              f"{min(spread):.1f}–{max(spread):.1f} 倍（按 N 分别比）。每一行对应的代码版本见 results/NOTES.md")
 
 
 def _us(x):
@@ -446,7 +485,8 @@ def overhead(args):
     profile = _relative_paths(buf.getvalue())
     print(profile)
     parts = host_parts(torch, tf) if hasattr(tf, "_check_dense") else None
-    return dict(label=args.label, module=args.module or "lecture11/triton_flash.py", rows=rows, profile=profile,
+    return dict(label=args.label, module=args.module or "lecture11/triton_flash.py", timing=OVERHEAD_TIMING,
+                meta=gpu_meta(torch, dtype="bfloat16"), rows=rows, profile=profile,
                 parts=parts, fastpath=fastpath_checks(torch, tf) if hasattr(tf, "_PLANS") else None)
 
 

@@ -230,17 +230,22 @@ def measure_overhead(torch, tf, calls=3000):
 
 
 def merge_overhead(*passes):
-    """几遍 measure_overhead → 一份：每点的墙钟时间、每块主机时间取最快的一遍（GPU 时间取最后一遍的），
-    CUDA 图的核对要每一遍都过；各遍的墙钟时间留在 passes_wall_s 里。"""
+    """
+    几遍 measure_overhead → 一份：每点取墙钟时间最快的那一遍（连同那一遍的 GPU 时间），每块主机时间取最快的；
+    CUDA 图的核对要每一遍都过；各遍的墙钟时间留在 passes_wall_s 里。几遍的点（S、实现）和主机时间的块必须一样。
+    """
+    if not passes:
+        raise ValueError("merge_overhead：至少要一遍 measure_overhead 的结果")
+    if len({len(p["rows"]) for p in passes}) != 1 or len({tuple(p["parts"]) for p in passes}) != 1:
+        raise ValueError("merge_overhead：几遍的点数或主机时间的块不一样，不能逐点合并")
     rows = []
     for same in zip(*(p["rows"] for p in passes)):
-        last = same[-1]
-        if any((r["S"], r["impl"]) != (last["S"], last["impl"]) for r in same):
+        if len({(r["S"], r["impl"]) for r in same}) != 1:
             raise ValueError("merge_overhead：几遍的点（S、实现）顺序不同，不能逐点合并")
-        wall = min(r["wall_s"] for r in same)
-        rows.append(dict(last, wall_s=wall, over_s=wall - last["gpu_s"], graph_ok=all(r["graph_ok"] for r in same),
+        best = min(same, key=lambda r: r["wall_s"])
+        rows.append(dict(best, over_s=best["wall_s"] - best["gpu_s"], graph_ok=all(r["graph_ok"] for r in same),
                          passes_wall_s=[r["wall_s"] for r in same]))
-    parts = {name: min(p["parts"][name] for p in passes) for name in passes[-1]["parts"]}
+    parts = {name: min(p["parts"][name] for p in passes) for name in passes[0]["parts"]}
     return dict(rows=rows, parts=parts, plan_launches=passes[-1]["plan_launches"], passes=len(passes))
 
 
@@ -398,8 +403,8 @@ def check_correctness(res):
     第 2 部分：测量时记下的正确性数据逐条对照，打印 ✓ / ✗，返回出问题的条数（main 据此以退出码 1 结束，
     和 06 的 report_failures 一样：退出码 0 = 测量时都算对了）。
       - rows[*].err_vs_sdpa：每个实现的输出和 SDPA 的相对差，要 < DECODE_TOL（sdpa 那一行是它第二次调用对第一次）；
-      - stress：草稿区压力测试里不逐位相同的次数，要是 0；新的测法（meta.stress）还记了和 SDPA 的相对差，
-        同样要 < DECODE_TOL。缺这些记录也算问题：没有记录撑着，就说不上"测量时都算对了"。
+      - stress：草稿区压力测试里不逐位相同的次数，要是 0，和 SDPA 的相对差（meta.stress）同样要 < DECODE_TOL。
+        缺这些记录、或者是旧测法（没有 meta.stress）也算问题：没有记录撑着，就说不上"测量时都算对了"。
     NaN 不满足 "<"，算不合格。
     """
     problems = 0
@@ -419,19 +424,17 @@ def check_correctness(res):
     if not counts:
         print("  ✗ 结果里没有压力测试（stress）的记录：无法确认草稿区在调用之间复用时结果不变")
         return problems + 1
-    if info is None:
-        print("  压力测试（草稿区在调用之间复用；num_splits 固定）。注意：这份 JSON 是旧的测法——同一组输入连算 "
-              "500 次，读到上一次留下的段也和该写的逐位相同，查不出来，所以下面记成 ?（不算通过）；现在的测法是两组"
-              "输入交替（见 stress() 的文档），用 --measure 重测就是新测法")
-    else:
-        print(f"  压力测试（草稿区在调用之间复用；num_splits 固定）：两组输入（{info['inputs']}）按 {info['order']} "
-              f"交替算 {info['calls']} 次，每次和同组第一次的结果逐位比较；第一次的结果再和 SDPA 比")
+    if info is None:          # 旧测法（同一组输入连算）：读到上一次留下的段也和该写的逐位相同，0 次证明不了什么
+        print("  ✗ 压力测试是旧的测法（同一组输入连算 500 次：读到上一次留下的段也和该写的逐位相同，查不出来），"
+              "算作没有记录；用 --measure 重测就是新测法（两组输入交替，见 stress() 的文档）")
+        return problems + 1
+    print(f"  压力测试（草稿区在调用之间复用；num_splits 固定）：两组输入（{info['inputs']}）按 {info['order']} "
+          f"交替算 {info['calls']} 次，每次和同组第一次的结果逐位比较；第一次的结果再和 SDPA 比")
     for key, bad in counts.items():
-        err = None if info is None else info["err_vs_sdpa"].get(key)
-        ok = bad == 0 and (info is None or (err is not None and err < DECODE_TOL))
-        mark = "✗" if not ok else ("?" if info is None else "✓")             # 旧测法：0 次也证明不了什么
-        print(f"  {mark} {key}：不逐位相同 {bad} 次" +
-              ("" if info is None else "，和 SDPA 的相对差 " + ("没有记录" if err is None else f"{err:.1e}")))
+        err = info["err_vs_sdpa"].get(key)
+        ok = bad == 0 and err is not None and err < DECODE_TOL
+        print(f"  {'✓' if ok else '✗'} {key}：不逐位相同 {bad} 次，和 SDPA 的相对差 "
+              + ("没有记录" if err is None else f"{err:.1e}"))
         problems += not ok
     if problems:
         print(f"  ✗ 有 {problems} 处正确性问题（上面逐条列出）：这份结果里的速度数字不能当真")
@@ -484,9 +487,10 @@ def print_overhead(res):
     parts = res["overhead"]["parts"]
     passes = res["overhead"].get("passes", 1)         # 旧的 JSON 只量过一遍
     if passes > 1:
-        print(f"  每次调用的时间量了 {passes} 遍（开头、最后），每点取快的一遍；各遍：" + "，".join(
+        print(f"  每次调用的时间量了 {passes} 遍（第一遍在表之前、最后一遍在表之后），每点取快的一遍；"
+              "各遍：" + "，".join(
             f"{r['S']} {r['impl']} " + "/".join(f"{w * 1e6:.1f}" for w in r["passes_wall_s"]) for r in rows) + " µs")
-    print("  主机时间拆开（B = 1、S = 1k，各自连续调用取平均）：" +
+    print("  主机时间拆开（B = 1、S = 1k；几个调用轮流量 5 轮取最快的一轮，几遍里再取快的）：" +
           "，".join(f"{k} {v * 1e6:.1f} µs" for k, v in parts.items()))
     gap = res["launch"]
     print(f"  同一台主机上发一个空内核（torch.cuda._sleep(0)）要 {gap['host_launch_s'] * 1e6:.1f} µs："

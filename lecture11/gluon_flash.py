@@ -29,10 +29,11 @@ Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ
 （results/NOTES.md 的 v9–v12，同一次运行里前后两版的比）：
   dQ 跨程序相加（fp32 累加器）：每组从寄存器原子加自己那份（v1）→ FA3 的做法：两组交换 dSᵀ（共享内存 + mbarrier），
       各算 dQ 的一半列，写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor；Gluon 3.6 的 Python 层没包装，
-      _tma_reduce_add 直接调 IR 构造器）：L2 流量减半、溢出 ~830 → 192 字节，d = 128 快 1.6–1.8×
+      _tma_reduce_add 直接调 IR 构造器）：L2 流量减半、溢出 828 / 872 → 192 / 352 字节（full / causal），
+      d = 128 快 1.6–1.8×
   LSE、D：每轮从全局读再 convert_layout（经共享内存、要同步）→ 生产者用 TMA 和 Q、dO 一起读进同一格：
       d = 128 快 1.24–1.33×、d = 64 快 1.10–1.18×（ncu：Tensor Core 忙 49% → 64%，cuDNN 66%）
-  d = 64 的 Q 块 64 → 128 行（bwd_tile_config）：每轮的矩阵乘大一倍，快 1.04–1.11×
+  d = 64 的 Q 块 64 → 128 行（bwd_tile_config）：每轮的矩阵乘大一倍，快 1.04–1.10×
 
 形状（flash-attn 布局）：q、k、v [B, N, H, d]（Hk | H：GQA），bf16 / fp16，d ∈ {64, 128}，任意 N，causal = 左上角对齐
 （Nq = Nk）。out [B, N, H, d]，LSE [B, H, N]（自然对数，fp32）。TMA 描述符把连续的 q 看成二维 [B·N, H·d]：一个 Q 块 =
@@ -42,7 +43,7 @@ Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ
   python3 lecture11/gluon_flash.py --bench --out DIR          前向的每一步 vs triton_flash、cuDNN、FLASH
                                                               （反向的对照在 06_triton_bench.py 里，带 NaN 检查）
   python3 lecture11/gluon_flash.py --explore-bwd --out DIR    反向的块 × N × causal 对 cuDNN，bwd_tile_config 的出处
-                                                              （→ DIR/gluon_bwd_explore.json）
+                                                              （→ DIR/gluon_bwd_explore.json；--ns 同 --explore）
   python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
                                                               （N = 4k、16k → DIR/gluon_explore.json；提交的那份
                                                               早于步骤 E，只有 C–D2）
@@ -66,7 +67,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 sys.path.insert(0, HERE)
-from course_utils import check_bool, check_choice, check_real, gpu_meta  # noqa: E402
+from course_utils import check_bool, check_choice, check_int, check_real, gpu_meta  # noqa: E402
 import flash_lab as fl  # noqa: E402  （基准的形状和 FLOP 算法；只依赖 numpy）
 
 try:
@@ -134,7 +135,7 @@ def tile_config(variant, d):
     # 块大小按 --explore 的实测（results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
     # worker_regs 只是记账：内核 _attn_fwd 的 gl.warp_specialize 调用里写死了 [24] / [240, 24]（Gluon 要字面的列表），
     # 改这里就要改那里——tests/test_lecture11_gluon.py 对照两处
-    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1.2%，16k 上快 3%（results/gluon_explore_1k_4k.json、_16k.json）
+    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1.6%，16k 上快 3%（results/gluon_explore_1k_4k.json、_16k.json）
     stages = 3 if d == 128 or f["PERSIST"] else 4
     return (64, 128, stages, 4, 168, (240, 24))
 
@@ -583,8 +584,8 @@ def _layout(block, dtype):
 
 def _desc(t2d, block):
     """
-    连续的二维 t2d → 块 block 的 TMA 描述符（基址 16 字节对齐、行步长是 16 字节的倍数）：q、k、v 看成 [B·N, H·d]
-    （16 位），反向的 dQ 累加器看成 [B·H·n_pad, d]（fp32）。
+    连续的 t2d → 块 block 的 TMA 描述符（基址 16 字节对齐、行步长是 16 字节的倍数）：q、k、v 看成二维 [B·N, H·d]
+    （16 位），反向的 dQ 累加器看成 [B·H·n_pad, d]（fp32），反向的 LSE / D 是一维的 [2·B·H·n_pad]（fp32）。
     """
     return TensorDescriptor.from_tensor(t2d, list(block), _layout(block, t2d.dtype))
 
@@ -612,6 +613,8 @@ def persistent_grid(n_m, bh, n_sm):
     两轮合起来每个程序的块数差不多；同时在算的 Q 块只落在一段的头上（N = 1k、d = 128 时 33 个头的 K/V，17 MB，
     小于 H200 的 50 MB L2）。
     """
+    for name, x in (("n_m", n_m), ("bh", bh), ("n_sm", n_sm)):
+        check_int(name, x, lo=1, where="persistent_grid")
     tiles = n_m * bh
     g = min(tiles, n_sm)
     return (g,), max(1, min(bh, -(-2 * g // n_m)))
@@ -644,6 +647,7 @@ def schedule_balance(n, bh, n_sm, causal, d=128):
     持久内核每个程序要走的 K/V 块数 → (最多, 平均)；最多 / 平均 = 静态分配的尾巴。
     块数和内核的 _geometry 同一个算法：Q 块 pid_m（R = CONSUMERS·BLOCK_M 行）causal 时走到 min((pid_m + 1)·R, n)。
     """
+    check_int("n", n, lo=1, where="schedule_balance")
     block_m, block_n = tile_config("persist", d)[:2]
     rows = FLAGS["persist"]["CONSUMERS"] * block_m
     n_m = -(-n // rows)
@@ -715,16 +719,16 @@ def bwd_tile_config(d):
     dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 d = 128 的 dK + dV 就有 256 个：必溢出——所以两个计算组各 64 行，
     共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
     d = 64 的 dK + dV 只有 64 个：BLOCK_M 加到 128（Sᵀ、dPᵀ 各 64 个），每轮的矩阵乘大一倍、同步和等待少一半；
-    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 4–11%（两次运行；results/gluon_bwd_explore.json）。
+    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 4–10%（results/gluon_bwd_explore.json）。
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
     奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
-    d = 128 时 231 360 字节、d = 64 时 199 072 字节（上限 232 448；d = 64 再加一格就超了）。
+    按这个式子 d = 128 时 230 912 字节、d = 64 时 198 656 字节，再加 mbarrier 和对齐，ptxas 报 231 360 / 199 072
+    （上限 232 448；d = 64 再加一格，式子就正好到上限，加上 mbarrier 就超了）。CONSUMERS 只能是 2（两组交换 dSᵀ、
+    各算 dQ 的一半列是为两组写的；_launch_bwd 检查）。
     溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 124 / 44 字节，d = 64 196 / 196 字节
     （results/gluon_bwd_ptxas.log）。
     """
-    if d not in BWD_TILES:
-        raise ValueError(f"bwd_tile_config：d 只能是 {sorted(BWD_TILES)}，收到 {d!r}")
-    return BWD_TILES[d]
+    return BWD_TILES[check_choice("d", d, tuple(BWD_TILES), where="bwd_tile_config")]
 
 
 PRE_BLOCK = 64        # 预处理一个程序的行数（[B·N·H] 里的行）
@@ -742,8 +746,9 @@ if gl is not None:
     @gluon.jit
     def _bwd_preprocess(O, DO, LSE, STATS, DQ_ACC, N, H, ROWS, DQ_PAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
         """
-        D = rowsum(dO ∘ O)（fp32，[B, H, N]），顺手把 fp32 的 dQ 累加器 [B, H, DQ_PAD, d] 清零（同一批行，一次扫过；
-        每个头的行补齐到 BLOCK_M 的倍数，TMA 的块不跨头，补出来的行只会被加 0、也不会被读，不用清）。
+        D = rowsum(dO ∘ O) 和 LSE·log2 e 写进 STATS [2, B·H, DQ_PAD]（fp32，按头排，生产者用 TMA 按块读），顺手把
+        fp32 的 dQ 累加器 [B, H, DQ_PAD, d] 清零（同一批行，一次扫过；每个头的行补齐到 BLOCK_M 的倍数，TMA 的块不跨头，
+        补出来的行只会被加 0、也不会被读，不用清）。
         o、dO 看成 [B·N·H, d] 的行：行 r = (b·N + n)·H + h。
         """
         tpc: gl.constexpr = HEAD_DIM // 8                 # 一行几个线程（每个线程 8 个 16 位数 = 16 字节）
@@ -810,8 +815,10 @@ if gl is not None:
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
         """
         生产者分区（1 个 warp）：先发这个程序的 K、V 块（每个计算组一份 [BLOCK_N, d]），再按顺序填 Q / dO 环：
-        第 t 个 Q 块放第 t % STAGES 格，和前向的 K/V 环同一套（同一个 _load_kv，ready / empty 的相位规则见那里）。
-        q_row_start = 第一个要流过的 Q 块在 [B·N, H·d] 里的行。
+        第 t 个 Q 块放第 t % STAGES 格，ready / empty 的相位规则和前向的 K/V 环（_load_kv）一样；每格四次 TMA：
+        Q、dO 块和这块 Q 行的 LSE·log2 e、D（_load_kv 只发两份，所以这里自己写）。
+        q_row_start = 第一个要流过的 Q 块在 [B·N, H·d] 里的行；st_row_start = 它在 STATS 里的位置，st_half = D 那一半
+        的偏移。
         """
         mbarrier.expect(kv_bar.index(0), CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(CONSUMERS):
@@ -847,7 +854,8 @@ if gl is not None:
     #   计算组不等它完成（下一轮写同一块共享内存之前才 store_wait）。
     #   dSᵀ 的共享内存按轮的奇偶双份：第 t + 2 轮改写第 t 轮那份时，另一组一定已经做完第 t 轮的 dQ（它 arrive 第 t + 1
     #   轮的 ds_bar 在那之后，而本组过了第 t + 1 轮的 wait 才走到 t + 2）。
-    #   causal：两组都从第 0 组的第一个 Q 块开始走（第 1 组只多一块，由掩码清零），交换 dSᵀ 时两组步调一致。
+    #   causal：两组都从第 0 组的第一个 Q 块开始走（BLOCK_M ≤ BLOCK_N 时第 1 组的第一块整块被掩掉、白算一块；
+    #   BLOCK_M = 128 时那一块对第 1 组也有一部分可见），交换 dSᵀ 时两组步调一致。
     # ========================================================================
     @gluon.jit
     def _bwd_step(j, start, dk, dv, q_bufs, do_bufs, lse_bufs, dlt_bufs, k_smem, v_smem, ds_smem, dq_smem, ready, empty,
@@ -959,8 +967,8 @@ if gl is not None:
         kv_col = (h // GROUP) * HEAD_DIM
         q_col = h * HEAD_DIM
         n_q = gl.cdiv(N, BLOCK_M)
-        # 第一个要算的 Q 块：causal 时从含第 n0 行的块开始（更早的块整块在对角线之上）。两组从同一块走起（第 1 组
-        # 的第一块整块被掩掉，只多算一块），交换 dSᵀ 时步调一致
+        # 第一个要算的 Q 块：causal 时从含第 n0 行的块开始（更早的块整块在对角线之上）。两组从同一块走起
+        # （见上面的说明），交换 dSᵀ 时步调一致
         k1 = n0 + BLOCK_N                        # 第 1 组的 K/V 行
         start0 = 0
         if CAUSAL:
@@ -1052,6 +1060,8 @@ def _launch_bwd(q, k, v, out, lse, do, causal, scale, tile=None):
     group = hq // hk
     q, k, v, out, do, lse = (t.contiguous() for t in (q, k, v, out, do, lse))
     block_m, block_n, cons, stages, num_warps, maxnreg, _ = tile or bwd_tile_config(d)   # tile：--explore-bwd 用
+    if cons != 2:                 # 内核是为两个计算组写的（交换 dSᵀ、各算 dQ 的一半列），见 bwd_tile_config
+        raise ValueError(f"_launch_bwd：反向的块 CONSUMERS 只能是 2，收到 {cons}（tile={tile}）")
     n_pad = triton.cdiv(n, block_m) * block_m                                 # 每个头的行补齐到 BLOCK_M 的倍数
     # [2, B·H·n_pad]：LSE·log2 e、D，每个头补齐到 BLOCK_M 的倍数，生产者按块用 TMA 读。补出来的位置要清零
     # （被掩掉的 query 不能是 NaN）；N 是 BLOCK_M 的倍数时没有补的位置，预处理写满每一格，省一次清零
@@ -1260,9 +1270,9 @@ def _selftest(seed=None, only=VARIANTS + ("bwd",)):
 BENCH_NS = (1024, 4096, 16384)
 
 
-def _tflops(batch, heads, n, d, causal, ms, mode="fwd"):
-    """flash_lab.attention_flops（前向 4·B·H·N²·d，causal 减半；反向 2.5 倍）/ 时间 → TFLOP/s。"""
-    return fl.attention_flops(batch, heads, n, d, causal, mode) / (ms * 1e-3) / 1e12
+def _tflops(batch, heads, n, d, causal, ms):
+    """前向的 flash_lab.attention_flops（4·B·H·N²·d，causal 减半）/ 时间 → TFLOP/s。"""
+    return fl.attention_flops(batch, heads, n, d, causal, "fwd") / (ms * 1e-3) / 1e12
 
 
 def _gluon_impl(variant, q, k, v, causal):
@@ -1360,14 +1370,22 @@ EXPLORE_BWD_TILES = {64: ((64, 64, 2, 4, 4, 168, (240, 24)), (64, 64, 2, 6, 4, 1
                      128: ((64, 64, 2, 2, 4, 168, (240, 24)), (64, 64, 2, 3, 4, 168, (240, 24)))}
 
 
+EXPLORE_BWD_TOL = 1e-3     # 块不同只改 fp32 累加的顺序（和 dQ 归约的先后）：梯度的相对差在 1e-5 量级，超过它就是算错了
+
+
 def explore_bwd(out_dir, ns=EXPLORE_NS, tiles=EXPLORE_BWD_TILES):
     """
     调参：反向主内核的块（EXPLORE_BWD_TILES）在 N ∈ ns、full / causal 上的时间，和 cuDNN 的整个反向比；每个块的
-    梯度和默认块的梯度比（相对差，应在舍入量级：块不同，fp32 累加的顺序不同）。写 DIR/gluon_bwd_explore.json。
-    计时的是 _launch_bwd（预处理 + 主内核 + dQ 换 dtype），cuDNN 是 autograd 的 backward（do_bench 每次清梯度）。
+    梯度和默认块的梯度比（triton_flash._rel_err，三个梯度取最大；> EXPLORE_BWD_TOL 的块记 ok = False、打 ✗，
+    不能当选）。写 DIR/gluon_bwd_explore.json（默认的 N；其余按 N 命名，和 --explore 一样）。
+    计时的是 _launch_bwd（预处理 + 主内核 + dQ 换 dtype），cuDNN 是 autograd 的 backward（do_bench 每次清梯度）：
+    cuDNN 那边多了 autograd 的一点主机时间，在 N ≥ 4k 的毫秒级时间里可以忽略。
     """
     from triton.testing import do_bench
-    cudnn = _triton_flash().sdpa_fn("sdpa-cudnn")
+    for n in ns:
+        check_int("ns", n, lo=1, where="explore_bwd")
+    tf = _triton_flash()
+    cudnn = tf.sdpa_fn("sdpa-cudnn")
     rows, t_start = [], time.time()
     for d in HEAD_DIMS:
         for n, causal in itertools.product(ns, (False, True)):
@@ -1386,8 +1404,8 @@ def explore_bwd(out_dir, ns=EXPLORE_NS, tiles=EXPLORE_BWD_TILES):
                            cudnn_ms=ms_cudnn)
                 try:
                     got = _launch_bwd(q, k, v, out, lse, do, causal, scale, tile)
-                    row["rel_diff"] = max(float((a.float() - b.float()).norm() / b.float().norm())
-                                          for a, b in zip(got, ref))
+                    row["rel_diff"] = max(tf._rel_err(a.float(), b.float()) for a, b in zip(got, ref))
+                    row["ok"] = row["rel_diff"] <= EXPLORE_BWD_TOL
                     row["ms"] = do_bench(functools.partial(_launch_bwd, q, k, v, out, lse, do, causal, scale, tile),
                                          warmup=5, rep=25)
                     row["vs_cudnn"] = ms_cudnn / row["ms"]
@@ -1396,9 +1414,10 @@ def explore_bwd(out_dir, ns=EXPLORE_NS, tiles=EXPLORE_BWD_TILES):
                 rows.append(row)
                 print(f"  d={d:<4d}N={n:<6d}causal={causal!s:<6s}tile={tile[:4]}{' *' if row['default'] else '  '}  "
                       + (f"{row['ms']:7.3f} ms  cuDNN {ms_cudnn:7.3f} ms  ×{row['vs_cudnn']:.3f}  "
-                         f"和默认块的梯度差 {row['rel_diff']:.1e}" if "ms" in row else row["error"]), flush=True)
+                         f"和默认块的梯度差 {row['rel_diff']:.1e} {'✓' if row['ok'] else '✗ 算错了'}"
+                         if "ms" in row else row["error"]), flush=True)
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "gluon_bwd_explore.json")
+    path = os.path.join(out_dir, explore_name(ns).replace("gluon_explore", "gluon_bwd_explore"))
     with open(path, "w") as fh:
         json.dump(gpu_meta(torch, dtype="bfloat16", seconds=round(time.time() - t_start, 1), rows=rows), fh, indent=1)
     print(f"写好 {path}（* = bwd_tile_config 现在的选择；× = cuDNN 时间 / 这个块的时间）")
@@ -1407,10 +1426,10 @@ def explore_bwd(out_dir, ns=EXPLORE_NS, tiles=EXPLORE_BWD_TILES):
 BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
-def _print_row(row, first, cols=BENCH_COLS, title="TFLOP/s（bf16；括号 = / cuDNN）"):
+def _print_row(row, first, cols=BENCH_COLS):
     """一行：TFLOP/s（括号里是 / cuDNN 的比值）；失败的写 ERR（原因在表后）。"""
     if first:
-        print(title)
+        print("TFLOP/s（bf16；括号 = / cuDNN）")
         print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>16s}" for c in cols))
     ref = row["tflops"].get("sdpa:cudnn")
     cells = []

@@ -205,15 +205,19 @@ def short_name(name, width=34):
     return name if len(name) <= width else name[:width - 1] + "…"
 
 
-def totals(res_dir=RESULTS):
-    """每个目标一次调用里内核的时间之和（µs）：{目标: (内核数, 合计 µs)}，只含有 CSV 的目标。"""
+def kernels(res_dir=RESULTS):
+    """res_dir 里每个目标的 CSV → {目标: [每个内核的 summarise]}（按 TARGETS 的顺序，只含有 CSV 的目标）。"""
     out = {}
     for name in TARGETS:
         path = os.path.join(res_dir, f"ncu_{name}.csv")
         if os.path.isfile(path):
-            rows = [summarise(r) for r in read_csv(path)]
-            out[name] = (len(rows), sum(r["us"] for r in rows))
+            out[name] = [summarise(r) for r in read_csv(path)]
     return out
+
+
+def totals(res_dir=RESULTS):
+    """每个目标一次调用里内核的时间之和（µs）：{目标: (内核数, 合计 µs)}，只含有 CSV 的目标。"""
+    return {name: (len(rows), sum(r["us"] for r in rows)) for name, rows in kernels(res_dir).items()}
 
 
 def vs_cudnn(name, tot):
@@ -223,16 +227,11 @@ def vs_cudnn(name, tot):
 
 
 def report(res_dir=RESULTS):
-    found = False
     headers = ["目标", "内核", "µs", "SM %", "张量核 %", "发射 %", "占用 %", "寄存器", "共享 KB", "停顿（周期/指令）"]
     rows = []
-    for name in TARGETS:
-        path = os.path.join(res_dir, f"ncu_{name}.csv")
-        if not os.path.isfile(path):
-            continue
-        found = True
-        for r in read_csv(path):
-            s = summarise(r)
+    found = kernels(res_dir)
+    for name, summaries in found.items():
+        for s in summaries:
             stall = "  ".join(f"{k} {v:.1f}" for v, k in s["stalls"])
             rows.append([name, short_name(s["kernel"]), f"{s['us']:.0f}", f"{s['sm']:.0f}", f"{s['tensor']:.0f}",
                          f"{s['issue']:.0f}", f"{s['occupancy']:.0f}", f"{s['regs']:.0f}", f"{s['smem_kb']:.0f}",
@@ -246,10 +245,6 @@ def report(res_dir=RESULTS):
     print(format_table(headers, rows))
     print("  列：SM % = SM 吞吐占峰值；张量核 % = Tensor Core 在干活的周期比例；发射 % = 有 warp 发出指令的周期比例；\n"
           "  占用 % = 同时活着的 warp 占上限的比例；停顿 = 每条发出的指令平均等了几个周期，最大的三项")
-    gluon_bwd = [r[1] for r in rows if r[0] == "gluon-bwd"]
-    if gluon_bwd and not any("_dq_convert" in k for k in gluon_bwd):
-        print("  注意：这份 gluon-bwd 量于 _dq_convert 之前（dQ 换 dtype 还是 torch.mul 对转置视图的逐元素内核）；"
-              "现在的代码用 _dq_convert，合计会少一些")
     tot = totals(res_dir)
     table = []
     for name, (count, us) in tot.items():

@@ -1194,16 +1194,20 @@ class _DenseFast:
 
 
 _LSE_SCRATCH = {}
+_LSE_RETIRED = []             # 被更大的一块换下来的草稿区：永远留着（别的 stream 上的内核可能还在写它）
 LSE_SCRATCH_MAX = 1 << 20     # 草稿区最多 1M 个 fp32（4 MB）；更大的 lse 每次照常分配（那时内核本身远比分配慢）
 
 
 def _lse_scratch(device, numel):
-    """device 上共用的 fp32 草稿区，至少 numel 个（不够时按两倍长大；旧的那块由还在用它的 _DenseFast 留住，
-    所以总共最多约两倍的最大尺寸）；numel > LSE_SCRATCH_MAX 时返回 None。"""
+    """device 上共用的 fp32 草稿区，至少 numel 个；numel > LSE_SCRATCH_MAX 时返回 None。不够时按两倍长大，换下来
+    的那块不释放（_PLANS 清空时它可能已经没有 _DenseFast 引用，而另一个 stream 上的内核还在写——释放了就会被
+    分配器交给别人），所以每块 GPU 总共最多约 2 × LSE_SCRATCH_MAX。"""
     if numel > LSE_SCRATCH_MAX:
         return None
     buf = _LSE_SCRATCH.get(device)
     if buf is None or buf.numel() < numel:
+        if buf is not None:
+            _LSE_RETIRED.append(buf)
         size = max(numel, 2 * (0 if buf is None else buf.numel()), 4096)
         buf = torch.empty(min(size, LSE_SCRATCH_MAX), device=device, dtype=torch.float32)
         _LSE_SCRATCH[device] = buf

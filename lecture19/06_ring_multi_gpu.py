@@ -701,7 +701,7 @@ def report_timeline(tl):
     model = p2p_model()
     data, verdicts = {}, {}
     agree = []                                   # |(藏住 − 慢/传) − 有效藏住|，每一行：(差, 变体, n, rank)
-    for name in tl["order"]:                      # 测量的先后（merge 记下的；JSON 的键按字母排）
+    for name in tl.get("order") or list(tl["variants"]):   # 测量的先后（merge 记下的；更早合并的 JSON 没有：按键）
         v = tl["variants"][name]
         vm = v["meta"]
         print(f"\n-- 变体 {name}：block = {vm['block']}，NCCL 环境 {vm['env']}"

@@ -24,7 +24,7 @@ MODE=${1:-}
 OUT=lecture19/results/ring_timeline
 RESULTS=lecture19/results/ring_multi_gpu.json
 EXTRA=()
-REPORT=()                                            # GPU：完整的图 lecture19/results/ring_multi_gpu.png；其余：lecture19/figures/quick/
+REPORT=(--replot)                                    # GPU：重画已提交的图 lecture19/results/ring_multi_gpu.png；其余：lecture19/figures/quick/
 LIMIT=120                                            # 每个变体的上限（秒）；triton 另算（要编译）
 TLIMIT=210
 case "$MODE" in

@@ -731,3 +731,45 @@ def test_ratio_errors_median_and_worst():
     assert CU.ratio_errors([1.1, 0.5, 1.8, 1.0]) == (pytest.approx(0.3), 1)
     assert CU.ratio_errors([1.2, 0.9, 1.05]) == (pytest.approx(0.1), 0)
     assert CU.ratio_errors([2.0, 1.8])[1] == 0
+
+
+def test_wall_per_call_many_interleaves_rounds_and_keeps_the_fastest(monkeypatch):
+    """轮流量：每一轮每个 fn 各量一组（顺序 a b a b …），每个 fn 取最快的一轮；时钟是假的（每次调用 a 花 1、
+    b 花 3，第 2 轮 a 被拖慢到 10），GPU 同步换成空函数。坏参数报名字。"""
+    import time
+
+    import torch
+    clock, log = [0.0], []
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def make(name, cost):
+        def fn():
+            log.append(name)
+            slow = name == "a" and log.count("a") in (6, 7, 8)       # a 的第 6–8 次调用 = 热身 2 次、第 1 轮 3 次之后
+            clock[0] += 10.0 if slow else cost
+        return fn
+    out = CU.wall_per_call_many({"a": make("a", 1.0), "b": make("b", 3.0)}, calls=9, warmup=2, rounds=3)
+    assert out == {"a": 1.0, "b": 3.0}
+    assert log[4:] == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
+    for kwargs, exc, word in [(dict(calls=2, rounds=3), ValueError, "calls"), (dict(calls=2.5), TypeError, "calls"),
+                              (dict(calls=9, warmup=-1), ValueError, "warmup"), (dict(calls=9, rounds=0), ValueError,
+                                                                                "rounds")]:
+        with pytest.raises(exc, match=word):
+            CU.wall_per_call_many({"a": make("a", 1.0)}, **kwargs)
+    with pytest.raises(TypeError, match="fns"):
+        CU.wall_per_call_many([make("a", 1.0)], calls=9)
+    with pytest.raises(ValueError, match="trials"):
+        CU.wall_per_call(make("a", 1.0), calls=9, trials=0)
+    assert CU.wall_per_call(make("b", 3.0), calls=6, warmup=0, trials=3) == 3.0
+
+
+def test_merge_identical_merges_within_atol_and_rejects_bad_atol():
+    """xs 相同、ys 逐点差 ≤ atol 的曲线合成一条（标签 "A = B"）；差得多的、xs 不同的不合；atol 为负或 NaN 报错。"""
+    series = [("A", [1, 2], [1.0, 2.0]), ("B", [1, 2], [1.0, 2.0004]), ("C", [1, 2], [1.0, 2.1]), ("D", [1, 3], [1, 2])]
+    assert [s[0] for s in CU.merge_identical(series)] == ["A", "B", "C", "D"]
+    merged = CU.merge_identical(series, atol=1e-3)
+    assert [s[0] for s in merged] == ["A = B", "C", "D"] and merged[0][2] == [1.0, 2.0]
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="atol"):
+            CU.merge_identical(series, atol=bad)

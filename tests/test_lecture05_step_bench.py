@@ -115,7 +115,7 @@ def test_fit_prediction_is_step_model():
 
 def test_step_overhead_per_layer_and_default_per_step():
     """拟合的参数按层（× n_layers，None 按 0）；默认假设按步（StepModel 的 1 ms，不分层数、不分 mode）；
-    两种键都没有：KeyError 说缺什么。"""
+    两种键都没有、mode 写错：ValueError 说缺什么 / 错在哪。"""
     cfg8, cfg1 = CONFIGS["Llama-3.1-8B"], CONFIGS["Llama-3.2-1B"]
     p = _per_layer(0.5, 0.5, 1e-4, None)
     assert sb.step_overhead(p, "eager", cfg8) == pytest.approx(32e-4)
@@ -123,8 +123,11 @@ def test_step_overhead_per_layer_and_default_per_step():
     assert sb.step_overhead(p, "graph", cfg8) == 0.0
     assert {sb.step_overhead(sb.DEFAULT_PARAMS, mode, cfg) for mode in sb.MODES for cfg in (cfg1, cfg8)} \
         == {ss.STEP_OVERHEAD_S}
-    with pytest.raises(KeyError, match="overhead_eager_per_layer"):
+    with pytest.raises(ValueError, match="overhead_eager_per_layer"):
         sb.step_overhead({"mfu": 0.5, "mbu": 0.5}, "eager", cfg8)
+    for params in (p, sb.DEFAULT_PARAMS):
+        with pytest.raises(ValueError, match="mode"):
+            sb.step_overhead(params, "eagr", cfg8)
 
 
 def test_fit_is_a_local_minimum():

@@ -716,9 +716,11 @@ def test_prob_tolerance_at_llama3_vocab():
     assert dl.PROB_TOL < err < dl.prob_tol(np.float32, V) / 3          # 真有误差，且容差留了余量
     out, beta = dl.spec_output_dist(p, p)                              # 收下（β = Σ min(p, p) = 行和）
     assert np.allclose(out, p, atol=1e-6) and np.allclose(beta, 1.0, rtol=0, atol=err)
-    for bad in (p * np.float32(1.01), p * np.float32(0.998)):
+    # 界线就在 PROB_TOL_CAP：差 1.5 倍它的表被拒，差一半的收下（0.1% 以内算舍入，见 prob_tol 的文档）
+    for bad in (p * np.float32(1.01), p * np.float32(1 - 1.5 * dl.PROB_TOL_CAP)):
         with pytest.raises(ValueError, match="归一化"):
             dl.spec_output_dist(bad, p)
+    dl.spec_output_dist(p * np.float32(1 - 0.5 * dl.PROB_TOL_CAP), p)
 
 
 def _left_to_right_softmax(z):

@@ -45,7 +45,15 @@ def test_module_check_decode(dtype):
     """模块自检的 decode 部分（python3 lecture11/triton_flash.py --kernel decode 跑的就是它）：decode_cases 的
     每个用例都在 decode_limit 之内；返回的最大误差是个有限数。"""
     worst = tf.check_decode("cpu", dtype, seed=11, verbose=True)
-    assert 0.0 <= worst < math.inf           # 每个用例 ≤ decode_limit 由 check_decode 自己断言
+    assert 0.0 <= worst < (TOL if dtype == F32 else 1e-2)   # 独立的上限：fp16 的 2 × SDPA 误差远小于 1e-2
+
+
+def test_module_check_decode_fails_on_a_wrong_result(monkeypatch):
+    """check_decode 真会失败：flash_decode 的结果加 1e-3 的扰动（fp32 的上限 CPU_TOL 远小于它）就断言失败。"""
+    real = tf.flash_decode
+    monkeypatch.setattr(tf, "flash_decode", lambda *a, **kw: real(*a, **kw) + 1e-3)
+    with pytest.raises(AssertionError, match="超过上限"):
+        tf.check_decode("cpu", F32, seed=11, verbose=False)
 
 
 # (lengths, S_max, Hq, Hk, d, n)：不规则的 B，长度含 1（n = 1 时）、n（n = 3 时）和 S_max

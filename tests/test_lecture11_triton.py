@@ -616,12 +616,14 @@ def test_gpu_checks(kernel):
 def test_lse_scratch_grows_and_is_shared(monkeypatch):
     """不要 lse 的快速路径共用一块 fp32 草稿区：够大就原样返回同一块，不够时至少长到两倍，超过上限返回 None。"""
     monkeypatch.setattr(tf, "_LSE_SCRATCH", {})
+    monkeypatch.setattr(tf, "_LSE_RETIRED", [])
     cpu = torch.device("cpu")
     a = tf._lse_scratch(cpu, 10)
     assert a.dtype == torch.float32 and a.numel() >= 10
     assert tf._lse_scratch(cpu, a.numel()) is a
     b = tf._lse_scratch(cpu, a.numel() + 1)
     assert b is not a and b.numel() >= 2 * a.numel()
+    assert tf._LSE_RETIRED == [a]                 # 换下来的那块留着：别的 stream 上的内核可能还在写它
     assert tf._lse_scratch(cpu, tf.LSE_SCRATCH_MAX).numel() == tf.LSE_SCRATCH_MAX
     assert tf._lse_scratch(cpu, tf.LSE_SCRATCH_MAX + 1) is None
 
