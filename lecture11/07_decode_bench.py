@@ -193,7 +193,10 @@ def measure_table(torch, tf, rounds=3):
 def decode_choice(tf, B, S, device):
     """flash_decode 在这个形状上选的配置和段数（triton_flash.decode_plan，和内核启动时同一条规则）。"""
     config, splits = tf.decode_plan(B, HK, S, tf._sm_count(device))
-    return {"config": list(config), "splits": splits}
+    merge = None
+    if splits > 1:                                 # 合并内核的 (BLOCK_S, D_CHUNK, warps)：和 _decode 里同一个函数
+        merge = list(tf.decode_merge_config(B * HQ, D, splits, tf._sm_count(device)))
+    return {"config": list(config), "splits": splits, "merge": merge}
 
 
 def measure_overhead(torch, tf, calls=3000):

@@ -869,7 +869,7 @@ class _Plan:
             # 要调 data_ptr() 再问一次驱动（cuPointerGetAttribute），拿到整数就直接用；keep 留住这些张量，地址一直有效
             plan.keep = [x for x in plan.vals if isinstance(x, torch.Tensor)]
             plan.vals = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in plan.vals]
-            plan.grid = (int(grid[0]), int(grid[1]), 1)
+            plan.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
             plan.run, plan.function, plan.packed = kernel.run, kernel.function, kernel.packed_metadata
             return plan
         except (AttributeError, KeyError, TypeError):
@@ -1592,15 +1592,20 @@ def _selftest(kernel="all", seed=None):
 #       同一组 R = Hq/Hk 个 query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：K/V 只读一遍）。
 #       num_splits = 1 时直接写输出（没有第二步）；否则把这一段的部分结果（归一化过的 o_s、以 2 为底的 lse_s）写进
 #       fp32 草稿区（只存 R·n 个真的行）。
-#     第二步 _decode_merge_kernel：程序 (r, b·Hk + h) 一次读进第 r 行的所有段，LSE 合并（flash_lab 的 flash-decoding
-#       一节）：M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s。
-#     试过"最后到的程序合并"（一个内核、原子计数器，省一次启动）：H200 上反而慢 2–4 µs（results/NOTES.md 的 v3.1）。
+#     第二步 _decode_merge_kernel：程序 (r, b·Hk + h, c) 一次读进第 r 行的所有段的第 c 段列（d 切成 d / D_CHUNK 段），
+#       LSE 合并（flash_lab 的 flash-decoding 一节）：M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s。
+#       它在整个调用的关键路径上（第一步全部结束之后才能开始）：一个 warp（按段求和都在线程内，不跨 warp 归约），
+#       程序少时把 d 切开（B = 1：32 行 × 4 段列 = 128 个程序，各读 2 KB）；H200 上 1.25 → 0.5 µs
+#       （decode_merge_config）。
+#     试过"最后到的程序合并"（一个内核、原子计数器，省一次启动）：H200 上反而慢（results/NOTES.md 的 v3.1、v13）。
 #   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
 #   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
 #   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
 #   段的边界在内核里由 L_b 算：⌈L_b / BLOCK_N⌉ 个块平均分给各段（相邻两段最多差一个块），主机端不需要知道 L_b。
 #   PDL（Hopper 的 programmatic dependent launch）：第二步（以及第一步相对它前面的内核）可以在前一个内核还没结束时
 #   就被发射、在 SM 上等着（gdc_wait），省掉内核之间的发射空档；任何读写都在 gdc_wait 之后，所以结果不变。
+#   第二步过了自己的 gdc_wait 就放行后面的内核（gdc_launch_dependents）：下一次调用的第一步（或者任何用 PDL 发射的
+#   后续内核）趁合并的时候上 SM，合并一结束就能开始。
 # ============================================================================
 @triton.jit
 def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
@@ -1675,23 +1680,24 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
 @triton.jit
 def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
                          N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                         PDL: tl.constexpr):
-    """第二步：程序 (r, b·Hk + h) 把第 r 行（组内头 g、新 token i）的 N_SPLITS 段一次读进来合并。"""
+                         D_CHUNK: tl.constexpr, PDL: tl.constexpr):
+    """第二步：程序 (r, b·Hk + h, c) 把第 r 行（组内头 g、新 token i）的 N_SPLITS 段的第 c 段列一次读进来合并。"""
     r = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     if PDL:
         tl.extra.cuda.gdc_wait()                  # 等第一步全部写完（PDL 发射时可能提前到了 SM 上）
+        tl.extra.cuda.gdc_launch_dependents()     # 后面的内核现在就可以发射（它们在自己的 gdc_wait 处等本内核结束）
     splits = tl.arange(0, BLOCK_S)
     s_ok = splits < N_SPLITS
     part = (bh * N_SPLITS + splits) * (R * N_NEW) + r                               # [BLOCK_S]
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
     lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
-    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)   # [BLOCK_S, d]
+    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)  # [BLOCK_S, D_CH]
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
     w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]：每段占的 softmax 质量
     total = tl.sum(w, 0)
-    merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [d]
+    merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [D_CHUNK]
     _decode_store(OUT, merged, bh // N_KV_HEADS, bh % N_KV_HEADS, r, offs_d < HEAD_DIM, offs_d,
                   stride_ob, stride_on, stride_oh, N_NEW, R)
 
@@ -1718,8 +1724,8 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
         一个块，且 ≤ MAX_SPLITS）里取波效率 ≥ 0.95 × 最高波效率的最小 s（段越少，合并越省事）。
         S 用缓存长度 S_max（主机端不知道每个序列的真实长度，读它要同步）。
     【实测】H200（132 个 SM，我们的两种配置每个 SM 同时都只放得下一个程序）上，Hk = 8 时 B = 1 / 8 / 64
-        最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。例外：B = 1、S = 8k 时
-        (64, 4, 3) × 33 段（每个 SM 两个程序）快 10%（9.5 对 10.7 µs）；没收进规则，因为 S = 32k、128k 上它不快
+        最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。sweep 里别的配置能更快的
+        只有 B = 1、S = 8k：(64, 4, 2) × 66 段快 4%（8.7 对 9.1 µs）；没收进规则，因为 S = 32k、128k 上多段不快
         （results/NOTES.md 的 v3.2）。
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
@@ -1745,6 +1751,36 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None):
         guess = num_splits or decode_splits(B, Hk, S, n_sm, DECODE_CONFIG[0])
         config = DECODE_CONFIG_SHORT if S / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
     return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
+
+
+
+MERGE_MIN_CHUNK = 32           # 合并内核每个程序至少读 32 列（再细，程序多出来的发射开销比省下的延迟大）
+MERGE_ELEMS_PER_THREAD = 64    # 合并内核每个线程最多拿 [段, 列] 里的 64 个 fp32（再多寄存器就溢出）
+
+
+def decode_merge_config(rows, d, splits, n_sm=132):
+    """
+    第二步（合并内核）的 (BLOCK_S, D_CHUNK, warps)。rows = B·Hk·R·n（要合并的行数），splits = 段数；
+    BLOCK_S = 段数向上取到 2 的幂（至少 2），一个程序一次读进来的段数。
+
+    【为什么】合并只有几 µs，却整个落在调用的关键路径上（第一步全部结束才能开始），要的是延迟低，不是吞吐：
+      · 一个 warp 一行：按段求和都在一个线程里做，不用 warp 之间经共享内存归约；
+      · 行数少于 SM 数时把 d 切成几段列（每段 ≥ MERGE_MIN_CHUNK 列），程序数 = rows × 段列数 ≤ n_sm：
+        每个程序读的字节少，各自的读同时在路上；
+      · 段多时（BLOCK_S · D_CHUNK 超过 32 × MERGE_ELEMS_PER_THREAD）加 warp，免得寄存器溢出。
+    【实测】H200、B = 1、Hq/Hk = 32/8、d = 128、16 段（results/decode_merge_try.json，NOTES.md 的 v13）：
+      合并内核自己 1.25 µs（4 warp、整行）→ 0.51 µs（1 warp、4 段列 × 32）；B = 1、S = 32k 一次调用 35.5 → 34.5 µs，
+      S = 8k 10.7 → 9.2 µs；B = 8（256 行，不切列）1 warp 和 4 warp 相差 ≤ 0.2%。
+    """
+    rows, d = check_int("rows", rows, lo=1), check_int("d", d, lo=1)
+    splits, n_sm = check_int("splits", splits, lo=1), check_int("n_sm", n_sm, lo=1)
+    block_s = max(2, triton.next_power_of_2(splits))
+    chunk = d
+    while chunk > MERGE_MIN_CHUNK and rows * (d // (chunk // 2)) <= n_sm:
+        chunk //= 2
+    want = -(-block_s * chunk // (32 * MERGE_ELEMS_PER_THREAD))          # 向上取整
+    warps = min(8, triton.next_power_of_2(max(1, want)))
+    return block_s, chunk, warps
 
 
 _N_SM = {}
@@ -1889,10 +1925,11 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
                  dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
                       SPLIT=splits > 1, num_warps=warps, num_stages=stages, **pdl[0]))]
     if splits > 1:
-        launches.append((_decode_merge_kernel, (group * n_new, batch * hk),
+        block_s, d_chunk, merge_warps = decode_merge_config(batch * hk * group * n_new, d, splits, _sm_count(q.device))
+        launches.append((_decode_merge_kernel, (group * n_new, batch * hk, d // d_chunk),
                          (o_part, lse_part, out, hk, splits, *so),
-                         dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-                              num_warps=4, **pdl[1])))
+                         dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=block_s, D_CHUNK=d_chunk,
+                              num_warps=merge_warps, **pdl[1])))
     for kernel, grid, args, kwargs in launches:
         kernel[grid](*args, **kwargs)
     if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记

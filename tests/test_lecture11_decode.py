@@ -7,6 +7,8 @@
 import itertools
 import math
 import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -64,7 +66,7 @@ SHAPES = [
     ([3, 33, 17, 40], 40, 4, 1, 16, 3),      # n = 3、GQA 4（MQA），长度 = n
     ([19, 3], 27, 2, 2, 128, 3),             # n = 3、GQA 1、d = 128
     ([8, 30], 30, 4, 2, 32, 3),              # n = 3、GQA 2
-    ([20, 33], 40, 8, 1, 16, 3),             # n = 3、GQA 8：24 行 > 16，合并走不展开的循环
+    ([20, 33], 40, 8, 1, 16, 3),             # n = 3、GQA 8：24 行，Q 块补到 32 行
 ]
 
 
@@ -158,6 +160,63 @@ def test_decode_splits_bad_arguments(bad):
         tf.decode_splits(**bad)
 
 
+# 合并内核的 (BLOCK_S, D_CHUNK, warps)：行数 × 段列数 ≤ n_sm 时把 d 对半切（每段 ≥ 32 列）；每线程 ≤ 64 个 fp32
+@pytest.mark.parametrize("rows,d,splits,n_sm,want", [
+    (32, 128, 16, 132, (16, 32, 1)),    # B = 1、Hk = 8、R = 4：32 × 4 ≤ 132 → 4 段列；16 × 32 = 512 ≤ 2048 → 1 warp
+    (256, 128, 2, 132, (2, 128, 1)),    # B = 8：256 行已经多于 SM，不切
+    (33, 128, 16, 132, (16, 32, 1)),    # 33 × 4 = 132：正好不超过 n_sm → 4 段列
+    (34, 128, 12, 132, (16, 64, 1)),    # 34 × 4 = 136 > 132，34 × 2 = 68 → 2 段列；12 段补到 16
+    (67, 128, 16, 132, (16, 128, 1)),   # 67 × 2 = 134 > 132 → 不切
+    (8, 16, 3, 132, (4, 16, 1)),        # d = 16 < 32：不切
+    (32, 128, 256, 132, (256, 32, 4)),  # 256 段 × 32 列 = 8192 个 fp32 → 4 warp（每线程 64 个）
+    (1, 128, 200, 132, (256, 32, 4)),
+    (200, 256, 33, 132, (64, 256, 8)),  # 64 × 256 = 16384 → 8 warp
+])
+def test_decode_merge_config(rows, d, splits, n_sm, want):
+    assert tf.decode_merge_config(rows, d, splits, n_sm) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 5000), log_d=st.integers(4, 8), splits=st.integers(1, 256), n_sm=st.integers(1, 200))
+def test_decode_merge_config_properties(rows, log_d, splits, n_sm):
+    d = 2 ** log_d
+    block_s, chunk, warps = tf.decode_merge_config(rows, d, splits, n_sm)
+    assert block_s >= max(2, splits) and block_s & (block_s - 1) == 0 and block_s < 2 * max(2, splits)
+    assert d % chunk == 0 and chunk >= min(d, tf.MERGE_MIN_CHUNK)
+    if chunk < d:                                  # 切了：程序数不超过 SM 数
+        assert rows * (d // chunk) <= n_sm
+    if chunk > tf.MERGE_MIN_CHUNK:                 # 没切到底：再切一半就会超过 SM 数
+        assert rows * (d // (chunk // 2)) > n_sm
+    assert warps in (1, 2, 4, 8)
+    assert block_s * chunk <= 32 * warps * tf.MERGE_ELEMS_PER_THREAD or warps == 8
+
+
+@pytest.mark.parametrize("bad", [dict(rows=0, d=128, splits=2), dict(rows=1, d=0, splits=2),
+                                 dict(rows=1, d=128, splits=0), dict(rows=1, d=128, splits=2, n_sm=0),
+                                 dict(rows=1.5, d=128, splits=2)])
+def test_decode_merge_config_bad_arguments(bad):
+    with pytest.raises((ValueError, TypeError)):
+        tf.decode_merge_config(**bad)
+
+
+@pytest.mark.parametrize("chunk_div,warps", [(1, 4), (2, 1), (4, 2)])
+def test_merge_column_chunks_do_not_change_result(gen, monkeypatch, chunk_div, warps):
+    """合并内核把 d 切成几段列（第三维网格）、换 warp 数，结果不变：都等于 1 段（不合并）的结果和 float64 参考。"""
+    lengths, s_max, hq, hk, d, n = [29, 64, 5], 64, 4, 2, 64, 2
+    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32)
+    one = tf.flash_decode(q, k, v, lens, num_splits=1)
+    seen = []
+
+    def forced(rows, d_, splits, n_sm=132):
+        seen.append((rows, d_, splits))
+        return 8, d_ // chunk_div, warps
+    monkeypatch.setattr(tf, "decode_merge_config", forced)
+    many = tf.flash_decode(q, k, v, lens, num_splits=5)
+    assert seen == [(len(lengths) * hk * (hq // hk) * n, d, 5)]       # 真的经过了合并内核
+    assert tf._rel_err(many, one.double()) < TOL
+    assert tf._rel_err(many, tf.reference_decode(q, k, v, lens)) < TOL
+
+
 @pytest.fixture
 def gpu_decode_constants(monkeypatch):
     """把 DECODE_CONFIG / DECODE_CONFIG_SHORT 换成 GPU 上的值（解释器里两者相同，规则的切换看不出来）。"""
@@ -185,8 +244,8 @@ def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
     """
     H200 上实测（results/decode_bench.json 的 sweep，两个内核都用 PDL）：每个量过的 (B, S)，decode_plan 选的
     段数是它那个配置下最快的段数；配置是两种配置里（在这个段数上）最快的，或者慢不到 2%。
-    整体最快的组合比 decode_plan 快 2% 以上的只有 decode_splits 文档里说的例外：B = 1、S = 8k 时 33 段（每个 SM
-    两个程序）。这里只比我们的两种配置：sweep 里还有别的配置（例如 (128, 4, 2)），它们不在规则里。
+    整体最快的组合比 decode_plan 快 2% 以上的只有 B = 1、S = 1k：合并内核变快之后（v13）16 段 (64, 4, 4) 比规则选的
+    8 段 (128, 4, 3) 快。这里只比我们的两种配置：sweep 里还有别的配置（例如 (64, 4, 2)），它们不在规则里。
     """
     meta, rows = _bench_sweep()
     ours = (tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU)
@@ -204,7 +263,7 @@ def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
         assert mine <= 1.02 * min(x for (_, s), x in t.items() if s == splits), (B, S)  # 配置
         if min(t.values()) * 1.02 < mine:
             beaten.add((B, S))
-    assert beaten == {(1, 8192)}
+    assert beaten == {(1, 1024)}
 
 
 def test_decode_plan(gpu_decode_constants):
@@ -446,3 +505,31 @@ def test_dense_key_tensor_dropout_p(fake_gpu):
     assert key is not None and isinstance(hash(key), int)
     assert tf._dense_key(t, t, t, torch.tensor([0.0, 0.1]), *args) is None
     assert tf._dense_key(t, t, t, torch.tensor(0.0), *args) is None          # 0 维张量：不是普通标量，走正常路径
+
+
+GPU_DECODE_FAST_PATH = """
+import sys, torch; sys.path.insert(0, 'lecture11'); import triton_flash as tf
+torch.manual_seed(0)
+q = torch.randn(1, 32, 128, device='cuda', dtype=torch.bfloat16)
+k, v = (torch.randn(1, 4096, 8, 128, device='cuda', dtype=torch.bfloat16) for _ in range(2))
+lens = torch.tensor([4001], device='cuda', dtype=torch.int32)
+plan = tf.decode_plan(1, 8, 4096, tf._sm_count(q.device))
+assert plan[1] > 1, plan                            # 要经过合并内核（三维网格）
+slow = tf.flash_decode(q, k, v, lens)
+tf.flash_decode(q, k, v, lens)                      # 第二次见到这个形状：记下两个 _Plan
+n = tf._Plan.launches
+fast = tf.flash_decode(q, k, v, lens)
+assert tf._Plan.launches == n + 2, 'fast path not used'
+assert torch.equal(slow, fast), (slow - fast).abs().max()
+ref = tf.reference_decode(q, k, v, lens)
+assert tf._rel_err(fast, ref) < tf.decode_limit(q, k, v, lens, ref)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="需要 CUDA GPU（快速路径只在编译好的内核上有）")
+def test_gpu_decode_fast_path_is_bitwise_equal():
+    """GPU 上：快速路径（两个 _Plan，合并内核是三维网格）和正常启动逐位相同，也在 float64 参考的上限之内。"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", GPU_DECODE_FAST_PATH], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
