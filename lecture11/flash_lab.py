@@ -652,7 +652,7 @@ H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
 # 中位误差 10% → 5%（两种方法各 12 个点）。出处：lecture11/results/decode_bench.json（2026-12-01，torch 2.11.0+cu130，
 # triton 3.6.0）。tests 断言它等于对这份 JSON 的拟合：数据变了，这里必须跟着改。
 H200_DEC_MEASURED = DecodeGPU("H200 (measured)", 132, H200.peak_flops("bf16"), H200.mem_bw,
-                              sm_bw_cap=32884590578.461082, launch=1.15e-6)
+                              sm_bw_cap=32884590578.461082, launch=1.3e-6)
 
 
 def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, block_m=None, elem=2):
@@ -877,14 +877,14 @@ class TimelineParams:
 
 
 # 实测校准的 H200 时间线参数（不是假设；07_decode_bench.py 第 6 部分，2026-12-01，torch 2.11.0+cu130）：
-#   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.70 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
-#       重放的间隔（lecture11/results/decode_bench.json 的 launch.graph_s；普通 stream 里是 1.59 µs）；
-#   small = 1.91 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/results/step_measure.json，CUDA 图，上下文
+#   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.73 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
+#       重放的间隔（lecture11/results/decode_bench.json 的 launch.graph_s；普通 stream 里是 1.49 µs）；
+#   small = 1.88 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/results/step_measure.json，CUDA 图，上下文
 #       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
-#   eager 的 launch = 11.96 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
+#   eager 的 launch = 11.99 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
 #   其余（eff、ramp、sync……）用默认值。中位误差见 07 的第 6 部分；tests 断言它们等于对已提交 JSON 的校准。
-H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.019519805908203e-07, small=1.91e-6)
-H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.196e-05, small=1.91e-6)
+H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.283840179443359e-07, small=1.88e-6)
+H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.199e-05, small=1.88e-6)
 
 # timeline() 返回的时间分解：键 → (中文说明, 英文图例)
 PART_LABELS = {

@@ -849,7 +849,7 @@ class _Plan:
     参数表记下来，之后只换掉其中的张量，直接调用编译好的内核（Triton 的 C 启动器）。
     键（调用者给）必须包含决定编译结果的一切：形状、步长、dtype、设备、标量参数、指针是否 16 字节对齐。
     """
-    __slots__ = ("vals", "slots", "grid", "run", "function", "packed", "keep")
+    __slots__ = ("vals", "slots", "grid", "run", "function", "head", "keep")
     launches = 0                      # 走快速路径的启动次数（检查快速路径真的用上了）
 
     @classmethod
@@ -870,10 +870,24 @@ class _Plan:
             plan.keep = [x for x in plan.vals if isinstance(x, torch.Tensor)]
             plan.vals = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in plan.vals]
             plan.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-            plan.run, plan.function, plan.packed = kernel.run, kernel.function, kernel.packed_metadata
+            plan.run, plan.function = kernel.run, kernel.function
+            plan.head = (kernel.packed_metadata, None, None, None)    # 元数据、launch_metadata、两个钩子
+            plan._direct(kernel.run)
             return plan
         except (AttributeError, KeyError, TypeError):
             return False
+
+    def _direct(self, launcher):
+        """
+        Triton 的启动器（CudaLauncher）是一层 Python：每次调用先为全局 / profile 草稿区各问一次分配器，再调 C 写的
+        launch。内核不要草稿区时（我们的都不要）直接调那个 C 函数，参数照它的顺序补上：协作网格、PDL、两个
+        草稿区（None）。这个 Triton 版本的启动器不是这个样子时什么也不做（照常经过 CudaLauncher）。
+        """
+        launch = getattr(launcher, "launch", None)
+        if (callable(launch) and getattr(launcher, "global_scratch_size", 1) == 0
+                and getattr(launcher, "profile_scratch_size", 1) == 0):
+            self.run = launch
+            self.head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, *self.head)
 
     def __call__(self, tensors, device_index):
         """用新的张量启动；有启动钩子（profiler）时返回 False，让调用者走正常路径。"""
@@ -887,7 +901,15 @@ class _Plan:
         vals = self.vals.copy()
         for i, j in self.slots:
             vals[i] = tensors[j].data_ptr()       # 键已确认它们是这块 GPU 上的张量：只传地址，启动器不再问驱动
-        self.run(*self.grid, stream, self.function, self.packed, None, None, None, *vals)
+        self.run(*self.grid, stream, self.function, *self.head, *vals)
+        _Plan.launches += 1
+
+    def launch_ptrs(self, ptrs, stream):
+        """同 launch，但调用者已经取好了各张量的地址（ptrs[j] = tensors[j].data_ptr()）：几个内核共用一次取地址。"""
+        vals = self.vals.copy()
+        for i, j in self.slots:
+            vals[i] = ptrs[j]
+        self.run(*self.grid, stream, self.function, *self.head, *vals)
         _Plan.launches += 1
 
 
@@ -1616,18 +1638,33 @@ def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stri
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
+def _probe(STAMPS, program, field: tl.constexpr):
+    """计时探针：把 %globaltimer（GPU 的全局时钟，ns，所有 SM 同一个）写进 STAMPS[program, field]；field 3 写 SM 号。
+    每个程序一行 [入口, gdc_wait 之后, 活干完, SM 号]（07_decode_bench.py 的"一次调用的时间线"用它）。"""
+    if field == 3:
+        tl.store(STAMPS + program * 4 + 3, tl.extra.cuda.smid().to(tl.int64))
+    else:
+        tl.store(STAMPS + program * 4 + field, tl.extra.cuda.globaltimer())
+
+
+@triton.jit
+def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+                   STAMP: tl.constexpr = False):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
     h = bh % N_KV_HEADS
+    if STAMP:                                     # 探针默认关：STAMP 是编译期常数，关着时一条指令也不多
+        _probe(STAMPS, bh * N_SPLITS + split, 0)
     if PDL:
         tl.extra.cuda.gdc_wait()                  # 前一个内核的写入此后才可见：所有读写都在这之后
         tl.extra.cuda.gdc_launch_dependents()     # 合并内核现在就可以发射（它会在自己的 gdc_wait 处等本内核结束）
+    if STAMP:
+        _probe(STAMPS, bh * N_SPLITS + split, 1)
     seq_len = tl.minimum(tl.load(SEQLENS + b), S_MAX)            # 截到 S_max：坏的长度也不会越界读
     n_blocks = tl.cdiv(seq_len, BLOCK_N)          # 块平均分给各段：段数不整除块数时也用满所有程序
     lo = (split * n_blocks // N_SPLITS) * BLOCK_N
@@ -1665,6 +1702,9 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
 
+    if STAMP:
+        _probe(STAMPS, bh * N_SPLITS + split, 2)
+        _probe(STAMPS, bh * N_SPLITS + split, 3)
     seen = l_i > 0                                # 这一段里没有可见 key 的行：o = 0、lse = −∞（合并时权重 0）
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     if SPLIT:
@@ -1678,15 +1718,20 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, qk_scale, S_MAX, N_K
 
 
 @triton.jit
-def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
+def _decode_merge_kernel(O_PART, LSE_PART, OUT, STAMPS, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
                          N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                         D_CHUNK: tl.constexpr, PDL: tl.constexpr):
+                         D_CHUNK: tl.constexpr, PDL: tl.constexpr, STAMP: tl.constexpr = False):
     """第二步：程序 (r, b·Hk + h, c) 把第 r 行（组内头 g、新 token i）的 N_SPLITS 段的第 c 段列一次读进来合并。"""
     r = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    program = (bh * tl.num_programs(0) + r) * tl.num_programs(2) + tl.program_id(2)     # 探针的行号
+    if STAMP:
+        _probe(STAMPS, program, 0)
     if PDL:
         tl.extra.cuda.gdc_wait()                  # 等第一步全部写完（PDL 发射时可能提前到了 SM 上）
         tl.extra.cuda.gdc_launch_dependents()     # 后面的内核现在就可以发射（它们在自己的 gdc_wait 处等本内核结束）
+    if STAMP:
+        _probe(STAMPS, program, 1)
     splits = tl.arange(0, BLOCK_S)
     s_ok = splits < N_SPLITS
     part = (bh * N_SPLITS + splits) * (R * N_NEW) + r                               # [BLOCK_S]
@@ -1700,6 +1745,10 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, N_KV_HEADS, N_SPLITS, stride_ob,
     merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [D_CHUNK]
     _decode_store(OUT, merged, bh // N_KV_HEADS, bh % N_KV_HEADS, r, offs_d < HEAD_DIM, offs_d,
                   stride_ob, stride_on, stride_oh, N_NEW, R)
+    if STAMP:
+        tl.debug_barrier()                        # 所有线程都发出了写，才算"活干完"
+        _probe(STAMPS, program, 2)
+        _probe(STAMPS, program, 3)
 
 
 # 每次循环读的 key 数、warp 数、流水级数 (BLOCK_N, warps, stages)：H200 上 sweep 选的（results/NOTES.md 的 v3.1，
@@ -1744,12 +1793,17 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
 def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None):
     """
     flash_decode 的配置和段数：先按 DECODE_CONFIG 的块大小定段数，每段 ≤ SHORT_SPLIT_KEYS 个 key 时换成
-    DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数。num_splits、config 给了就用给的（config 给了、段数没给时
-    按它的块大小定段数）。返回 ((BLOCK_N, warps, stages), 段数)。
+    DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数——但大块会让段数变少时不换（缓存短、每段只有一两个
+    大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，results/decode_bench.json 的 sweep）。
+    num_splits、config 给了就用给的（config 给了、段数没给时按它的块大小定段数）。
+    返回 ((BLOCK_N, warps, stages), 段数)。
     """
     if config is None:
         guess = num_splits or decode_splits(B, Hk, S, n_sm, DECODE_CONFIG[0])
-        config = DECODE_CONFIG_SHORT if S / guess <= SHORT_SPLIT_KEYS else DECODE_CONFIG
+        short = S / guess <= SHORT_SPLIT_KEYS
+        if short and num_splits is None and decode_splits(B, Hk, S, n_sm, DECODE_CONFIG_SHORT[0]) < guess:
+            short = False         # 大块让段数变少（S = 1k：16 → 8 段）：段数比循环次数要紧，不换
+        config = DECODE_CONFIG_SHORT if short else DECODE_CONFIG
     return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
 
 
@@ -1846,30 +1900,54 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
     【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
         同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核）；可以在 CUDA 图里捕获。
     """
-    key = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
-    plans = _PLANS.get(key) if key is not None else None
-    if plans and not _launch_hooks_active():     # 一到两个 _Plan（第一步、第二步）；钩子、stream 只查一次
-        if out is None:
-            out = torch.empty_like(q)
-        else:                                    # 键只记 out 的布局：和输入是否重叠每次都要看地址
-            _check_out_alias(out, (q, k_cache, v_cache), "flash_decode")
-        tensors = (q, k_cache, v_cache, cache_seqlens, out)
-        for plan in plans:
-            plan.launch(tensors, key[-1])
-        return out
+    key, ptrs = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
+    fast = _PLANS.get(key) if key is not None else None
+    if fast and not _launch_hooks_active():      # 钩子、stream 每次调用只查一次
+        return fast(q, out, ptrs, key[-1])
     return _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, None,
                    key if _should_record(key) else None, out)
 
 
-def _byte_range(t):
-    """张量 t 碰到的字节 [起点, 终点)：起点 = data_ptr，长度 = (Σ (size − 1)·stride + 1)·元素字节；空张量 → 空区间。"""
-    start = t.data_ptr()
+class _DecodeFast:
+    """
+    flash_decode 的快速路径：一到两个 _Plan（第一步、第二步），加上 q、k_cache、v_cache、out 各自碰到的字节数。
+    形状、步长都在键里，所以字节数是定的，每次只有地址不同：out= 和输入是否重叠只剩几次整数比较（原来每次
+    重算四个张量的字节区间，约 2 µs）。地址由 _decode_key 取一次，两个内核共用。
+    """
+    __slots__ = ("plans", "extents")
+
+    def __init__(self, plans, q, k, v, out):
+        self.plans = plans
+        self.extents = (_byte_extent(q), _byte_extent(k), _byte_extent(v), _byte_extent(out))
+
+    def __call__(self, q, out, ptrs, stream):
+        if out is None:
+            out = torch.empty_like(q)
+            ptrs = (*ptrs[:4], out.data_ptr())
+        else:                                    # 键只记 out 的布局：和输入是否重叠每次都要看地址
+            o0 = ptrs[4]
+            o1 = o0 + self.extents[3]
+            for j in range(3):
+                if o0 < ptrs[j] + self.extents[j] and ptrs[j] < o1:
+                    raise _alias_error("flash_decode", o0, o1, ptrs[j], ptrs[j] + self.extents[j])
+        for plan in self.plans:
+            plan.launch_ptrs(ptrs, stream)
+        return out
+
+
+def _byte_extent(t):
+    """张量 t 碰到的字节数：(Σ (size − 1)·stride + 1)·元素字节（PyTorch 的步长都 ≥ 0）；空张量 → 0。"""
     if t.is_contiguous():                 # 常见情况：一段连续的字节（含空张量），不用逐维求和
-        return start, start + t.numel() * t.element_size()
+        return t.numel() * t.element_size()
     if t.numel() == 0:
-        return start, start
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return start, start + extent * t.element_size()
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _byte_range(t):
+    """张量 t 碰到的字节 [起点, 终点)：起点 = data_ptr，长度 = _byte_extent。"""
+    start = t.data_ptr()
+    return start, start + _byte_extent(t)
 
 
 def _check_out_alias(out, inputs, where):
@@ -1878,35 +1956,44 @@ def _check_out_alias(out, inputs, where):
     for t in inputs:
         t0, t1 = _byte_range(t)
         if o0 < t1 and t0 < o1:
-            raise ValueError(f"{where}：out 不能和 q、k_cache、v_cache 共用内存（内核边读边写会读到写过的值），"
-                             f"out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
+            raise _alias_error(where, o0, o1, t0, t1)
+
+
+def _alias_error(where, o0, o1, t0, t1):
+    return ValueError(f"{where}：out 不能和 q、k_cache、v_cache 共用内存（内核边读边写会读到写过的值），"
+                      f"out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
 
 
 def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
-    """快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、16 字节对齐、两个参数、out 的布局），
-    最后一项是当前 stream。只给 GPU；不是张量、参数不可哈希等情况返回 None（走正常路径，由 _check_decode 报错）。"""
+    """
+    快速路径的键：决定检查结果和编译结果的一切（形状、步长、dtype、设备、16 字节对齐、两个参数、out 的布局），
+    最后一项是当前 stream。返回 (键, 地址)：地址 = 五个张量（q、k、v、lens、out）的 data_ptr（out 没给时 None），
+    快速路径直接拿去启动。只给 GPU；不是张量、参数不可哈希等情况返回 (None, None)（走正常路径，由 _check_decode 报错）。
+    """
     try:
         if INTERPRET or not q.is_cuda:
-            return None
+            return None, None
         # 键里原样放进去的调用者参数只有这两个（其余都取自张量的属性）：不可哈希（如 num_splits=[2]）时在这里
         # 抛 TypeError → None，否则 _PLANS.get(键) 才报 "unhashable"，而不是 _check_decode 的 ValueError
         hash((num_splits, softmax_scale))
         dev = q.get_device()
-        o = None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device(),
-                                      out.data_ptr() % 16)
-        return ("decode", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                lens.dtype, lens.shape, lens.stride(), dev, k.get_device(), v.get_device(), lens.get_device(),
-                q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, lens.data_ptr() % 16,
-                num_splits, type(num_splits), softmax_scale, type(softmax_scale), o, _current_stream(dev))
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), None if out is None else out.data_ptr())
+        o = None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.get_device(), ptrs[4] % 16)
+        key = ("decode", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               lens.dtype, lens.shape, lens.stride(), dev, k.get_device(), v.get_device(), lens.get_device(),
+               ptrs[0] % 16, ptrs[1] % 16, ptrs[2] % 16, ptrs[3] % 16,
+               num_splits, type(num_splits), softmax_scale, type(softmax_scale), o, _current_stream(dev))
+        return key, ptrs
     except (AttributeError, TypeError):
-        return None
+        return None, None
 
 
 def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None,
-            pdl=None):
+            pdl=None, stamps=None):
     """正常路径：检查输入、选配置和段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。
     config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选。
-    pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。"""
+    pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。
+    stamps：None，或 (第一步的, 合并内核的) 两个 int64 张量，各 [程序数, 4]（decode_probe_shape）：打开计时探针。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
@@ -1919,24 +2006,55 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
     so = (out.stride(0), 0, out.stride(1)) if squeeze else (out.stride(0), out.stride(1), out.stride(2))
     pdl = _pdl_modes(q.device, DECODE_PDL if pdl is None else pdl)
+    st1 = st2 = None
+    if stamps is not None:
+        st1, st2 = _check_stamps(stamps, decode_probe_shape(batch, hk, group * n_new, d, splits, _sm_count(q.device)))
     launches = [(_decode_kernel, (splits, batch * hk),
-                 (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, scale * math.log2(math.e),
+                 (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, st1, scale * math.log2(math.e),
                   s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
                  dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
-                      SPLIT=splits > 1, num_warps=warps, num_stages=stages, **pdl[0]))]
+                      SPLIT=splits > 1, STAMP=st1 is not None, num_warps=warps, num_stages=stages, **pdl[0]))]
     if splits > 1:
         block_s, d_chunk, merge_warps = decode_merge_config(batch * hk * group * n_new, d, splits, _sm_count(q.device))
         launches.append((_decode_merge_kernel, (group * n_new, batch * hk, d // d_chunk),
-                         (o_part, lse_part, out, hk, splits, *so),
+                         (o_part, lse_part, out, st2, hk, splits, *so),
                          dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=block_s, D_CHUNK=d_chunk,
-                              num_warps=merge_warps, **pdl[1])))
+                              STAMP=st2 is not None, num_warps=merge_warps, **pdl[1])))
     for kernel, grid, args, kwargs in launches:
         kernel[grid](*args, **kwargs)
-    if plan_key is not None and not torch.cuda.is_current_stream_capturing():   # 图捕获期间的草稿区属于图：不记
+    # 图捕获期间的草稿区属于图：不记；开着探针的启动也不记（快速路径永远是不带探针的那一份）
+    if plan_key is not None and stamps is None and not torch.cuda.is_current_stream_capturing():
         tensors = (q, k_cache, v_cache, cache_seqlens, out)
         plans = tuple(_Plan.build(kernel, args, kwargs, grid, tensors) for kernel, grid, args, kwargs in launches)
-        _PLANS[plan_key] = all(plans) and plans
+        _PLANS[plan_key] = all(plans) and _DecodeFast(plans, q, k_cache, v_cache, out)
     return out
+
+
+def decode_probe_shape(batch, hk, rows_per_head, d, splits, n_sm=132):
+    """
+    计时探针（_decode 的 stamps）要的两块 int64 缓冲区的形状：第一步 [splits·B·Hk, 4]，合并内核 [行数 × 段列数, 4]
+    （没有合并内核时 [0, 4]）。rows_per_head = R·n。每行是 [入口, gdc_wait 之后, 活干完, SM 号]，
+    时间是 %globaltimer 的 ns。
+    """
+    merge = 0
+    if splits > 1:
+        rows = batch * hk * rows_per_head
+        merge = rows * (d // decode_merge_config(rows, d, splits, n_sm)[1])
+    return (splits * batch * hk, 4), (merge, 4)
+
+
+def _check_stamps(stamps, shapes):
+    """stamps 必须是两个 int64、连续、形状对得上的 CUDA 张量（探针只在 GPU 上有）→ (第一步的, 合并内核的或 None)。"""
+    if INTERPRET:
+        raise ValueError("_decode：stamps（计时探针，读 %globaltimer）只能在 GPU 上用，解释器里没有这条指令")
+    if not (isinstance(stamps, (tuple, list)) and len(stamps) == 2):
+        raise TypeError(f"_decode：stamps 必须是 (第一步的, 合并内核的) 两个张量，收到 {type(stamps).__name__}")
+    for t, shape, name in zip(stamps, shapes, ("stamps[0]", "stamps[1]")):
+        if not (isinstance(t, torch.Tensor) and t.is_cuda and t.dtype == torch.int64 and t.is_contiguous()
+                and tuple(t.shape) == shape):
+            raise ValueError(f"_decode：{name} 必须是连续的 CUDA int64 张量、形状 {shape}（decode_probe_shape），收到 "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    return stamps[0], (stamps[1] if shapes[1][0] else None)
 
 
 def reference_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None, dtype=torch.float64):

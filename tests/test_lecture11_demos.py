@@ -243,15 +243,51 @@ def test_07_figures_go_to_figures_unless_replot(db, res07, monkeypatch):
 
     monkeypatch.setattr(db, "save_figure", fake_save)
     _, rows = db.calibrate_decode(res07)
+    res = dict(res07, probe=_fake_probe())            # 有探针的测量时多一张时间线图
     for quick, replot in ((False, False), (True, False), (False, True)):
         saved.clear()
-        db.plot(res07, rows, [], quick, replot=replot)
-        paths = [p for _, _, p in saved]
-        assert [q for _, q, _ in saved] == [quick, quick]
+        db.plot(res, rows, [], quick, replot=replot)
+        whats, paths = [w for w, _, _ in saved], [p for _, _, p in saved]
+        assert whats == ["bandwidth", "models", "timeline"] and [q for _, q, _ in saved] == [quick] * 3
         if replot:
-            assert paths == [os.path.join(db.HERE, "results", f"decode_bench_{w}.png") for w in ("bandwidth", "models")]
+            assert paths == [os.path.join(db.HERE, "results", f"decode_bench_{w}.png") for w in whats]
         else:
-            assert paths == [None, None]
+            assert paths == [None] * 3
+
+
+def _fake_probe(calls=3):
+    """每次调用 10 µs：第一步 4 个程序在 i·10000 ns 放行、8000…8300 ns 后读完；合并 2 个程序 8600 放行、
+    9000 / 9050 写完 → 各段 8.15 / 0.15 / 0.30 / 0.45 / 0.95 µs。"""
+    k1, merge = [], []
+    for i in range(calls):
+        t = 10_000 * i
+        k1.append([[t - 100, t + 20 * (j % 2), t + 8000 + 100 * j, j] for j in range(4)])
+        merge.append([[t + 500, t + 8600, t + 9000 + 50 * j, 10 + j] for j in range(2)])
+    return dict(B=1, S=32768, splits=16, config=[64, 4, 4], gpu_s_probe=10.1e-6, gpu_s=10e-6,
+                fields=["entry", "after_wait", "done", "sm"], k1=k1, merge=merge)
+
+
+def test_07_probe_breakdown_sums_to_the_period(db):
+    br = db.probe_breakdown(_fake_probe())
+    assert len(br["calls"]) == 2                          # 最后一次没有"下一次"，不算
+    want = dict(stream=8.15, tail=0.15, to_merge=0.30, merge=0.45, to_next=0.95, period=10.0)
+    for c in br["calls"] + [br["median"]]:
+        assert c == pytest.approx(want)
+        assert sum(c[name] for name, _ in db.PROBE_PHASES) == pytest.approx(c["period"])
+    with pytest.raises(ValueError, match="至少"):
+        db.probe_breakdown(dict(_fake_probe(), k1=_fake_probe()["k1"][:1]))
+    with pytest.raises(ValueError, match="合并"):
+        db.probe_breakdown(dict(_fake_probe(), merge=[]))
+
+
+def test_07_probe_report(db, res07, capsys):
+    """第 7 部分：有探针时打印各段和一次调用的周期；旧的 JSON 没有探针时只说一句。"""
+    assert db.print_probe(dict(res07, probe=_fake_probe()))["median"]["period"] == pytest.approx(10.0)
+    out = capsys.readouterr().out
+    assert "一次调用（各段之和）" in out and "10.00" in out
+    plain = {k: v for k, v in res07.items() if k != "probe"}
+    assert db.print_probe(plain) is None
+    assert "没有计时探针" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------- 07 的压力测试

@@ -657,3 +657,36 @@ def test_launch_hooks_active_sees_installed_hooks(monkeypatch):
     monkeypatch.setattr(rt, "launch_exit_hook", Chain([]))
     monkeypatch.setattr(rt, "launch_enter_hook", print)           # 不是 HookChain 的钩子（旧接口）：按"有"处理
     assert tf._launch_hooks_active() is True
+
+
+class _FakeLauncher:
+    """Triton 3.6 的 CudaLauncher 的样子：C 写的 launch 挂在 .launch 上，草稿区大小、协作网格、PDL 是属性。"""
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, scratch=0):
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.calls = []
+        self.launch = lambda *a: self.calls.append(("direct", a))
+
+    def __call__(self, *a):
+        self.calls.append(("python", a))
+
+
+@pytest.mark.parametrize("scratch,way", [(0, "direct"), (256, "python")])
+def test_plan_calls_the_c_launcher_directly_when_no_scratch(scratch, way):
+    """_Plan 在内核不要草稿区时跳过 CudaLauncher 那层 Python，直接调 C 的 launch（参数按它的顺序补齐）；要草稿区时
+    照常经过 CudaLauncher（它负责分配）。两种方式传给启动器的张量地址、标量一样。"""
+    launcher = _FakeLauncher(scratch)
+    plan = tf._Plan()
+    plan.vals, plan.slots, plan.grid, plan.keep = [None, 7, None], [(0, 0), (2, 1)], (3, 2, 1), []
+    plan.run, plan.function, plan.head = launcher, "fn", ("packed", None, None, None)
+    plan._direct(launcher)
+    q, k = torch.zeros(2), torch.zeros(3)
+    plan.launch((q, k), "stream")
+    plan.launch_ptrs((q.data_ptr(), k.data_ptr()), "stream")
+    assert [c[0] for c in launcher.calls] == [way, way]
+    a = launcher.calls[0][1]
+    assert a == launcher.calls[1][1]
+    assert a[:5] == (3, 2, 1, "stream", "fn") and a[-3:] == (q.data_ptr(), 7, k.data_ptr())
+    extra = (False, True, None, None) if way == "direct" else ()
+    assert a[5:-3] == extra + ("packed", None, None, None)
