@@ -243,10 +243,12 @@ def test_decode_constants_match_bench():
 def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
     """
     H200 上实测（results/decode_bench.json 的 sweep，两个内核都用 PDL）：每个量过的 (B, S)，decode_plan 选的
-    段数是它那个配置下最快的段数；配置是两种配置里（在这个段数上）最快的，或者慢不到 2%。
-    没有哪个点的最快组合比 decode_plan 快 2% 以上（B = 1、S = 1k 以前是例外：大块让段数从 16 减到 8，规则现在不换）。
-    这里只比我们的两种配置：sweep 里还有别的配置（例如 (64, 4, 2)），它们不在规则里。
+    段数是它那个配置下最快的段数、配置是两种配置里（在这个段数上）最快的——都允许慢 NOISE 以内：sweep 每个组合
+    只量一次，同一个组合在两次运行之间差到 2.2%（B = 64、S = 8k、(64, 4, 4) × 1 段：v16 484.6、v19 495.2 µs）。
+    没有哪个点的最快组合比 decode_plan 快 NOISE 以上（B = 1、S = 1k 以前是例外：大块让段数从 16 减到 8，
+    规则现在不换，那一点差 16%）。这里只比我们的两种配置：sweep 里还有别的配置（例如 (64, 4, 2)），它们不在规则里。
     """
+    NOISE = 1.03
     meta, rows = _bench_sweep()
     ours = (tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU)
     times = {}
@@ -259,9 +261,9 @@ def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
         config, splits = tf.decode_plan(B, meta["Hk"], S, meta["n_sm"])
         mine = t[config, splits]
         print(B, S, config, splits, f"{mine * 1e6:.2f} µs，最快 {min(t.values()) * 1e6:.2f} µs")
-        assert mine == min(x for (c, _), x in t.items() if c == config), (B, S)          # 段数：这个配置下最快
-        assert mine <= 1.02 * min(x for (_, s), x in t.items() if s == splits), (B, S)  # 配置
-        if min(t.values()) * 1.02 < mine:
+        assert mine <= NOISE * min(x for (c, _), x in t.items() if c == config), (B, S)    # 段数
+        assert mine <= NOISE * min(x for (_, s), x in t.items() if s == splits), (B, S)   # 配置
+        if min(t.values()) * NOISE < mine:
             beaten.add((B, S))
     assert not beaten, beaten
 
