@@ -646,10 +646,11 @@ H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
 # fit_decode_gpu 拟合出：
 #   sm_bw_cap = 32.9 GB/s —— 一个 SM 上一个程序能拉到的带宽（假设是 80 GB/s；HBM 4.8 TB/s ÷ 132 = 36 GB/s，
 #       所以一个 SM 单独跑时也就刚够分到的那一份，拉不动更多）
-#   launch = 1.15 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）。v3.1 的内核是 1.75 µs；
-#       v3.2 用 PDL 发射两个内核（第二个提前上 SM 等着）少了 0.25 µs；v3.3 的合并内核只用一个 warp、程序少时切列，
-#       并且一过 gdc_wait 就放行下一个内核，又少了 0.35 µs（results/NOTES.md 的 v13）
-# 中位误差 10% → 5%（两种方法各 12 个点）。出处：lecture11/results/decode_bench.json（2026-12-01，torch 2.11.0+cu130，
+#   launch = 1.30 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）。v3.1 的内核拟合出
+#       1.75 µs，v3.2（PDL）1.50 µs；v3.3（合并内核一个 warp、切列、一过 gdc_wait 就放行下一个内核）第一次运行（v16）
+#       1.15 µs，提交的这次（v19，S = 1k 改用 16 段）1.30 µs。同一份内核两次运行差 0.15 µs：这个参数也吸收了运行之间
+#       ±1–2% 的起伏，0.1 µs 级的差别不能当成内核的变化（results/NOTES.md 的 v13）
+# 中位误差 9% → 4%（两种方法各 12 个点）。出处：lecture11/results/decode_bench.json（2026-12-01，torch 2.11.0+cu130，
 # triton 3.6.0）。tests 断言它等于对这份 JSON 的拟合：数据变了，这里必须跟着改。
 H200_DEC_MEASURED = DecodeGPU("H200 (measured)", 132, H200.peak_flops("bf16"), H200.mem_bw,
                               sm_bw_cap=32884590578.461082, launch=1.3e-6)

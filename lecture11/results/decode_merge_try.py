@@ -10,7 +10,8 @@ flash_decode 的"截距"在哪（B = 1、S = 32k：35 µs 里约 6 µs 不是在
        last   = 一个内核、最后到的程序合并（原子计数器，自己清零）
        k1     = 只有第一步（不合并：看合并值多少）
        sdpa
-用法：python3 lecture11/results/decode_merge_try.py $OUT（在 GPU 上跑的是同一份，当时放在 .gpu/intercept_try.py）
+用法：python3 lecture11/results/decode_merge_try.py $OUT（在 GPU 上跑的是同一份，当时放在 .gpu/intercept_try.py；
+之后加了 ORDER 开关给 decode_order_try.py 用，ORDER = 0 就是原来的顺序）
 """
 import importlib.util
 import json
@@ -71,12 +72,31 @@ def _merge_row(O_PART, LSE_PART, OUT, first, r, b, h, offs_d, N_SPLITS, stride_o
 
 
 @triton.jit
+def _blk(q, k_base, v_base, start, hi, m_i, l_i, acc, offs_d, stride_kn, stride_vn, qk_scale,
+         BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    cols = start + tl.arange(0, BLOCK_N)
+    col_ok = cols < hi
+    k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    s = tl.where(col_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _dk(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, STAMPS, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
         stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
         stride_ob, stride_on, stride_oh,
         N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-        STAMP: tl.constexpr, LAST: tl.constexpr, BLOCK_S: tl.constexpr, LAST3: tl.constexpr = False):
+        STAMP: tl.constexpr, LAST: tl.constexpr, BLOCK_S: tl.constexpr, LAST3: tl.constexpr = False,
+        ORDER: tl.constexpr = 0):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // N_KV_HEADS
@@ -104,20 +124,22 @@ def _dk(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, COUNTERS, STAMPS, qk_scale, S_M
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < hi
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        s = tl.where(col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+    if ORDER == 0:                                # 连续的一段（现在的做法）
+        for start in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = _blk(q, k_base, v_base, start, hi, m_i, l_i, acc, offs_d, stride_kn, stride_vn, qk_scale,
+                                 BLOCK_N, PREC)
+    elif ORDER == 1:                              # 连续的一段，但各段从不同的相位开始、绕一圈
+        first = split * n_blocks // N_SPLITS
+        nb = (split + 1) * n_blocks // N_SPLITS - first
+        shift = split * nb // N_SPLITS
+        for i in range(0, nb):
+            start = (first + (i + shift) % nb) * BLOCK_N
+            m_i, l_i, acc = _blk(q, k_base, v_base, start, seq_len, m_i, l_i, acc, offs_d, stride_kn, stride_vn,
+                                 qk_scale, BLOCK_N, PREC)
+    else:                                         # 交错：第 s 段取第 s、s + N_SPLITS、… 块
+        for blk in range(split, n_blocks, N_SPLITS):
+            m_i, l_i, acc = _blk(q, k_base, v_base, blk * BLOCK_N, seq_len, m_i, l_i, acc, offs_d, stride_kn,
+                                 stride_vn, qk_scale, BLOCK_N, PREC)
     if STAMP:
         tl.store(STAMPS + pid * 6 + 2, tl.sum(l_i, 0).to(tl.int64) * 0 + _now())   # 依赖 l_i：循环真的结束了
     seen = l_i > 0
@@ -234,7 +256,7 @@ def _merge_all(O_PART, LSE_PART, OUT, bh, b, h, N_SPLITS, stride_ob, stride_on, 
 class Variant:
     """mode: copy / early / last / k1；stamps：None 或 (k1 [P, 6], merge [M, 4]) int64。"""
 
-    def __init__(self, q, k, v, lens, mode, stamps=None):
+    def __init__(self, q, k, v, lens, mode, stamps=None, order=0):
         B, hq, d = q.shape
         s_max, hk = k.shape[1], k.shape[2]
         self.R = hq // hk
@@ -247,6 +269,7 @@ class Variant:
         self.out = torch.empty_like(q)
         self.B, self.hk, self.d, self.s_max = B, hk, d, s_max
         self.stamps = stamps
+        self.order = order
         self.dummy = torch.zeros(8, device=q.device, dtype=torch.int64)
 
     def __call__(self, stamp_slot=None):
@@ -260,7 +283,7 @@ class Variant:
             q, k, v, self.lens, out, self.o_part, self.lse_part, self.counters, st1, scale, self.s_max, self.hk,
             self.splits, q.stride(0), 0, q.stride(1), *k.stride()[:3], *v.stride()[:3], out.stride(0), 0, out.stride(1),
             N_NEW=1, R=self.R, HEAD_DIM=self.d, BLOCK_M=16, BLOCK_N=self.block_n, PREC=tf._prec(q.dtype), SPLIT=True, PDL=True,
-            STAMP=stamp, LAST=self.mode == "last", BLOCK_S=bs, LAST3=self.mode == "last3", num_warps=self.warps,
+            STAMP=stamp, LAST=self.mode == "last", BLOCK_S=bs, LAST3=self.mode == "last3", ORDER=self.order, num_warps=self.warps,
             num_stages=self.stages, launch_pdl=True)
         if self.mode in ("copy", "early"):
             _mk[(self.R, self.B * self.hk)](
