@@ -23,7 +23,7 @@
 
 单位：时间 µs，带宽 TB/s（10^12 字节/秒），K/V 字节 = B·S·Hk·d·2（K 和 V）·2（bf16）。
 
-在 GPU 上重新测（写 lecture11/results/decode_bench.json，H200 上约 1 分钟：提交的那次 44 s），再重画已提交的图：
+在 GPU 上重新测（写 lecture11/results/decode_bench.json，H200 上约 1 分钟：提交的那次 48 s），再重画已提交的图：
     python3 lecture11/07_decode_bench.py --measure [--sweep]
     python3 lecture11/07_decode_bench.py --replot
 只读结果、打印、画图（没有 GPU 也行；check-all 跑 --quick，make figures 跑不带参数的；都不动 results/ 里的图）：
