@@ -407,3 +407,25 @@ def test_07_stress_runs_with_the_real_flash_decode_in_the_interpreter(db, monkey
         counts, errs = db.stress(torch, tf, calls=6)
     assert counts == {"B=1 S=64 splits=8": 0}
     assert errs["B=1 S=64 splits=8"] < tf.CPU_TOL
+
+
+def test_07_miss_1_3x_explanation_is_computed(db, res07):
+    """1.3× SDPA 没达到时的解释由 JSON 现算：要的拷贝带宽比这次最高的还高 → "任何实现都达不到"；否则用探针的固定
+    时间算出最快能到几倍（没有探针就只说前一句）。"""
+    by, cp = db.by_point(res07), res07["copy_Bps"]
+    sdpa = by[(1, 32768, "sdpa")]
+    top = max(x["kv_bytes"] / x["gpu_s"] / cp for x in by.values())
+    need = 1.3 * sdpa["kv_bytes"] / sdpa["gpu_s"] / cp
+    lines = db.miss_1_3x(dict(res07, probe=_fake_probe()), by, cp)
+    if need > top:
+        assert "达不到" in lines[-1]
+    else:                                          # 固定时间 = 周期 − 读 K/V = 10 − 8.15 µs
+        bound = 1.85e-6 + sdpa["kv_bytes"] / (top * cp)
+        assert f"{bound * 1e6:.1f} µs = {sdpa['gpu_s'] / bound:.2f}×" in lines[-1] and "到不了" in lines[-1]
+        assert len(db.miss_1_3x({k: v for k, v in res07.items() if k != "probe"}, by, cp)) == 1
+    slow = copy.deepcopy(by)                       # SDPA 只有最高流速的一半：1.3× 它够得着 → 用探针算上界
+    slow[(1, 32768, "sdpa")]["gpu_s"] = sdpa["kv_bytes"] / (0.5 * top * cp)
+    assert "够得着" in db.miss_1_3x(dict(res07, probe=_fake_probe()), slow, cp)[-1]
+    fast = copy.deepcopy(by)                       # SDPA 已是最高流速的 95%：1.3× 它超过最高的一格
+    fast[(1, 32768, "sdpa")]["gpu_s"] = sdpa["kv_bytes"] / (0.95 * top * cp)
+    assert "达不到" in db.miss_1_3x(res07, fast, cp)[-1]
