@@ -1807,7 +1807,6 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None):
     return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
 
 
-
 MERGE_MIN_CHUNK = 32           # 合并内核每个程序至少读 32 列（再细，程序多出来的发射开销比省下的延迟大）
 MERGE_ELEMS_PER_THREAD = 64    # 合并内核每个线程最多拿 [段, 列] 里的 64 个 fp32（再多寄存器就溢出）
 
