@@ -18,7 +18,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
       GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步。H200 上（07_decode_bench.py）
-      是 SDPA 的 0.99–1.26×，S ≥ 32k 时读 K/V 达到拷贝带宽的 87–107%（v3.2：两个内核用 PDL 发射）
+      是 SDPA 的 0.99–1.66×，S ≥ 32k 时读 K/V 达到拷贝带宽的 91–109%（v3.3：合并内核一个 warp、切列）
           python3 lecture11/triton_flash.py --kernel decode
   v1、v2 和 float64 参考 reference_attention 逐项比较 out、LSE、dQ、dK、dV，v3 对照 reference_decode 和 SDPA：
   CPU 上用 Triton 解释器（fp32，误差 < CPU_TOL），GPU 上用 flash-attn 的判据
@@ -37,6 +37,7 @@ results/triton_bench.json 现算比值、逐条对照目标。
 """
 import argparse
 import dataclasses
+import inspect
 import itertools
 import math
 import os
@@ -879,14 +880,13 @@ class _Plan:
 
     def _direct(self, launcher):
         """
-        Triton 的启动器（CudaLauncher）是一层 Python：每次调用先为全局 / profile 草稿区各问一次分配器，再调 C 写的
+        Triton 3.6 的启动器（CudaLauncher）是一层 Python：每次调用先为全局 / profile 草稿区各问一次分配器，再调 C 写的
         launch。内核不要草稿区时（我们的都不要）直接调那个 C 函数，参数照它的顺序补上：协作网格、PDL、两个
-        草稿区（None）。这个 Triton 版本的启动器不是这个样子时什么也不做（照常经过 CudaLauncher）。
+        草稿区（None）。只认 3.6 的样子（_direct_launch_ok）：别的版本的 C 函数参数不同（3.9 的是通用的
+        utils.launch），照常经过 CudaLauncher。
         """
-        launch = getattr(launcher, "launch", None)
-        if (callable(launch) and getattr(launcher, "global_scratch_size", 1) == 0
-                and getattr(launcher, "profile_scratch_size", 1) == 0):
-            self.run = launch
+        if _direct_launch_ok(launcher):
+            self.run = launcher.launch
             self.head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, *self.head)
 
     def __call__(self, tensors, device_index):
@@ -911,6 +911,22 @@ class _Plan:
             vals[i] = ptrs[j]
         self.run(*self.grid, stream, self.function, *self.head, *vals)
         _Plan.launches += 1
+
+
+# Triton 3.6 的 CudaLauncher.__call__ 的参数：只有长这样时，它的 .launch 才是按 (网格, stream, 函数, 协作网格, PDL,
+# 两个草稿区, 元数据, launch_metadata, 两个钩子, *参数) 收参数的那个 C 函数（见 _Plan._direct）
+_CUDA_LAUNCHER_CALL_36 = ("self", "gridX", "gridY", "gridZ", "stream", "function", "args")
+
+
+def _direct_launch_ok(launcher):
+    """launcher 是 Triton 3.6 样子的 CudaLauncher、内核不要全局 / profile 草稿区 → True（可以直接调 C 的 launch）。"""
+    try:
+        params = tuple(inspect.signature(type(launcher).__call__).parameters)
+    except (TypeError, ValueError):
+        return False
+    return (params == _CUDA_LAUNCHER_CALL_36 and callable(getattr(launcher, "launch", None))
+            and getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0
+            and hasattr(launcher, "launch_cooperative_grid") and hasattr(launcher, "launch_pdl"))
 
 
 _PLANS = {}
@@ -1625,9 +1641,10 @@ def _selftest(kernel="all", seed=None):
 #   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
 #   段的边界在内核里由 L_b 算：⌈L_b / BLOCK_N⌉ 个块平均分给各段（相邻两段最多差一个块），主机端不需要知道 L_b。
 #   PDL（Hopper 的 programmatic dependent launch）：第二步（以及第一步相对它前面的内核）可以在前一个内核还没结束时
-#   就被发射、在 SM 上等着（gdc_wait），省掉内核之间的发射空档；任何读写都在 gdc_wait 之后，所以结果不变。
+#   就被发射、在 SM 上等着（gdc_wait），省掉内核之间的发射空档；任何读写都在 gdc_wait 之后，所以结果不变
+#   （唯一的例外是计时探针的入口时间戳：它只写自己的缓冲区）。
 #   第二步过了自己的 gdc_wait 就放行后面的内核（gdc_launch_dependents）：下一次调用的第一步（或者任何用 PDL 发射的
-#   后续内核）趁合并的时候上 SM，合并一结束就能开始。
+#   后续内核）可以提前发射。
 # ============================================================================
 @triton.jit
 def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
@@ -1639,8 +1656,11 @@ def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stri
 
 @triton.jit
 def _probe(STAMPS, program, field: tl.constexpr):
-    """计时探针：把 %globaltimer（GPU 的全局时钟，ns，所有 SM 同一个）写进 STAMPS[program, field]；field 3 写 SM 号。
-    每个程序一行 [入口, gdc_wait 之后, 活干完, SM 号]（07_decode_bench.py 的"一次调用的时间线"用它）。"""
+    """
+    计时探针：把 %globaltimer（GPU 的全局时钟，ns，所有 SM 同一个）写进 STAMPS[program, field]；field 3 写 SM 号。
+    每个程序一行 [入口, gdc_wait 之后, 完成, SM 号]（07_decode_bench.py 的"一次调用的时间线"用它）。"完成"在两个
+    内核里不一样：第一步是循环结束（K/V 都读完了，部分结果还没写），合并内核是所有线程都发出了写之后。
+    """
     if field == 3:
         tl.store(STAMPS + program * 4 + 3, tl.extra.cuda.smid().to(tl.int64))
     else:
@@ -1820,13 +1840,17 @@ def decode_merge_config(rows, d, splits, n_sm=132):
       · 一个 warp 一行：按段求和都在一个线程里做，不用 warp 之间经共享内存归约；
       · 行数少于 SM 数时把 d 切成几段列（每段 ≥ MERGE_MIN_CHUNK 列），程序数 = rows × 段列数 ≤ n_sm：
         每个程序读的字节少，各自的读同时在路上；
-      · 段多时（BLOCK_S · D_CHUNK 超过 32 × MERGE_ELEMS_PER_THREAD）加 warp，免得寄存器溢出。
+      · 段多时（BLOCK_S · D_CHUNK 超过 32 × MERGE_ELEMS_PER_THREAD）加 warp，免得寄存器溢出；最多 8 个 warp——
+        段很多、d 又大、行数还多于 SM 时（例如 256 段 × d = 256）每个线程仍会超过 64 个（少见，只是慢）。
+    【报错】rows、splits、n_sm < 1，d 不是 2 的幂（flash_decode 只收 2 的幂）→ ValueError。
     【实测】H200、B = 1、Hq/Hk = 32/8、d = 128、16 段（results/decode_merge_try.json，NOTES.md 的 v13）：
       合并内核自己 1.25 µs（4 warp、整行）→ 0.51 µs（1 warp、4 段列 × 32）；B = 1、S = 32k 一次调用 35.5 → 34.5 µs，
       S = 8k 10.7 → 9.2 µs；B = 8（256 行，不切列）1 warp 和 4 warp 相差 ≤ 0.2%。
     """
     rows, d = check_int("rows", rows, lo=1), check_int("d", d, lo=1)
     splits, n_sm = check_int("splits", splits, lo=1), check_int("n_sm", n_sm, lo=1)
+    if d & (d - 1):
+        raise ValueError(f"decode_merge_config：d 必须是 2 的幂（列要能对半切），收到 {d}")
     block_s = max(2, triton.next_power_of_2(splits))
     chunk = d
     while chunk > MERGE_MIN_CHUNK and rows * (d // (chunk // 2)) <= n_sm:
@@ -1909,15 +1933,16 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
 
 class _DecodeFast:
     """
-    flash_decode 的快速路径：一到两个 _Plan（第一步、第二步），加上 q、k_cache、v_cache、out 各自碰到的字节数。
+    flash_decode 的快速路径：一到两个 _Plan（第一步、第二步），加上 q、k_cache、v_cache、cache_seqlens、out 各自碰到的
+    字节数。
     形状、步长都在键里，所以字节数是定的，每次只有地址不同：out= 和输入是否重叠只剩几次整数比较（原来每次
     重算四个张量的字节区间，约 2 µs）。地址由 _decode_key 取一次，两个内核共用。
     """
     __slots__ = ("plans", "extents")
 
-    def __init__(self, plans, q, k, v, out):
+    def __init__(self, plans, q, k, v, lens, out):
         self.plans = plans
-        self.extents = (_byte_extent(q), _byte_extent(k), _byte_extent(v), _byte_extent(out))
+        self.extents = tuple(_byte_extent(t) for t in (q, k, v, lens, out))
 
     def __call__(self, q, out, ptrs, stream):
         if out is None:
@@ -1925,8 +1950,8 @@ class _DecodeFast:
             ptrs = (*ptrs[:4], out.data_ptr())
         else:                                    # 键只记 out 的布局：和输入是否重叠每次都要看地址
             o0 = ptrs[4]
-            o1 = o0 + self.extents[3]
-            for j in range(3):
+            o1 = o0 + self.extents[4]
+            for j in range(4):
                 if o0 < ptrs[j] + self.extents[j] and ptrs[j] < o1:
                     raise _alias_error("flash_decode", o0, o1, ptrs[j], ptrs[j] + self.extents[j])
         for plan in self.plans:
@@ -1959,8 +1984,8 @@ def _check_out_alias(out, inputs, where):
 
 
 def _alias_error(where, o0, o1, t0, t1):
-    return ValueError(f"{where}：out 不能和 q、k_cache、v_cache 共用内存（内核边读边写会读到写过的值），"
-                      f"out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
+    return ValueError(f"{where}：out 不能和 q、k_cache、v_cache、cache_seqlens 共用内存（内核边读边写会读到写过的"
+                      f"值），out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
 
 
 def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
@@ -2007,7 +2032,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     pdl = _pdl_modes(q.device, DECODE_PDL if pdl is None else pdl)
     st1 = st2 = None
     if stamps is not None:
-        st1, st2 = _check_stamps(stamps, decode_probe_shape(batch, hk, group * n_new, d, splits, _sm_count(q.device)))
+        st1, st2 = _check_stamps(stamps, decode_probe_shape(batch, hk, group * n_new, d, splits, _sm_count(q.device)),
+                                 q.device)
     launches = [(_decode_kernel, (splits, batch * hk),
                  (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, st1, scale * math.log2(math.e),
                   s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
@@ -2025,7 +2051,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     if plan_key is not None and stamps is None and not torch.cuda.is_current_stream_capturing():
         tensors = (q, k_cache, v_cache, cache_seqlens, out)
         plans = tuple(_Plan.build(kernel, args, kwargs, grid, tensors) for kernel, grid, args, kwargs in launches)
-        _PLANS[plan_key] = all(plans) and _DecodeFast(plans, q, k_cache, v_cache, out)
+        _PLANS[plan_key] = all(plans) and _DecodeFast(plans, q, k_cache, v_cache, cache_seqlens, out)
     return out
 
 
@@ -2035,6 +2061,8 @@ def decode_probe_shape(batch, hk, rows_per_head, d, splits, n_sm=132):
     （没有合并内核时 [0, 4]）。rows_per_head = R·n。每行是 [入口, gdc_wait 之后, 活干完, SM 号]，
     时间是 %globaltimer 的 ns。
     """
+    batch, hk = check_int("batch", batch, lo=1), check_int("hk", hk, lo=1)
+    rows_per_head, splits = check_int("rows_per_head", rows_per_head, lo=1), check_int("splits", splits, lo=1)
     merge = 0
     if splits > 1:
         rows = batch * hk * rows_per_head
@@ -2042,17 +2070,21 @@ def decode_probe_shape(batch, hk, rows_per_head, d, splits, n_sm=132):
     return (splits * batch * hk, 4), (merge, 4)
 
 
-def _check_stamps(stamps, shapes):
-    """stamps 必须是两个 int64、连续、形状对得上的 CUDA 张量（探针只在 GPU 上有）→ (第一步的, 合并内核的或 None)。"""
-    if INTERPRET:
+_PROBE_IN_INTERPRETER = False    # 测试用：把 _probe 换成不读 %globaltimer 的版本时才打开（解释器里没有那条指令）
+
+
+def _check_stamps(stamps, shapes, device):
+    """stamps 必须是两个 int64、连续、形状对得上、和 q 在同一设备上的张量（探针只在 GPU 上有）
+    → (第一步的, 合并内核的或 None)。"""
+    if INTERPRET and not _PROBE_IN_INTERPRETER:
         raise ValueError("_decode：stamps（计时探针，读 %globaltimer）只能在 GPU 上用，解释器里没有这条指令")
     if not (isinstance(stamps, (tuple, list)) and len(stamps) == 2):
         raise TypeError(f"_decode：stamps 必须是 (第一步的, 合并内核的) 两个张量，收到 {type(stamps).__name__}")
     for t, shape, name in zip(stamps, shapes, ("stamps[0]", "stamps[1]")):
-        if not (isinstance(t, torch.Tensor) and t.is_cuda and t.dtype == torch.int64 and t.is_contiguous()
+        if not (isinstance(t, torch.Tensor) and t.device == device and t.dtype == torch.int64 and t.is_contiguous()
                 and tuple(t.shape) == shape):
-            raise ValueError(f"_decode：{name} 必须是连续的 CUDA int64 张量、形状 {shape}（decode_probe_shape），收到 "
-                             f"{getattr(t, 'shape', type(t).__name__)}")
+            raise ValueError(f"_decode：{name} 必须是 {device} 上连续的 int64 张量、形状 {shape}"
+                             f"（decode_probe_shape），收到 {getattr(t, 'shape', type(t).__name__)}")
     return stamps[0], (stamps[1] if shapes[1][0] else None)
 
 
@@ -2437,7 +2469,7 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale,
         if out.shape != q.shape or out.device != q.device or out.stride(-1) != 1:
             raise ValueError(f"{where}：out 必须和 q 同形状 {tuple(q.shape)}、同设备 {q.device}、最后一维连续，"
                              f"收到形状 {tuple(out.shape)}、设备 {out.device}、stride {tuple(out.stride())}")
-        _check_out_alias(out, (q, k_cache, v_cache), where)
+        _check_out_alias(out, (q, k_cache, v_cache, cache_seqlens), where)
     _check_runnable(q)
     return q.dim() == 3, _check_scale(softmax_scale, d, where), num_splits
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labload import ROOT, load_lab
-from triton_interp import load_triton_flash
+from triton_interp import interpreter_env, load_triton_flash
 
 tf = load_triton_flash()
 pytestmark = pytest.mark.usefixtures("triton_interpret")   # 每个测试运行期间打开解释器（conftest.py）
@@ -193,7 +193,8 @@ def test_decode_merge_config_properties(rows, log_d, splits, n_sm):
 
 @pytest.mark.parametrize("bad", [dict(rows=0, d=128, splits=2), dict(rows=1, d=0, splits=2),
                                  dict(rows=1, d=128, splits=0), dict(rows=1, d=128, splits=2, n_sm=0),
-                                 dict(rows=1.5, d=128, splits=2)])
+                                 dict(rows=1.5, d=128, splits=2), dict(rows=1, d=96, splits=2),
+                                 dict(rows=4, d=66, splits=3)])
 def test_decode_merge_config_bad_arguments(bad):
     with pytest.raises((ValueError, TypeError)):
         tf.decode_merge_config(**bad)
@@ -546,6 +547,49 @@ def test_decode_probe_shape():
     assert tf.decode_probe_shape(64, 8, 4, 128, 1, 132) == ((512, 4), (0, 4))
 
 
+@pytest.mark.parametrize("bad", [dict(batch=0), dict(hk=0), dict(rows_per_head=0), dict(splits=0), dict(splits=-3),
+                                 dict(d=96)])
+def test_decode_probe_shape_bad_arguments(bad):
+    args = {**dict(batch=1, hk=8, rows_per_head=4, d=128, splits=16, n_sm=132), **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        tf.decode_probe_shape(**args)
+
+
+tl = tf.tl                      # jit 函数要在自己的模块里看得见 triton.language
+
+
+def _count_probe(STAMPS, program, field: tl.constexpr):
+    """测试用的探针：给 STAMPS[程序, 字段] 加 1（解释器里没有 %globaltimer）。"""
+    tl.atomic_add(STAMPS + program * 4 + field, 1)
+
+
+with interpreter_env():         # 和 triton_flash 的内核一样，在解释器模式下定义（否则内核里不能调它）
+    _count_probe = tf.triton.jit(_count_probe)
+
+
+@pytest.fixture
+def counting_probe(monkeypatch):
+    """把探针换成 _count_probe，并允许解释器里用 stamps。"""
+    monkeypatch.setattr(tf, "_probe", _count_probe)
+    monkeypatch.setattr(tf, "_PROBE_IN_INTERPRETER", True)
+
+
+@pytest.mark.parametrize("lengths,hq,hk,d,n,splits", [
+    ([29, 64, 5], 4, 2, 64, 1, 5),        # 24 行 × 2 段列（d = 64 → 32 列一段）
+    ([40], 8, 2, 32, 3, 7),               # n = 3：24 行，d = 32 不切
+    ([17, 33], 2, 2, 128, 2, 3),          # 8 行 × 4 段列
+])
+def test_probe_rows_are_each_written_once(gen, counting_probe, lengths, hq, hk, d, n, splits):
+    """探针的行号：第一步每个程序、合并内核每个程序（行 × 段列）各写自己那一行的 4 个字段，各一次——不漏、不重、
+    不越界（缓冲区形状 = decode_probe_shape）。结果和不带探针时逐位相同。"""
+    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, max(lengths), hq, hk, d, n, F32)
+    s1, s2 = tf.decode_probe_shape(len(lengths), hk, hq // hk * n, d, splits)
+    st1, st2 = torch.zeros(s1, dtype=torch.int64), torch.zeros(s2, dtype=torch.int64)
+    probed = tf._decode(q, k, v, lens, splits, None, None, stamps=(st1, st2))
+    assert s2[0] > 0 and bool((st1 == 1).all()) and bool((st2 == 1).all())
+    assert torch.equal(probed, tf.flash_decode(q, k, v, lens, num_splits=splits))
+
+
 def test_probe_needs_a_gpu(gen):
     """计时探针读 %globaltimer：解释器里没有，给了 stamps 就报错，不悄悄忽略。"""
     q, k, v, lens = _good(gen)
@@ -563,26 +607,45 @@ class _RecordingPlan:
 
 
 def test_decode_fast_path_alias_check_and_pointers(gen):
-    """_DecodeFast（CPU 张量上直接调用）：out 和输入重叠 → 和正常路径同样的 ValueError；不重叠 → 两个 _Plan 都拿到
-    同一组地址；out 没给 → 新分配一个，它的地址补进第 5 个。字节数按键固定的形状记一次（视图、切片也对）。"""
+    """_DecodeFast（CPU 张量上直接调用）：不重叠 → 两个 _Plan 都拿到同一组地址；out 没给 → 新分配一个，它的地址补进
+    第 5 个；out 和 q、k、v、lens 任何一个重叠（哪怕一个元素）→ 和正常路径 _check_out_alias 同样的 ValueError，
+    紧挨着（首尾相接）不算重叠。字节数按第一次的形状记一次（k、v 是不连续的视图）。"""
+    mem = torch.randn(4096, generator=gen)
+    off = 1024
+    big = mem[off:off + 2 * 40 * 2 * 16].view(2, 40, 2, 16)
+    k, v = big[:, :20], big[:, 20:]                       # 两个不连续的视图：v 的最后一个元素就是 big 的最后一个
     q = torch.randn(2, 4, 16, generator=gen)
-    big = torch.randn(2, 40, 2, 16, generator=gen)
-    k, v = big[:, :20], big[:, 20:]                       # 两个不连续的视图
+    lens = torch.tensor([20, 20], dtype=torch.int32)
     out = torch.empty_like(q)
     plans = (_RecordingPlan(), _RecordingPlan())
-    fast = tf._DecodeFast(plans, q, k, v, out)
-    assert fast.extents == tuple(tf._byte_range(t)[1] - tf._byte_range(t)[0] for t in (q, k, v, out))
-    lens = torch.tensor([20, 20], dtype=torch.int32)
+    fast = tf._DecodeFast(plans, q, k, v, lens, out)
+    assert fast.extents == tuple(tf._byte_range(t)[1] - tf._byte_range(t)[0] for t in (q, k, v, lens, out))
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), out.data_ptr())
     assert fast(q, out, ptrs, 7) is out
     assert [c for p in plans for c in p.calls] == [(ptrs, 7), (ptrs, 7)]
     new = fast(q, None, ptrs[:4] + (None,), 7)
     assert new.shape == q.shape and new is not out and plans[0].calls[-1][0][4] == new.data_ptr()
-    # out 落在 v 的字节区间里（v 是 big 的后半，out 借 big 前半的一段 → 落在 k 里）
-    for alias in (big[0, 3, 0, :16].view(1, 1, 16).expand(2, 4, 16), q, v[:, 0, 0]):
-        bad_ptrs = ptrs[:4] + (alias.data_ptr(),)
-        with pytest.raises(ValueError, match="共用内存") as fast_err:
-            fast(q, alias, bad_ptrs, 7)
-        with pytest.raises(ValueError, match="共用内存"):
-            tf._check_out_alias(alias, (q, k, v), "flash_decode")
-        assert "flash_decode" in str(fast_err.value)
+    n = q.numel()
+    end = off + big.numel()
+    cases = {                                             # 名字 → (和 q 同形状的 out, 该不该报错)
+        "ends where k starts": (mem[off - n:off].view_as(q), False),
+        "one element into k": (mem[off - n + 1:off + 1].view_as(q), True),
+        "inside k and v": (mem[off + 600:off + 600 + n].view_as(q), True),
+        "starts where v ends": (mem[end:end + n].view_as(q), False),
+        "one element into v's end": (mem[end - 1:end - 1 + n].view_as(q), True),
+        "is q": (q, True),
+    }
+    for name, (cand, bad) in cases.items():
+        cand_ptrs = ptrs[:4] + (cand.data_ptr(),)
+        if bad:
+            with pytest.raises(ValueError, match="共用内存") as fast_err:
+                fast(q, cand, cand_ptrs, 7)
+            with pytest.raises(ValueError, match="共用内存"):
+                tf._check_out_alias(cand, (q, k, v, lens), "flash_decode")
+            assert "flash_decode" in str(fast_err.value), name
+        else:
+            assert fast(q, cand, cand_ptrs, 7) is cand, name
+            tf._check_out_alias(cand, (q, k, v, lens), "flash_decode")
+    # 和 cache_seqlens 重叠也算：lens 的地址当作 out 的起点
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fast(q, out, ptrs[:4] + (lens.data_ptr(),), 7)

@@ -4,6 +4,7 @@ GPU 用例在有 CUDA 时跑。
 解释器必须在定义内核之前打开，启动内核时 Triton 还会再读一次：怎么做见 tests/triton_interp.py（和
 test_lecture11_decode.py 共用）。
 """
+import inspect
 import math
 import os
 import subprocess
@@ -660,7 +661,8 @@ def test_launch_hooks_active_sees_installed_hooks(monkeypatch):
 
 
 class _FakeLauncher:
-    """Triton 3.6 的 CudaLauncher 的样子：C 写的 launch 挂在 .launch 上，草稿区大小、协作网格、PDL 是属性。"""
+    """Triton 3.6 的 CudaLauncher 的样子：C 写的 launch 挂在 .launch 上，草稿区大小、协作网格、PDL 是属性，
+    __call__ 的参数是 (gridX, gridY, gridZ, stream, function, *args)。"""
     launch_cooperative_grid, launch_pdl = False, True
 
     def __init__(self, scratch=0):
@@ -668,15 +670,25 @@ class _FakeLauncher:
         self.calls = []
         self.launch = lambda *a: self.calls.append(("direct", a))
 
-    def __call__(self, *a):
-        self.calls.append(("python", a))
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.calls.append(("python", (gridX, gridY, gridZ, stream, function, *args)))
 
 
-@pytest.mark.parametrize("scratch,way", [(0, "direct"), (256, "python")])
-def test_plan_calls_the_c_launcher_directly_when_no_scratch(scratch, way):
-    """_Plan 在内核不要草稿区时跳过 CudaLauncher 那层 Python，直接调 C 的 launch（参数按它的顺序补齐）；要草稿区时
-    照常经过 CudaLauncher（它负责分配）。两种方式传给启动器的张量地址、标量一样。"""
-    launcher = _FakeLauncher(scratch)
+class _FakeLauncher39(_FakeLauncher):
+    """Triton 3.9 的样子：__call__ 多了几个具名参数，.launch 是参数不同的通用 C 函数——不能直接调。"""
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+                 launch_exit_hook, *args):
+        self.calls.append(("python", (gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                                      launch_enter_hook, launch_exit_hook, *args)))
+
+
+@pytest.mark.parametrize("cls,scratch,way", [(_FakeLauncher, 0, "direct"), (_FakeLauncher, 256, "python"),
+                                              (_FakeLauncher39, 0, "python")])
+def test_plan_calls_the_c_launcher_directly_when_no_scratch(cls, scratch, way):
+    """_Plan 在内核不要草稿区、启动器是 Triton 3.6 的样子时跳过 CudaLauncher 那层 Python，直接调 C 的 launch（参数按它
+    的顺序补齐）；要草稿区、或是别的版本的启动器时照常经过 CudaLauncher。两种方式传给启动器的张量地址、标量一样。"""
+    launcher = cls(scratch)
     plan = tf._Plan()
     plan.vals, plan.slots, plan.grid, plan.keep = [None, 7, None], [(0, 0), (2, 1)], (3, 2, 1), []
     plan.run, plan.function, plan.head = launcher, "fn", ("packed", None, None, None)
@@ -690,3 +702,16 @@ def test_plan_calls_the_c_launcher_directly_when_no_scratch(scratch, way):
     assert a[:5] == (3, 2, 1, "stream", "fn") and a[-3:] == (q.data_ptr(), 7, k.data_ptr())
     extra = (False, True, None, None) if way == "direct" else ()
     assert a[5:-3] == extra + ("packed", None, None, None)
+
+
+def test_direct_launch_gate_matches_the_installed_triton():
+    """装着的 Triton 的 CudaLauncher：只有 __call__ 是 3.6 的参数时 _direct_launch_ok 才放行（3.9 的 .launch 是参数
+    不同的通用 C 函数，直接调会在每次快速路径启动时报 TypeError）。不编译内核：只用这个类的签名和几个属性。"""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    launcher = object.__new__(driver.CudaLauncher)
+    launcher.launch, launcher.global_scratch_size, launcher.profile_scratch_size = print, 0, 0
+    launcher.launch_cooperative_grid, launcher.launch_pdl = False, False
+    params = tuple(inspect.signature(driver.CudaLauncher.__call__).parameters)
+    assert tf._direct_launch_ok(launcher) == (params == tf._CUDA_LAUNCHER_CALL_36)
+    launcher.global_scratch_size = 64                  # 要草稿区：无论哪个版本都不直接调
+    assert not tf._direct_launch_ok(launcher)
