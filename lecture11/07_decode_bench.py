@@ -16,8 +16,8 @@
   6. 校准第 5 节的时间线模型：Llama-3.2-1B 批 1 的真实一步（lecture05/results/step_measure.json）vs 模型；
      CUDA 图里的 launch = 实测的空内核间隙（一个空内核在 stream 里、在 CUDA 图里各占多少 µs），再拟合 small
      和 eager 时的 launch。
-  7. 一次调用的时间都花在哪：B = 1、S = 32k 时每个程序在内核里读 %globaltimer（入口、放行、活干完），拆成
-     读 K/V、最慢的程序、交接、合并、下一次放行几段（triton_flash._decode 的 stamps）。
+  7. 一次调用的时间都花在哪：B = 1、S = 32k 时每个程序在内核里读 %globaltimer（入口、放行、完成——第一步是
+     读完 K/V，合并是写完），拆成读 K/V、最慢的程序、交接、合并、下一次放行几段（triton_flash._decode 的 stamps）。
   图：lecture11/figures/07_decode_bench_bandwidth.png、_models.png、_timeline.png（--quick：同样的图、同样大，
      进 figures/quick/）；已提交的 results/decode_bench_*.png 只在 --replot 时重画。
 
@@ -67,7 +67,7 @@ STRESS_SHAPES = ((1, 32768, 32), (1, 4096, 64), (8, 8192, 16))    # 压力测试
 STRESS_ORDER = (0, 0, 1, 0, 1, 1)    # 两组输入的调用顺序（循环）：A→A、A→B、B→A、B→B 四种前后关系都有
 STRESS_CALLS = 500
 PROBE_SHAPE = (1, 32768)          # 计时探针（第 7 部分）：B = 1、S = 32k，最难的那一点
-PROBE_CALLS = 6                   # 一张图里连着几次调用（头尾两次不算：它们没有前一次 / 后一次）
+PROBE_CALLS = 6                   # 一张图里连着几次调用（最后一次不算：它没有"下一次调用的放行"）
 # 正确性的上限（第 2 部分）。JSON 里每个点记的是和 SDPA（同为 bf16）的相对差 ‖x − sdpa‖ / ‖sdpa‖。
 # triton_flash.decode_limit（check_decode 和测试用的判据，flash-attn 的）要求：对 float64 参考的误差 < 2e，
 # e = 同 dtype 的 SDPA 对 float64 参考的误差。三角不等式：满足它的实现和 SDPA 相差 < 2e + e = 3e。
@@ -319,7 +319,8 @@ def stress(torch, tf, calls=STRESS_CALLS):
 def measure_probe(torch, tf, calls=PROBE_CALLS):
     """
     计时探针（triton_flash._decode 的 stamps）：PROBE_SHAPE 上 calls 次调用录进一张 CUDA 图（每次写自己那一份
-    时间戳）、重放两次，取第二次。每个程序一行 [入口, gdc_wait 之后, 活干完, SM 号]（%globaltimer，ns）；
+    时间戳）、重放两次，取第二次。每个程序一行 [入口, gdc_wait 之后, 完成, SM 号]
+    （%globaltimer，ns；"完成"的含义见 triton_flash._probe）；
     存的时间相对第一次调用里最早的入口。另外量带探针和不带探针的 GPU 时间（探针本身的代价）。
     """
     B, S = PROBE_SHAPE
@@ -521,26 +522,34 @@ def target_report(res):
 
 
 def miss_1_3x(res, by, copy):
-    """没达到 1.3× SDPA 时的解释（由 JSON 现算）：1.3× 要多少拷贝带宽；和这次最快的一格比；再用第 7 部分的探针
-    （读 K/V 之外的固定时间）算出这一点最快能到多少。"""
+    """
+    没达到 1.3× SDPA 时的解释（由 JSON 现算）：1.3× 要多少拷贝带宽；和这次测到的最高流速比；再用第 7 部分的探针
+    说明差在哪：按最高流速读完 K/V 之后，留给其余部分（最慢的程序、交接、合并、下一次放行）的时间有多少，现在用了多少。
+    """
     sdpa = by[(1, 32768, "sdpa")]
     share = sdpa["kv_bytes"] / sdpa["gpu_s"] / copy
     (bb, bs, bi), top = max(((key, x["kv_bytes"] / x["gpu_s"] / copy) for key, x in by.items()), key=lambda kv: kv[1])
-    need = 1.3 * share
-    lines = [f"    SDPA 在这一点是 {share:.0%} 拷贝带宽，1.3× 它要 {need:.0%}（{sdpa['gpu_s'] / 1.3 * 1e6:.1f} µs）；"
-             f"这次所有实现、所有形状里最高的是 {top:.0%}（{bi} B={bb} S={bs}）"]
-    if need > top:
-        lines.append("    ——比最高的还高：按这次的测量，这个目标任何实现都达不到")
+    need_s = sdpa["gpu_s"] / 1.3
+    lines = [f"    SDPA 在这一点是 {share:.0%} 拷贝带宽，1.3× 它要 {1.3 * share:.0%}（{need_s * 1e6:.1f} µs）；"
+             f"这次所有实现、所有形状里测到的最高流速是 {top:.0%}（{bi} B={bb} S={bs}）"]
+    if 1.3 * share > top:
+        lines.append("    ——比测到的最高流速还高：按这次的测量，这个目标任何实现都达不到")
         return lines
     if res.get("probe") is None:
         return lines
-    fixed = probe_breakdown(res["probe"])["median"]
-    fixed = fixed["period"] - fixed["stream"]
-    bound = fixed * 1e-6 + sdpa["kv_bytes"] / (top * copy)
-    lines.append(f"    但最高的那格是长的读流（每个程序读几 MB）；B = 1、S = 32k 每个程序只读 1 MB，读 K/V 之外还有 "
-                 f"{fixed:.1f} µs（第 7 部分的探针：最慢的程序、交接、合并、下一次放行）。就算用 {top:.0%} 的流速"
-                 f"读完，也要 {bound * 1e6:.1f} µs = {sdpa['gpu_s'] / bound:.2f}× SDPA，"
-                 + ("到不了 1.3×" if sdpa["gpu_s"] / bound < 1.3 else "这个上界够得着 1.3×：差在读 K/V 的流速上"))
+    top_row = by[(bb, bs, bi)]
+    if top_row.get("splits"):
+        per = top_row["kv_bytes"] / (bb * HK * top_row["splits"])
+        lines.append(f"    最高的那格是长的读流：每个程序读 {per / 2**20:.0f} MiB；B = 1、S = 32k 每个程序只读 "
+                     f"{by[(1, 32768, 'ours')]['kv_bytes'] / (HK * by[(1, 32768, 'ours')]['splits']) / 2**20:.0f} MiB")
+    c = median_call(probe_breakdown(res["probe"]))          # 和第 7 部分的表同一次调用
+    rest = c["period"] - c["stream"]
+    budget = need_s - sdpa["kv_bytes"] / (top * copy)
+    verdict = ("现在的两内核结构下到不了 1.3×" if rest * 1e-6 > budget    # rest 是 µs，budget 是秒
+               else "按这个算法够得着 1.3×：差在读 K/V 的流速上")
+    lines.append(f"    按 {top:.0%} 的流速读完 K/V 要 {(need_s - budget) * 1e6:.1f} µs，1.3× 只给其余部分留 "
+                 f"{budget * 1e6:.1f} µs；探针量到中位的程序读完之后还有 {rest:.1f} µs（第 7 部分：最慢的程序、交接、"
+                 f"合并、下一次放行）：{verdict}")
     return lines
 
 
@@ -560,6 +569,7 @@ def print_overhead(res):
     gap = res["launch"]
     print(f"  同一台主机上发一个空内核（torch.cuda._sleep(0)）要 {gap['host_launch_s'] * 1e6:.1f} µs："
           f"每次调用发两个内核（split-KV + 合并），主机时间的下限就有两倍这么多")
+
 
 
 PROBE_PHASES = (("stream", "读 K/V：放行 → 一半的程序读完"),
@@ -594,6 +604,12 @@ def probe_breakdown(probe):
     return {"calls": calls, "median": median}
 
 
+def median_call(br):
+    """周期是中位数的那次调用（偶数次时取较慢的那次）：它的各段加起来正好是它的周期。"""
+    calls = sorted(br["calls"], key=lambda c: c["period"])
+    return calls[len(calls) // 2]
+
+
 def print_probe(res):
     """第 7 部分：一次调用的时间线（探针）。旧的 JSON 没有这一项：打印一句、返回 None。"""
     probe = res.get("probe")
@@ -601,24 +617,27 @@ def print_probe(res):
         print("  （这份 JSON 没有计时探针的测量：用 --measure 重新测）")
         return None
     br = probe_breakdown(probe)
+    c = median_call(br)
     copy = res["copy_Bps"]
     kv = 2 * probe["B"] * probe["S"] * HK * D * 2
+    n = len(probe["k1"][0])
     print(f"B = {probe['B']}、S = {probe['S']}：{probe['splits']} 段 × {probe['B'] * HK} 个 (序列, K/V 头) = "
-          f"{len(probe['k1'][0])} 个第一步程序，{len(probe['merge'][0])} 个合并程序；"
-          f"{len(br['calls'])} 次调用的中位数（µs）")
-    rows = [[label, f"{br['median'][name]:.2f}", f"{100 * br['median'][name] / br['median']['period']:.0f}%"]
+          f"{n} 个第一步程序，{len(probe['merge'][0])} 个合并程序；量了 {len(br['calls'])} 次调用，"
+          "下表是周期为中位数的那一次（µs）")
+    rows = [[label, f"{c[name]:.2f}", f"{100 * c[name] / c['period']:.0f}%",
+             f"{min(x[name] for x in br['calls']):.2f}–{max(x[name] for x in br['calls']):.2f}"]
             for name, label in PROBE_PHASES]
-    rows.append(["一次调用（各段之和）", f"{br['median']['period']:.2f}", "100%"])
-    print(format_table(["阶段", "µs", "占比"], rows, align=["<", ">", ">"]))
+    rows.append(["一次调用（各段之和）", f"{c['period']:.2f}", "100%",
+                 f"{min(x['period'] for x in br['calls']):.2f}–{max(x['period'] for x in br['calls']):.2f}"])
+    print(format_table(["阶段", "µs", "占比", f"{len(br['calls'])} 次里的范围"], rows, align=["<", ">", ">", ">"]))
     print(f"  CUDA 图计时：带探针 {probe['gpu_s_probe'] * 1e6:.2f} µs / 次，不带 {probe['gpu_s'] * 1e6:.2f} µs / 次"
           f"（探针每个程序多写 4 个数）")
-    stream_bw = kv / (br["median"]["stream"] * 1e-6)
-    n = len(probe["k1"][0])
-    print(f"  每个程序读自己那 1/{n} 的 K/V；中位的程序用了 {br['median']['stream']:.2f} µs → {n} 个合起来 ≈ "
+    stream_bw = kv / (c["stream"] * 1e-6)
+    print(f"  每个程序读自己那 1/{n} 的 K/V；中位的程序用了 {c['stream']:.2f} µs → {n} 个合起来 ≈ "
           f"{stream_bw / 1e12:.2f} TB/s = {100 * stream_bw / copy:.0f}% 拷贝带宽。其余 "
-          f"{br['median']['period'] - br['median']['stream']:.2f} µs 是读 K/V 之外的时间：要再快只能省它们")
+          f"{c['period'] - c['stream']:.2f} µs "
+          "在中位的程序读完之后：一部分是还在读的慢程序，其余是交接、合并和下一次调用的放行")
     return br
-
 
 # =============================================================================
 # 校准：第 4 节的 decode 注意力模型、第 5 节的时间线模型
@@ -838,13 +857,14 @@ def plot(res, decode_rows, timeline_table, quick, replot=False):
 
 def plot_probe(probe, quick, replot=False):
     """
-    一次调用（中间那次）的时间线：每个程序一条横线，从 gdc_wait 放行到活干完（蓝 = 第一步，橙 = 合并）。
+    一次调用（周期是中位数的那次）的时间线：每个程序一条横线，从 gdc_wait 放行到完成（蓝 = 第一步，读完 K/V；
+    橙 = 合并，写完）。
     左：整次调用；右：放大最后几 µs（PROBE_PHASES 里读 K/V 之后的几段，底色标出各段）。
     """
     plt = pyplot()
     br = probe_breakdown(probe)
-    i = len(br["calls"]) // 2
-    c = br["calls"][i]
+    c = median_call(br)
+    i = br["calls"].index(c)
     t0 = min(r[1] for r in probe["k1"][i])
     k1 = sorted(probe["k1"][i], key=lambda r: r[2])
     merge = sorted(probe["merge"][i], key=lambda r: r[2])
@@ -866,17 +886,18 @@ def plot_probe(probe, quick, replot=False):
     x = c["stream"]
     colors = ("#9fc5e8", "#d9d9d9", "#f9cb9c", "#b7b7b7")
     labels = {"tail": "slowest\nprograms", "to_merge": "hand-off", "merge": "merge", "to_next": "next\nlaunch"}
-    for (name, _), color in zip(PROBE_PHASES[1:], colors):
+    for j, ((name, _), color) in enumerate(zip(PROBE_PHASES[1:], colors)):
         a2.axvspan(x, x + c[name], color=color, alpha=0.5, lw=0)
-        a2.text(x + c[name] / 2, 0.99, f"{labels[name]}\n{c[name]:.2f} µs", transform=a2.get_xaxis_transform(),
-                ha="center", va="top")
+        # 相邻两段的标签一高一低：某一段很短时（< 0.3 µs）两段的字也不会挤在一起
+        a2.text(x + c[name] / 2, 0.99 if j % 2 == 0 else 0.87, f"{labels[name]}\n{c[name]:.2f} µs",
+                transform=a2.get_xaxis_transform(), ha="center", va="top")
         x += c[name]
-    a2.set_xlim(c["stream"] - 0.6, c["period"] + 0.3)
+    a2.set_xlim(c["stream"] - 0.6, c["period"] + 0.9)
     a2.set_xlabel("µs (zoom into the end of the call)")
     a2.set_title(f"after the median program: {c['period'] - c['stream']:.1f} µs")
     a2.text(c["period"], base / 2, " next call\n released", ha="left", va="center")
     a1.set_yticks([])
-    a1.set_ylim(-2, base + len(merge) + 45)
+    a1.set_ylim(-2, base + len(merge) + 110)            # 上面留给右图各段的标签（两排）
     fig.suptitle(f"One flash_decode call (B = {probe['B']}, S = {probe['S'] // 1024}k, bf16), "
                  "per-program %globaltimer probes", y=0.995)
     path = os.path.join(HERE, "results", "decode_bench_timeline.png") if replot else None

@@ -1678,7 +1678,7 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
     h = bh % N_KV_HEADS
-    if STAMP:                                     # 探针默认关：STAMP 是编译期常数，关着时一条指令也不多
+    if STAMP:                                     # 探针默认关：STAMP 是编译期常数，关着时这段代码不生成
         _probe(STAMPS, bh * N_SPLITS + split, 0)
     if PDL:
         tl.extra.cuda.gdc_wait()                  # 前一个内核的写入此后才可见：所有读写都在这之后

@@ -255,25 +255,28 @@ def test_07_figures_go_to_figures_unless_replot(db, res07, monkeypatch):
             assert paths == [None] * 3
 
 
-def _fake_probe(calls=3):
-    """每次调用 10 µs：第一步 4 个程序在 i·10000 ns 放行、8000…8300 ns 后读完；合并 2 个程序 8600 放行、
-    9000 / 9050 写完 → 各段 8.15 / 0.15 / 0.30 / 0.45 / 0.95 µs。"""
+def _fake_probe(calls=4):
+    """第 i 次调用在 t_i 放行，t_i 的间隔是 10、12、11 µs（三个周期，最后一次没有"下一次"）。每次：第一步 4 个程序
+    8000…8300 ns 后读完（中位 8150）；合并 2 个程序 8600 放行、9000 / 9050 写完 → 各段 8.15 / 0.15 / 0.30 / 0.45，
+    最后一段 = 周期 − 9.05（0.95 / 2.95 / 1.95 µs）。周期的中位数是 11 µs（第 3 次调用）。"""
+    starts = [0, 10_000, 22_000, 33_000][:calls]
     k1, merge = [], []
-    for i in range(calls):
-        t = 10_000 * i
+    for t in starts:
         k1.append([[t - 100, t + 20 * (j % 2), t + 8000 + 100 * j, j] for j in range(4)])
         merge.append([[t + 500, t + 8600, t + 9000 + 50 * j, 10 + j] for j in range(2)])
-    return dict(B=1, S=32768, splits=16, config=[64, 4, 4], gpu_s_probe=10.1e-6, gpu_s=10e-6,
+    return dict(B=1, S=32768, splits=16, config=[64, 4, 4], gpu_s_probe=11.1e-6, gpu_s=11e-6,
                 fields=["entry", "after_wait", "done", "sm"], k1=k1, merge=merge)
 
 
 def test_07_probe_breakdown_sums_to_the_period(db):
     br = db.probe_breakdown(_fake_probe())
-    assert len(br["calls"]) == 2                          # 最后一次没有"下一次"，不算
-    want = dict(stream=8.15, tail=0.15, to_merge=0.30, merge=0.45, to_next=0.95, period=10.0)
-    for c in br["calls"] + [br["median"]]:
+    assert len(br["calls"]) == 3                          # 最后一次没有"下一次"，不算
+    for c, period in zip(br["calls"], (10.0, 12.0, 11.0)):
+        want = dict(stream=8.15, tail=0.15, to_merge=0.30, merge=0.45, to_next=period - 9.05, period=period)
         assert c == pytest.approx(want)
         assert sum(c[name] for name, _ in db.PROBE_PHASES) == pytest.approx(c["period"])
+    assert br["median"]["period"] == pytest.approx(11.0)
+    assert db.median_call(br) is br["calls"][2]           # 周期是中位数的那一次：各段之和 = 它的周期
     with pytest.raises(ValueError, match="至少"):
         db.probe_breakdown(dict(_fake_probe(), k1=_fake_probe()["k1"][:1]))
     with pytest.raises(ValueError, match="合并"):
@@ -281,10 +284,15 @@ def test_07_probe_breakdown_sums_to_the_period(db):
 
 
 def test_07_probe_report(db, res07, capsys):
-    """第 7 部分：有探针时打印各段和一次调用的周期；旧的 JSON 没有探针时只说一句。"""
-    assert db.print_probe(dict(res07, probe=_fake_probe()))["median"]["period"] == pytest.approx(10.0)
+    """第 7 部分：有探针时打印周期为中位数的那次调用的各段（加起来 = 它的周期）、各段在几次调用里的范围、读 K/V 那段的
+    合计带宽；旧的 JSON 没有探针时只说一句。"""
+    res = dict(res07, probe=_fake_probe())
+    assert db.print_probe(res)["median"]["period"] == pytest.approx(11.0)
     out = capsys.readouterr().out
-    assert "一次调用（各段之和）" in out and "10.00" in out
+    assert "一次调用（各段之和）" in out and "11.00" in out and "10.00–12.00" in out and "0.95–2.95" in out
+    kv = 2 * 1 * 32768 * db.HK * db.D * 2
+    bw = kv / 8.15e-6                                    # 中位的程序 8.15 µs 读完自己那一份
+    assert f"≈ {bw / 1e12:.2f} TB/s" in out and f"{100 * bw / res07['copy_Bps']:.0f}% 拷贝带宽" in out
     plain = {k: v for k, v in res07.items() if k != "probe"}
     assert db.print_probe(plain) is None
     assert "没有计时探针" in capsys.readouterr().out
@@ -410,22 +418,25 @@ def test_07_stress_runs_with_the_real_flash_decode_in_the_interpreter(db, monkey
 
 
 def test_07_miss_1_3x_explanation_is_computed(db, res07):
-    """1.3× SDPA 没达到时的解释由 JSON 现算：要的拷贝带宽比这次最高的还高 → "任何实现都达不到"；否则用探针的固定
-    时间算出最快能到几倍（没有探针就只说前一句）。"""
+    """1.3× SDPA 没达到时的解释由 JSON 现算：要的拷贝带宽比测到的最高流速还高 → "任何实现都达不到"；否则按最高流速读完
+    K/V 之后给其余部分留的时间 和 探针量到的"中位的程序读完之后"的时间比（没有探针就只说第一句）。"""
     by, cp = db.by_point(res07), res07["copy_Bps"]
     sdpa = by[(1, 32768, "sdpa")]
     top = max(x["kv_bytes"] / x["gpu_s"] / cp for x in by.values())
-    need = 1.3 * sdpa["kv_bytes"] / sdpa["gpu_s"] / cp
-    lines = db.miss_1_3x(dict(res07, probe=_fake_probe()), by, cp)
-    if need > top:
+    res = dict(res07, probe=_fake_probe())                # 中位的周期 11 µs，中位的程序 8.15 µs 读完 → 其余 2.85 µs
+
+    def budget_us(t_sdpa):
+        return (t_sdpa / 1.3 - sdpa["kv_bytes"] / (top * cp)) * 1e6
+    lines = db.miss_1_3x(res, by, cp)
+    if 1.3 * sdpa["kv_bytes"] / sdpa["gpu_s"] / cp > top:
         assert "达不到" in lines[-1]
-    else:                                          # 固定时间 = 周期 − 读 K/V = 10 − 8.15 µs
-        bound = 1.85e-6 + sdpa["kv_bytes"] / (top * cp)
-        assert f"{bound * 1e6:.1f} µs = {sdpa['gpu_s'] / bound:.2f}×" in lines[-1] and "到不了" in lines[-1]
+    else:
+        assert f"留 {budget_us(sdpa['gpu_s']):.1f} µs" in lines[-1] and f"还有 {11.0 - 8.15:.1f} µs" in lines[-1]
+        assert ("到不了" in lines[-1]) == (budget_us(sdpa["gpu_s"]) < 2.85)
         assert len(db.miss_1_3x({k: v for k, v in res07.items() if k != "probe"}, by, cp)) == 1
-    slow = copy.deepcopy(by)                       # SDPA 只有最高流速的一半：1.3× 它够得着 → 用探针算上界
+    slow = copy.deepcopy(by)                       # SDPA 只有最高流速的一半：留的时间多于 2.85 µs → 够得着
     slow[(1, 32768, "sdpa")]["gpu_s"] = sdpa["kv_bytes"] / (0.5 * top * cp)
-    assert "够得着" in db.miss_1_3x(dict(res07, probe=_fake_probe()), slow, cp)[-1]
-    fast = copy.deepcopy(by)                       # SDPA 已是最高流速的 95%：1.3× 它超过最高的一格
+    assert "够得着" in db.miss_1_3x(res, slow, cp)[-1]
+    fast = copy.deepcopy(by)                       # SDPA 已是最高流速的 95%：1.3× 它超过测到的最高流速
     fast[(1, 32768, "sdpa")]["gpu_s"] = sdpa["kv_bytes"] / (0.95 * top * cp)
     assert "达不到" in db.miss_1_3x(res07, fast, cp)[-1]
