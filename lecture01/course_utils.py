@@ -12,6 +12,7 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     fmt_si / fmt_count / fmt_bytes / fmt_time                       数字 → 带单位前缀的短字符串
     figure_path(script, what, quick=False) / save_figure(fig, script, what, quick=…)
                                     存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png；先查字号
+    committed_figure(script, name, replot)   已提交的图 <script 所在文件夹>/results/<name>：只有 replot 时才给路径
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
     check_int / check_real / check_bool / check_choice / check_array
                                     参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
@@ -208,6 +209,22 @@ def save_figure(fig, script, what, dpi=120, quick=False, path=None):
     import matplotlib.pyplot as plt   # 只在真的存图时才需要 matplotlib
     plt.close(fig)
     return path
+
+
+def committed_figure(script, name, replot):
+    """
+    已提交的结果图：replot=True 时返回 <script 所在文件夹>/results/<name>，否则 None。给 save_figure 的 path 用：
+        save_figure(fig, __file__, "fit", quick=args.quick,
+                    path=committed_figure(__file__, "step_calibration.png", args.replot))
+    规则只写在这里：results/ 下已提交的图只有 --replot（重测之后）才重画；平时的图进 figures/（--quick 时
+    figures/quick/，save_figure 管），跑一遍演示不会改动已提交的文件。
+    name 是 results/ 里的文件名（带 .png，不带文件夹）；replot=False 时也检查，写错了平时就报出来。
+    """
+    replot = check_bool("replot", replot, where="committed_figure")
+    if not isinstance(name, str) or not name.endswith(".png") or len(name) <= len(".png") \
+            or os.path.basename(name) != name:
+        raise ValueError(f"committed_figure：name 必须是 results/ 里的文件名，以 .png 结尾、不带文件夹，收到 {name!r}")
+    return os.path.join(os.path.dirname(os.path.abspath(script)), "results", name) if replot else None
 
 
 
@@ -635,13 +652,16 @@ def _selftest():
         p = figure_path(script, "curve")
         assert p == os.path.join(tmp, "sub", "figures", "07_demo_curve.png"), p
         assert os.path.isdir(os.path.dirname(p)) and not os.path.exists(p)
+        assert committed_figure(script, "demo.png", True) == os.path.join(tmp, "sub", "results", "demo.png")
+        assert committed_figure(script, "demo.png", False) is None
 
     # 4) 坏输入报错，消息里写出参数名
     _expect_errors([(lambda: format_table(["a", "b"], [[1]]), ValueError, "rows"),
                     (lambda: format_table(["a", "b"], [[1, 2]], align="<"), ValueError, "align"),
                     (lambda: format_table(["a", "b"], [[1, 2]], align="<^"), ValueError, "align"),
                     (lambda: format_table([], []), ValueError, "headers"),
-                    (lambda: figure_path("x.py", ""), ValueError, "what")])
+                    (lambda: figure_path("x.py", ""), ValueError, "what"),
+                    (lambda: committed_figure("x.py", "results/a.png", False), ValueError, "name")])
     # 5) check_int / check_real：好值原样（转换后）返回；坏类型 TypeError、坏值 ValueError，消息写出名字、范围、值
     assert check_int("n", 3, lo=1) == 3 and type(check_int("n", 7)) is int
     assert check_int("D", 15.6e12, lo=0, whole_float=True) == 15.6e12

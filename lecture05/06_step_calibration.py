@@ -14,11 +14,12 @@
   6. 图：lecture05/figures/06_step_calibration_fit.png（模型 vs 实测，对数坐标，拟合前后，模型 / 实测在
      [1/1.25, 1.25] 的带；--quick 的小图进 figures/quick/；--replot 才重画已提交的 results/step_calibration.png）。
 
-在 H200 上重新测（约 1–2 分钟）：python3 lecture05/step_bench.py --measure
+在 H200 上重新测（约 1–2 分钟），然后重画已提交的图（不用 GPU）：
+    python3 lecture05/step_bench.py --measure
+    python3 lecture05/06_step_calibration.py --replot
 只读结果、拟合、画图（没有 GPU 也行）：python3 lecture05/06_step_calibration.py [--quick] [--results PATH]
 """
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -27,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import serving_sim as ss  # noqa: E402
 import step_bench as sb  # noqa: E402
-from course_utils import format_table, pyplot, save_figure  # noqa: E402
+from course_utils import committed_figure, format_table, pyplot, save_figure  # noqa: E402
 
 SKIP = 77
 BAND = 1.25            # 图里的带：模型 / 实测在 [1/1.25, 1.25] 之内
@@ -128,7 +129,7 @@ def print_worst(worst, configs, meta, after, n=3):
     by_order = sorted(after, key=lambda r: r["index"])
     pos = {r["index"]: k for k, r in enumerate(by_order)}
     rows = []
-    for r in sorted(after, key=lambda r: abs(math.log(r["ratio"])), reverse=True)[:n]:
+    for r in sb.worst_rows(after, n):
         k = pos[r["index"]]
         prev = by_order[k - 1] if k else None
         rows.append([r["model"], r["kind"], shape_text(r), r["mode"], f"{r['ratio']:.2f}", f"{k + 1} / {len(after)}",
@@ -209,7 +210,7 @@ def plot(before, after, meta, quick, replot=False):
     fig.suptitle(f"StepModel vs measured engine steps "
                  f"({meta.get('gpu')}, torch {meta.get('torch')}, {meta.get('date')})")
     path = save_figure(fig, __file__, "fit", quick=quick,
-                       path=os.path.join(HERE, "results", "step_calibration.png") if replot else None)
+                       path=committed_figure(__file__, "step_calibration.png", replot))
     print(f"\n图：{path}")
 
 

@@ -18,7 +18,7 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
             fit_step_params（平方对数比：对数网格穷举 + 坐标搜索）、fit_loss（任意参数下的平方对数比之和）、
             nudged_losses（随机方向挪一点：局部最小的检查）、
             compare_points（逐点：模型 / 实测 / 比值 / 测量顺序）、group_rows（按模型、步、执行方式分组）、
-            error_summary（中位误差、最差一点：course_utils.ratio_errors）、
+            error_summary（中位误差、最差一点：course_utils.ratio_errors）、worst_rows（最差的 n 行）、
             explain_point（这一点模型没算到什么）、constant_text（粘贴进 serving_sim.H200_MEASURED 的四行）、
             synthetic_results（StepModel 生成的"实测"）
 
@@ -288,7 +288,8 @@ def no_room(cfg, p, device, elem):
 @torch.no_grad()
 def profile_kernels(model, device, dtype):
     """PROFILE_POINTS 的一次 prefill 和一次 eager decode 各启动了多少个 GPU 内核、注意力用的哪个内核
-    （torch.profiler）。用来解释 eager 的开销（每步的启动次数）和 SDPA 选了哪个后端。失败时返回原因。"""
+    （torch.profiler）。用来解释 eager 的开销（每步的启动次数）和 SDPA 选了哪个后端。
+    返回 {kind: {"shape", "n_kernels", "attention_kernels"}}；profiler 失败时是 {"shape", "error"}（形状照记）。"""
     from torch.profiler import ProfilerActivity, profile
     out = {}
     for kind, p in PROFILE_POINTS.items():
@@ -297,6 +298,7 @@ def profile_kernels(model, device, dtype):
         ids = torch.zeros(n, T, dtype=torch.long, device=device)
         model(ids, cache, pos0)
         torch.cuda.synchronize()
+        out[kind] = {"shape": p}                        # 先记形状：profiler 失败时也知道是哪一步没数成
         try:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 model(ids, cache, pos0)
@@ -305,9 +307,9 @@ def profile_kernels(model, device, dtype):
                      and not e.name.startswith(("Memcpy", "Memset"))]
             attn = sorted({nm[:120] for nm in names if any(w in nm.lower() for w in ("flash", "fmha", "attention",
                                                                                       "cudnn", "softmax"))})
-            out[kind] = {"n_kernels": len(names), "attention_kernels": attn, "shape": p}
+            out[kind].update(n_kernels=len(names), attention_kernels=attn)
         except Exception as e:                          # 只是说明用的信息：profiler 出问题不该让测量失败
-            out[kind] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            out[kind]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
     return out
 
 
@@ -474,12 +476,16 @@ def step_overhead(params, mode, cfg):
       拟合的（FIT_KEYS）按层：overhead_{mode}_per_layer × cfg.n_layers（主机开销来自内核启动，内核数和层数成正比；
       值是 None——没有 graph 点的拟合——按 0 算）；
       默认假设（DEFAULT_PARAMS）按步：overhead_per_step（StepModel 的每步 1 ms），不分 mode、不分层数。
-    mode 不是 MODES 之一、params 两种键都没有 → ValueError。
+    mode 不是 MODES 之一、params 两种键都没有、两种键都有（不知道该用哪种）→ ValueError。
     """
     check_choice("mode", mode, MODES, where="step_overhead")
-    if "overhead_per_step" in params:
-        return float(params["overhead_per_step"])
     key = f"overhead_{mode}_per_layer"
+    if "overhead_per_step" in params:
+        both = [k for k in (f"overhead_{m}_per_layer" for m in MODES) if k in params]
+        if both:
+            raise ValueError(f"step_overhead：params 里既有 overhead_per_step（按步）又有 {'、'.join(both)}（按层），"
+                             f"只能用一种写法；收到 {sorted(params)}")
+        return float(params["overhead_per_step"])
     if key not in params:
         raise ValueError(f"step_overhead：params 里既没有 {key} 也没有 overhead_per_step，收到 {sorted(params)}")
     v = params[key]
@@ -640,6 +646,13 @@ def error_summary(rows):
     （course_utils.ratio_errors，各讲的校准表共用）。"""
     median, worst = ratio_errors([r["ratio"] for r in rows])
     return {"median": median, "worst": rows[worst]}
+
+
+def worst_rows(rows, n):
+    """compare_points 的行里最差的 n 行（按 |log 比值| 从大到小；一样差时保持原来的顺序）：慢一半（0.5）和
+    快一倍（2.0）一样差，和 error_summary 的 "worst"（course_utils.ratio_errors）同一个标准，第一行就是它。"""
+    n = check_int("n", n, lo=0, where="worst_rows")
+    return sorted(rows, key=lambda r: abs(math.log(r["ratio"])), reverse=True)[:n]
 
 
 def explain_point(row, cfg, kernels_per_step=None, peers=None):

@@ -82,8 +82,8 @@ def print_table(res):
         tfl = {p: tflops_of(sel[p]) for p in PROVIDERS if p in sel}
         ratios = [f"{tfl['ours'] / tfl[p]:.2f}" if "ours" in tfl and p in tfl else "—"
                   for p in ("sdpa-flash", "sdpa-cudnn", "ours-atomic")]
-        best = max((tfl[p] for p in ("ours", "ours-atomic", "gluon") if p in tfl), default=None)
-        ratios.append(f"{best / tfl['sdpa-cudnn']:.2f}" if best and "sdpa-cudnn" in tfl else "—")
+        best = best_ratio(rows, mode, causal, d, n, "sdpa-cudnn", BWD_ANY)     # 我们的内核里最快的 / cuDNN
+        ratios.append("—" if best is None else f"{best:.2f}")
         table.append([mode, str(causal), d, n, any_r["B"], any_r["H"]]
                      + [f"{tfl[p]:.1f}" if p in tfl else "—" for p in PROVIDERS] + ratios)
     print(format_table(["mode", "causal", "d", "N", "B", "H", *PROVIDERS, "ours/flash", "ours/cudnn", "ours/atomic",
@@ -111,8 +111,9 @@ def report_failures(res):
     if failures is None:
         print("✗ 结果里没有 failures 记录：无法确认测量时每个形状都对照过")
         return -1
-    for provider, d, n, causal, errs in failures:
-        print(f"  ✗ {provider} d={d} N={n} causal={causal}：相对误差 {errs}")
+    for provider, d, n, causal, errs in failures:           # errs：相对误差的列表，或一句说明（没法对照时）
+        what = f"相对误差 {errs}" if str(errs).startswith("[") else errs
+        print(f"  ✗ {provider} d={d} N={n} causal={causal}：{what}")
     if failures:
         print(f"✗ 有 {len(failures)} 处对照不一致（上面逐个列出）：这份结果里的速度数字不能当真")
     else:
@@ -151,14 +152,14 @@ def best_ratio(rows, mode, causal, d, n, other, mine):
 
 
 def target_results(rows):
-    """逐条目标：[(名字, 段, 查了的形状, 没达到的 [(形状, 比值)], 没测到的形状)]。"""
+    """逐条目标：[(名字, 段, 对照的 provider, 查了的形状, 没达到的 [(形状, 比值)], 没测到的形状)]。"""
     shapes = sorted({(r["causal"], r["d"], r["N"]) for r in rows})
     out = []
     for name, mode, other, want, mine, pick, topic in TARGETS:
         checked = [(c, d, n, best_ratio(rows, mode, c, d, n, other, mine)) for c, d, n in shapes if pick(c, d, n)]
         miss = [((c, d, n), x) for c, d, n, x in checked if x is not None and x < want]
         absent = [(c, d, n) for c, d, n, x in checked if x is None]     # 缺一边的测量：不算达到
-        out.append((name, topic, checked, miss, absent))
+        out.append((name, topic, other, checked, miss, absent))
     return out
 
 
@@ -170,20 +171,25 @@ def target_report(rows):
     """逐条对照目标，返回几行文字（没达到的形状逐个列出，不藏起来）。行首：✓ = 每个形状都测到且达到；
     ✗ = 有形状没达到；? = 没有没达到的，但有形状缺测量（某个 provider 不可用）——没测到的不算达到。"""
     out = []
-    for (name, _, checked, miss, absent), target in zip(target_results(rows), TARGETS):
+    for name, _, other, checked, miss, absent in target_results(rows):
         hit = len(checked) - len(miss) - len(absent)
         status = "✗" if miss else "?" if absent or not checked else "✓"
         out.append(f"  {status} {name}：{hit}/{len(checked)} 个形状达到" +
                    (f"；没达到：{'; '.join(f'{_label(*k)}: {x:.3f}' for k, x in miss)}" if miss else "") +
-                   (f"；没测到（{target[2]} 或我们的内核缺这一行）：{'; '.join(_label(*k) for k in absent)}"
+                   (f"；没测到（{other} 或我们的内核缺这一行）：{'; '.join(_label(*k) for k in absent)}"
                     if absent else ""))
     return out
 
 
 def ncu_summary(ncu_dir=None):
     """已提交的 ncu CSV（ncu_profile.kernels）→ {目标: {"tensor": 主内核（最长的那个）Tensor Core 忙的 %,
-    "us": 每个内核的 µs 列表, "names": 内核名}}。"""
+    "us": 每个内核的 µs 列表, "names": 内核名}}。解释对照的是不 causal 的那组剖析：目录里的 CSV 量的是 causal 时
+    （ncu_shape.json）不用它们，说明原因，返回 {}（解释里的数写成 ?）。"""
     ncu_dir = ncu_dir or ncu_profile.RESULTS
+    if ncu_profile.measured_shape(ncu_dir)["causal"]:
+        print(f"  （{os.path.relpath(ncu_dir)} 的 ncu CSV 量的是 causal 的形状，"
+              "下面的解释要的是不 causal 的那组：不用）")
+        return {}
     out = {}
     for name, ks in ncu_profile.kernels(ncu_dir).items():
         main = max(ks, key=lambda k: k["us"])
@@ -194,7 +200,7 @@ def ncu_summary(ncu_dir=None):
 def miss_explained(rows, ncu=None):
     """没达到的目标的解释：只写没达到的那几条所属的段（前向、N = 1k、反向、对 FLASH）。比值由这份结果的 rows 算，
     Tensor Core 的忙碌比例、内核时间由已提交的 ncu CSV 算。没有没达到的目标时返回空串。"""
-    topics = {topic for _, topic, _, miss, _ in target_results(rows) if miss}
+    topics = {topic for _, topic, _, _, miss, _ in target_results(rows) if miss}
     if not topics:
         return ""
     ncu = ncu_summary() if ncu is None else ncu
@@ -273,6 +279,33 @@ def bench_one(fn, q, k, v, do, causal, args, do_bench, check_fn=None, time_fwd=T
     return got, ms_fwd, ms_bwd, first
 
 
+def check_provider(p, got, first, ref, shape, failures, rel_err):
+    """
+    一个 provider 在一个形状上的对照（got / first 见 bench_one；shape = (d, N, causal)）：不一致的记进 failures
+    并打印，返回之后的对照基准 ref。
+      - first 不是 None：autotune 那一遍 vs 选定配置、输出先填 NaN 的一遍。
+      - ref 是 None：got 成为基准（第一个测到的是我们的内核，其余后端和它对照）。它只有输出（反向出错、退回只测
+        前向）时其余后端的梯度就没有东西可对照：这也记进 failures，不能报"输出和梯度都对照过"。
+      - 否则 got 和 ref 逐项比（两边有 NaN 时误差是 NaN / inf：也算不一致）。
+    """
+    d, n, causal = shape
+    if first is not None:
+        errs = [rel_err(a, b) for a, b in zip(first, got)]
+        if not max(errs) < 2e-2:
+            failures.append((f"{p}（autotune 那一遍）", d, n, causal, errs))
+            print(f"  ✗ {p} d={d} N={n} causal={causal} autotune 那一遍和填 NaN 的一遍不一致：{errs}")
+    if ref is None:
+        if len(got) == 1:
+            failures.append((f"{p}（反向出错，只测了前向）", d, n, causal, "其余后端的梯度没有和它对照"))
+            print(f"  ✗ {p} d={d} N={n} causal={causal} 是对照的基准，但只有前向：其余后端的梯度没有对照")
+        return got
+    errs = [rel_err(a, b) for a, b in zip(got, ref)]
+    if not max(errs) < 2e-2:
+        failures.append((p, d, n, causal, errs))
+        print(f"  ✗ {p} d={d} N={n} causal={causal} 和 {PROVIDERS[0]} 不一致：{errs}")
+    return ref
+
+
 def measure(args):
     import time
 
@@ -317,18 +350,7 @@ def measure(args):
                         except Exception as e2:
                             print(f"  {p} 的前向也不可用（{str(e2).splitlines()[0][:80]}）")
                             continue
-                    if first is not None:                      # autotune 那一遍 vs 选定配置、输出先填 NaN 的一遍
-                        errs = [tf._rel_err(a, b) for a, b in zip(first, got)]
-                        if not max(errs) < 2e-2:
-                            failures.append((f"{p}（autotune 那一遍）", d, n, causal, errs))
-                            print(f"  ✗ {p} d={d} N={n} causal={causal} autotune 那一遍和填 NaN 的一遍不一致：{errs}")
-                    if ref is None:
-                        ref = got                              # 第一个是我们的内核：其余后端和它对照
-                    else:                                      # 两边有 NaN 时误差是 NaN / inf：也算不一致
-                        errs = [tf._rel_err(a, b) for a, b in zip(got, ref)]
-                        if not max(errs) < 2e-2:
-                            failures.append((p, d, n, causal, errs))
-                            print(f"  ✗ {p} d={d} N={n} causal={causal} 和 {PROVIDERS[0]} 不一致：{errs}")
+                    ref = check_provider(p, got, first, ref, (d, n, causal), failures, tf._rel_err)
                     for mode, ms in (("fwd", ms_fwd), ("bwd", ms_bwd)):
                         if ms is None:
                             continue
@@ -392,7 +414,8 @@ OVERHEAD_NS = (1, 16, 128, 512)
 OVERHEAD_TARGET_US = 15.0      # issue 16：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
 
 
-OVERHEAD_TIMING = "wall_per_call_many：calls 次分 5 轮，所有形状、实现轮流量，取最快的一轮"
+OVERHEAD_ROUNDS = 5            # --overhead 每个形状的 calls 次分几轮（wall_per_call_many 的 rounds）
+OVERHEAD_TIMING = f"wall_per_call_many：calls 次分 {OVERHEAD_ROUNDS} 轮，所有形状、实现轮流量，取最快的一轮"
 
 
 def print_host_overhead(path):
@@ -402,7 +425,7 @@ def print_host_overhead(path):
     res = load_json(path)
     if not res:
         return
-    labels = [k for k in res if k != "meta"]
+    labels = [k for k in res if k != "meta"]      # 顶层的 "meta" 是以前每次 --overhead 都盖写的（不是一次测量）
     head = (["测量（--label）"] + [f"N={n} ours / sdpa" for n in OVERHEAD_NS] + [f"ours ≤ {OVERHEAD_TARGET_US:.0f} µs"]
             + ["测法"])
     rows, sdpa = [], {n: [] for n in OVERHEAD_NS}
@@ -422,7 +445,7 @@ def print_host_overhead(path):
     spread = [max(v) / min(v) for v in sdpa.values() if len(v) > 1 and min(v) > 0]
     if spread:
         print(f"  这台共用主机的快慢在变：同样用新测法，SDPA（同一个调用）多出的时间在各行之间差 "
-              f"{min(spread):.1f}–{max(spread):.1f} 倍（按 N 分别比）。每一行对应的代码版本见 results/NOTES.md")
+              f"{_span(spread, '{:.1f}')} 倍（按 N 分别比）。每一行对应的代码版本见 results/NOTES.md")
 
 
 def _us(x):
@@ -441,10 +464,9 @@ def _load_module(path):
 
 def overhead(args):
     """
-    主机开销：B = 1、H = 16、d = 128、bf16、causal 的小形状上，每次调用的墙钟时间（calls 次分 5 轮、所有形状和
-    实现轮流量、取最快的一轮：wall_per_call_many；主机比 GPU 慢时这就是主机时间）减去同一调用在 CUDA 图里重放的
-    GPU 时间。再确认 CUDA 图能捕获、
-    结果和直接调用一致，并用 cProfile 看 N = 128 时主机时间花在哪里。
+    主机开销：B = 1、H = 16、d = 128、bf16、causal 的小形状上，每次调用的墙钟时间（calls 次分 OVERHEAD_ROUNDS 轮、
+    所有形状和实现轮流量、取最快的一轮：wall_per_call_many；主机比 GPU 慢时这就是主机时间）减去同一调用在 CUDA 图里
+    重放的 GPU 时间。再确认 CUDA 图能捕获、结果和直接调用一致，并用 cProfile 看 N = 128 时主机时间花在哪里。
     """
     import cProfile
     import io
@@ -460,7 +482,8 @@ def overhead(args):
         cases[(n, "ours")] = (lambda q=q, k=k, v=v: tf.flash_attn_func(q, k, v, causal=True), (q, k, v))
         cases[(n, "sdpa")] = (lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2), (q, k, v))
-    walls = wall_per_call_many({key: fn for key, (fn, _) in cases.items()}, args.calls)    # 所有形状轮流量
+    walls = wall_per_call_many({key: fn for key, (fn, _) in cases.items()}, args.calls,    # 所有形状轮流量
+                               rounds=OVERHEAD_ROUNDS)
     rows = []
     for (n, name), (fn, inputs) in cases.items():
         wall = walls[(n, name)] * 1e6
@@ -638,9 +661,7 @@ def main():
     if args.overhead:
         path = os.path.join(args.out, "host_overhead.json")
         res = load_json(path) or {}
-        import torch
-        res["meta"] = gpu_meta(torch, dtype="bfloat16")
-        res[args.label] = overhead(args)
+        res[args.label] = overhead(args)             # 这次的 GPU、版本记在它自己的 meta 里
         with open(path, "w") as fh:
             json.dump(res, fh, indent=1)
         return

@@ -44,8 +44,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from dataclasses import replace  # noqa: E402
 
 import flash_lab as fl  # noqa: E402
-from course_utils import (capture_graph, cuda_time, format_table, gpu_meta, graph_matches_eager, load_json,  # noqa: E402,E501
-                          pyplot, ratio_errors, save_figure, wall_per_call,
+from course_utils import (capture_graph, committed_figure, cuda_time, format_table, gpu_meta,  # noqa: E402
+                          graph_matches_eager, load_json, pyplot, ratio_errors, save_figure, wall_per_call,
                           wall_per_call_many)
 from hw_specs import H200  # noqa: E402
 
@@ -76,6 +76,11 @@ PROBE_CALLS = 6                   # 一张图里连着几次调用（最后一�
 # （results/gpu_selftest_decode.log：上限 2e 最大 4.8e-3）。所以上限取 3u ≈ 1.2e-2。真出错时差得远比这大：
 # 随机输入下漏掉（或重复）32 段里的 1 段，输出约变 √(1/32) ≈ 18%。
 DECODE_TOL = 3 * 2.0 ** -8
+
+
+def kv_bytes(B, S):
+    """一次 decode 读的 K/V 字节：B·S·Hk·d 个元素 × 2（K 和 V）× 2 字节（bf16）。"""
+    return 2 * B * S * HK * D * 2
 
 
 # =============================================================================
@@ -172,7 +177,7 @@ def measure_table(torch, tf, rounds=3):
     for B in BATCHES:
         for S in SEQLENS:
             q, k, v, lens = make_inputs(torch, B, S)
-            kv_bytes = 2 * B * S * HK * D * 2
+            kv = kv_bytes(B, S)
             fns = impl_fns(torch, tf, q, k, v, lens)
             ref = fns["sdpa"]()
             times = {name: [] for name in fns}
@@ -184,10 +189,10 @@ def measure_table(torch, tf, rounds=3):
                 t = min(times[name])
                 eager = wall_per_call(fn, 50)
                 rows.append(dict(B=B, S=S, impl=name, gpu_s=t, gpu_rounds_s=times[name], eager_s=eager,
-                                 kv_bytes=kv_bytes, err_vs_sdpa=errs[name],
+                                 kv_bytes=kv, err_vs_sdpa=errs[name],
                                  **(decode_choice(tf, B, S, q.device) if name == "ours" else {"splits": None})))
                 print(f"  B={B:<3d}S={S:<7d}{name:<5s} GPU {t * 1e6:9.1f} µs（各轮 "
-                      + "/".join(f"{x * 1e6:.1f}" for x in times[name]) + f"）  {kv_bytes / t / 1e12:5.2f} TB/s  "
+                      + "/".join(f"{x * 1e6:.1f}" for x in times[name]) + f"）  {kv / t / 1e12:5.2f} TB/s  "
                       f"连续调用 {eager * 1e6:9.1f} µs/次  和 SDPA 的相对差 {errs[name]:.1e}", flush=True)
             del q, k, v, lens, fns, ref
             torch.cuda.empty_cache()
@@ -262,7 +267,7 @@ def sweep(torch, tf):
     rows = []
     for B, S in SWEEP_SHAPES:
         q, k, v, lens = make_inputs(torch, B, S)
-        kv_bytes = 2 * B * S * HK * D * 2
+        kv = kv_bytes(B, S)
         grid = itertools.product(SWEEP_CONFIGS, SWEEP_SPLITS_B1 if B == 1 else SWEEP_SPLITS,
                                  SWEEP_PDL if B == 1 else (None,))
         for cfg, splits, pdl in grid:
@@ -275,7 +280,7 @@ def sweep(torch, tf):
             except Exception as e:                 # 编译失败（共享内存不够等）：记下原因，接着测
                 rows.append(dict(point, error=str(e).splitlines()[0][:160]))
                 continue
-            rows.append(dict(point, gpu_s=t, tbps=kv_bytes / t / 1e12))
+            rows.append(dict(point, gpu_s=t, tbps=kv / t / 1e12))
         best = min((r for r in rows if r["B"] == B and r["S"] == S and "gpu_s" in r), key=lambda r: r["gpu_s"])
         print(f"  sweep B={B} S={S}: 最快 {best['config']} × {best['splits']} 段、PDL {best['pdl']} = "
               f"{best['gpu_s'] * 1e6:.1f} µs（{best['tbps']:.2f} TB/s）", flush=True)
@@ -420,17 +425,21 @@ def print_table(res):
     table = []
     for B in BATCHES:
         for S in SEQLENS:
-            cells = [B, S, by[(B, S, "ours")]["splits"]]
+            ours = by[(B, S, "ours")]
+            merge = ours.get("merge")          # (BLOCK_S, D_CHUNK, warps)；旧的 JSON 没有这一项
+            cells = [B, S, ours["splits"],
+                     "–" if not merge else f"{B * HQ * (D // merge[1])} 个 × {merge[2]} warp"]
             for impl in IMPLS:
                 r = by[(B, S, impl)]
                 cells += [f"{r['gpu_s'] * 1e6:.1f}", f"{r['kv_bytes'] / r['gpu_s'] / copy:.0%}"]
             cells.append(ratio_text(by[(B, S, "sdpa")]["gpu_s"] / by[(B, S, "ours")]["gpu_s"]))
             table.append(cells)
-    print(format_table(["B", "S", "段数", "ours µs", "ours/拷贝", "sdpa µs", "sdpa/拷贝", "fa2 µs", "fa2/拷贝",
-                        "sdpa / ours"], table))
+    print(format_table(["B", "S", "段数", "合并内核", "ours µs", "ours/拷贝", "sdpa µs", "sdpa/拷贝", "fa2 µs",
+                        "fa2/拷贝", "sdpa / ours"], table))
     rounds = "/".join(str(n) for n in sorted({len(r["gpu_rounds_s"]) for r in res["rows"]}))
     print(f"（时间 = CUDA 图里重放的 GPU 时间，三种实现轮流测 {rounds} 轮取最快；"
-          "带宽 = K/V 字节 / 时间，和拷贝带宽比）")
+          "带宽 = K/V 字节 / 时间，和拷贝带宽比；合并内核 = 程序数（行 × 段列）× 每个程序的 warp 数，"
+          "triton_flash.decode_merge_config）")
     top = max(by.values(), key=lambda r: r["kv_bytes"] / r["gpu_s"])
     bw = top["kv_bytes"] / top["gpu_s"]
     print(f"  最高的一格：{top['impl']} B={top['B']} S={top['S']}，{bw / 1e12:.2f} TB/s = {bw / copy:.0%} 拷贝带宽、"
@@ -542,14 +551,14 @@ def miss_1_3x(res, by, copy):
         per = top_row["kv_bytes"] / (bb * HK * top_row["splits"])
         lines.append(f"    最高的那格是长的读流：每个程序读 {per / 2**20:.0f} MiB；B = 1、S = 32k 每个程序只读 "
                      f"{by[(1, 32768, 'ours')]['kv_bytes'] / (HK * by[(1, 32768, 'ours')]['splits']) / 2**20:.0f} MiB")
-    c = median_call(probe_breakdown(res["probe"]))          # 和第 7 部分的表同一次调用
-    rest = c["period"] - c["stream"]
-    budget = need_s - sdpa["kv_bytes"] / (top * copy)
-    verdict = ("现在的两内核结构下到不了 1.3×" if rest * 1e-6 > budget    # rest 是 µs，budget 是秒
-               else "按这个算法够得着 1.3×：差在读 K/V 的流速上")
-    lines.append(f"    按 {top:.0%} 的流速读完 K/V 要 {(need_s - budget) * 1e6:.1f} µs，1.3× 只给其余部分留 "
-                 f"{budget * 1e6:.1f} µs；探针量到中位的程序读完之后还有 {rest:.1f} µs（第 7 部分：最慢的程序、交接、"
-                 f"合并、下一次放行）：{verdict}")
+    c = median_call(probe_breakdown(res["probe"]))          # 和第 7 部分的表同一次调用（µs）
+    rest_us = c["period"] - c["stream"]
+    read_us = sdpa["kv_bytes"] / (top * copy) * 1e6
+    budget_us = need_s * 1e6 - read_us
+    verdict = ("现在的两内核结构下到不了 1.3×" if rest_us > budget_us else "按这个算法够得着 1.3×：差在读 K/V 的流速上")
+    lines.append(f"    按 {top:.0%} 的流速读完 K/V 要 {read_us:.1f} µs，1.3× 只给其余部分留 {budget_us:.1f} µs；"
+                 f"探针量到中位的程序读完之后还有 {rest_us:.1f} µs（第 7 部分：最慢的程序、交接、合并、下一次放行）："
+                 f"{verdict}")
     return lines
 
 
@@ -619,7 +628,7 @@ def print_probe(res):
     br = probe_breakdown(probe)
     c = median_call(br)
     copy = res["copy_Bps"]
-    kv = 2 * probe["B"] * probe["S"] * HK * D * 2
+    kv = kv_bytes(probe["B"], probe["S"])
     n = len(probe["k1"][0])
     print(f"B = {probe['B']}、S = {probe['S']}：{probe['splits']} 段 × {probe['B'] * HK} 个 (序列, K/V 头) = "
           f"{n} 个第一步程序，{len(probe['merge'][0])} 个合并程序；量了 {len(br['calls'])} 次调用，"
@@ -637,7 +646,22 @@ def print_probe(res):
           f"{stream_bw / 1e12:.2f} TB/s = {100 * stream_bw / copy:.0f}% 拷贝带宽。其余 "
           f"{c['period'] - c['stream']:.2f} µs "
           "在中位的程序读完之后：一部分是还在读的慢程序，其余是交接、合并和下一次调用的放行")
+    arrive = probe_arrivals(probe, br["calls"].index(c))
+    gap = arrive["next_after_merge"]
+    nxt = (f"下一次调用的第一步在合并写完后 {gap:.2f} µs 才上 SM——发射本身比合并还慢，合并里提前放行省不出时间"
+           if gap > 0 else f"下一次调用的第一步在合并写完前 {-gap:.2f} µs 就上了 SM（合并里提前放行起了作用）")
+    print(f"  程序什么时候上 SM（入口时间戳，同一次调用）：合并的程序比自己放行早 {arrive['merge_early']:.1f} µs "
+          f"就在 SM 上等着（PDL）；{nxt}；第一步的 {n} 个程序落在 {arrive['k1_sms']} 个不同的 SM 上")
     return br
+
+
+def probe_arrivals(probe, i):
+    """第 i 次调用的入口时间戳（µs）：合并程序最早的入口比它们的放行早多少；第 i + 1 次调用的第一步最早的入口比
+    第 i 次的合并写完晚多少；第 i 次第一步的程序用了几个不同的 SM。"""
+    k1, merge, nxt = probe["k1"][i], probe["merge"][i], probe["k1"][i + 1]
+    return dict(merge_early=(min(r[1] for r in merge) - min(r[0] for r in merge)) / 1e3,
+                next_after_merge=(min(r[0] for r in nxt) - max(r[2] for r in merge)) / 1e3,
+                k1_sms=len({r[3] for r in k1}))
 
 # =============================================================================
 # 校准：第 4 节的 decode 注意力模型、第 5 节的时间线模型
@@ -782,10 +806,9 @@ def print_timeline_fit(res, step_res):
 # =============================================================================
 # 图（英文）
 # =============================================================================
-def committed_figure(what, replot):
-    """replot 时图存到已提交的 results/decode_bench_<what>.png；
-    否则 None（save_figure 存进 figures/ 或 figures/quick/）。"""
-    return os.path.join(HERE, "results", f"decode_bench_{what}.png") if replot else None
+def committed_png(what, replot):
+    """已提交的 results/decode_bench_<what>.png（replot 时）或 None：course_utils.committed_figure 的规则。"""
+    return committed_figure(__file__, f"decode_bench_{what}.png", replot)
 
 
 def plot(res, decode_rows, timeline_table, quick, replot=False):
@@ -812,7 +835,7 @@ def plot(res, decode_rows, timeline_table, quick, replot=False):
     fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=len(styles) + 1,
                bbox_to_anchor=(0.5, 0.955), frameon=False)
     fig.set_layout_engine("tight", rect=(0, 0, 1, 0.92))      # 上面留给标题和图例（save_figure 用这个排版）
-    bw_path = save_figure(fig, __file__, "bandwidth", quick=quick, path=committed_figure("bandwidth", replot))
+    bw_path = save_figure(fig, __file__, "bandwidth", quick=quick, path=committed_png("bandwidth", replot))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 6))
     # 模型 / 实测（线性轴）：对数-对数的"模型 vs 实测"图上 3–20% 的差别看不出来；同一个方法同一种颜色，
@@ -848,7 +871,7 @@ def plot(res, decode_rows, timeline_table, quick, replot=False):
     a2.set_ylabel("one decode step (ms)")
     a2.set_title("Llama-3.2-1B, batch 1: timeline model vs measured")
     a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
-    model_path = save_figure(fig, __file__, "models", quick=quick, path=committed_figure("models", replot))
+    model_path = save_figure(fig, __file__, "models", quick=quick, path=committed_png("models", replot))
     paths = [bw_path, model_path]
     if res.get("probe") is not None:
         paths.append(plot_probe(res["probe"], quick, replot))
@@ -900,8 +923,7 @@ def plot_probe(probe, quick, replot=False):
     a1.set_ylim(-2, base + len(merge) + 110)            # 上面留给右图各段的标签（两排）
     fig.suptitle(f"One flash_decode call (B = {probe['B']}, S = {probe['S'] // 1024}k, bf16), "
                  "per-program %globaltimer probes", y=0.995)
-    path = os.path.join(HERE, "results", "decode_bench_timeline.png") if replot else None
-    return save_figure(fig, __file__, "timeline", quick=quick, path=path)
+    return save_figure(fig, __file__, "timeline", quick=quick, path=committed_png("timeline", replot))
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])

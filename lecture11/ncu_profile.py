@@ -20,10 +20,12 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
                                                         （没有 GPU 也行）
   python3 lecture11/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
                                                         再打印 DIR 的对照表；有目标 ncu 失败时退出码 1
-  python3 lecture11/ncu_profile.py --measure --causal --out DIR
-                                                        同样的形状但 causal（和不 causal 的比停顿）；形状记在
-                                                        DIR/ncu_shape.json，之后读这个目录时按它打印。提交的一份：
-                                                        --out lecture11/results/ncu/causal（只有两个反向，NOTES v12）
+  python3 lecture11/ncu_profile.py --measure --causal [--out DIR]
+                                                        同样的形状但 causal（和不 causal 的比停顿）；不给 --out 时
+                                                        写 results/ncu/causal/（不盖掉不 causal 的 CSV），读的时候
+                                                        --causal 也默认读它。形状记在 DIR/ncu_shape.json，之后读这个
+                                                        目录时按它打印；DIR 里已有另一种 causal 的 CSV 时拒绝量。
+                                                        提交的一份就在 results/ncu/causal/（只有两个反向，NOTES v12）
   python3 lecture11/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
 """
 import argparse
@@ -39,11 +41,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import format_table  # noqa: E402
+from course_utils import format_table, load_json  # noqa: E402
 import flash_lab as fl  # noqa: E402  （基准的形状：B·N、H·d 和 06、gluon_flash 相同）
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ncu")
+CAUSAL_RESULTS = os.path.join(RESULTS, "causal")    # --causal 不给 --out 时的目录：不和不 causal 的 CSV 混在一起
 TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "gluon-bwd", "cudnn-bwd")
 SHAPE = dict(B=fl.BENCH_TOKENS // 4096, N=4096, H=fl.BENCH_HIDDEN // 128, d=128, causal=False)   # 06 的 N = 4k、d = 128
 # （--causal 只改 causal；SHAPE 本身不改）
@@ -138,10 +141,9 @@ def measure(out_dir, targets=TARGETS, causal=False):
 def measured_shape(res_dir):
     """res_dir 的 CSV 量的是哪个形状：有 ncu_shape.json 就按它，否则是默认的 SHAPE（不 causal）。"""
     path = os.path.join(res_dir, SHAPE_FILE)
-    if not os.path.isfile(path):
+    shape = load_json(path)
+    if shape is None:
         return SHAPE
-    with open(path) as fh:
-        shape = json.load(fh)
     if set(shape) != set(SHAPE):
         raise ValueError(f"{path} 的键应是 {sorted(SHAPE)}，收到 {sorted(shape)}")
     return shape
@@ -258,17 +260,23 @@ def report(res_dir=RESULTS):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="ncu 计数器：我们的注意力内核 vs cuDNN")
     ap.add_argument("--measure", action="store_true", help="在 GPU 上用 ncu 量（每个目标一次）")
-    ap.add_argument("--out", default=RESULTS, help="--measure 写 CSV 的目录；不 --measure 时读哪个目录的 CSV")
+    ap.add_argument("--out", default=None, help="--measure 写 CSV 的目录；不 --measure 时读哪个目录的 CSV"
+                    "（默认 results/ncu/，--causal 时 results/ncu/causal/）")
     ap.add_argument("--target", choices=TARGETS, help="（内部用）ncu 里面跑的那一段")
     ap.add_argument("--only", nargs="+", choices=TARGETS, default=TARGETS, help="--measure 只量这几个目标")
-    ap.add_argument("--causal", action="store_true", help="量 causal 的同一个形状（--out 请换一个目录）")
+    ap.add_argument("--causal", action="store_true", help="量 causal 的同一个形状（默认写 results/ncu/causal/）")
     args = ap.parse_args(argv)
     if args.target:
         run_target(args.target, args.causal)
         return 0
+    out = args.out or (CAUSAL_RESULTS if args.causal else RESULTS)
     if args.measure:
-        return measure(args.out, args.only, args.causal)
-    return report(args.out)
+        if kernels(out) and measured_shape(out)["causal"] != args.causal:     # 不把两种形状的 CSV 混进一个目录
+            print(f"✗ {os.path.relpath(out)} 里已有 causal = {measured_shape(out)['causal']} 的 CSV，"
+                  f"这次量的是 causal = {args.causal}：换一个 --out")
+            return 2
+        return measure(out, args.only, args.causal)
+    return report(out)
 
 
 if __name__ == "__main__":

@@ -898,11 +898,8 @@ class _Plan:
 
     def launch(self, tensors, stream):
         """不查钩子、stream 由调用者给（一次调用启动几个内核时，这两件事只做一次）。"""
-        vals = self.vals.copy()
-        for i, j in self.slots:
-            vals[i] = tensors[j].data_ptr()       # 键已确认它们是这块 GPU 上的张量：只传地址，启动器不再问驱动
-        self.run(*self.grid, stream, self.function, *self.head, *vals)
-        _Plan.launches += 1
+        # 键已确认它们是这块 GPU 上的张量：只传地址，启动器不再问驱动
+        self.launch_ptrs([t.data_ptr() for t in tensors], stream)
 
     def launch_ptrs(self, ptrs, stream):
         """同 launch，但调用者已经取好了各张量的地址（ptrs[j] = tensors[j].data_ptr()）：几个内核共用一次取地址。"""
@@ -1211,21 +1208,24 @@ class _DenseFast:
     （记录时已确认 reshape 成 [B·N, H, d] 只是换视图：数据指针相同，步长在键里）。o 直接按 [B, N, H, d] 分配
     （连续：和内核看到的 [B·N, H, d] 是同一块内存）。不要 lse 时内核照样写 lse，写进每块 GPU 共用的一块草稿区
     （_lse_scratch）：每次调用少分配一次；没人读它，几个 stream 同时写也无妨。"""
-    __slots__ = ("plan", "cu_q", "cu_k", "shape", "return_lse", "lse_scratch")
+    __slots__ = ("plan", "cu_q", "cu_k", "shape", "return_lse", "lse_scratch", "cu_ptrs")
 
     def __init__(self, plan, cu_q, cu_k, shape, return_lse):
         self.plan, self.cu_q, self.cu_k, self.shape, self.return_lse = plan, cu_q, cu_k, shape, return_lse
         batch, nq, hq, _ = shape
         self.lse_scratch = None if return_lse else _lse_scratch(cu_q.device, hq * batch * nq)
+        self.cu_ptrs = (cu_q.data_ptr(), cu_k.data_ptr())        # 缓存的张量（self 留着它们）：地址不变
 
     def __call__(self, q, k, v):
         o = q.new_empty(self.shape)
+        stream = _current_stream(q.get_device())
+        head = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
         if self.lse_scratch is not None:
-            self.plan.launch((q, k, v, o, self.lse_scratch, self.cu_q, self.cu_k), _current_stream(q.get_device()))
+            self.plan.launch_ptrs((*head, self.lse_scratch.data_ptr(), *self.cu_ptrs), stream)
             return o
         batch, nq, hq, _ = self.shape
         lse = q.new_empty((hq, batch * nq), dtype=torch.float32)
-        self.plan.launch((q, k, v, o, lse, self.cu_q, self.cu_k), _current_stream(q.get_device()))
+        self.plan.launch_ptrs((*head, lse.data_ptr(), *self.cu_ptrs), stream)
         if self.return_lse:
             return o, lse.view(hq, batch, nq).transpose(0, 1)
         return o
@@ -1949,11 +1949,8 @@ class _DecodeFast:
             out = torch.empty_like(q)
             ptrs = (*ptrs[:4], out.data_ptr())
         else:                                    # 键只记 out 的布局：和输入是否重叠每次都要看地址
-            o0 = ptrs[4]
-            o1 = o0 + self.extents[4]
-            for j in range(4):
-                if o0 < ptrs[j] + self.extents[j] and ptrs[j] < o1:
-                    raise _alias_error("flash_decode", o0, o1, ptrs[j], ptrs[j] + self.extents[j])
+            _check_spans("flash_decode", (ptrs[4], ptrs[4] + self.extents[4]),
+                         [(ptrs[j], ptrs[j] + self.extents[j]) for j in range(4)])
         for plan in self.plans:
             plan.launch_ptrs(ptrs, stream)
         return out
@@ -1976,16 +1973,16 @@ def _byte_range(t):
 
 def _check_out_alias(out, inputs, where):
     """out 和任何一个输入的字节区间相交 → ValueError（内核边读边写会读到写过的值；视图、切片也算）。"""
-    o0, o1 = _byte_range(out)
-    for t in inputs:
-        t0, t1 = _byte_range(t)
+    _check_spans(where, _byte_range(out), [_byte_range(t) for t in inputs])
+
+
+def _check_spans(where, out_span, input_spans):
+    """字节区间 [o0, o1) 和任何一个 [t0, t1) 相交 → ValueError；首尾相接不算相交。"""
+    o0, o1 = out_span
+    for t0, t1 in input_spans:
         if o0 < t1 and t0 < o1:
-            raise _alias_error(where, o0, o1, t0, t1)
-
-
-def _alias_error(where, o0, o1, t0, t1):
-    return ValueError(f"{where}：out 不能和 q、k_cache、v_cache、cache_seqlens 共用内存（内核边读边写会读到写过的"
-                      f"值），out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
+            raise ValueError(f"{where}：out 不能和 q、k_cache、v_cache、cache_seqlens 共用内存（内核边读边写会读到写过"
+                             f"的值），out 的字节 [{o0:#x}, {o1:#x}) 和一个输入的 [{t0:#x}, {t1:#x}) 相交")
 
 
 def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
@@ -2154,6 +2151,19 @@ def decode_limit(q, k_cache, v_cache, cache_seqlens, ref):
     return torch_bound(_rel_err(sdpa_decode(q, k_cache, v_cache, cache_seqlens), ref))
 
 
+def _plan_text(q, k_cache, num_splits):
+    """这个用例走的是哪条路：BLOCK_N、段数、合并内核的程序数（行 × 段列）和 warp 数
+    （decode_plan、decode_merge_config，和 _decode 里同样的两个函数）。"""
+    batch, hq, d = q.shape[0], q.shape[-2], q.shape[-1]
+    rows = batch * hq * (1 if q.dim() == 3 else q.shape[1])
+    n_sm = _sm_count(q.device)
+    (block_n, _, _), splits = decode_plan(batch, k_cache.shape[2], k_cache.shape[1], n_sm, num_splits)
+    if splits == 1:
+        return f"BLOCK_N {block_n}，1 段（不合并）"
+    _, chunk, warps = decode_merge_config(rows, d, splits, n_sm)
+    return f"BLOCK_N {block_n}，{splits} 段，合并 {rows} 行 × {d // chunk} 段列 × {warps} warp"
+
+
 def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
     """
     v3 的检查：flash_decode 对 float64 参考，误差要 < decode_limit（CPU 解释器 fp32：CPU_TOL；GPU fp16/bf16：
@@ -2168,7 +2178,8 @@ def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
         err = _rel_err(flash_decode(q, k, v, lens, num_splits=splits), ref)
         limit = decode_limit(q, k, v, lens, ref)
         if verbose or not err < limit:
-            print(f"  {name:<28s} out {err:.1e}（上限 {limit:.1e}）" + ("" if err < limit else "  ✗"))
+            print(f"  {name:<28s} out {err:.1e}（上限 {limit:.1e}）  {_plan_text(q, k, splits)}"
+                  + ("" if err < limit else "  ✗"))
         failed += [] if err < limit else [(name, err)]
         worst = max(worst, err)
     assert not failed, f"flash_decode 误差超过上限（种子 {seed}）：{failed}"

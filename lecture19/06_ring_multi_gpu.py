@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "prereq5"))
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ring_multi_gpu.json")
-RESULT_PNG = os.path.join(HERE, "results", "ring_multi_gpu.png")      # 已提交的图：只有 --replot 才重画它
+RESULT_PNG = "ring_multi_gpu.png"      # 已提交的图 results/<它>：只有 --replot 才重画（committed_figure）
 NCCL_RESULTS = os.path.join(HERE, "..", "prereq5", "results", "nccl_measure.json")
 HEADS, D = 16, 128
 LOCAL_LENS = (4096, 8192, 16384, 32768, 65536)      # 每块 GPU 上的 token 数
@@ -720,18 +720,19 @@ def report_timeline(tl):
                 comm_ring = sum(x for x in r["comm_ring_s"] if x is not None)
                 hid = hidden_share(r)
                 slow = r["compute_slowdown_s"]
+                hid_net = None if hid is None or not comm_alone else hid - slow / comm_alone   # 藏住 − 慢/传
                 p10, p90 = r.get("overlap_p10_p90") or (None, None)
                 rec.append(r["recorder_overhead"])
                 slow_comp.append(slow / comp_alone)
                 if comm_alone:
                     slow_comm.append(slow / comm_alone)
-                    if hid is not None and r.get("hidden_effective") is not None:
-                        agree.append((abs(hid - slow / comm_alone - r["hidden_effective"]), name, n, r["rank"]))
+                    if hid_net is not None and r.get("hidden_effective") is not None:
+                        agree.append((abs(hid_net - r["hidden_effective"]), name, n, r["rank"]))
                 rows.append([f"{n // 1024}k" if n >= 1024 else n, r["rank"], fmt_time(r["ring_serial_s"]),
                              fmt_time(r["ring_s"]), fmt_time(comp_alone), f"{slow / comp_alone:+.1%}",
                              fmt_time(comm_alone), fmt_time(comm_ring), fmt_time(r["comm_exposed_s"]), _pct(hid),
                              _pct(r.get("hidden_effective")),
-                             "-" if hid is None or not comm_alone else _pct(hid - slow / comm_alone),
+                             "-" if hid_net is None else _pct(hid_net),
                              "-" if p10 is None else f"{_pct(r.get('overlap'))} ({100 * p10:.0f}–{100 * p90:.0f})"])
             per_len.append(_length_point(length, vm, model))
         print(format_table(["每块 n", "rank", "不重叠的环", "重叠的环", "Σ算·单独", "算变慢", "传·单独", "传·环里",
@@ -841,7 +842,7 @@ def _causal_striped_flops(n, P):
 
 def plot(out, quick, world, replot=False):
     sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-    from course_utils import pyplot, save_figure
+    from course_utils import committed_figure, pyplot, save_figure
     plt = pyplot()
     n = [o[0] for o in out]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5.4))
@@ -861,7 +862,8 @@ def plot(out, quick, world, replot=False):
     a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16))
     for a in (a1, a2):
         a.grid(True, alpha=0.3)
-    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick, path=RESULT_PNG if replot else None)}")
+    path = save_figure(fig, __file__, "overlap", quick=quick, path=committed_figure(__file__, RESULT_PNG, replot))
+    print(f"\n图已保存：{path}")
 
 
 def plot_timeline(data, quick, world, replot=False):
@@ -870,11 +872,14 @@ def plot_timeline(data, quick, world, replot=False):
     下：甘特图（_gantt_rows：GANTT_N 时基准变体和藏住最低的变体各一个环，rank 0，JSON 里的 example）。
     没有 example 时不画下面一行。
     """
-    from course_utils import merge_identical, pyplot, save_figure
+    from course_utils import committed_figure, merge_identical, pyplot, save_figure
     from matplotlib.lines import Line2D
     plt = pyplot()
     gantt = _gantt_rows(data)
     fig = plt.figure(figsize=(18, 14 if gantt else 7.5), layout="constrained")
+    # 两张上图的图例都在图下方、比各自的图宽，constrained 排版不把伸出去的部分算进列间距（默认 wspace 0.02 时
+    # 两个框挨在一起）：列间距放大到 0.1，两个图例框之间约 0.4 英寸（tests/test_lecture19.py 查 ≥ 0.25 英寸）
+    fig.get_layout_engine().set(wspace=0.1)
     grid = fig.add_gridspec(2 if gantt else 1, 2, height_ratios=[1.25, 1] if gantt else [1])
     a1, a2 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -933,7 +938,8 @@ def plot_timeline(data, quick, world, replot=False):
         a.minorticks_off()
     if gantt:
         _plot_gantt(fig.add_subplot(grid[1, :]), gantt, colors)
-    print(f"\n图已保存：{save_figure(fig, __file__, 'overlap', quick=quick, path=RESULT_PNG if replot else None)}")
+    path = save_figure(fig, __file__, "overlap", quick=quick, path=committed_figure(__file__, RESULT_PNG, replot))
+    print(f"\n图已保存：{path}")
 
 
 def _gantt_rows(data):

@@ -11,8 +11,9 @@
   4. 用 P = 2 拟合出的 α、β 外推 P = 4 / 8（ring 模型；**是模型，不是测量**）。
   5. 图：busbw vs 消息大小，实测点 + α-β 曲线。存进 prereq5/figures/；--replot 才重画已提交的 results/nccl_measure.png。
 
-在有 ≥ 2 块 GPU 的机器上重新测（写 prereq5/results/nccl_measure.json，约 1 分钟）：
+在有 ≥ 2 块 GPU 的机器上重新测（写 prereq5/results/nccl_measure.json，约 1 分钟），然后重画已提交的图（不用 GPU）：
     torchrun --nproc_per_node=2 prereq5/06_nccl_measure.py --measure
+    python3 prereq5/06_nccl_measure.py --replot
 只读结果、画图（没有 GPU 也行；check-all 跑的就是这个）：
     python3 prereq5/06_nccl_measure.py [--quick]
 """
@@ -28,7 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import cuda_time, fmt_bytes, format_table, save_figure  # noqa: E402
+from course_utils import (committed_figure, cuda_time, fmt_bytes, format_table, load_json, pyplot,  # noqa: E402
+                          save_figure)
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "nccl_measure.json")
@@ -107,8 +109,10 @@ def measure(out_path):
 # 分析（不需要 GPU）
 # =============================================================================
 def load(path):
-    with open(path) as f:
-        res = json.load(f)
+    """结果 JSON → (meta, {集合通信: (字节数组, 秒数组)})；文件不存在时 None（演示打印 SKIP）。"""
+    res = load_json(path)
+    if res is None:
+        return None
     by = {c: ([], []) for c in COLLECTIVES}
     for r in res["rows"]:
         by[r["collective"]][0].append(r["bytes"])
@@ -175,9 +179,7 @@ def compare(meta, data, fits):
 
 def plot(meta, data, fits, quick, replot=False):
     """图默认存进 prereq5/figures/（--quick：figures/quick/）；只有 replot 才重画已提交的 results/nccl_measure.png。"""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     p = meta["world"]
     fig, ax = plt.subplots(figsize=(10, 5.6))
     fine = np.geomspace(SIZES[0], SIZES[-1], 200)
@@ -188,16 +190,15 @@ def plot(meta, data, fits, quick, replot=False):
         ax.semilogx(fine, cs.busbw(c, fine, model, p) / 1e9, "-", color=line.get_color(),
                     label=f"{c} alpha-beta fit (alpha={fits[c].alpha * 1e6:.1f} µs/step)")
     ax.axhline(NVLINK4_LINE_RATE / 1e9, color="gray", ls="--")
-    ax.text(SIZES[0], NVLINK4_LINE_RATE / 1e9 * 1.02, "NVLink 4 line rate 450 GB/s (per direction)", fontsize=12)
-    ax.set_xlabel("message size (bytes)", fontsize=13)
-    ax.set_ylabel("bus bandwidth busbw (GB/s)", fontsize=13)
-    ax.set_title(f"NCCL on {p}x {meta['gpu']}: small messages pay latency, large ones reach the link", fontsize=13)
+    ax.text(SIZES[0], NVLINK4_LINE_RATE / 1e9 * 1.02, "NVLink 4 line rate 450 GB/s (per direction)")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth busbw (GB/s)")
+    ax.set_title(f"NCCL on {p}x {meta['gpu']}: small messages pay latency, large ones reach the link")
     ax.set_ylim(0, NVLINK4_LINE_RATE / 1e9 * 1.15)
-    ax.tick_params(labelsize=12)
-    ax.legend(fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)   # 图下方：不压数据
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)   # 图下方：不压数据
     ax.grid(True, alpha=0.3)
     path = save_figure(fig, __file__, "busbw", quick=quick,
-                       path=os.path.join(HERE, "results", "nccl_measure.png") if replot else None)
+                       path=committed_figure(__file__, "nccl_measure.png", replot))
     print(f"\n图已保存：{path}")
 
 
@@ -210,11 +211,12 @@ def main():
     args = ap.parse_args()
     if args.measure:
         return measure(args.results)
-    if not os.path.exists(args.results):
+    t0 = time.perf_counter()
+    loaded = load(args.results)
+    if loaded is None:
         print(f"SKIP: 没有实测结果 {args.results}；在 ≥ 2 块 GPU 的机器上用 torchrun 加 --measure 生成")
         sys.exit(SKIP)
-    t0 = time.perf_counter()
-    meta, data = load(args.results)
+    meta, data = loaded
     fits = report(meta, data)
     compare(meta, data, fits)
     plot(meta, data, fits, args.quick, args.replot)

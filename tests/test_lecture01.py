@@ -680,6 +680,32 @@ def test_save_figure_rejects_small_fonts_and_quick_goes_elsewhere(tmp_path):
         CU.save_figure(fig, script, "b")
 
 
+def test_committed_figure_only_with_replot(tmp_path):
+    """已提交的图只有 replot 时才给路径（<脚本的文件夹>/results/<name>）；否则 None，save_figure 存进 figures/。
+    name 写错（不带 .png、带文件夹、空）不管 replot 都报错；replot 不是 bool 也报错。"""
+    script = str(tmp_path / "lec" / "06_demo.py")
+    committed = str(tmp_path / "lec" / "results" / "demo.png")
+    assert CU.committed_figure(script, "demo.png", True) == committed
+    assert CU.committed_figure(script, "demo.png", False) is None
+    for bad in ("demo", "results/demo.png", ".png", "", None):
+        for replot in (True, False):
+            with pytest.raises(ValueError, match="name"):
+                CU.committed_figure(script, bad, replot)
+    with pytest.raises(TypeError, match="replot"):
+        CU.committed_figure(script, "demo.png", 1)
+    # 和 save_figure 连用：replot 时写到 results/<name>，否则照旧进 figures/（quick 时 figures/quick/）
+    plt = CU.pyplot()
+    os.makedirs(os.path.dirname(committed))
+    for replot, quick, want in ((True, False, committed),
+                                (False, False, str(tmp_path / "lec" / "figures" / "06_demo_a.png")),
+                                (True, True, str(tmp_path / "lec" / "figures" / "quick" / "06_demo_a.png"))):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [3, 4])
+        assert CU.save_figure(fig, script, "a", quick=quick,
+                              path=CU.committed_figure(script, "demo.png", replot)) == want
+        assert os.path.getsize(want) > 0
+
+
 def test_check_bool_accepts_numpy_bools_only():
     # numpy 2 里 np.bool_ 的类型名是 "bool"：以前按 "bool_" 认，np.True_（比较的结果）被当成坏输入
     import numpy as np

@@ -1,7 +1,6 @@
 """第 5 讲 step_bench（实测一步 vs StepModel）的测试：cache 等价、拟合恢复、坏输入、CPU 上的测量路径、演示的 skip，
 以及 serving_sim.H200_MEASURED 与已提交 JSON 的拟合一致（自检和演示 --quick 由 test_harness.py 在子进程里跑）。"""
 import ast
-import math
 import json
 import os
 import statistics
@@ -115,7 +114,7 @@ def test_fit_prediction_is_step_model():
 
 def test_step_overhead_per_layer_and_default_per_step():
     """拟合的参数按层（× n_layers，None 按 0）；默认假设按步（StepModel 的 1 ms，不分层数、不分 mode）；
-    两种键都没有、mode 写错：ValueError 说缺什么 / 错在哪。"""
+    两种键都没有、两种键都有、mode 写错：ValueError 说缺什么 / 多了什么 / 错在哪。"""
     cfg8, cfg1 = CONFIGS["Llama-3.1-8B"], CONFIGS["Llama-3.2-1B"]
     p = _per_layer(0.5, 0.5, 1e-4, None)
     assert sb.step_overhead(p, "eager", cfg8) == pytest.approx(32e-4)
@@ -125,6 +124,12 @@ def test_step_overhead_per_layer_and_default_per_step():
         == {ss.STEP_OVERHEAD_S}
     with pytest.raises(ValueError, match="overhead_eager_per_layer"):
         sb.step_overhead({"mfu": 0.5, "mbu": 0.5}, "eager", cfg8)
+    # 两种写法混在一起（例如把拟合的结果并进默认假设）：不悄悄用按步的那个，报错、两种键都点名
+    for mixed in ({**sb.DEFAULT_PARAMS, **p}, {**sb.DEFAULT_PARAMS, "overhead_graph_per_layer": 1e-6}):
+        for mode in sb.MODES:
+            with pytest.raises(ValueError, match="overhead_per_step") as err:
+                sb.step_overhead(mixed, mode, cfg8)
+            assert all(k in str(err.value) for k in mixed if k.startswith("overhead_")), err.value
     for params in (p, sb.DEFAULT_PARAMS):
         with pytest.raises(ValueError, match="mode"):
             sb.step_overhead(params, "eagr", cfg8)
@@ -158,6 +163,51 @@ def test_error_summary_returns_the_worst_row():
     """中位数的算法由 course_utils.ratio_errors 测；这里只查 error_summary 把最差的下标换回那一行（|log 0.5| 最大）。"""
     rows = [{"ratio": r} for r in (1.1, 0.5, 1.8, 1.0)]
     assert sb.error_summary(rows)["worst"] is rows[1]
+
+
+def test_worst_rows_by_abs_log_ratio():
+    """最差的 n 行按 |log 比值| 从大到小（0.5 比 1.8 差，2.0 和 0.5 一样差时保持原来的顺序）；第一行就是
+    error_summary 的 worst；n 大于行数时全给，n = 0 给空；n 不是非负整数 → 报错。"""
+    rows = [{"ratio": r} for r in (1.1, 0.5, 1.8, 1.0, 2.0)]
+    assert [r["ratio"] for r in sb.worst_rows(rows, 3)] == [0.5, 2.0, 1.8]
+    assert sb.worst_rows(rows, 1)[0] is sb.error_summary(rows)["worst"] is rows[1]
+    assert [r["ratio"] for r in sb.worst_rows(rows, 10)] == [0.5, 2.0, 1.8, 1.1, 1.0]
+    assert sb.worst_rows(rows, 0) == [] and [r["ratio"] for r in rows] == [1.1, 0.5, 1.8, 1.0, 2.0]  # 不改原列表
+    for bad in (-1, 1.5):
+        with pytest.raises((TypeError, ValueError), match="n"):
+            sb.worst_rows(rows, bad)
+
+
+def _decode_row(ratio, mode="eager", batch=64, context=4096, seconds=1e-2):
+    """explain_point 要的一行（compare_points 的格式，只填它读的键）。"""
+    return {"kind": "decode", "mode": mode, "batch": batch, "context": context, "ratio": ratio,
+            "seconds": seconds, "bound": "memory", "index": 0}
+
+
+def test_explain_point_eager_note_only_when_model_overestimates():
+    """eager decode 的"主机和 GPU 重叠、开销按层加在 roofline 上"只在模型高估（比值 > 1）时写；实测内核数有就写进去。
+    graph、比值 < 1 都不写；prefill 写 lm_head 和注意力两条；同组其余点的中位数远小于这一点时写出倍数和测量顺序。"""
+    cfg = CONFIGS["Llama-3.1-8B"]
+
+    def eager_notes(notes):
+        return [t for t in notes if t.startswith("eager：")]
+
+    assert eager_notes(sb.explain_point(_decode_row(0.5), cfg)) == []
+    over = eager_notes(sb.explain_point(_decode_row(1.3), cfg))
+    assert len(over) == 1 and "每层几十次内核启动" in over[0] and f"× {cfg.n_layers} 层" in over[0]
+    counted = eager_notes(sb.explain_point(_decode_row(1.3), cfg, kernels_per_step=1288))[0]
+    assert "每步启动 1288 个 GPU 内核（每层约 40 个）" in counted
+    assert eager_notes(sb.explain_point(_decode_row(1.3, mode="graph"), cfg)) == []
+    small = sb.explain_point(_decode_row(0.5, batch=4), cfg)
+    assert any("批很小" in t for t in small) and small[-1].startswith("这一点在模型里是 memory 受限")
+    pre = sb.explain_point({"kind": "prefill", "mode": "eager", "n_prompts": 2, "prompt_len": 512, "ratio": 1.3,
+                            "seconds": 1e-2, "bound": "compute", "index": 0}, cfg)
+    assert len(pre) == 3 and "lm_head" in pre[0] and "注意力占模型 FLOPs" in pre[1] and not eager_notes(pre)
+    # 远慢于同组的其余点（> 1.5 倍中位数）：写出倍数、第几个测的（按 index）
+    peers = [dict(_decode_row(1.0, seconds=s), index=i) for i, s in ((1, 4e-3), (3, 5e-3), (4, 6e-3))]
+    slow = sb.explain_point(dict(_decode_row(1.3), index=2), cfg, peers=peers)
+    assert "5.0 ms" in slow[0] and "2.0 倍" in slow[0] and "第 2 个测的" in slow[0]
+    assert not sb.explain_point(_decode_row(1.3, seconds=7e-3), cfg, peers=peers)[0].startswith("实测是")
 
 
 def test_plan_and_memory_rule():
@@ -238,6 +288,19 @@ def _run_demo(*args):
     return subprocess.run([sys.executable, DEMO, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+def test_profile_kernels_records_shape_even_when_profiler_fails(monkeypatch):
+    """profiler 出错不让测量失败：记下原因，也记下是哪个形状（演示的 profiled() 读它）。CPU 上跑：同步换成空操作。"""
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.profiler, "profile", broken)
+    out = sb.profile_kernels(sb.build_model(sb.TINY, max_pos=1024), "cpu", torch.float32)
+    assert set(out) == set(sb.PROFILE_POINTS)
+    for kind, p in sb.PROFILE_POINTS.items():
+        assert out[kind] == {"shape": p, "error": "RuntimeError: CUPTI unavailable"}, kind
+
+
 def test_demo_skips_without_results(tmp_path):
     assert sb.load_results(str(tmp_path / "missing.json")) is None
     r = _run_demo("--quick", "--results", str(tmp_path / "missing.json"))
@@ -294,14 +357,16 @@ def test_h200_measured_equals_fit_of_committed_json():
         med = f"{statistics.median(r['ratio'] for r in g):.3f}"
         assert med in notes, (key, med)
     # 参数表：mfu、mbu 三位小数；每层开销 µs，两种模型的每步开销 ms
-    assert f"| mfu | 0.60 | {fit['mfu']:.3f} |" in notes and f"| mbu | 0.80 | {fit['mbu']:.3f} |" in notes
+    d = sb.DEFAULT_PARAMS                                      # 默认假设那一列：0.60、0.80
+    for k in ("mfu", "mbu"):
+        assert f"| {k} | {d[k]:.2f} | {fit[k]:.3f} |" in notes, k
     n1, n8 = configs["Llama-3.2-1B"].n_layers, configs["Llama-3.1-8B"].n_layers
     for mode in sb.MODES:
         per = fit[f"overhead_{mode}_per_layer"]
         assert f"每层 {per * 1e6:.1f} µs" in notes, mode
         assert f"{per * n1 * 1e3:.2f} ms" in notes and f"{per * n8 * 1e3:.2f} ms" in notes, mode
     # 最差三点（|log 比值| 最大）：实测 ms 和比值
-    worst = sorted(after, key=lambda r: -abs(math.log(r["ratio"])))[:3]
+    worst = sb.worst_rows(after, 3)
     w0 = worst[0]
     assert f"模型 {w0['model_s'] * 1e3:.1f} ms 对实测 {w0['seconds'] * 1e3:.1f} ms，{w0['ratio']:.2f}" in notes
     for r in worst[1:]:

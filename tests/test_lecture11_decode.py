@@ -225,10 +225,15 @@ def gpu_decode_constants(monkeypatch):
     monkeypatch.setattr(tf, "DECODE_CONFIG_SHORT", tf.DECODE_CONFIG_SHORT_GPU)
 
 
-def _bench_sweep():
-    cu = load_lab("lecture01", "course_utils")
-    bench = cu.load_json(os.path.join(ROOT, "lecture11", "results", "decode_bench.json"))
+def _bench():
+    bench = load_lab("lecture01", "course_utils").load_json(os.path.join(ROOT, "lecture11", "results",
+                                                                         "decode_bench.json"))
     assert bench is not None, "提交的 decode_bench.json 不见了"
+    return bench
+
+
+def _bench_sweep():
+    bench = _bench()
     return bench["meta"], [r for r in bench["sweep"] if r["pdl"] is True]
 
 
@@ -241,16 +246,19 @@ def test_decode_constants_match_bench():
     assert tf.DECODE_CONFIG == tf.DECODE_CONFIG_SHORT == tf.DECODE_CONFIG_INTERPRET     # 解释器里用的
 
 
+# decode_plan 在这些点上不是这次 sweep 里最快的，但差别跨运行会翻：只要求慢不到 TIE（2%，和"配置"一条同一个界）
+PLAN_TIES = {(64, 8192): "规则选的 (64, 4, 4) × 1 段比两种配置里最快的慢 1.5%、1.6%、2.1%（v15、v16、v19）；最快的"
+                         "是 (128, 4, 3) × 1 段或 (64, 4, 4) × 2 段，哪个最快跨运行会换（每个组合只量一次）"}
+TIE = 1.025
+
+
 def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
     """
     H200 上实测（results/decode_bench.json 的 sweep，两个内核都用 PDL）：每个量过的 (B, S)，decode_plan 选的
-    段数是它那个配置下最快的段数、配置是两种配置里（在这个段数上）最快的——都允许慢 NOISE 以内：sweep 每个组合
-    只量一次，同一个组合在 v16、v19 两次运行之间中位差 0.9%、最多差 4.8%（B = 64、S = 8k、(64, 4, 4) × 1 段：
-    484.6 对 495.2 µs，2.2%）。
-    没有哪个点的最快组合比 decode_plan 快 NOISE 以上（B = 1、S = 1k 以前是例外：大块让段数从 16 减到 8，
-    规则现在不换，那一点差 16%）。这里只比我们的两种配置：sweep 里还有别的配置（例如 (64, 4, 2)），它们不在规则里。
+    段数是它那个配置下最快的段数，配置是两种配置里（在这个段数上）最快的或慢不到 2%。例外写在 PLAN_TIES 里（带理由）：
+    那里最快的组合跨运行会换，只要求慢不到 TIE。以前的例外 B = 1、S = 1k（大块让段数从 16 减到 8，慢 16%）
+    规则已经改掉。这里只比我们的两种配置：sweep 里还有别的配置（例如 (64, 4, 2)），它们不在规则里。
     """
-    NOISE = 1.03
     meta, rows = _bench_sweep()
     ours = (tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU)
     times = {}
@@ -263,11 +271,12 @@ def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
         config, splits = tf.decode_plan(B, meta["Hk"], S, meta["n_sm"])
         mine = t[config, splits]
         print(B, S, config, splits, f"{mine * 1e6:.2f} µs，最快 {min(t.values()) * 1e6:.2f} µs")
-        assert mine <= NOISE * min(x for (c, _), x in t.items() if c == config), (B, S)    # 段数
-        assert mine <= NOISE * min(x for (_, s), x in t.items() if s == splits), (B, S)   # 配置
-        if min(t.values()) * NOISE < mine:
+        tie = (B, S) in PLAN_TIES
+        assert mine <= (TIE if tie else 1.0) * min(x for (c, _), x in t.items() if c == config), (B, S)   # 段数
+        assert mine <= (TIE if tie else 1.02) * min(x for (_, s), x in t.items() if s == splits), (B, S)  # 配置
+        if min(t.values()) * 1.02 < mine:
             beaten.add((B, S))
-    assert not beaten, beaten
+    assert beaten == set(PLAN_TIES), beaten        # 例外表不多也不少：规则在别处变了、例外消失了，都要更新它
 
 
 def test_decode_plan(gpu_decode_constants):

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ fl = load_lab("lecture11", "flash_lab")
 
 
 @pytest.fixture
-def tb(monkeypatch):
+def tb():
     return load_demo("lecture11", "06_triton_bench.py", flash_lab=fl)
 
 
@@ -84,7 +85,7 @@ def test_06_miss_text_is_computed_from_the_results(tb):
     变；反向的比值和直接算的一致；全部达到时什么都不写。"""
     rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
     ncu = tb.ncu_summary()
-    missed = {topic for _, topic, _, miss, _ in tb.target_results(rows) if miss}
+    missed = {topic for _, topic, _, _, miss, _ in tb.target_results(rows) if miss}
     text = tb.miss_explained(rows)
     assert ("前向：" in text) == bool(missed & {"fwd", "flash"}) and ("N = 1k" in text) == ("fwd1k" in missed)
     if "前向：" in text:
@@ -103,25 +104,88 @@ def test_06_miss_text_is_computed_from_the_results(tb):
     assert not any(miss for *_, miss, _ in tb.target_results(fast)) and tb.miss_explained(fast) == ""
 
 
-# ---------------------------------------------------------------------------------------------- 07 的正确性检查
+def test_06_target_results_carry_the_compared_provider(tb):
+    """target_results 自己带着每条目标对照的 provider（target_report 的"没测到（… 或我们的内核缺这一行）"用它）。"""
+    rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
+    results = tb.target_results(rows)
+    assert [(name, other) for name, _, other, *_ in results] == [(t[0], t[2]) for t in tb.TARGETS]
+    no_flash = [r for r in rows if r["provider"] != "sdpa-flash"]
+    assert "没测到（sdpa-flash 或我们的内核缺这一行）" in _line(tb.target_report(no_flash), "前向 ≥ 1.0× SDPA-FLASH")
+
+
+def test_06_best_cudnn_column_is_the_fastest_of_ours(tb, capsys):
+    """表的最后一列 best/cudnn = ours、ours-atomic、gluon 里最快的 / cuDNN，逐行和直接算的一致。"""
+    res = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))
+    tb.print_table(res)
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("fwd ", "bwd "))]
+    assert len(lines) == 24
+    for cells in lines:
+        mode, causal, d, n = cells[0], cells[1] == "True", int(cells[2]), int(cells[3])
+        tfl = {r["provider"]: tb.tflops_of(r) for r in res["rows"]
+               if (r["mode"], r["causal"], r["d"], r["N"]) == (mode, causal, d, n)}
+        best = max(tfl[p] for p in ("ours", "ours-atomic", "gluon") if p in tfl)
+        assert cells[-1] == f"{best / tfl['sdpa-cudnn']:.2f}", cells
+
+
+def test_06_ncu_summary_refuses_causal_csvs(tb, tmp_path, capsys):
+    """解释要的是不 causal 的剖析：ncu_shape.json 说 causal 的目录（提交的 results/ncu/causal/）不用，打印原因；
+    同样的 CSV 放在没有形状文件的目录里（= 默认形状，不 causal）照用。"""
+    ncu = tb.ncu_profile
+    assert ncu.measured_shape(ncu.CAUSAL_RESULTS)["causal"] is True and ncu.kernels(ncu.CAUSAL_RESULTS)
+    assert tb.ncu_summary(ncu.CAUSAL_RESULTS) == {}
+    assert "量的是 causal 的形状" in capsys.readouterr().out
+    shutil.copy(os.path.join(ncu.CAUSAL_RESULTS, "ncu_gluon-bwd.csv"), tmp_path)
+    assert set(tb.ncu_summary(str(tmp_path))) == {"gluon-bwd"}
+    assert capsys.readouterr().out == ""
+
+
+def test_06_reference_without_gradients_is_a_failure(tb, capsys):
+    """对照的基准（ours）反向出错、退回只测前向时，其余后端的梯度没有东西可对照：记进 failures，
+    report_failures 不能说"输出和梯度都对照过"。基准有梯度时一致的不记，不一致的记。"""
+    def rel_err(a, b):
+        return abs(a - b) / abs(b)
+    failures = []
+    ref = tb.check_provider("ours", [1.0], None, None, (128, 4096, True), failures, rel_err)     # 只有输出
+    assert ref == [1.0] and len(failures) == 1 and failures[0][0].startswith("ours")
+    assert tb.check_provider("sdpa-flash", [1.0, 2.0, 3.0, 4.0], None, ref, (128, 4096, True), failures,
+                             rel_err) == ref and len(failures) == 1
+    res = {"failures": [list(map(str, f)) for f in failures]}
+    assert tb.report_failures(res) == 1
+    out = capsys.readouterr().out
+    assert "只测了前向" in out and "梯度没有和它对照" in out and "都对照过" not in out
+    failures = []
+    ref = tb.check_provider("ours", [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], None, (64, 1024, False), failures,
+                            rel_err)
+    tb.check_provider("sdpa-cudnn", [1.0, 1.0, 1.0, 1.001], None, ref, (64, 1024, False), failures, rel_err)
+    assert failures == []
+    tb.check_provider("gluon", [1.0, 1.0, 1.5, 1.0], None, ref, (64, 1024, False), failures, rel_err)
+    assert [f[0] for f in failures] == ["gluon"]
+    assert tb.report_failures({"failures": [list(map(str, f)) for f in failures]}) == 1
+    assert "相对误差 [0.0, 0.0, 0.5, 0.0]" in capsys.readouterr().out
+
+
 def test_06_host_overhead_summary_counts_from_the_json(tb, tmp_path, capsys):
     """主机开销的小结由 JSON 现算：每个 --label 一行，达到目标的点数按 over_us ≤ 15 数，测法按有没有 timing 记录；
     SDPA 在各行之间差几倍也是算的（只比新测法的行）；没有文件时不打印。"""
     rows = [dict(impl=impl, N=n, over_us=over) for n, over in zip(tb.OVERHEAD_NS, (14.9, 15.0, 15.1, None))
             for impl in ("ours", "sdpa")]
     rows2 = [dict(r, over_us=None if r["over_us"] is None else 2 * r["over_us"]) for r in rows]
+    old = [dict(r, over_us=10 * r["over_us"]) if r["impl"] == "sdpa" and r["over_us"] is not None else r
+           for r in rows]                           # 旧测法的那行：SDPA 大 10 倍，算进去的话差的倍数就是 10
     path = tmp_path / "host_overhead.json"
-    path.write_text(json.dumps({"meta": {}, "x1": {"rows": rows}, "x2": {"timing": tb.OVERHEAD_TIMING, "rows": rows},
+    path.write_text(json.dumps({"meta": {}, "x1": {"rows": old}, "x2": {"timing": tb.OVERHEAD_TIMING, "rows": rows},
                                 "x3": {"timing": tb.OVERHEAD_TIMING, "rows": rows2}}))
     tb.print_host_overhead(str(path))
     out = capsys.readouterr().out
-    assert "x1" in out and "2/4" in out and "0/4" in out and "—" in out
+    assert "x1" in out and "2/4" in out and "0/4" in out and "—" in out and "149.0" in out
     assert "单组平均（旧）" in out and "轮流、取最快" in out
-    assert "差 2.0–2.0 倍" in out                    # 新测法的两行 SDPA 正好差两倍（旧测法的那行不算）
+    assert "各行之间差 2.0 倍" in out          # 新测法的两行 SDPA 正好差两倍（旧测法的那行不算；两端相同只写一个）
+    assert f"分 {tb.OVERHEAD_ROUNDS} 轮" in tb.OVERHEAD_TIMING
     tb.print_host_overhead(str(tmp_path / "missing.json"))
     assert capsys.readouterr().out == ""
 
 
+# ---------------------------------------------------------------------------------------------- 07 的正确性检查
 def test_07_correctness_passes_on_committed_json(db, res07, capsys):
     """提交的 JSON 是新测法：3 个实现 + 每个压力测试形状各一个 ✓，没有 ✗。"""
     assert "stress" in res07["meta"]
@@ -141,7 +205,7 @@ def test_07_old_method_stress_record_is_a_problem(db, res07, capsys):
 def test_07_committed_errors_are_well_inside_the_tolerance(db, res07):
     """上限 DECODE_TOL 就是推导出的 3 个 bf16 舍入单位（见 07），不是为了让这份结果过而定的；提交的测量离它至少
     有 2 倍的余量。"""
-    assert db.DECODE_TOL == 3 * 2.0 ** -8
+    assert db.DECODE_TOL == 3 * torch.finfo(torch.bfloat16).eps / 2     # 单位舍入 u = eps / 2（独立于 07 的写法）
     assert max(r["err_vs_sdpa"] for r in res07["rows"]) < db.DECODE_TOL / 2
 
 
@@ -293,6 +357,10 @@ def test_07_probe_report(db, res07, capsys):
     kv = 2 * 1 * 32768 * db.HK * db.D * 2
     bw = kv / 8.15e-6                                    # 中位的程序 8.15 µs 读完自己那一份
     assert f"≈ {bw / 1e12:.2f} TB/s" in out and f"{100 * bw / res07['copy_Bps']:.0f}% 拷贝带宽" in out
+    # 入口时间戳：合并程序比放行早 8.6 − 0.5 = 8.1 µs 上 SM；第 3 次调用（中位）的合并 22000 + 9050 写完，
+    # 第 4 次的第一步 33000 − 100 进来 → 晚 1.85 µs；4 个程序在 4 个 SM 上
+    assert db.probe_arrivals(res["probe"], 2) == pytest.approx(dict(merge_early=8.1, next_after_merge=1.85, k1_sms=4))
+    assert "早 8.1 µs" in out and "合并写完后 1.85 µs 才上 SM" in out and "落在 4 个不同的 SM" in out
     plain = {k: v for k, v in res07.items() if k != "probe"}
     assert db.print_probe(plain) is None
     assert "没有计时探针" in capsys.readouterr().out
@@ -440,3 +508,18 @@ def test_07_miss_1_3x_explanation_is_computed(db, res07):
     fast = copy.deepcopy(by)                       # SDPA 已是最高流速的 95%：1.3× 它超过测到的最高流速
     fast[(1, 32768, "sdpa")]["gpu_s"] = sdpa["kv_bytes"] / (0.95 * top * cp)
     assert "达不到" in db.miss_1_3x(res07, fast, cp)[-1]
+
+
+def test_07_table_shows_the_merge_kernel(db, res07, capsys):
+    """第 1 部分的"合并内核"一栏由 JSON 里每行的 merge（decode_merge_config）现算：B·Hq 行 × 段列；1 段时是 –；
+    旧的 JSON 没有这一项时也是 –。"""
+    db.print_table(res07)
+    out = capsys.readouterr().out
+    for r in res07["rows"]:
+        if r["impl"] == "ours" and r.get("merge"):
+            assert f"{r['B'] * db.HQ * (db.D // r['merge'][1])} 个 × {r['merge'][2]} warp" in out
+    old = copy.deepcopy(res07)
+    for r in old["rows"]:
+        r.pop("merge", None)
+    db.print_table(old)
+    assert " 个 × " not in capsys.readouterr().out

@@ -4,6 +4,8 @@
   - attention() 先查参数（坏参数 → ValueError / TypeError，消息里有参数名），再查设备（没有 CUDA → RuntimeError）。
 GPU 上的数值检查是模块自己的 _selftest（python3 lecture11/gluon_flash.py）。
 """
+import ast
+import itertools
 import json
 import os
 import re
@@ -13,11 +15,12 @@ import sys
 import pytest
 import torch
 
-from labload import ROOT, load_lab
+from labload import ROOT, load_demo, load_lab
 
 gf = load_lab("lecture11", "gluon_flash")
 NO_GPU = not torch.cuda.is_available()
 BF16 = torch.bfloat16
+SMEM_LIMIT = 227 * 1024    # H100 / H200：一个块最多 227 KiB 共享内存
 
 
 def _qkv(b=1, n=8, h=2, hk=2, d=64, dtype=BF16):
@@ -33,7 +36,7 @@ def test_import_and_table():
             bm, bn, stages, warps, maxnreg, regs = gf.tile_config(variant, d)
             consumers = gf.FLAGS[variant]["CONSUMERS"]
             smem = consumers * bm * d * 2 + stages * 2 * bn * d * 2
-            assert smem <= 227 * 1024, (variant, d, smem)          # H200：每块 ≤ 227 KiB 共享内存
+            assert smem <= SMEM_LIMIT, (variant, d, smem)
             assert stages >= (2 if gf.FLAGS[variant]["WS"] else 3)
 
 
@@ -87,7 +90,6 @@ def _bwd_args(**over):
     return args
 
 
-SMEM_LIMIT = 232448        # H100 / H200 一个块最多 227 KB
 SMEM_EXTRA = 512           # mbarrier 和对齐：ptxas 报的比式子多 448 字节（results/gluon_bwd_ptxas.log，两个 d 都是）
 
 
@@ -100,11 +102,16 @@ def _bwd_smem(d, tile):
 
 def test_bwd_tile_table():
     """共享内存（式子 + mbarrier）放得下：现在的选择和 --explore-bwd 比的每个块；d = 64 再加一格就放不下（文档说的）；
-    式子和 ptxas 报的差正好是 mbarrier 那一点。两个计算组是内核写死的；d 只能是 64、128。"""
+    式子和 ptxas 报的差正好是 mbarrier 那一点，而且 ptxas 日志编译的就是现在的块（每段开头的 "# d=…: (…) = (…)"）。
+    两个计算组是内核写死的；d 只能是 64、128。"""
     with open(os.path.join(ROOT, "lecture11", "results", "gluon_bwd_ptxas.log"), encoding="utf-8") as fh:
-        reported = {int(m[0]): int(m[1]) for m in re.findall(r"^d=(\d+) full  smem (\d+) B", fh.read(), re.M)}
+        log = fh.read()
+    reported = {int(m[0]): int(m[1]) for m in re.findall(r"^d=(\d+) full  smem (\d+) B", log, re.M)}
+    compiled = {int(m[0]): ast.literal_eval(m[1]) for m in re.findall(r"^# d=(\d+): \([^)]*\) = (\(.*\))$", log, re.M)}
+    assert set(compiled) == set(reported) == set(gf.HEAD_DIMS), (compiled, reported)
     for d in gf.HEAD_DIMS:
         tile = gf.bwd_tile_config(d)
+        assert compiled[d] == tile, (d, compiled[d], tile)
         assert tile[2] == 2 and len(tile[6]) == 2 and tile[3] >= 2
         assert 0 < reported[d] - _bwd_smem(d, tile) <= SMEM_EXTRA, (d, reported[d], _bwd_smem(d, tile))
         for t in gf.EXPLORE_BWD_TILES[d]:
@@ -117,17 +124,36 @@ def test_bwd_tile_table():
 
 def test_bwd_tile_choice_follows_the_committed_sweep():
     """bwd_tile_config 有出处：提交的 --explore-bwd 里标 default 的就是现在的块；每个形状上它比扫描里最快的（只算
-    梯度对的块）慢不到 2%；每个块的梯度都和默认块一致（相对差 ≤ EXPLORE_BWD_TOL）。"""
-    with open(os.path.join(ROOT, "lecture11", "results", "gluon_bwd_explore.json"), encoding="utf-8") as fh:
+    梯度对的块）慢不到 2%；每个块的梯度都和默认块一致（相对差 ≤ EXPLORE_BWD_TOL）；每个形状量的块正好是现在的
+    EXPLORE_BWD_TILES[d]（文件里记块的前 6 项，worker_regs 不记）。"""
+    with open(os.path.join(ROOT, "lecture11", "results", gf.explore_name(stem="gluon_bwd_explore")),
+              encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]
     shapes = {(r["d"], r["N"], r["causal"]) for r in rows}
-    assert len(shapes) == 8
+    assert shapes == set(itertools.product(gf.HEAD_DIMS, gf.EXPLORE_NS, (False, True)))
+    assert len(shapes) == len(gf.HEAD_DIMS) * len(gf.EXPLORE_NS) * 2
     for d, n, causal in shapes:
         here = [r for r in rows if (r["d"], r["N"], r["causal"]) == (d, n, causal)]
+        assert {tuple(r["tile"]) for r in here} == {t[:6] for t in gf.EXPLORE_BWD_TILES[d]}, (d, n, causal)
         assert all(r["rel_diff"] <= gf.EXPLORE_BWD_TOL for r in here)
         mine = [r for r in here if r["default"]]
         assert len(mine) == 1 and tuple(mine[0]["tile"]) == gf.bwd_tile_config(d)[:6]
         assert mine[0]["ms"] <= 1.02 * min(r["ms"] for r in here), (d, n, causal)
+
+
+def test_docstring_bwd_vs_cudnn_follows_the_committed_bench():
+    """文件开头写的"cuDNN 的 a–b×（d = 128）、c–d×（d = 64）"由提交的 triton_bench.json 算：06 的 best_ratio
+    （gluon 的反向 / sdpa-cudnn，N ≥ 4k 的每个 (causal, N)）和 _span（两位小数），和 06 的 _bwd_text 同一个算法。"""
+    tb = load_demo("lecture11", "06_triton_bench.py", flash_lab=load_lab("lecture11", "flash_lab"))
+    with open(os.path.join(tb.RESULTS, tb.JSON_NAME), encoding="utf-8") as fh:
+        rows = json.load(fh)["rows"]
+    big = sorted({(r["causal"], r["N"]) for r in rows if r["mode"] == "bwd" and r["N"] >= 4096})
+    spans = {}
+    for d in gf.HEAD_DIMS:
+        xs = [tb.best_ratio(rows, "bwd", c, d, n, "sdpa-cudnn", ("gluon",)) for c, n in big]
+        assert xs and None not in xs, (d, big, xs)
+        spans[d] = tb._span(xs)
+    assert f"cuDNN 的 {spans[128]}×（d = 128）、{spans[64]}×（d = 64）" in gf.__doc__, spans
 
 
 def test_explore_bwd_cli():
@@ -150,7 +176,7 @@ def test_persistent_helpers_reject_bad_sizes():
     for args in ((0, 4, 132), (4, 0, 132), (4, 4, 0), (4.0, 4, 132)):
         with pytest.raises((ValueError, TypeError), match="n_m|bh|n_sm"):
             gf.persistent_grid(*args)
-    with pytest.raises(ValueError, match="n"):
+    with pytest.raises(ValueError, match="schedule_balance：n 必须是整数，且 ≥ 1"):
         gf.schedule_balance(0, 4, 132, False)
 
 
@@ -182,6 +208,8 @@ def test_explore_cli_names_the_file_after_ns():
     assert gf.explore_name() == "gluon_explore.json"
     assert gf.explore_name((1024,)) == "gluon_explore_1k.json"
     assert gf.explore_name((1000, 2048)) == "gluon_explore_1000_2k.json"
+    assert gf.explore_name(stem="gluon_bwd_explore") == "gluon_bwd_explore.json"          # --explore-bwd 同一个规则
+    assert gf.explore_name((1024,), "gluon_bwd_explore") == "gluon_bwd_explore_1k.json"
     steps = ("pipelined", "ws", "ws2", "overlap", "pingpong")                 # 文件开头写的命令：A–D2
     args = gf._parse_args(["--explore", "--ns", "1024", "--variants", *steps])
     assert args.ns == [1024] and tuple(args.variants) == steps

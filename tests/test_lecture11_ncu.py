@@ -11,6 +11,7 @@ import pytest
 from labload import load_lab
 
 ncu = load_lab("lecture11", "ncu_profile")
+COMMITTED_DIR = ncu.RESULTS                   # 测试里 monkeypatch 掉 ncu.RESULTS 时仍从这里拿已提交的 CSV
 COMMITTED = [t for t in ncu.TARGETS if os.path.isfile(os.path.join(ncu.RESULTS, f"ncu_{t}.csv"))]
 
 
@@ -129,3 +130,34 @@ def test_causal_measure_is_forwarded_and_labelled(tmp_path, monkeypatch, capsys)
         fh.write('{"B": 1}')
     with pytest.raises(ValueError, match="ncu_shape.json"):
         ncu.measured_shape(out_dir)
+
+
+def test_causal_measure_never_lands_in_the_non_causal_directory(tmp_path, monkeypatch, capsys):
+    """--measure --causal 不给 --out：写 CAUSAL_RESULTS（results/ncu/causal/），不盖掉不 causal 的 CSV；
+    --causal 读的时候也默认读它。--out 指向已有另一种 causal 的 CSV 的目录：拒绝（退出码 2），一个 ncu 都不跑。"""
+    plain, causal = tmp_path / "ncu", tmp_path / "ncu" / "causal"
+    plain.mkdir()
+    shutil.copy(os.path.join(ncu.RESULTS, "ncu_ours-fwd.csv"), plain)          # 已有的不 causal 的 CSV
+    monkeypatch.setattr(ncu, "RESULTS", str(plain))
+    monkeypatch.setattr(ncu, "CAUSAL_RESULTS", str(causal))
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/fake/ncu")
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd[-1])
+        with open(os.path.join(COMMITTED_DIR, f"ncu_{cmd[-1]}.csv")) as fh:
+            return types.SimpleNamespace(returncode=0, stdout=fh.read(), stderr="")
+    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
+    before = (plain / "ncu_ours-fwd.csv").read_bytes()
+    assert ncu.main(["--measure", "--causal", "--only", "ours-fwd"]) == 0
+    assert seen == ["ours-fwd"] and (causal / "ncu_ours-fwd.csv").is_file()
+    assert ncu.measured_shape(str(causal))["causal"] is True
+    assert (plain / "ncu_ours-fwd.csv").read_bytes() == before and not (plain / ncu.SHAPE_FILE).exists()
+    capsys.readouterr()
+    assert ncu.main(["--causal"]) == 0 and "causal = True" in capsys.readouterr().out
+    assert ncu.main([]) == 0 and "causal = False" in capsys.readouterr().out
+    assert ncu.main(["--measure", "--causal", "--out", str(plain)]) == 2                 # 不 causal 的目录
+    assert ncu.main(["--measure", "--only", "ours-fwd", "--out", str(causal)]) == 2      # 反过来也一样
+    assert seen == ["ours-fwd"] and (plain / "ncu_ours-fwd.csv").read_bytes() == before
+    out = capsys.readouterr().out
+    assert out.count("换一个 --out") == 2 and "causal = False 的 CSV" in out

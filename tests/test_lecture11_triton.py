@@ -4,7 +4,6 @@ GPU 用例在有 CUDA 时跑。
 解释器必须在定义内核之前打开，启动内核时 Triton 还会再读一次：怎么做见 tests/triton_interp.py（和
 test_lecture11_decode.py 共用）。
 """
-import inspect
 import math
 import os
 import subprocess
@@ -711,7 +710,7 @@ def test_direct_launch_gate_matches_the_installed_triton():
     launcher = object.__new__(driver.CudaLauncher)
     launcher.launch, launcher.global_scratch_size, launcher.profile_scratch_size = print, 0, 0
     launcher.launch_cooperative_grid, launcher.launch_pdl = False, False
-    params = tuple(inspect.signature(driver.CudaLauncher.__call__).parameters)
-    assert tf._direct_launch_ok(launcher) == (params == tf._CUDA_LAUNCHER_CALL_36)
+    import triton
+    assert tf._direct_launch_ok(launcher) == triton.__version__.startswith("3.6.")   # 只在验证过的 3.6 上放行
     launcher.global_scratch_size = 64                  # 要草稿区：无论哪个版本都不直接调
     assert not tf._direct_launch_ok(launcher)

@@ -440,6 +440,47 @@ def test_demo06_rank_summary_merge_report_plot(tmp_path, capsys):
     demo.plot_timeline(data, quick=True, world=2)
 
 
+def _committed_timeline(demo):
+    res = json.loads(open(demo.RESULTS, encoding="utf-8").read())
+    if "timeline" not in res:
+        pytest.skip("已提交的 ring_multi_gpu.json 还没有时间线")
+    return res["timeline"]
+
+
+def test_demo06_report_timeline_without_order_key(capsys):
+    """更早合并的 JSON 没有 "order"（测量的先后）：报告照样跑，按 variants 的键排，每个变体的数和有 order 时一样。"""
+    demo = _demo06()
+    tl = _committed_timeline(demo)
+    assert "order" in tl and sorted(tl["order"]) == sorted(tl["variants"])
+    with_order = demo.report_timeline(tl)
+    old = {k: v for k, v in tl.items() if k != "order"}
+    capsys.readouterr()
+    without = demo.report_timeline(old)
+    out = capsys.readouterr().out
+    assert list(without) == list(tl["variants"]) and without == with_order
+    assert all(f"-- 变体 {name}：" in out for name in tl["variants"])
+
+
+def test_demo06_timeline_legends_do_not_touch(monkeypatch, capsys):
+    """已提交的时间线画出来：两张上图的图例（都在图下方、比各自的图宽）之间至少留 0.25 英寸，投影时分得开。"""
+    import course_utils
+    demo = _demo06()
+    data = demo.report_timeline(_committed_timeline(demo))
+    gaps = []
+
+    def measure(fig, *args, **kwargs):
+        fig.canvas.draw()
+        left, right = (a.get_legend().get_window_extent() for a in fig.axes[:2])
+        gaps.append((right.x0 - left.x1) / fig.dpi)
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        return "not saved"
+
+    monkeypatch.setattr(course_utils, "save_figure", measure)
+    demo.plot_timeline(data, quick=True, world=2)
+    assert len(gaps) == 1 and gaps[0] >= 0.25, gaps
+
+
 def test_demo06_merge_refuses_damaged_results(tmp_path):
     """已提交的结果坏了：--merge 报错（消息里有路径），文件原样不动——不能把它悄悄换成只有时间线的新文件。"""
     demo = _demo06()
