@@ -321,7 +321,7 @@ def measure(args):
     rows, failures = [], []
     fns, checks = {}, {}
     for p, bwd in (("ours", "split"), ("ours-atomic", "atomic")):
-        normal, poison = tf.Launch(bwd=bwd), tf.Launch(bwd=bwd, poison=True)
+        normal, poison = tf.Launch(bwd=bwd, gluon=False), tf.Launch(bwd=bwd, poison=True, gluon=False)
         fns[p] = lambda q, k, v, c, la=normal: tf.flash_attn_func(q, k, v, causal=c, launch=la)
         checks[p] = lambda q, k, v, c, la=poison: tf.flash_attn_func(q, k, v, causal=c, launch=la)
     import gluon_flash as gf
@@ -389,7 +389,7 @@ def explore(args):
                                                      is_causal=causal).transpose(1, 2).float()
                 for tma in (False, True):
                     for cfg in EXPLORE_CONFIGS:
-                        launch = tf.Launch(autotune=False, tma=tma, blocks={"fwd": cfg})
+                        launch = tf.Launch(autotune=False, tma=tma, blocks={"fwd": cfg}, gluon=False)
                         try:
                             out = tf.flash_attn_func(q, k, v, causal=causal, launch=launch)
                             err = tf._rel_err(out.float(), ref)

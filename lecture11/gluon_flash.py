@@ -1292,7 +1292,7 @@ def _short(exc):
 def bench(out_dir):
     from triton.testing import do_bench
     tf = _triton_flash()
-    quick_launch = tf.Launch(autotune=False)                                 # 固定配置：不花时间调优
+    quick_launch = tf.Launch(autotune=False, gluon=False)                                 # 固定配置：不花时间调优
     impls = {f"gluon:{var}": functools.partial(_gluon_impl, var) for var in VARIANTS}
     impls["triton_flash"] = lambda q, k, v, c: tf.flash_attn_func(q, k, v, causal=c, launch=quick_launch)
     impls["sdpa:cudnn"] = tf.sdpa_fn("sdpa-cudnn")

@@ -727,11 +727,15 @@ def _cfg(bm, bn, warps, stages):
 # 每个配置在租用的 GPU 上都要编译一次：列表保持很短
 # 前向的四个配置来自 results/triton_explore.json（H200 上 7 个配置 × 有无 TMA 的实测，见 results/NOTES.md）
 FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
-DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 2), _cfg(64, 64, 4, 2), _cfg(32, 64, 4, 3)]
+# dK/dV：BLOCK_M = 32 行的 Q 块只能配 num_stages = 1。(32, 64, 4, 3)、(32, 128, 4, 2) 在 H200 上对 causal、Nq ≠ Nk
+# 给出错的、每次不同的 dK（最大误差是 PyTorch 的 10–260 倍；同样的块配 1 级流水线就对）：原因见 CHANGELOG.md。
+# check_configs() 在 GPU 上逐个检查这里的每一项
+DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 1)]
 DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)]
 # 带原子 dQ 的 dK/dV 内核（Launch(bwd="atomic")）：每个 Q 块多一个 [BLOCK_M, d] 的 fp32 dQ 块，寄存器更紧，所以没有
 # (32, 128) 这种长 key 块配 4 warp 的组合；没有在 GPU 上挑选过（v7 实测比 split 慢，见 results/NOTES.md）
-DKDV_ATOMIC_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 64, 4, 3)]
+DKDV_ATOMIC_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 64, 4, 1)]
+TUNE_CONFIGS = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dkdv_atomic": DKDV_ATOMIC_CONFIGS, "dq": DQ_CONFIGS}
 
 
 _TUNE_KEY = ["tune_n", "HEAD_DIM", "WIN_L", "WIN_R"]
@@ -760,7 +764,7 @@ def _fixed_config(kind, block_d, dtype):
     if kind == "fwd":
         return (64, 64, 4, 2) if big else (128, 64, 8, 3)      # 不调优路径（alibi、bias、dropout、窗口）
     if kind == "dkdv":
-        return (32, 64, 4, 2) if big else (64, 64, 4, 2)
+        return (32, 64, 4, 1) if big else (64, 64, 4, 2)        # BLOCK_M = 32 只配 1 级流水线（见 DKDV_CONFIGS）
     return (64, 32, 4, 2) if big else (64, 64, 4, 2)
 
 
@@ -770,10 +774,26 @@ _KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dkdv_atomic": _dkdv_kerne
 
 def _tuned_kernels():
     """GPU 上调优用的 Autotuner（解释器里不用；测试里单独建一份，换掉计时函数来检查清零）。"""
-    return {"fwd": _tuned(_fwd_kernel, FWD_CONFIGS, ["TMA"], _prune_fwd),
-            "dkdv": _tuned(_dkdv_kernel, DKDV_CONFIGS),
-            "dkdv_atomic": _tuned(_dkdv_kernel, DKDV_ATOMIC_CONFIGS, reset_to_zero=["DQ"]),
-            "dq": _tuned(_dq_kernel, DQ_CONFIGS)}
+    return {"fwd": _tuned(_fwd_kernel, TUNE_CONFIGS["fwd"], ["TMA"], _prune_fwd),
+            "dkdv": _tuned(_dkdv_kernel, TUNE_CONFIGS["dkdv"]),
+            "dkdv_atomic": _tuned(_dkdv_kernel, TUNE_CONFIGS["dkdv_atomic"], reset_to_zero=["DQ"]),
+            "dq": _tuned(_dq_kernel, TUNE_CONFIGS["dq"])}
+
+
+def config_tuple(cfg):
+    """triton.Config → Launch.blocks 用的 (BLOCK_M, BLOCK_N, warps, stages)。"""
+    return (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
+
+
+def reachable_configs(kind):
+    """kind 的内核可能用上的全部配置：autotune 列表里的每一项 + 两种固定配置（d > 128 或 fp32 / 其余），不重复。"""
+    check_choice("kind", kind, tuple(TUNE_CONFIGS), where="reachable_configs")
+    seen = [config_tuple(c) for c in TUNE_CONFIGS[kind]]
+    for block_d, dtype in ((256, torch.float16), (64, torch.float16)):
+        fixed = _fixed_config(kind, block_d, dtype)
+        if fixed not in seen:
+            seen.append(fixed)
+    return seen
 
 
 _TUNED = {} if INTERPRET else _tuned_kernels()
@@ -794,15 +814,20 @@ class Launch:
                 调优实验用）；"dkdv_atomic" 是 bwd="atomic" 时带原子 dQ 的那个 dK/dV 内核
       bwd       反向的 dQ 怎么算："split"（默认：单独的 dQ 内核，逐位可复现，H200 上实测更快）或 "atomic"
                 （FA2：dK/dV 内核里原子加进 fp32 累加器，少 2 次矩阵乘；留着对比和教学）
+      gluon     Hopper 上 flash_attn_func 把 gluon_flash 支持、实测更快的调用交给它（gluon_route）；
+                False = 总是用本文件的 Triton 内核（检查、基准测"我们的内核"时用）
     """
     autotune: bool = True
     poison: bool = False
     tma: bool = False
     blocks: dict = None
     bwd: str = "split"
+    gluon: bool = True
 
     def __post_init__(self):
         check_choice("bwd", self.bwd, BWD_PATHS, where="Launch")
+        for name in ("autotune", "poison", "tma", "gluon"):
+            check_bool(name, getattr(self, name), where="Launch")
 
 
 DEFAULT_LAUNCH = Launch()
@@ -1146,6 +1171,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
                         seed, return_encoded_softmax, enable_profiling, launch, deterministic)
     batch, nq, hq, d = q.shape
     nk = k.shape[1]
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    gluon = gluon_route(q, k, v, opts, grad)
+    if gluon is not None:             # Hopper 上更快的 FA3 式内核（gluon_flash.py），结果的形状、约定相同
+        return gluon.attention(q, k, v, causal=opts.window == (-1, 0), softmax_scale=opts.scale,
+                               return_lse=opts.return_lse)
     # 等长的 batch 看成 varlen：[B, N, H, d] → [B·N, H, d]（连续张量只是换个视图）
     qp = _last_dim_contiguous(q).reshape(batch * nq, hq, d)
     kp = _last_dim_contiguous(k).reshape(batch * nk, k.shape[2], d)
@@ -1153,7 +1183,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     cu_q, cu_k = _cu_dense(batch, nq, q.device), _cu_dense(batch, nk, q.device)
     args = (qp, kp, vp, cu_q, cu_k, nq, nk, opts.scale, opts.window, opts.slopes, opts.bias, opts.dropout_p,
             opts.seed, opts.launch)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if grad:
         o, lse = _FlashAttn.apply(*args)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
         plan_key = _plan_key(qp, kp, vp, opts)
@@ -1167,6 +1197,47 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     if opts.return_lse:
         return out, lse.view(hq, batch, nq).transpose(0, 1)     # [B, Hq, Nq]
     return out
+
+
+# gluon_route 的门槛：每个 (序列, 头) 至少 GLUON_MIN_N 行，总的打分元素 B·Hq·N² 至少 GLUON_MIN_WORK。
+# 06_triton_bench 的 24 个形状（N = 1k…16k，d = 64 / 128，bf16，results/triton_bench.json）上 gluon 的前向都比本文件的
+# 内核快（1.02–1.37×）、反向除了一处持平（causal、d = 64、N = 1k：0.99×）也都快（1.16–1.62×）；N < 1k 没有量过。
+# 总量的门槛让内核时间（≥ ~100 µs）远大于 gluon 每次调用多出的主机开销（描述符、Triton 的正常启动）
+GLUON_MIN_N = 1024
+GLUON_MIN_WORK = 1 << 27
+_GLUON = []                   # [gluon_flash 模块或 None]：第一次问的时候 import 一次
+
+
+def _gluon_module():
+    if not _GLUON:
+        if HERE not in sys.path:
+            sys.path.insert(0, HERE)
+        try:
+            import gluon_flash
+            _GLUON.append(gluon_flash if gluon_flash.GLUON_ERROR is None else None)
+        except Exception:             # noqa: BLE001 —— 没有 Gluon 的 Triton：总是走本文件的内核
+            _GLUON.append(None)
+    return _GLUON[0]
+
+
+def gluon_route(q, k, v, opts, grad):
+    """
+    这次 flash_attn_func 调用交给 gluon_flash.attention 吗？返回那个模块或 None。条件：Hopper（sm_90）上、launch.gluon、
+    gluon_flash 支持这个调用（bf16 / fp16、d ∈ {64, 128}、Nq = Nk、只有 causal 或不加掩码、没有 dropout / ALiBi / bias /
+    softcap、q、k、v 连续）、形状够大（GLUON_MIN_N、GLUON_MIN_WORK）；求梯度且 deterministic=True 时不交（gluon 的 dQ
+    用 TMA 归约相加，不逐位可复现；dK、dV 是）。
+    """
+    if INTERPRET or not opts.launch.gluon or not q.is_cuda or q.dtype == torch.float32:
+        return None
+    batch, nq, hq, d = q.shape
+    nk = k.shape[1]
+    if (d not in (64, 128) or nq != nk or nq < GLUON_MIN_N or batch * hq * nq * nk < GLUON_MIN_WORK
+            or opts.window not in ((-1, -1), (-1, 0)) or opts.dropout_p > 0 or opts.slopes is not None
+            or opts.bias is not None or getattr(opts, "softcap", 0.0) != 0.0 or (grad and opts.deterministic)
+            or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+            or not (q.dtype == k.dtype == v.dtype) or torch.cuda.get_device_capability(q.device)[0] != 9):
+        return None
+    return _gluon_module()
 
 
 def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
@@ -1381,6 +1452,7 @@ def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, 
 
 
 KERNELS = ("minimal", "full")
+SELFTEST_KERNELS = ("all", *KERNELS, "configs", "determinism", "decode")
 
 
 def run_ours(case, kernel="full", launch=None):
@@ -1559,7 +1631,7 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
     """
     kernel = check_choice("kernel", kernel, KERNELS, where="check_gpu")
-    launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison))
+    launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison), gluon=False)
     seed = _pick_seed(seed)
     print(f"  [{kernel}] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel {kernel} --seed {seed}）")
     gen = torch.Generator().manual_seed(seed)
@@ -1583,18 +1655,192 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     return rows
 
 
+# ---------------------------------------------------------------------------- 每个可能选中的配置
+# autotune 可能选中列表里的任何一项：只查默认选中的那个等于没查（dK 的错配置就是这样漏过去的）。check_configs 把
+# 每个内核的每个配置（reachable_configs：调优列表 + 固定配置）用 Launch(blocks=...) 强制启动一遍，在 flash-attn 那些
+# 别扭的长度上（Nq ≠ Nk 两个方向、1、3、97、113、127、203、799、1023、1025）对照 float64 参考：
+#   最大绝对误差 ≤ 2 × PyTorch 低精度的最大绝对误差（梯度 3 ×，flash-attn 测试的判据）+ atol，
+#   相对误差 ≤ 2 × PyTorch 的相对误差 + atol（一个范数看不出几行错，一个最大值看不出整体偏），
+#   输出和梯度先填 NaN（漏写的元素是 NaN），同一个输入跑两遍逐位相同（原子 dQ 除外）。
+CONFIG_FACTORS = {"out": 2, "lse": 2, "dq": 3, "dk": 3, "dv": 3}
+
+
+def config_cases(gen, device="cuda"):
+    """check_configs 的用例：(名字, make_case 的参数)。d ≤ 128 的 fp16/bf16 用调优配置，d = 256 和 fp32 用固定配置。"""
+    f16, b16, f32 = torch.float16, torch.bfloat16, torch.float32
+    return [
+        make_case("causal 127x512 d=128", 2, 127, 512, 4, 4, 128, f16, device, gen, causal=True),
+        make_case("causal 799x113 GQA2 d=64", 2, 799, 113, 6, 3, 64, b16, device, gen, causal=True),
+        make_case("plain 1025x97 d=64", 2, 1025, 97, 4, 4, 64, f16, device, gen),
+        make_case("varlen causal GQA2 d=128", 0, 0, 0, 4, 2, 128, b16, device, gen, causal=True,
+                  varlen_q=[113, 1, 1023, 3], varlen_k=[203, 3, 1025, 97]),
+        make_case("causal 97x203 d=256", 1, 97, 203, 2, 2, 256, f16, device, gen, causal=True),
+        make_case("causal 203x97 fp32 d=64", 1, 203, 97, 2, 2, 64, f32, device, gen, causal=True),
+    ]
+
+
+def _max_abs(x, ref):
+    """max|x − ref|（NaN、inf 算作无穷大）；LSE 的 −inf 两边都有时不算。"""
+    both_inf = torch.isneginf(x) & torch.isneginf(ref)
+    if bool((torch.isneginf(x) != torch.isneginf(ref)).any()) or not bool(torch.isfinite(x[~both_inf]).all()):
+        return float("inf")
+    return float((x[~both_inf] - ref[~both_inf]).abs().max()) if bool((~both_inf).any()) else 0.0
+
+
+def _config_applies(kind, cfg, case):
+    """这个配置在这个用例上会不会真的被用到：调优配置只管 d ≤ 128 的 fp16/bf16，固定配置按 _fixed_config 的规则。"""
+    d, dtype = case["q"].shape[-1], case["q"].dtype
+    block_d = max(16, triton.next_power_of_2(d))
+    tuned = block_d <= 128 and dtype != torch.float32
+    if cfg in [config_tuple(c) for c in TUNE_CONFIGS[kind]] and tuned:
+        return True
+    return cfg == _fixed_config(kind, block_d, dtype)
+
+
+def check_configs(seed=None, kinds=None, configs=None, cases=None, run=None, atol=1e-6, verbose=True):
+    """
+    每个内核（fwd、dkdv、dkdv_atomic、dq）的每个可能被选中的配置都对（见上）。configs = {kind: [配置, …]}
+    换掉 reachable_configs，cases 换掉 config_cases，run(case, launch) 换掉 run_ours
+    （测试用它造一个坏配置，证明检查会失败）。
+    返回全部 (kind, 配置, 用例, 字段, 最大绝对误差, 上限, 相对误差, 上限, 可复现) 行；有不过的行时 AssertionError，
+    消息里列出配置。
+    """
+    seed = _pick_seed(seed)
+    print(f"  [configs] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel configs --seed {seed}）")
+    gen = torch.Generator().manual_seed(seed)
+    if kinds is None:
+        kinds = tuple(TUNE_CONFIGS) if configs is None else tuple(configs)
+    cases = config_cases(gen) if cases is None else cases
+    run = run or (lambda case, launch: run_ours(case, "full", launch))
+    rows = []
+    for case in cases:
+        ref = run_reference(case)
+        low = run_reference(case, dtype=case["q"].dtype)
+        t_abs = {f: _max_abs(a, b) for f, a, b in zip(FIELDS, low, ref)}
+        t_rel = field_errors(low, ref)
+        for kind in kinds:
+            for cfg in (configs or {}).get(kind, reachable_configs(kind)):
+                if configs is None and not _config_applies(kind, cfg, case):
+                    continue
+                launch = Launch(autotune=False, poison=True, blocks={kind: tuple(cfg)}, gluon=False,
+                                bwd="atomic" if kind == "dkdv_atomic" else "split")
+                first, again = run(case, launch), run(case, launch)
+                rel = field_errors(first, ref)
+                for f, a, b, r in zip(FIELDS, first, again, ref):
+                    if kind in ("dkdv", "dkdv_atomic", "dq") and f in ("out", "lse"):
+                        continue                          # 前向是固定配置：只在 kind = fwd 时记
+                    if kind == "fwd" and f in ("dq", "dk", "dv"):
+                        continue
+                    err = _max_abs(a, r)
+                    bound = CONFIG_FACTORS[f] * t_abs[f] + atol
+                    rbound = torch_bound(t_rel[f]) + atol
+                    same = bool(torch.equal(a, b)) or (kind == "dkdv_atomic" and f == "dq")
+                    ok = err <= bound and rel[f] <= rbound and same
+                    rows.append((kind, tuple(cfg), case["name"], f, err, bound, rel[f], rbound, same, ok))
+        del ref, low
+    failed = [r for r in rows if not r[-1]]
+    if verbose or failed:
+        print(f"  {'kernel':<12s}{'config':<18s}{'case':<28s}{'field':<6s}{'max|err|':>10s}{'bound':>10s}"
+              f"{'rel':>10s}{'bound':>10s}  repro ok")
+        for kind, cfg, name, f, e, b, r, rb, same, ok in (rows if verbose else failed):
+            print(f"  {kind:<12s}{str(cfg):<18s}{name:<28s}{f:<6s}{e:>10.2e}{b:>10.2e}{r:>10.2e}{rb:>10.2e}"
+                  f"  {'✓' if same else '✗':<5s}{'✓' if ok else '✗'}")
+    bad = sorted({(r[0], r[1]) for r in failed})
+    assert not failed, f"这些配置算错了或不可复现（种子 {seed}）：{bad}"
+    return rows
+
+
+# ---------------------------------------------------------------------------- 逐位可复现（flash-attn 的定义）
+def determinism_cases(gen, device="cuda"):
+    """(名字, 用例, deterministic)：第一次调用就是调优的那一次；B = 60 的大 batch；gluon 接手的形状。"""
+    f16, b16 = torch.float16, torch.bfloat16
+    return [
+        ("B=60 causal 1024 d=128 deterministic", make_case("d1", 60, 1024, 1024, 4, 4, 128, f16, device, gen,
+                                                            causal=True), True),
+        ("B=60 causal 1024 d=128 (gluon)", make_case("d2", 60, 1024, 1024, 4, 4, 128, f16, device, gen,
+                                                     causal=True), False),
+        ("causal 127x513 d=64 deterministic", make_case("d3", 4, 127, 513, 9, 9, 64, b16, device, gen,
+                                                        causal=True), True),
+        ("causal 3x799 d=128", make_case("d4", 3, 3, 799, 4, 4, 128, f16, device, gen, causal=True), False),
+        ("plain 1024x128 d=32 B=60", make_case("d5", 60, 1024, 128, 4, 4, 32, f16, device, gen), False),
+        ("varlen causal d=64 deterministic", make_case("d6", 0, 0, 0, 6, 3, 64, b16, device, gen, causal=True,
+                                                       varlen_q=[113, 1, 799, 3], varlen_k=[203, 3, 799, 97]), True),
+    ]
+
+
+def _run_public(case, deterministic):
+    """公开入口（默认 launch：autotune、gluon 分派照常）前向 + 反向一次 → (out, lse, dq, dk, dv)。"""
+    q, k, v = (case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
+    kw = dict(causal=case["causal"], return_lse=True, deterministic=deterministic)
+    if case["varlen"]:
+        out, lse = flash_attn_varlen_func(q, k, v, case["cu_q"], case["cu_k"], case["max_q"], case["max_k"], **kw)
+    else:
+        out, lse = flash_attn_func(q, k, v, **kw)
+    out.backward(case["do"])
+    return out.detach(), lse, q.grad, k.grad, v.grad
+
+
+def check_determinism(seed=None, calls=4, verbose=True):
+    """
+    同一个输入调用 calls 次（第一次会 autotune），out、LSE、dQ、dK、dV 必须和第一次逐位相同。例外只有 flash-attn
+    也允许的那一个：deterministic=False 时交给 gluon 的调用，dQ 由 TMA 归约相加、先后不定，只要求
+    |dQ − dQ₀| ≤ 2 × PyTorch 低精度 dQ 的最大误差（flash-attn 的 race-condition 测试也这样放宽 dQ）。
+    """
+    seed = _pick_seed(seed)
+    print(f"  [determinism] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel determinism --seed {seed}）")
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for name, case, det in determinism_cases(gen):
+        grad = True
+        routed = (not case["varlen"] and gluon_route(case["q"], case["k"], case["v"],
+                  _check_dense(case["q"], case["k"], case["v"], 0.0, None, case["causal"], None, None, (-1, -1),
+                               True, None, False, False, None, det), grad) is not None)
+        first = _run_public(case, det)
+        dq_tol = None
+        if routed:
+            ref = run_reference(case, dtype=torch.float32)
+            low = run_reference(case, dtype=case["q"].dtype)
+            dq_tol = 2 * _max_abs(low[2].double(), ref[2])
+        diffs = {f: 0.0 for f in FIELDS}
+        for _ in range(calls - 1):
+            for f, a, b in zip(FIELDS, first, _run_public(case, det)):
+                diffs[f] = max(diffs[f], 0.0 if torch.equal(a, b) else _max_abs(b.double(), a.double()))
+        for f in FIELDS:
+            ok = diffs[f] == 0.0 or (f == "dq" and dq_tol is not None and diffs[f] <= dq_tol)
+            rows.append((name, "gluon" if routed else "triton", f, diffs[f], ok))
+        torch.cuda.empty_cache()
+    failed = [r for r in rows if not r[-1]]
+    if verbose or failed:
+        print(f"  {'case':<40s}{'path':<8s}{'field':<6s}{'max diff':>10s}  ok")
+        for name, path, f, dmax, ok in (rows if verbose else failed):
+            print(f"  {name:<40s}{path:<8s}{f:<6s}{dmax:>10.2e}  {'✓' if ok else '✗'}")
+    assert not failed, f"重复调用的结果不一样（种子 {seed}）：{failed}"
+    return rows
+
+
 def _selftest(kernel="all", seed=None):
-    check_choice("kernel", kernel, ("all", *KERNELS, "decode"))
+    check_choice("kernel", kernel, SELFTEST_KERNELS)
     kernels = KERNELS if kernel == "all" else tuple(k for k in KERNELS if k == kernel)
     run_decode = kernel in ("all", "decode")
     if torch.cuda.is_available() and not INTERPRET:
         print(f"triton_flash 自检：GPU（{torch.cuda.get_device_name()}，torch {torch.__version__}，"
               f"triton {triton.__version__}），bf16/fp16，真实尺寸")
+        if kernel in ("all", "determinism"):          # 先做：这时还没有调优过，第一次调用就是调优的那一次
+            t0 = time.time()
+            rows = check_determinism(seed=seed, verbose=False)
+            print(f"triton_flash 自检通过（GPU，determinism）：{len(rows)} 项重复调用逐位相同"
+                  f"（gluon 的 dQ 在 flash-attn 的容差内），{time.time() - t0:.0f} s")
         for name in kernels:
             t0 = time.time()
             rows = check_gpu(name, seed=seed)
             print(f"triton_flash 自检通过（GPU，{name}）：{len(rows)} 项误差都 ≤ 2 × PyTorch 低精度注意力的误差，"
                   f"{time.time() - t0:.0f} s")
+        if kernel in ("all", "configs"):
+            t0 = time.time()
+            rows = check_configs(seed=seed, verbose=False)
+            n_cfg = len({(r[0], r[1]) for r in rows})
+            print(f"triton_flash 自检通过（GPU，configs）：{n_cfg} 个（内核, 配置）× 用例共 {len(rows)} 项，"
+                  f"最大绝对误差和相对误差都在 flash-attn 的判据内、两次运行逐位相同，{time.time() - t0:.0f} s")
         for dtype in (torch.bfloat16, torch.float16) if run_decode else ():
             worst = check_decode("cuda", dtype, seed=seed)
             print(f"triton_flash 自检通过（GPU，decode，{dtype}）：最大相对误差 {worst:.1e} ≤ 2 × SDPA 的误差")
@@ -1609,6 +1855,9 @@ def _selftest(kernel="all", seed=None):
             sys.exit(rc)
         return
     print(f"triton_flash 自检：Triton 解释器（CPU，triton {triton.__version__}），小尺寸 fp32")
+    if kernel in ("configs", "determinism"):
+        print(f"SKIP: --kernel {kernel} 查的是 GPU 上 autotune 可能选中的配置 / 重复调用，解释器里只有固定配置")
+        return
     for name in kernels:
         t0 = time.time()
         worst = check_cpu(name, seed=seed)
@@ -2298,6 +2547,7 @@ class _Options:
     bias: object
     return_lse: bool
     launch: Launch
+    deterministic: bool = False
     cu_q: object = None
     cu_k: object = None
     max_q: int = 0
@@ -2322,7 +2572,8 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
         launch = DEFAULT_LAUNCH
     elif not isinstance(launch, Launch):
         raise TypeError(f"{where}：launch 必须是 triton_flash.Launch 或 None，收到 {type(launch).__name__}")
-    if _flag("deterministic", deterministic, where) and launch.bwd == "atomic":
+    deterministic = _flag("deterministic", deterministic, where)
+    if deterministic and launch.bwd == "atomic":
         raise ValueError(f"{where}：deterministic=True 和 Launch(bwd='atomic') 不能同时用（原子加的 dQ 不能逐位复现）；"
                          "要可复现的梯度请用默认的 Launch(bwd='split')")
     if type(dropout_p) is float and 0.0 <= dropout_p < 1.0:
@@ -2343,7 +2594,7 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
         seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
     return _Options(scale=_check_scale(softmax_scale, d, where), window=_window(causal, win), dropout_p=p,
                     seed=_draw_seed(seed, p), slopes=_check_slopes(alibi_slopes, batch, hq, device), bias=None,
-                    return_lse=return_lse, launch=launch)
+                    return_lse=return_lse, launch=launch, deterministic=deterministic)
 
 
 def _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
@@ -2487,8 +2738,9 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale,
 
 def _parse_args(argv=None):
     ap = argparse.ArgumentParser(description="triton_flash 自检：v1 最小内核、v2 完整内核和 float64 参考比较")
-    ap.add_argument("--kernel", choices=("all", *KERNELS, "decode"), default="all",
-                    help="检查哪一版（minimal = v1、full = v2、decode = v3；默认全查）")
+    ap.add_argument("--kernel", choices=SELFTEST_KERNELS, default="all",
+                    help="检查哪一版（minimal = v1、full = v2、decode = v3；configs = v2 每个可能选中的配置、"
+                         "determinism = 重复调用逐位相同，这两项只在 GPU 上；默认全查）")
     ap.add_argument("--seed", type=int, default=None, help="随机输入的种子（默认由时间决定，运行时会打印）")
     return ap.parse_args(argv)
 
