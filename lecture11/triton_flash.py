@@ -727,8 +727,8 @@ def _cfg(bm, bn, warps, stages):
 # 每个配置在租用的 GPU 上都要编译一次：列表保持很短
 # 前向的四个配置来自 results/triton_explore.json（H200 上 7 个配置 × 有无 TMA 的实测，见 results/NOTES.md）
 FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
-# dK/dV：BLOCK_M = 32 行的 Q 块只能配 num_stages = 1。(32, 64, 4, 3)、(32, 128, 4, 2) 在 H200 上对 causal、Nq ≠ Nk
-# 给出错的、每次不同的 dK（最大误差是 PyTorch 的 10–260 倍；同样的块配 1 级流水线就对）：原因见 CHANGELOG.md。
+# dK/dV：BLOCK_M = 32 行的 Q 块只能配 num_stages = 1（_dkdv_config_safe）。(32, 64, 4, 3)、(32, 128, 4, 2) 在 H200 上
+# 给出错的、每次不同的 dK（causal、Nq ≠ Nk 时最大误差是 PyTorch 的 10–260 倍；同样的块配 1 级流水线就对）。
 # check_configs() 在 GPU 上逐个检查这里的每一项
 DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 1)]
 DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)]
@@ -739,6 +739,20 @@ TUNE_CONFIGS = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dkdv_atomic": DKDV_AT
 
 
 _TUNE_KEY = ["tune_n", "HEAD_DIM", "WIN_L", "WIN_R"]
+
+
+def _dkdv_config_safe(block_m, block_n, warps, stages):
+    """
+    dK/dV 内核的这个配置在 Hopper 上算得对吗：BLOCK_M < 64 时 S = Q Kᵀ 这类 M = BLOCK_M 的矩阵乘只能用 mma.sync，
+    dK += dSᵀ Q 却是 wgmma（A 在寄存器里）；num_stages > 1 时 Triton 3.6–3.9 的流水线让这些 wgmma 跨过循环的回边还在读
+    共享内存里的 Q，而下一轮的 cp.async 已经往同一格写下一个 Q 块（缓冲区只有 num_stages − 1 格）。
+    """
+    return block_m >= 64 or stages == 1
+
+
+def _prune_dkdv(configs, named_args, **kwargs):
+    """调优列表的守门：不安全的配置（_dkdv_config_safe）永远不试（列表本身也不许有，测试查）。"""
+    return [c for c in configs if _dkdv_config_safe(*config_tuple(c))]
 
 
 def _prune_fwd(configs, named_args, **kwargs):
@@ -775,8 +789,8 @@ _KERNELS = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dkdv_atomic": _dkdv_kerne
 def _tuned_kernels():
     """GPU 上调优用的 Autotuner（解释器里不用；测试里单独建一份，换掉计时函数来检查清零）。"""
     return {"fwd": _tuned(_fwd_kernel, TUNE_CONFIGS["fwd"], ["TMA"], _prune_fwd),
-            "dkdv": _tuned(_dkdv_kernel, TUNE_CONFIGS["dkdv"]),
-            "dkdv_atomic": _tuned(_dkdv_kernel, TUNE_CONFIGS["dkdv_atomic"], reset_to_zero=["DQ"]),
+            "dkdv": _tuned(_dkdv_kernel, TUNE_CONFIGS["dkdv"], prune=_prune_dkdv),
+            "dkdv_atomic": _tuned(_dkdv_kernel, TUNE_CONFIGS["dkdv_atomic"], prune=_prune_dkdv, reset_to_zero=["DQ"]),
             "dq": _tuned(_dq_kernel, TUNE_CONFIGS["dq"])}
 
 
@@ -828,6 +842,12 @@ class Launch:
         check_choice("bwd", self.bwd, BWD_PATHS, where="Launch")
         for name in ("autotune", "poison", "tma", "gluon"):
             check_bool(name, getattr(self, name), where="Launch")
+        for kind in ("dkdv", "dkdv_atomic"):
+            cfg = (self.blocks or {}).get(kind)
+            if cfg is not None and not _dkdv_config_safe(*cfg):
+                raise ValueError(f"Launch：blocks[{kind!r}] = {tuple(cfg)} 会算错 dK：BLOCK_M < 64 的 dK/dV 配置只能用 "
+                                 "num_stages = 1（Triton 的流水线给 wgmma 的共享内存操作数少分了一格，"
+                                 "见 _dkdv_config_safe）")
 
 
 DEFAULT_LAUNCH = Launch()

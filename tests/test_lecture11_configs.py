@@ -89,6 +89,17 @@ def test_no_dkdv_config_pipelines_32_row_q_blocks():
     for kind in ("dkdv", "dkdv_atomic"):
         for bm, _bn, _w, stages in [tf.config_tuple(c) for c in tf.TUNE_CONFIGS[kind]]:
             assert bm >= 64 or stages == 1, (kind, bm, stages)
+            assert tf._dkdv_config_safe(bm, _bn, _w, stages)
+    assert not tf._dkdv_config_safe(32, 64, 4, 3) and not tf._dkdv_config_safe(32, 128, 4, 2)
+    cfgs = [tf._cfg(32, 64, 4, 3), tf._cfg(64, 64, 4, 2), tf._cfg(32, 64, 4, 1)]
+    assert [tf.config_tuple(c) for c in tf._prune_dkdv(cfgs, {})] == [(64, 64, 4, 2), (32, 64, 4, 1)]
+
+
+@pytest.mark.parametrize("kind", ["dkdv", "dkdv_atomic"])
+def test_launch_refuses_an_unsafe_dkdv_config(kind):
+    with pytest.raises(ValueError, match="num_stages = 1"):
+        tf.Launch(blocks={kind: (32, 64, 4, 3)})
+    tf.Launch(blocks={kind: (32, 64, 4, 1), "dq": (32, 64, 4, 3)})          # 安全的、别的内核的：照收
 
 
 class _FakeCuda:
