@@ -356,11 +356,13 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
 def _tanh(y):
     """
     fp32 的 tanh，全范围相对误差 ≤ 4e-7（Triton 没有各版本通用的 tl.tanh；libdevice 的 tanh 在解释器里不能用）。
-    |y| ≥ 0.5：1 − 2/(e^{2y} + 1)（指数截在 2^64：不溢出，|y| 大时就是 ±1）；|y| < 0.5 时这个式子相减抵消
+    |y| ≥ 0.5：1 − 2/(e^{2y} + 1)（y 截在 ±32：不溢出，fp32 里 tanh(32) 就是 1）；|y| < 0.5 时这个式子相减抵消
     （相对误差 ~1e-7/|y|，softcap 很大时 c·tanh(x/c) 会错得很多），改用泰勒级数到 y¹⁵（截断误差 < 1e-8）。
     """
-    big = 1.0 - 2.0 / (tl.exp2(tl.minimum(y * (2.0 * _LOG2E), 64.0)) + 1.0)
-    z = tl.minimum(y * y, 0.25)                  # 只在 |y| < 0.5 时用；截住它，|y| 大时多项式不溢出
+    a = tl.abs(y)
+    big = 1.0 - 2.0 / (tl.exp2(tl.minimum(tl.maximum(y, -32.0), 32.0) * (2.0 * _LOG2E)) + 1.0)
+    z = tl.minimum(a, 0.5)                       # 多项式只在 |y| < 0.5 时用：截住参数，|y| 大时也不溢出
+    z = z * z
     p = -929569.0 / 638512875.0
     p = p * z + 21844.0 / 6081075.0
     p = p * z - 1382.0 / 155925.0
@@ -368,7 +370,7 @@ def _tanh(y):
     p = p * z - 17.0 / 315.0
     p = p * z + 2.0 / 15.0
     p = p * z - 1.0 / 3.0
-    return tl.where(tl.abs(y) < 0.5, y + y * (p * z), big)
+    return tl.where(a < 0.5, y + y * (p * z), big)
 
 
 @triton.jit

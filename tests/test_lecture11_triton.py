@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -397,6 +399,31 @@ def test_float16_on_interpreter(gen):
 
 # ---------------------------------------------------------------- softcap（Gemma-2 的 logit soft-capping）
 SOFTCAP = dict(softcap=5.0, q_gain=4.0)      # q 放大 4 倍：logit ~ N(0, 16)，c = 5 真的截得到
+
+
+_tanh = tf._tanh
+
+
+def test_tanh_helper_accurate_over_the_whole_range():
+    """内核里的 _tanh（泰勒级数 + 1 − 2/(e^{2y} + 1) 两段）在 fp32 里的相对误差 ≤ 4e-7：两段的交界 0.5 附近、
+    很小的参数（softcap 很大时 tanh 的参数就这么小）、很大的参数（= ±1，不是 NaN）、±0。"""
+    @triton.jit            # 在测试里定义：这时 TRITON_INTERPRET=1（triton.jit 在定义时决定是否解释执行）
+    def _tanh_kernel(X, Y, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Y + offs, _tanh(tl.load(X + offs, mask=offs < N, other=0.0)), mask=offs < N)
+
+    grid = torch.linspace(-20, 20, 40001, dtype=torch.float64)
+    tiny = torch.logspace(-30, math.log10(0.6), 4000, dtype=torch.float64)
+    edge = torch.linspace(0.49, 0.51, 2001, dtype=torch.float64)
+    x = torch.cat([grid, tiny, -tiny, edge, -edge, torch.tensor([0.0, -0.0, 1e30, -1e30, 3e38, -3e38])]).float()
+    y = torch.empty_like(x)
+    _tanh_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    ref = torch.tanh(x.double())
+    rel = ((y.double() - ref).abs() / ref.abs().clamp_min(1e-300)).nan_to_num(0.0)       # ±0：0/tiny = 0
+    print("max rel err", float(rel.max()), "at", float(x[rel.argmax()]))
+    assert bool(torch.isfinite(y).all()) and float(rel.max()) <= 4e-7
+    assert bool((y[x.abs() >= 10] == torch.sign(x[x.abs() >= 10])).all())
+    assert torch.equal(y[x == 0], torch.zeros_like(y[x == 0]))
 
 
 def _max_abs_errors(ours, ref):
