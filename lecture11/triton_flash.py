@@ -9,7 +9,7 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
   v2  完整内核 flash_attn_func / flash_attn_varlen_func（flash-attn 的接口），在 v1 上加了：
       a. 速度：三段循环（只有边上的块做掩码）、整块被掩码的块不进循环、exp2 + 一次 FMA、倒序发 Q 块、autotune
       b. 形状：Nq ≠ Nk（右下角对齐）、GQA / MQA、变长序列打包（varlen）、任意 d ≤ 256、任意步长
-      c. 特性：滑动窗口、ALiBi、bias、dropout（Philox 随机数，反向重新生成同一张掩码）
+      c. 特性：滑动窗口、ALiBi、bias、softcap（Gemma-2）、dropout（Philox 随机数，反向重新生成同一张掩码）
       d. 主机端：同一组形状、同一组参数第二次起直接调用编译好的内核（_Plan）；每次调用的主机开销：
          06_triton_bench.py --overhead（results/host_overhead.json）
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
@@ -259,6 +259,8 @@ def mini_attention(q, k, v, causal=False, softmax_scale=None):
 #   - 一行一个合法 key 都没有（例如 Nq > Nk 的 causal 的前几行）：输出 0，LSE = −inf，梯度 0。
 #   - ALiBi：logit 加上 −slope·|pos_i − j|（slope [Hq] 或 [B, Hq]，float32）。bias [B 或 1, Hq 或 1, Nq, Nk]
 #     加在 softmax 之前，不求梯度、不支持 varlen。
+#   - softcap c > 0（flash-attn 的定义）：x = q kᵀ·scale 先换成 c·tanh(x/c)，再加 ALiBi / bias、做掩码；反向的 dS
+#     乘 1 − tanh²(x/c)（_logits 顺手返回 tanh，反向每个块只算一次）。它和 ALiBi 一样走"已乘 scale"的路径、不调优。
 #   - dropout：P 归一化后按概率 p 置零、其余乘 1/(1 − p)（l 用未 dropout 的 P）；(b, h, i, j) 的随机数由
 #     Philox(seed, 计数器) 生成，反向用同一个 seed 重新生成同一张掩码，掩码不用存。
 #   - head dim 不是 2 的幂时补到 2 的幂，多出的列读 0。fp32 的矩阵乘用 IEEE 精度（不用 tf32）。
@@ -351,15 +353,42 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
 
 
 @triton.jit
-def _logits(q, k, rows, cols, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
-            MASKED: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
-            HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+def _tanh(y):
     """
-    s = (q kᵀ·scale + alibi + bias)·log2 e，形状 [BLOCK_M, BLOCK_N]；MASKED 时不合法的位置是 −inf。
-    没有 alibi/bias 时返回未乘 qk_scale 的 q kᵀ：调用处把乘法并进 exp2 的参数（一次 FMA：s·c − m）。
+    fp32 的 tanh，全范围相对误差 ≤ 4e-7（Triton 没有各版本通用的 tl.tanh；libdevice 的 tanh 在解释器里不能用）。
+    |y| ≥ 0.5：1 − 2/(e^{2y} + 1)（y 截在 ±32：不溢出，fp32 里 tanh(32) 就是 1）；|y| < 0.5 时这个式子相减抵消
+    （相对误差 ~1e-7/|y|，softcap 很大时 c·tanh(x/c) 会错得很多），改用泰勒级数到 y¹⁵（截断误差 < 1e-8）。
+    """
+    a = tl.abs(y)
+    big = 1.0 - 2.0 / (tl.exp2(tl.minimum(tl.maximum(y, -32.0), 32.0) * (2.0 * _LOG2E)) + 1.0)
+    z = tl.minimum(a, 0.5)                       # 多项式只在 |y| < 0.5 时用：截住参数，|y| 大时也不溢出
+    z = z * z
+    p = -929569.0 / 638512875.0
+    p = p * z + 21844.0 / 6081075.0
+    p = p * z - 1382.0 / 155925.0
+    p = p * z + 62.0 / 2835.0
+    p = p * z - 17.0 / 315.0
+    p = p * z + 2.0 / 15.0
+    p = p * z - 1.0 / 3.0
+    return tl.where(a < 0.5, y + y * (p * z), big)
+
+
+@triton.jit
+def _logits(q, k, rows, cols, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
+            MASKED: tl.constexpr, WIN_L: tl.constexpr, WIN_R: tl.constexpr,
+            HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PREC: tl.constexpr):
+    """
+    返回 (s, t)。s = (cap(q kᵀ·scale) + alibi + bias)·log2 e，形状 [BLOCK_M, BLOCK_N]；MASKED 时不合法的位置是 −inf。
+    cap(x) = c·tanh(x/c)（HAS_SOFTCAP，c = softcap），否则 cap(x) = x。t = tanh(x/c)：反向要 dcap/dx = 1 − t²
+    （没有 softcap 时 t 没人用，编译时删掉）。没有 alibi/bias/softcap 时 s 是未乘 qk_scale 的 q kᵀ：
+    调用处把乘法并进 exp2 的参数（一次 FMA：s·c − m）。
     """
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
-    if HAS_ALIBI or HAS_BIAS:
+    t = s
+    if HAS_SOFTCAP:           # 在自然单位里截：x = q kᵀ·scale = s·qk_scale / log2 e
+        t = _tanh(s * (qk_scale / (softcap * _LOG2E)))
+        s = t * (softcap * _LOG2E)                                # c·tanh(x/c)，换成 log2 单位
+    elif HAS_ALIBI or HAS_BIAS:
         s = s * qk_scale
     pos = rows[:, None] + (len_k - len_q)                         # query 在 key 轴上的位置（右下角对齐）
     if HAS_ALIBI:
@@ -375,7 +404,7 @@ def _logits(q, k, rows, cols, len_q, len_k, qk_scale, slope2, bias_base, stride_
         if WIN_R >= 0:
             ok = ok & (cols[None, :] <= pos + WIN_R)
         s = tl.where(ok, s, float("-inf"))
-    return s
+    return s, t
 
 
 @triton.jit
@@ -398,15 +427,17 @@ def _keep_mask(seed, rng_base, rows, cols, max_k, dropout_p):
 # ---------------------------------------------------------------------------- 前向
 @triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
-               rows, offs_n, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
+               rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
                seed, rng_base, max_k, dropout_p, k_desc, v_desc, kv_row0, kv_col0,
                STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-               HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+               HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr):
     """flash_fwd(order="fa2") 的内层循环：对第 STAGE 段的 key 块做在线 softmax（TMA、WS 只用在不带掩码的中段）。"""
     MASKED: tl.constexpr = STAGE != 1
     USE_DESC: tl.constexpr = TMA and STAGE == 1          # K、V 用张量描述符整块搬运（Hopper 的拷贝引擎）
     LOOP_WS: tl.constexpr = WS and STAGE == 1            # warp specialization：Triton 3.6 上没变快（NOTES.md）
+    SCALED: tl.constexpr = HAS_ALIBI or HAS_BIAS or HAS_SOFTCAP     # _logits 已经乘过 qk_scale
     start, stop = _stage_bounds(lo, fs, fe, hi, STAGE)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=LOOP_WS):
         cols = start_n + offs_n
@@ -415,9 +446,9 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
         else:
             k = _load_rows(k_base + cols[:, None] * stride_kn + offs_d[None, :], cols, len_k, offs_d,
                            HEAD_DIM, BLOCK_D, MASKED)                                # K_j [BLOCK_N, D]
-        s = _logits(q, k, rows, cols, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
-                    MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, PREC)                 # [BLOCK_M, BLOCK_N]
-        if HAS_ALIBI or HAS_BIAS:
+        s, _ = _logits(q, k, rows, cols, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
+                       MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_SOFTCAP, PREC)    # [BLOCK_M, BLOCK_N]
+        if SCALED:
             m_new = tl.maximum(m_i, tl.max(s, 1))
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)                        # s 还没乘 qk_scale
@@ -425,7 +456,7 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_use = m_new
-        if HAS_ALIBI or HAS_BIAS:
+        if SCALED:
             p = tl.exp2(s - m_use[:, None])
         else:
             p = tl.exp2(s * qk_scale - m_use[:, None])                              # 一次 FMA + exp2
@@ -446,13 +477,14 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
-                sm_scale, seed, dropout_p,
+                sm_scale, seed, dropout_p, softcap,
                 stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
                 stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                 n_heads_q, group, max_q, max_k, tune_n, total_k,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr = False):
+                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr = False,
+                HAS_SOFTCAP: tl.constexpr = False):
     # 有掩码时越靠后的 Q 块越重：倒着发（先发重的），负载更均衡
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -488,10 +520,10 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
     lo, fs, fe, hi = _tile_range(m_start, last_row, len_q, len_k, BLOCK_N, WIN_L, WIN_R)
     for stage in tl.static_range(3):                       # 带掩码 / 不带掩码 / 带掩码（stage 是编译期常量）
         acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
-                                   rows, offs_n, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm,
-                                   stride_bn, seed, rng_base, max_k, dropout_p, k_desc, v_desc, k0, hk * HEAD_DIM,
-                                   stage, HEAD_DIM, BLOCK_D, BLOCK_N, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS,
-                                   HAS_DROPOUT, PREC, TMA, WS)
+                                   rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base,
+                                   stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, k_desc, v_desc, k0,
+                                   hk * HEAD_DIM, stage, HEAD_DIM, BLOCK_D, BLOCK_N, WIN_L, WIN_R, HAS_ALIBI,
+                                   HAS_BIAS, HAS_DROPOUT, PREC, TMA, WS, HAS_SOFTCAP)
     # 最后除一次 l（FA2）；没有合法 key 的行 l = 0 → 输出 0，LSE = −inf
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -521,11 +553,11 @@ def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_on, stride_oh, stride_dn, stri
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn, lse_base, delta_base,
-                lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
-                seed, rng_base, max_k, dropout_p,
+                lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm,
+                stride_bn, seed, rng_base, max_k, dropout_p,
                 STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
     """
     flash_bwd 的内层循环（对固定的 K_j、V_j 走第 STAGE 段的 Q 块 i）：dV_j += Pᵀ dO_i，dK_j += dSᵀ Q_i。
     ATOMIC_DQ：顺便把 dS_ij K_j 原子加进 fp32 的 dQ 累加器（FA2 的做法，每对块 5 次矩阵乘）；
@@ -545,9 +577,9 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
         else:
             lse2 = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-        s = _logits(q, k, rows, cols, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
-                    MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, PREC)                  # [BLOCK_M, BLOCK_N]
-        p = _probs(s, lse2, qk_scale, HAS_ALIBI or HAS_BIAS)                          # 重算 P = exp(S − L)
+        s, t = _logits(q, k, rows, cols, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
+                       MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_SOFTCAP, PREC)  # [BLOCK_M, BLOCK_N]
+        p = _probs(s, lse2, qk_scale, HAS_ALIBI or HAS_BIAS or HAS_SOFTCAP)          # 重算 P = exp(S − L)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)                            # dP = dO Vᵀ
         if HAS_DROPOUT:
             keep = _keep_mask(seed, rng_base, rows, cols, max_k, dropout_p)
@@ -557,6 +589,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
             p_drop = p
         dv += tl.dot(tl.trans(p_drop.to(do.dtype)), do, input_precision=PREC)
         ds = p * (dp - delta[:, None])                                                # dS = P∘(dP − D)
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)                       # 对截之前的 x 求导：d(c·tanh(x/c))/dx = 1 − t²
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
         if ATOMIC_DQ:                      # dQ_i += dS K_j（scale 在最后换 dtype 时乘）
             dq = tl.dot(ds.to(k.dtype), k, input_precision=PREC)                      # [BLOCK_M, D]，fp32
@@ -572,14 +606,15 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
-                 sm_scale, seed, dropout_p,
+                 sm_scale, seed, dropout_p, softcap,
                  stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
                  stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh,
                  stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                  n_heads_k, group, max_q, max_k, tune_n,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                 HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                 HAS_SOFTCAP: tl.constexpr = False):
     """
     K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。
     ATOMIC_DQ：DQ 是 fp32 的累加器（调用前清零），dQ 也在这里算（原子加）；否则 DQ 不用，dQ 由 _dq_kernel 算。
@@ -620,9 +655,9 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
         for stage in tl.static_range(3):
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn,
                                  lse_base, delta_base, lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
-                                 slope2, bias_base, stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, stage,
-                                 HEAD_DIM, BLOCK_D, BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC,
-                                 ATOMIC_DQ)
+                                 softcap, slope2, bias_base, stride_bm, stride_bn, seed, rng_base, max_k, dropout_p,
+                                 stage, HEAD_DIM, BLOCK_D, BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                                 PREC, ATOMIC_DQ, HAS_SOFTCAP)
     dk = dk * sm_scale                # S = scale·QKᵀ ⇒ dK = scale·dSᵀQ
     mask = (cols < len_k)[:, None] & (offs_d < HEAD_DIM)[None, :]
     tl.store(DK + k0.to(tl.int64) * stride_dkn + hk * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
@@ -633,11 +668,11 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
-              rows, offs_n, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
+              rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
               seed, rng_base, max_k, dropout_p,
               STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
               WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr):
+              HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
     """对固定的 Q_i 走第 STAGE 段的 key 块 j：dQ_i += dS_ij K_j。"""
     MASKED: tl.constexpr = STAGE != 1
     start, stop = _stage_bounds(lo, fs, fe, hi, STAGE)
@@ -647,28 +682,30 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, 
                        HEAD_DIM, BLOCK_D, MASKED)
         v = _load_rows(v_base + cols[:, None] * stride_vn + offs_d[None, :], cols, len_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
-        s = _logits(q, k, rows, cols, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
-                    MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, PREC)
-        p = _probs(s, lse2, qk_scale, HAS_ALIBI or HAS_BIAS)
+        s, t = _logits(q, k, rows, cols, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
+                       MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_SOFTCAP, PREC)
+        p = _probs(s, lse2, qk_scale, HAS_ALIBI or HAS_BIAS or HAS_SOFTCAP)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         if HAS_DROPOUT:
             keep = _keep_mask(seed, rng_base, rows, cols, max_k, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     return dq
 
 
 @triton.jit
 def _dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
-               sm_scale, seed, dropout_p,
+               sm_scale, seed, dropout_p, softcap,
                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
                stride_dqn, stride_dqh,
                stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                n_heads_q, group, max_q, max_k, tune_n,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-               HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr):
+               HAS_DROPOUT: tl.constexpr, PREC: tl.constexpr, HAS_SOFTCAP: tl.constexpr = False):
     """Q 不动：program_id(0) = Q 块 i（倒序），program_id(1) = batch × query 头；结构和前向一样。"""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -698,9 +735,9 @@ def _dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
     lo, fs, fe, hi = _tile_range(m_start, last_row, len_q, len_k, BLOCK_N, WIN_L, WIN_R)
     for stage in tl.static_range(3):
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
-                       rows, offs_n, offs_d, len_q, len_k, qk_scale, slope2, bias_base, stride_bm, stride_bn,
-                       seed, rng_base, max_k, dropout_p, stage, HEAD_DIM, BLOCK_D, BLOCK_N,
-                       WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC)
+                       rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm,
+                       stride_bn, seed, rng_base, max_k, dropout_p, stage, HEAD_DIM, BLOCK_D, BLOCK_N,
+                       WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC, HAS_SOFTCAP)
     dq = dq * sm_scale
     tl.store(DQ + q0.to(tl.int64) * stride_dqn + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
@@ -1059,7 +1096,7 @@ def _strides_bias(bias):
     return (0, 0, 0, 0) if bias is None else tuple(bias.stride())
 
 
-def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, plan_key=None):
+def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap, plan_key=None):
     """
     q [total_q, Hq, d]，k、v [total_k, Hk, d] → o（同 q），lse [Hq, total_q]（自然对数）。
     plan_key 不是 None 时：同一个键的第二次起直接用记下的 _Plan 启动（见 _Plan）。
@@ -1079,19 +1116,20 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
     sb = _strides_bias(bias)
     ss = (0, 0) if slopes is None else tuple(slopes.stride())
     args = (q, k, v, o, lse, q if bias is None else bias, q if slopes is None else slopes, cu_q, cu_k,
-            scale, seed, dropout_p,
+            scale, seed, dropout_p, softcap,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
             lse.stride(0), *sb, *ss, hq, hq // hk, max_q, max_k, _tune_bucket(max(max_q, max_k)), k.shape[0])
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, WIN_L=win[0], WIN_R=win[1], HAS_ALIBI=slopes is not None,
-                HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype), grid1=batch * hq)
+                HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype), grid1=batch * hq,
+                HAS_SOFTCAP=softcap > 0)
     meta["TMA"] = _can_use_tma(q, k, v, d, block_d, launch)
-    plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0
+    plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0 and softcap == 0
     record = (plan_key, tensors) if _should_record(plan_key) else None
     _launch("fwd", lambda bm: triton.cdiv(max_q, bm), args, meta, plain, q.dtype, launch, record)
     return o, lse
 
 
-def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
+def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap):
     """
     launch.bwd == "split"（默认）：Delta 预处理 + dK/dV 内核 + 单独的 dQ 内核（7 次矩阵乘，没有原子操作，逐位可复现）；
     launch.bwd == "atomic"：Delta + 一个 dK/dV 内核，dQ 原子加进 fp32 累加器（每对块 5 次矩阵乘）。
@@ -1114,13 +1152,13 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     slope_arg = q if slopes is None else slopes
     tune_n = _tune_bucket(max(max_q, max_k))
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, WIN_L=win[0], WIN_R=win[1], HAS_ALIBI=slopes is not None,
-                HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype))
-    plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0
+                HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype), HAS_SOFTCAP=softcap > 0)
+    plain = slopes is None and bias is None and dropout_p == 0 and win[0] < 0 and softcap == 0
     atomic = launch.bwd == "atomic"
     # 原子路径的 dQ 先在 fp32 里累加（每个元素由多个 key 块的 program 加上去），最后乘 scale、换成输入的 dtype
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else None
     dq_arg = dq_acc if atomic else q                               # split 路径不用 DQ：随便给一个指针
-    args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
+    args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p, softcap,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_arg.stride(0), dq_arg.stride(1),
             lse.stride(0), *sb, *ss, hk, hq // hk, max_q, max_k, tune_n)
@@ -1130,7 +1168,7 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     if atomic:
         torch.mul(dq_acc, scale, out=dq)                         # S = scale·QKᵀ ⇒ dQ = scale·dS K（一次读写）
         return dq, dk, dv
-    args = (q, k, v, do, dq, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p,
+    args = (q, k, v, do, dq, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p, softcap,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
             dq.stride(0), dq.stride(1),
             lse.stride(0), *sb, *ss, hq, hq // hk, max_q, max_k, tune_n)
@@ -1142,10 +1180,10 @@ class _FlashAttn(torch.autograd.Function):
     """autograd 包装：前向存 q、k、v、o、lse（都是 O(N) 的），反向重算 P。"""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch):
-        o, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap):
+        o, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch)
+        ctx.extra = (max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -1153,7 +1191,7 @@ class _FlashAttn(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.extra)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _window(causal, window_size):
@@ -1173,22 +1211,25 @@ def _draw_seed(seed, dropout_p):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bias=None, alibi_slopes=None,
                     window_size=(-1, -1), return_lse=False, seed=None, return_encoded_softmax=False,
-                    enable_profiling=False, launch=None, deterministic=False):
+                    enable_profiling=False, launch=None, deterministic=False, softcap=0.0):
     """
     q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]（return_lse 时再返回 lse [B, Hq, Nq]，自然对数）。
     causal / window_size=(left, right) 按右下角对齐（见 v2 的约定）；dropout 的掩码由 seed 决定，反向重新生成。
     deterministic（flash-attn 的名字）：True = 梯度必须逐位可复现；False 只是"允许"不可复现。默认的反向（split：
     dK/dV 和 dQ 分两个内核，没有原子操作）本来就逐位可复现，所以两者结果相同；Launch(bwd="atomic")（dQ 原子加）
     和 deterministic=True 一起传报 ValueError。
+    softcap = c > 0（Gemma-2 [S92] 的 logit soft-capping，flash-attn 的定义）：logit x = q kᵀ·scale 换成 c·tanh(x/c)，
+    然后才加 ALiBi / bias、做掩码。为什么：tanh 把 q kᵀ 这一项关在 (−c, c) 里，q、k 再大 logit 也有界，训练更稳
+    （Gemma-2 的注意力层用 c = 50）；反向乘上 1 − tanh²(x/c)。softcap = 0（默认）= 不截，走原来的内核。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
     """
     raw_key = _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
-                         return_encoded_softmax, enable_profiling, launch, deterministic)
+                         return_encoded_softmax, enable_profiling, launch, deterministic, softcap)
     fast = _PLANS.get(raw_key) if raw_key is not None else None
     if fast and not _launch_hooks_active():      # 这组参数检查过、这组形状启动过：直接启动（_DenseFast）
         return fast(q, k, v)
     opts = _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse,
-                        seed, return_encoded_softmax, enable_profiling, launch, deterministic)
+                        seed, return_encoded_softmax, enable_profiling, launch, deterministic, softcap)
     batch, nq, hq, d = q.shape
     nk = k.shape[1]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -1202,7 +1243,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     vp = _last_dim_contiguous(v).reshape(batch * nk, k.shape[2], d)
     cu_q, cu_k = _cu_dense(batch, nq, q.device), _cu_dense(batch, nk, q.device)
     args = (qp, kp, vp, cu_q, cu_k, nq, nk, opts.scale, opts.window, opts.slopes, opts.bias, opts.dropout_p,
-            opts.seed, opts.launch)
+            opts.seed, opts.launch, opts.softcap)
     if grad:
         o, lse = _FlashAttn.apply(*args)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
@@ -1253,7 +1294,7 @@ def gluon_route(q, k, v, opts, grad):
     nk = k.shape[1]
     if (d not in (64, 128) or nq != nk or nq < GLUON_MIN_N or batch * hq * nq * nk < GLUON_MIN_WORK
             or opts.window not in ((-1, -1), (-1, 0)) or opts.dropout_p > 0 or opts.slopes is not None
-            or opts.bias is not None or getattr(opts, "softcap", 0.0) != 0.0 or (grad and opts.deterministic)
+            or opts.bias is not None or opts.softcap != 0.0 or (grad and opts.deterministic)
             or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
             or not (q.dtype == k.dtype == v.dtype) or torch.cuda.get_device_capability(q.device)[0] != 9):
         return None
@@ -1261,7 +1302,7 @@ def gluon_route(q, k, v, opts, grad):
 
 
 def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
-               return_encoded_softmax, enable_profiling, launch, deterministic):
+               return_encoded_softmax, enable_profiling, launch, deterministic, softcap=0.0):
     """
     flash_attn_func 最快的路径的键：直接由调用者给的原始参数组成（不检查、不 reshape），只给 GPU 上、不求梯度、
     没有 bias / ALiBi / dropout、默认 Launch 的调用。每个标量参数连同它的类型进键（True 和 1 不算同一个）；
@@ -1275,7 +1316,8 @@ def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, wi
             return None
         if type(window_size) is not tuple:
             return None
-        scalars = (dropout_p, softmax_scale, causal, return_lse, seed, enable_profiling, deterministic, *window_size)
+        scalars = (dropout_p, softmax_scale, causal, return_lse, seed, enable_profiling, deterministic, softcap,
+                   *window_size)
         types = tuple(map(type, scalars))
         if types not in _PLAIN_TYPES:                 # 第一次见到这组类型：逐个看（之后只查集合）
             if not all(t in _PLAIN for t in types):
@@ -1291,7 +1333,7 @@ def _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, wi
 
 
 _PLAIN = (bool, int, float, type(None))
-_PLAIN_TYPES = set()           # 检查过、全是 _PLAIN 的类型元组（最多 4⁹ 种，实际只有几种）
+_PLAIN_TYPES = set()           # 检查过、全是 _PLAIN 的类型元组（最多 4¹⁰ 种，实际只有几种）
 
 
 class _DenseFast:
@@ -1349,24 +1391,24 @@ def _plan_key(qp, kp, vp, opts):
             or opts.bias is not None or opts.dropout_p != 0:
         return None
     return (qp.shape, qp.stride(), kp.shape, kp.stride(), vp.stride(), qp.dtype, qp.device, opts.window, opts.scale,
-            qp.data_ptr() % 16, kp.data_ptr() % 16, vp.data_ptr() % 16)
+            opts.softcap, qp.data_ptr() % 16, kp.data_ptr() % 16, vp.data_ptr() % 16)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, alibi_slopes=None, window_size=(-1, -1),
                            return_lse=False, seed=None, return_encoded_softmax=False, enable_profiling=False,
-                           launch=None, deterministic=False):
+                           launch=None, deterministic=False, softcap=0.0):
     """
     变长序列打包在一起：q [total_q, Hq, d]，k、v [total_k, Hk, d]；第 b 段是 cu_seqlens[b] : cu_seqlens[b + 1]。
     返回 out [total_q, Hq, d]（return_lse 时再返回 lse [Hq, total_q]）。bias 不支持（它是每段 N×N 的输入）。
-    deterministic 同 flash_attn_func。
+    deterministic、softcap 同 flash_attn_func。
     """
     opts = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
-                         enable_profiling, launch, deterministic)
+                         enable_profiling, launch, deterministic, softcap)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     o, lse = _FlashAttn.apply(q, k, v, opts.cu_q, opts.cu_k, opts.max_q, opts.max_k, opts.scale, opts.window,
-                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch)
+                              opts.slopes, None, opts.dropout_p, opts.seed, opts.launch, opts.softcap)
     return (o, lse) if opts.return_lse else o
 
 
@@ -1398,10 +1440,11 @@ def allowed_mask(nq, nk, causal=False, window_size=(-1, -1), device="cpu"):
 
 
 def reference_attention(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), alibi_slopes=None,
-                        bias=None, dropout_p=0.0, keep=None, dtype=torch.float64):
+                        bias=None, dropout_p=0.0, keep=None, dtype=torch.float64, softcap=0.0):
     """
     q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d]，在 dtype 里算（float64 = 参考；q.dtype = "PyTorch 自己的低精度注意力"）。
-    keep：[B, Hq, Nq, Nk] 的 dropout 保留掩码（dropout_mask() 给出）。返回 (out [B, Nq, Hq, d], lse [B, Hq, Nq])。
+    keep：[B, Hq, Nq, Nk] 的 dropout 保留掩码（dropout_mask() 给出）。softcap > 0：logit 先换成 c·tanh(logit/c)，
+    再加 ALiBi / bias、做掩码（flash-attn 的顺序）。返回 (out [B, Nq, Hq, d], lse [B, Hq, Nq])。
     """
     batch, nq, hq, d = q.shape
     nk, hk = k.shape[1], k.shape[2]
@@ -1410,6 +1453,8 @@ def reference_attention(q, k, v, causal=False, softmax_scale=None, window_size=(
     kh = k.to(dtype).transpose(1, 2).repeat_interleave(hq // hk, dim=1)      # [B, Hq, Nk, d]
     vh = v.to(dtype).transpose(1, 2).repeat_interleave(hq // hk, dim=1)
     s = (qh @ kh.transpose(-1, -2)) * scale                                 # [B, Hq, Nq, Nk]
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     if alibi_slopes is not None:
         pos = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
         dist = (pos - torch.arange(nk, device=q.device)[None, :]).abs().to(dtype)
@@ -1450,20 +1495,22 @@ def alibi_slopes_for(n_heads):
 # 检查用例：CPU 解释器（小尺寸、fp32）与 GPU（真实尺寸、bf16/fp16）共用一套描述
 # ============================================================================
 def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, window=(-1, -1), alibi=False,
-              bias=False, dropout_p=0.0, varlen_q=None, varlen_k=None):
-    """造一组新的随机输入（由 gen 决定）；varlen_q/varlen_k 给出每段长度时走 varlen 接口。"""
+              bias=False, dropout_p=0.0, varlen_q=None, varlen_k=None, softcap=0.0, q_gain=1.0):
+    """造一组新的随机输入（由 gen 决定）；varlen_q/varlen_k 给出每段长度时走 varlen 接口。
+    q_gain：q 乘上这个数（logit 跟着变大，softcap 才真的截得到；取 2 的幂，低精度里也是精确的）。"""
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
-    case = dict(name=name, causal=causal, window=window, dropout_p=dropout_p, varlen=varlen_q is not None)
+    case = dict(name=name, causal=causal, window=window, dropout_p=dropout_p, varlen=varlen_q is not None,
+                softcap=softcap)
     if varlen_q is not None:
         tq, tk = sum(varlen_q), sum(varlen_k)
-        case.update(q=rnd(tq, hq, d), k=rnd(tk, hk, d), v=rnd(tk, hk, d), do=rnd(tq, hq, d),
+        case.update(q=rnd(tq, hq, d) * q_gain, k=rnd(tk, hk, d), v=rnd(tk, hk, d), do=rnd(tq, hq, d),
                     cu_q=torch.tensor([0, *itertools.accumulate(varlen_q)], dtype=torch.int32, device=device),
                     cu_k=torch.tensor([0, *itertools.accumulate(varlen_k)], dtype=torch.int32, device=device),
                     max_q=max(varlen_q), max_k=max(varlen_k), batch=len(varlen_q))
     else:
-        case.update(q=rnd(batch, nq, hq, d), k=rnd(batch, nk, hk, d), v=rnd(batch, nk, hk, d),
+        case.update(q=rnd(batch, nq, hq, d) * q_gain, k=rnd(batch, nk, hk, d), v=rnd(batch, nk, hk, d),
                     do=rnd(batch, nq, hq, d), batch=batch, max_q=nq, max_k=nk)
     case["slopes"] = alibi_slopes_for(hq).to(device) if alibi else None
     case["bias"] = rnd(1, hq, nq, nk) if bias else None
@@ -1482,10 +1529,14 @@ def run_ours(case, kernel="full", launch=None):
     """
     q, k, v = (case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
     if check_choice("kernel", kernel, KERNELS, where="run_ours") == "minimal":
+        if case["softcap"]:
+            raise ValueError(f"run_ours：v1（minimal）没有 softcap，用例 {case['name']!r} 的 softcap = "
+                             f"{case['softcap']}")
         out, lse = mini_attention(q, k, v, causal=case["causal"])
     else:
         kw = dict(causal=case["causal"], window_size=case["window"], dropout_p=case["dropout_p"],
-                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch)
+                  alibi_slopes=case["slopes"], return_lse=True, seed=case["seed"], launch=launch,
+                  softcap=case["softcap"])
         if case["varlen"]:
             out, lse = flash_attn_varlen_func(q, k, v, case["cu_q"], case["cu_k"], case["max_q"], case["max_k"], **kw)
         else:
@@ -1503,7 +1554,7 @@ def run_reference(case, dtype=torch.float64):
                             case["q"].device)
     q, k, v = (case[n].detach().to(dtype).requires_grad_(True) for n in ("q", "k", "v"))
     kw = dict(causal=case["causal"], window_size=case["window"], alibi_slopes=case["slopes"],
-              dropout_p=case["dropout_p"], keep=keep, dtype=dtype)
+              dropout_p=case["dropout_p"], keep=keep, dtype=dtype, softcap=case["softcap"])
     if case["varlen"]:
         out, lse = reference_varlen(q, k, v, case["cu_q"], case["cu_k"], **kw)
     else:
@@ -1581,6 +1632,10 @@ def cpu_cases(gen, kernel="full"):
         make_case("window(9,5) d=80", 1, 45, 53, 2, 1, 80, f32, cpu, gen, window=(9, 5)),
         make_case("causal+window(7) GQA2 d=40", 1, 50, 50, 2, 1, 40, f32, cpu, gen, causal=True, window=(7, -1)),
         make_case("alibi causal d=64", 2, 33, 47, 2, 2, 64, f32, cpu, gen, causal=True, alibi=True),
+        make_case("softcap 5 causal Nq<Nk GQA2 d=40", 1, 23, 41, 4, 2, 40, f32, cpu, gen, causal=True, softcap=5.0,
+                  q_gain=4.0),
+        make_case("softcap 3 alibi window(9,5) d=24", 2, 30, 26, 2, 1, 24, f32, cpu, gen, window=(9, 5), alibi=True,
+                  softcap=3.0, q_gain=4.0),
         make_case("bias d=16", 2, 19, 26, 2, 1, 16, f32, cpu, gen, bias=True),
         make_case("dropout 0.3 causal GQA2", 1, 40, 40, 2, 1, 16, f32, cpu, gen, causal=True, dropout_p=0.3),
         make_case("varlen causal (0,1,37,9) GQA2", 0, 0, 0, 2, 1, 40, f32, cpu, gen, causal=True,
@@ -1604,6 +1659,10 @@ def gpu_cases(gen, dtype, kernel="full"):
         make_case("causal Nq>Nk MQA d=80", 2, 1777, 1000, 8, 1, 80, dtype, dev, gen, causal=True),
         make_case("window(256,64) GQA4 d=40", 2, 2049, 2049, 8, 2, 40, dtype, dev, gen, window=(256, 64)),
         make_case("alibi causal d=96", 2, 1203, 1203, 8, 8, 96, dtype, dev, gen, causal=True, alibi=True),
+        make_case("softcap 30 causal GQA2 d=128", 2, 1411, 1411, 16, 8, 128, dtype, dev, gen, causal=True,
+                  softcap=30.0, q_gain=16.0),
+        make_case("softcap 20 alibi causal d=64", 2, 1000, 1333, 8, 8, 64, dtype, dev, gen, causal=True, alibi=True,
+                  softcap=20.0, q_gain=8.0),
         make_case("plain d=192", 1, 1111, 1333, 8, 8, 192, dtype, dev, gen),
         make_case("causal d=256 GQA2", 1, 1500, 1500, 8, 4, 256, dtype, dev, gen, causal=True),
         make_case("bias d=16", 2, 700, 900, 4, 4, 16, dtype, dev, gen, bias=True),
@@ -2556,6 +2615,22 @@ def _check_scale(softmax_scale, d, where):
     return check_real("softmax_scale", scale, lo=0.0, lo_open=True, where=where, type_error=ValueError)
 
 
+_FP32_TINY, _FP32_MAX = 2.0 ** -126, 3.4e38      # fp32 最小的正规数、（略小于）最大的有限数
+
+
+def _check_softcap(softcap, scale, where):
+    """softcap：0（不截）或正的有限数。内核用 fp32 算 scale / c 和 c·log2 e：这两个数要是 fp32 的正规数，
+    否则 0·inf 会变成 NaN、或者 tanh 的参数全变成 0（只在 c 小于 ~1e-38·scale 或大于 ~1e38 这种没有意义的值时发生）。"""
+    if type(softcap) is float and softcap == 0.0:            # 最常见的"不截"：不多调一次 check_real
+        return 0.0
+    cap = check_real("softcap", _scalar(softcap), lo=0.0, where=where, type_error=ValueError)
+    if cap > 0 and not (_FP32_TINY <= cap and _FP32_TINY <= scale / cap <= _FP32_MAX
+                        and cap * math.log2(math.e) <= _FP32_MAX):
+        raise ValueError(f"{where}：softcap = {cap!r} 超出 fp32 能算的范围：softcap、softmax_scale / softcap 和 "
+                         f"softcap·log2 e 都要在 {_FP32_TINY:.1e}…{_FP32_MAX:.1e} 之间（softmax_scale = {scale!r}）")
+    return cap
+
+
 @dataclasses.dataclass
 class _Options:
     """_check_dense / _check_varlen 检查、换算好的参数。"""
@@ -2568,6 +2643,7 @@ class _Options:
     return_lse: bool
     launch: Launch
     deterministic: bool = False
+    softcap: float = 0.0
     cu_q: object = None
     cu_k: object = None
     max_q: int = 0
@@ -2575,7 +2651,8 @@ class _Options:
 
 
 def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal, alibi_slopes, window_size,
-                   return_lse, seed, return_encoded_softmax, enable_profiling, launch, deterministic=False):
+                   return_lse, seed, return_encoded_softmax, enable_profiling, launch, deterministic=False,
+                   softcap=0.0):
     """
     两个入口共用的标量参数检查；返回 _Options（bias、cu_seqlens 由调用者补上）。
     每次调用都要走这里：最常见的写法（Python 的 bool / float / int）先用几个 type 比较放行，
@@ -2612,25 +2689,27 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
                     for i, w in enumerate(window_size))
     if seed is not None:              # 先检查再看 dropout_p：dropout_p = 0 时坏的 seed 也要报错
         seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
-    return _Options(scale=_check_scale(softmax_scale, d, where), window=_window(causal, win), dropout_p=p,
+    scale = _check_scale(softmax_scale, d, where)
+    return _Options(scale=scale, window=_window(causal, win), dropout_p=p,
                     seed=_draw_seed(seed, p), slopes=_check_slopes(alibi_slopes, batch, hq, device), bias=None,
-                    return_lse=return_lse, launch=launch, deterministic=deterministic)
+                    return_lse=return_lse, launch=launch, deterministic=deterministic,
+                    softcap=_check_softcap(softcap, scale, where))
 
 
 def _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
-                 return_encoded_softmax, enable_profiling, launch, deterministic=False):
+                 return_encoded_softmax, enable_profiling, launch, deterministic=False, softcap=0.0):
     _check_qkv(q, k, v, packed=False)
     batch, nq, hq, d = q.shape
     opts = _check_options("flash_attn_func", d, batch, hq, q.device, dropout_p, softmax_scale, causal, alibi_slopes,
                           window_size, return_lse, seed, return_encoded_softmax, enable_profiling, launch,
-                          deterministic)
+                          deterministic, softcap)
     opts.bias = _check_bias(bias, q, batch, hq, nq, k.shape[1])
     return opts
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax, enable_profiling,
-                  launch, deterministic=False):
+                  launch, deterministic=False, softcap=0.0):
     _check_qkv(q, k, v, packed=True)
     cu_q, max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
     cu_k, max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
@@ -2638,7 +2717,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         raise ValueError(f"cu_seqlens_q 和 cu_seqlens_k 的长度必须相同（B + 1），收到 {cu_q.numel()} 和 {cu_k.numel()}")
     opts = _check_options("flash_attn_varlen_func", q.shape[-1], cu_q.numel() - 1, q.shape[1], q.device, dropout_p,
                           softmax_scale, causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
-                          enable_profiling, launch, deterministic)
+                          enable_profiling, launch, deterministic, softcap)
     opts.cu_q, opts.cu_k, opts.max_q, opts.max_k = cu_q, cu_k, max(max_q, 1), max(max_k, 1)
     return opts
 

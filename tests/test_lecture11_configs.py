@@ -123,7 +123,7 @@ def hopper(monkeypatch):
 
 def _opts(**kw):
     base = dict(scale=0.1, window=(-1, 0), dropout_p=0.0, seed=0, slopes=None, bias=None, return_lse=False,
-                launch=tf.DEFAULT_LAUNCH, deterministic=False)
+                launch=tf.DEFAULT_LAUNCH, deterministic=False, softcap=0.0)
     base.update(kw)
     return types.SimpleNamespace(**base)
 

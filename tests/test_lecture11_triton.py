@@ -12,6 +12,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from labload import ROOT, load_lab
 from triton_interp import load_triton_flash
@@ -391,6 +395,256 @@ def test_float16_on_interpreter(gen):
     for field, e in errs.items():
         ok, t = tf.within_torch_bound(field, e, torch_errs)
         assert ok, (field, e, t)
+
+
+# ---------------------------------------------------------------- softcap（Gemma-2 的 logit soft-capping）
+SOFTCAP = dict(softcap=5.0, q_gain=4.0)      # q 放大 4 倍：logit ~ N(0, 16)，c = 5 真的截得到
+
+
+_tanh = tf._tanh
+
+
+def test_tanh_helper_accurate_over_the_whole_range():
+    """内核里的 _tanh（泰勒级数 + 1 − 2/(e^{2y} + 1) 两段）在 fp32 里的相对误差 ≤ 4e-7：两段的交界 0.5 附近、
+    很小的参数（softcap 很大时 tanh 的参数就这么小）、很大的参数（= ±1，不是 NaN）、±0。"""
+    @triton.jit            # 在测试里定义：这时 TRITON_INTERPRET=1（triton.jit 在定义时决定是否解释执行）
+    def _tanh_kernel(X, Y, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Y + offs, _tanh(tl.load(X + offs, mask=offs < N, other=0.0)), mask=offs < N)
+
+    grid = torch.linspace(-20, 20, 40001, dtype=torch.float64)
+    tiny = torch.logspace(-30, math.log10(0.6), 4000, dtype=torch.float64)
+    edge = torch.linspace(0.49, 0.51, 2001, dtype=torch.float64)
+    x = torch.cat([grid, tiny, -tiny, edge, -edge, torch.tensor([0.0, -0.0, 1e30, -1e30, 3e38, -3e38])]).float()
+    y = torch.empty_like(x)
+    _tanh_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    ref = torch.tanh(x.double())
+    rel = ((y.double() - ref).abs() / ref.abs().clamp_min(1e-300)).nan_to_num(0.0)       # ±0：0/tiny = 0
+    print("max rel err", float(rel.max()), "at", float(x[rel.argmax()]))
+    assert bool(torch.isfinite(y).all()) and float(rel.max()) <= 4e-7
+    assert bool((y[x.abs() >= 10] == torch.sign(x[x.abs() >= 10])).all())
+    assert torch.equal(y[x == 0], torch.zeros_like(y[x == 0]))
+
+
+def _max_abs_errors(ours, ref):
+    """每一项的最大绝对误差 / max(1, 参考的最大绝对值)；两边的 ±inf（LSE 的空行）必须在同样的位置。"""
+    errs = {}
+    for f, a, b in zip(tf.FIELDS, ours, ref):
+        fin = torch.isfinite(b)
+        assert torch.equal(fin, torch.isfinite(a)), f
+        errs[f] = float((a[fin] - b[fin]).abs().max() / b[fin].abs().max().clamp_min(1.0)) if bool(fin.any()) else 0.0
+    return errs
+
+
+SOFTCAP_FEATURES = [
+    dict(causal=True),                        # causal、Nq < Nk、GQA 2
+    dict(alibi=True, window=(9, 5)),          # 先截、再加 ALiBi、再做窗口掩码
+    dict(bias=True, causal=True),
+    dict(dropout_p=0.2, causal=True),
+    dict(varlen=True, causal=True),           # 段长含 0、Nq > Nk 的段（前几行没有 key）
+]
+
+
+@pytest.mark.parametrize("bwd", tf.BWD_PATHS)
+@pytest.mark.parametrize("kw", SOFTCAP_FEATURES, ids=lambda kw: "+".join(kw))
+def test_softcap_matches_float64(gen, kw, bwd):
+    """softcap = 5 的 out、LSE、dQ、dK、dV（两条反向路径）对 float64 参考：相对误差和最大绝对误差都 < TOL；
+    同样的输入不截时结果差得远（≫ TOL：这组输入上 softcap 真的起作用）。"""
+    kw = dict(kw)
+    if kw.pop("varlen", False):
+        kw.update(batch=0, varlen_q=[0, 23, 9, 14], varlen_k=[5, 41, 12, 3])
+    case = _case(f"softcap {kw}", gen, **dict(dict(batch=1, nq=23, nk=41, hq=4, hk=2, d=40), **kw, **SOFTCAP))
+    ours, ref = _assert_close(case, tf.Launch(bwd=bwd))
+    abs_errs = _max_abs_errors(ours, ref)
+    print("max abs", abs_errs)
+    assert max(abs_errs.values()) < TOL, abs_errs
+    uncapped = tf.field_errors(tf.run_reference(dict(case, softcap=0.0)), ref)
+    print("uncapped vs capped", uncapped)
+    assert min(uncapped[f] for f in ("out", "dq", "dk", "dv")) > 1e3 * TOL, uncapped
+
+
+def test_softcap_float16_on_interpreter(gen):
+    """fp16：误差不超过 PyTorch 自己 fp16（同样先截再 softmax）误差的 2 倍（GPU 检查的判据），两条反向路径。"""
+    case = _case("softcap fp16", gen, nq=23, nk=41, hq=4, hk=2, d=40, dtype=torch.float16, causal=True, **SOFTCAP)
+    ref = tf.run_reference(case)
+    errs = tf.both_backward_errors(case, "full", ref)
+    torch_errs = tf.field_errors(tf.run_reference(case, dtype=torch.float16), ref)
+    print(errs, torch_errs)
+    for field, e in errs.items():
+        ok, t = tf.within_torch_bound(field, e, torch_errs)
+        assert ok, (field, e, t)
+
+
+def test_softcap_zero_is_bitwise_off(gen, monkeypatch):
+    """softcap = 0（各种写法）和不传逐位相同（前向 + 反向、dense 和 varlen），内核拿到 HAS_SOFTCAP = False、走常用
+    （可调优）路径；softcap > 0 时 HAS_SOFTCAP = True、不走调优路径（和 ALiBi 一样）。"""
+    seen = []
+    real_launch = tf._launch
+
+    def spy(kind, n_blocks_of, args, meta, use_tune, *rest, **kwargs):
+        seen.append((kind, meta["HAS_SOFTCAP"], use_tune))
+        return real_launch(kind, n_blocks_of, args, meta, use_tune, *rest, **kwargs)
+
+    monkeypatch.setattr(tf, "_launch", spy)
+    q, k, v = (torch.randn(1, n, h, 24, generator=gen) for n, h in ((19, 2), (27, 1), (27, 1)))
+    do = torch.randn(1, 19, 2, 24, generator=gen)
+
+    def run(**kw):
+        seen.clear()
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        out, lse = tf.flash_attn_func(qq, kk, vv, causal=True, return_lse=True, **kw)
+        out.backward(do)
+        return (out, lse, qq.grad, kk.grad, vv.grad), set(seen)
+
+    base, kinds = run()
+    assert kinds == {("fwd", False, True), ("dkdv", False, True), ("dq", False, True)}
+    for off in (0.0, 0, -0.0, np.float32(0.0), torch.tensor(0.0)):
+        got, kinds = run(softcap=off)
+        assert all(torch.equal(a, b) for a, b in zip(base, got)), off
+        assert {s for _, s, _ in kinds} == {False}
+    capped, kinds = run(softcap=1.5)
+    assert kinds == {("fwd", True, False), ("dkdv", True, False), ("dq", True, False)}
+    assert not torch.equal(capped[0], base[0])
+    cu = torch.tensor([0, 19], dtype=torch.int32)
+    cu_k = torch.tensor([0, 27], dtype=torch.int32)
+    plain = tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu_k, 19, 27, causal=True)
+    assert torch.equal(plain, tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu_k, 19, 27, causal=True, softcap=0.0))
+    assert torch.equal(plain, base[0][0].detach())
+
+
+def test_large_softcap_approaches_uncapped(gen):
+    """c·tanh(x/c) = x − x³/(3c²) + …：c 很大时就是不截（c = 1e4、1e6 时和不截的内核结果差 < TOL）；c = 100 时差得
+    出来（> 10·TOL），而且和 float64 参考一致。只有小参数上也准的 tanh 才过得了：1 − 2/(e^{2y} + 1) 的相减抵消会让
+    c·tanh(x/c) 差 ~c·1e-7（c = 1e4 时 1e-3）。"""
+    case = _case("large softcap", gen, batch=1, nq=23, nk=41, hq=2, hk=1, d=40, causal=True)
+    uncapped = tf.run_ours(case)
+    for cap in (1e4, 1e6):
+        errs = tf.field_errors(tf.run_ours(dict(case, softcap=cap)), uncapped)
+        print(cap, errs)
+        assert max(errs.values()) < TOL, (cap, errs)
+    mild = dict(case, softcap=100.0)
+    ours, ref = _assert_close(mild)
+    diff = tf.field_errors(ours, uncapped)
+    print("c = 100 vs uncapped", diff)
+    assert diff["out"] > 10 * TOL and diff["dq"] > 10 * TOL
+
+
+def test_reference_softcap_matches_hand_written_backward(gen):
+    """float64 参考（torch autograd）对照一份独立的 numpy：显式的 c·tanh(x/c) + ALiBi + 右下角 causal 掩码 + softmax，
+    反向按公式手写（dS = P∘(dP − rowsum(dP∘P))，dX = dS∘(1 − t²)，dQ = scale·dX K，dK = scale·dXᵀ Q 按组求和，
+    dV = Pᵀ dO）。"""
+    nq, nk, hq, hk, d, cap = 5, 7, 4, 2, 8, 2.0
+    q = torch.randn(1, nq, hq, d, generator=gen, dtype=torch.float64) * 3.0
+    k, v = (torch.randn(1, nk, hk, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    do = torch.randn(1, nq, hq, d, generator=gen, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float32)
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = tf.reference_attention(qq, kk, vv, causal=True, alibi_slopes=slopes, softcap=cap)
+    out.backward(do)
+    scale = 1.0 / math.sqrt(d)
+    Q, K, V, dO = (t[0].numpy() for t in (q, k, v, do))                      # [N, H, d]
+    pos = np.arange(nq)[:, None] + (nk - nq)
+    j = np.arange(nk)[None, :]
+    dQ, dK, dV = np.zeros_like(Q), np.zeros_like(K), np.zeros_like(V)
+    for h in range(hq):
+        g = h // (hq // hk)
+        x = Q[:, h] @ K[:, g].T * scale                                         # [Nq, Nk]
+        t = np.tanh(x / cap)
+        s = np.where(j <= pos, cap * t - float(slopes[h]) * np.abs(pos - j), -np.inf)
+        m = s.max(1, keepdims=True)
+        P = np.exp(s - m) / np.exp(s - m).sum(1, keepdims=True)
+        assert np.allclose(out[0, :, h].detach().numpy(), P @ V[:, g], atol=1e-12)
+        assert np.allclose(lse[0, h].detach().numpy(), (m + np.log(np.exp(s - m).sum(1, keepdims=True)))[:, 0],
+                           atol=1e-12)
+        dP = dO[:, h] @ V[:, g].T
+        dX = P * (dP - (dP * P).sum(1, keepdims=True)) * (1.0 - t * t)
+        dQ[:, h] = scale * dX @ K[:, g]
+        dK[:, g] += scale * dX.T @ Q[:, h]
+        dV[:, g] += P.T @ dO[:, h]
+    for name, auto, hand in (("dq", qq.grad, dQ), ("dk", kk.grad, dK), ("dv", vv.grad, dV)):
+        assert np.allclose(auto[0].numpy(), hand, atol=1e-12), name
+
+
+@pytest.mark.parametrize("bad", [-1.0, -1e-9, float("nan"), float("inf"), -float("inf"), "1.0", True, False, None,
+                                 [1.0], complex(1.0, 0.0), torch.tensor([1.0, 2.0]), 1e-300, 1e300])
+def test_bad_softcap_raises(bad):
+    """负数、NaN、±inf、字符串、bool、None、list、复数、多元素张量，以及 fp32 里算不了的 1e-300 / 1e300：
+    两个入口都报 ValueError，消息里有 softcap。"""
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="softcap"):
+        tf.flash_attn_func(*_qkv(), softcap=bad)
+    with pytest.raises(ValueError, match="softcap"):
+        tf.flash_attn_varlen_func(*(t[0] for t in _qkv()), cu, cu, 8, 8, softcap=bad)
+
+
+def test_softcap_scalar_types_accepted(gen):
+    """int、numpy 标量、0 维张量的 softcap 和 Python float 逐位相同；v1（mini_attention）没有 softcap：
+    run_ours 拿带 softcap 的用例跑 v1 报错，而不是悄悄不截。"""
+    q, k, v = _qkv(nq=11, nk=13)
+    base = tf.flash_attn_func(q * 4, k, v, causal=True, softcap=3.0)
+    for same in (3, np.float32(3.0), np.int64(3), torch.tensor(3.0)):
+        assert torch.equal(base, tf.flash_attn_func(q * 4, k, v, causal=True, softcap=same)), same
+    case = _case("v1 softcap", gen, nq=16, nk=16, hq=1, hk=1, softcap=3.0)
+    with pytest.raises(ValueError, match="softcap"):
+        tf.run_ours(case, "minimal")
+
+
+class _FakeGpuTensor:
+    """快速路径的键只读这几个属性：CPU 上也能看 _dense_key / _plan_key 怎样构造键。"""
+    is_cuda, requires_grad, dtype, shape = True, False, torch.float16, torch.Size([1, 8, 2, 16])
+    device = torch.device("cuda", 0)
+
+    def get_device(self):
+        return 0
+
+    def stride(self):
+        return (256, 32, 16, 1)
+
+    def data_ptr(self):
+        return 0
+
+
+def test_softcap_is_part_of_fast_path_keys(monkeypatch):
+    """GPU 快速路径的两种键（_dense_key：原始参数；_plan_key：检查后的参数）都含 softcap：softcap = 0 记下的
+    _Plan / _DenseFast 绝不会拿去跑 softcap = 1.5（反过来也一样）；不传 softcap 和 softcap=0.0 是同一个键。"""
+    monkeypatch.setattr(tf, "INTERPRET", False)
+    t = _FakeGpuTensor()
+    args = (None, False, None, None, (-1, -1), False, None, False, False, None, False)
+    keys = [tf._dense_key(t, t, t, 0.0, *args, cap) for cap in (0.0, 1.5, 30.0, 0)]
+    assert None not in keys and len(set(keys)) == 4                          # int 0 和 0.0 也分开（类型进键）
+    assert tf._dense_key(t, t, t, 0.0, *args) == keys[0]
+    opts = tf._Options(scale=0.25, window=(-1, 0), dropout_p=0.0, seed=0, slopes=None, bias=None, return_lse=False,
+                       launch=tf.DEFAULT_LAUNCH)
+    plan_keys = [tf._plan_key(t, t, t, tf.dataclasses.replace(opts, softcap=cap)) for cap in (0.0, 1.5, 30.0)]
+    assert None not in plan_keys and len(set(plan_keys)) == 3
+    assert tf._plan_key(t, t, t, opts) == plan_keys[0]
+
+
+@settings(max_examples=10, deadline=None)
+@given(log_gain=st.integers(0, 3), cap=st.sampled_from([0.5, 5.0, 50.0]), causal=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_softcap_bounds_logits_whatever_the_q_scale(log_gain, cap, causal, seed):
+    """|c·tanh(x/c)| < c：q 放大 10^k 倍（k ≤ 3）时 logit 仍在 (−c, c) 里，所以输出有限、是 V 行的凸组合
+    （逐维落在看得见的 V 行的最小、最大值之间），LSE ∈ [log n − c, log n + c]（n = 这一行看得见的 key 数；数学上
+    是开区间，fp32 里 tanh 会饱和成 ±1，所以取闭区间加舍入），且和 float64 参考一致（LSE 按自己的大小 ~c 取误差）。"""
+    gen = torch.Generator().manual_seed(seed)
+    nq, nk = 9, 13
+    q = torch.randn(1, nq, 2, 16, generator=gen) * 10.0 ** log_gain
+    k, v = (torch.randn(1, nk, 1, 16, generator=gen) for _ in range(2))
+    out, lse = tf.flash_attn_func(q, k, v, causal=causal, softcap=cap, return_lse=True)
+    ref, ref_lse = tf.reference_attention(q, k, v, causal=causal, softcap=cap)
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+    ok = tf.allowed_mask(nq, nk, causal)                                          # [Nq, Nk]
+    n_vis = ok.sum(1).double()
+    room = (lse[0].double() - n_vis.log()).abs() - cap                           # ≤ 0（加上舍入）
+    assert float(room.max()) <= TOL * max(1.0, cap), float(room.max())
+    vals = v[0, :, 0]                                                             # [Nk, d]
+    lo = torch.where(ok[:, :, None], vals[None], float("inf")).amin(1)           # [Nq, d]
+    hi = torch.where(ok[:, :, None], vals[None], float("-inf")).amax(1)
+    slack = 1e-6 * vals.abs().max()
+    assert bool((out[0, :, 0] >= lo - slack).all() and (out[0, :, 0] <= hi + slack).all())
+    assert tf._rel_err(out.double(), ref) < TOL
+    assert float((lse.double() - ref_lse).abs().max()) < TOL * max(1.0, cap)
 
 
 def test_seed_keywords_accepted(gen):
