@@ -391,6 +391,7 @@ def _check_outcomes(raw, per_test=12):
         rec = raw["results"][nid]
         assert rec["outcome"] == outcome and rec.get("feature") == tag, (nid, rec)
         if outcome == "failed":
+            assert rec["where"].startswith("test_flash_attn.py:"), rec       # 测试文件里的那一行
             assert rec["message"] in ("AssertionError: boom", "NotImplementedError: something else") \
                 or rec["message"].startswith("AssertionError: boom"), rec
 
@@ -459,3 +460,43 @@ def test_runner_summary(tmp_path):
                           timeout=120)
     assert proc.returncode == 0 and "causal" in proc.stdout and "AssertionError" in proc.stdout
     assert (tmp_path / suite.MD_NAME).read_text(encoding="utf-8") == proc.stdout[:-1]
+
+
+def _fake_raw(tests, not_run=()):
+    """插件记录的样子：每个函数 2 个网格点，一个通过、一个失败；not_run 里的函数两个都没跑到。"""
+    raw = dict(grid={}, kept={}, results={}, workers_agree=True)
+    for func in tests:
+        ids = [f"tests/test_flash_attn.py::{func}[{i}]" for i in range(2)]
+        raw["grid"][func], raw["kept"][func] = 9, ids
+        outs = ["not-run"] * 2 if func in not_run else ["passed", "failed"]
+        for nid, out in zip(ids, outs):
+            raw["results"][nid] = dict(outcome=out, message="AssertionError: x", where="test_flash_attn.py:1")
+    return raw
+
+
+def test_runner_writes_and_resumes(light, tmp_path, monkeypatch):
+    """main 写 JSON / .md；--resume 沿用种子，只重跑没跑完的函数，其余的行原样留下。（GPU 和 pytest 换成替身。）"""
+    calls = []
+
+    def fake_run(args, checkout, seed, tests):
+        calls.append((seed, list(tests)))
+        return 1, _fake_raw(tests, not_run={"test_flash_attn_small"} if len(calls) == 1 else ()), 2.0
+
+    monkeypatch.setattr(suite, "_need_gpu", lambda: None)
+    monkeypatch.setattr(suite, "run_suite", fake_run)
+    out = tmp_path / "out"
+    base = ["--flash-attn", str(light), "--out", str(out), "--tests", SELECTED, "--per-test", "2"]
+    assert suite.main(base + ["--seed", "4"]) == 0
+    first = json.loads((out / suite.JSON_NAME).read_text(encoding="utf-8"))
+    assert first["meta"]["seed"] == 4 and first["meta"]["flash_attn"]["commit"] == "0123abcd"
+    assert first["tests"]["test_flash_attn_small"]["not_run"] == 2
+    assert first["tests"]["test_flash_attn_output"]["passed"] == 1
+    assert suite.main(base + ["--resume"]) == 0
+    assert calls[-1] == (4, ["test_flash_attn_small"])
+    second = json.loads((out / suite.JSON_NAME).read_text(encoding="utf-8"))
+    assert second["meta"]["runs"] == 2 and second["meta"]["wall_s"] == 4.0
+    assert second["tests"]["test_flash_attn_small"]["not_run"] == 0
+    assert second["tests"]["test_flash_attn_output"] == first["tests"]["test_flash_attn_output"]
+    assert (out / suite.MD_NAME).read_text(encoding="utf-8").startswith("# flash-attn tests")
+    assert suite.main(base + ["--resume", "--per-test", "3"]) == 0       # 每函数个数变了：不接着跑
+    assert calls[-1][1] == SELECTED.split(",")

@@ -190,11 +190,17 @@ class SuitePlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         rep = yield
-        tag = tag_of(call.excinfo.value) if call.excinfo is not None and rep.failed else None
+        if call.excinfo is None or not rep.failed:
+            return rep
+        tag = tag_of(call.excinfo.value)
         if tag is not None:                           # 兼容层缺这个特性：记成跳过，按标签计数
             rep.outcome = "skipped"
             rep.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: flash_attn_compat unsupported '{tag}'")
             rep.user_properties.append(("fa_unsupported", tag))
+        else:                                         # 失败在测试文件的哪一行（最里层的帧常在 torch 里）
+            lines = [e.lineno + 1 for e in call.excinfo.traceback if str(e.path) == str(item.path)]
+            if lines:
+                rep.user_properties.append(("fa_where", f"{item.path.name}:{lines[-1]}"))
         return rep
 
     def pytest_runtest_logreport(self, report):
@@ -206,6 +212,7 @@ class SuitePlugin:
         if report.failed:
             if rec["outcome"] not in ("failed", "error"):
                 message, where = _crash_message(report)
+                where = dict(report.user_properties).get("fa_where", where)
                 rec.update(outcome="failed" if report.when == "call" else "error", phase=report.when,
                            message=message, where=where, stdout_tail=report.capstdout.splitlines()[-6:])
         elif report.skipped:
@@ -217,7 +224,7 @@ class SuitePlugin:
             elif reason == DEADLINE_REASON:
                 rec.update(outcome="not-run")
             else:
-                rec.update(outcome="skipped", reason=_first_line(reason, 120))
+                rec.update(outcome="skipped", reason=_first_line(reason, 120) or "(no reason given)")
         elif report.when == "call" and rec["outcome"] is None:
             rec["outcome"] = "passed"
 
@@ -352,11 +359,12 @@ def checkout_info(checkout):
 # ============================================================================
 # 运行 pytest、汇总
 # ============================================================================
-def build_pytest_command(checkout, tmp, record, args, seed, deadline):
+def build_pytest_command(checkout, tmp, record, args, seed, deadline, tests=None):
+    """运行器的 pytest 命令行（tests：要跑的测试函数，默认 args.tests）。"""
     cmd = [sys.executable, "-m", "pytest", os.path.join(checkout, TEST_FILE), "-c", os.path.join(tmp, "pytest.ini"),
            "--rootdir", checkout, "-p", "flash_attn_suite", "-p", "no:cacheprovider", "-q", "--tb=no",
            "--fa-seed", str(seed), "--fa-per-test", str(args.per_test), "--fa-record", record,
-           "--fa-tests", ",".join(args.tests)]
+           "--fa-tests", ",".join(args.tests if tests is None else tests)]
     if args.collect_only:
         cmd += ["--collect-only", "-q", "--fa-capability", FAKE_CAPABILITY]
     elif args.workers > 0:
@@ -479,6 +487,8 @@ def parse_args(argv=None):
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="开始后多少秒起不再开始新的网格点（记作 not run；0 = 不限）：GPU 命令有时限时用")
     ap.add_argument("--triton-cache", default=TRITON_CACHE, help=f"共用的 TRITON_CACHE_DIR（默认 {TRITON_CACHE}）")
+    ap.add_argument("--resume", action="store_true",
+                    help="接着 --out 里上次的 JSON 跑：沿用它的种子，跑完了的测试函数不再跑（上次到了 --deadline 时）")
     ap.add_argument("--collect-only", action="store_true", help="只收集、抽样、打印每个函数的个数（CPU 也行）")
     ap.add_argument("--summary", action="store_true", help="从 --out 里的 JSON 重印表")
     ap.add_argument("--replot", action="store_true", help="同 --summary，并按 JSON 重写 .md")
@@ -514,6 +524,62 @@ def _need_gpu():
     return None
 
 
+def finished_rows(args, info):
+    """--resume：--out 里已有的 JSON 若是同一份 checkout、同一个每函数个数（种子取它的），返回 (种子, 跑完了的函数的行,
+    旧的 meta)——跑完 = 抽到的每一项都有结果（没有 not run）。不能接着跑时返回 None。"""
+    path = os.path.join(args.out, JSON_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    meta = old["meta"]
+    if meta["flash_attn"].get("commit") != info["commit"] or meta["per_test"] != args.per_test \
+            or (args.seed is not None and args.seed != meta["seed"]):
+        print(f"flash_attn_suite：{os.path.relpath(path)} 的 checkout 提交 / --per-test / 种子和这次不同，不接着跑")
+        return None
+    done = {f: r for f, r in old["tests"].items()
+            if f in args.tests and r["sampled"] and not r["not_run"] and not r["missing"]}
+    return meta["seed"], done, meta
+
+
+def run_suite(args, checkout, seed, tests):
+    """造假包、跑 pytest；返回 (pytest 退出码, 插件的逐项记录或 None, 墙钟秒数)。tests 为空时不跑。"""
+    if not tests:
+        return 0, dict(grid={}, kept={}, results={}, workers_agree=True), 0.0
+    with tempfile.TemporaryDirectory(prefix="flash_attn_suite_") as tmp:
+        write_fake_package(tmp, checkout)
+        record = os.path.join(tmp, "records.json")
+        t0 = time.time()
+        cmd = build_pytest_command(checkout, tmp, record, args, seed, t0 + args.deadline if args.deadline else 0.0,
+                                   tests)
+        rc = subprocess.call(cmd, env=suite_env(tmp, args.triton_cache), cwd=checkout)
+        wall = time.time() - t0
+        if not os.path.isfile(record):
+            print(f"flash_attn_suite：pytest 没有写出结果（退出码 {rc}）；命令：{' '.join(cmd)}")
+            return rc, None, wall
+        with open(record, encoding="utf-8") as f:
+            return rc, json.load(f), wall
+
+
+def write_results(args, summary):
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, JSON_NAME), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, ensure_ascii=False)
+    text = render_markdown(summary)
+    with open(os.path.join(args.out, MD_NAME), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    print(f"写了 {os.path.relpath(os.path.join(args.out, JSON_NAME))} 和 {MD_NAME}"
+          f"（共 {summary['meta']['wall_s']:.0f} s）")
+
+
+def _check_checkout(checkout):
+    for rel in (TEST_FILE, os.path.join("flash_attn", "bert_padding.py")):
+        if not os.path.isfile(os.path.join(checkout, rel)):
+            return f"flash_attn_suite：{checkout} 里没有 {rel}（见 lecture11/bench/README.md）"
+    return None
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.summary or args.replot:
@@ -522,30 +588,23 @@ def main(argv=None):
         print("flash_attn_suite：要给 --flash-attn PATH（flash-attn checkout，含 tests/test_flash_attn.py）")
         return 2
     checkout = os.path.abspath(args.flash_attn)
-    for rel in (TEST_FILE, os.path.join("flash_attn", "bert_padding.py")):
-        if not os.path.isfile(os.path.join(checkout, rel)):
-            print(f"flash_attn_suite：{checkout} 里没有 {rel}（见 lecture11/bench/README.md）")
-            return 2
-    if not args.collect_only:
-        why = _need_gpu()
-        if why:
-            print(why)
-            return SKIP
-    seed = args.seed if args.seed is not None else random.randrange(2**31)
-    print(f"flash_attn_suite: seed {seed}（--seed {seed} 复现同一份抽样），每个函数 {args.per_test or '全部'} 个网格点")
-    with tempfile.TemporaryDirectory(prefix="flash_attn_suite_") as tmp:
-        write_fake_package(tmp, checkout)
-        record = os.path.join(tmp, "records.json")
-        t0 = time.time()
-        deadline = t0 + args.deadline if args.deadline else 0.0
-        cmd = build_pytest_command(checkout, tmp, record, args, seed, deadline)
-        rc = subprocess.call(cmd, env=suite_env(tmp, args.triton_cache), cwd=checkout)
-        wall = time.time() - t0
-        if not os.path.isfile(record):
-            print(f"flash_attn_suite：pytest 没有写出结果（退出码 {rc}）；命令：{' '.join(cmd)}")
-            return 1
-        with open(record, encoding="utf-8") as f:
-            raw = json.load(f)
+    bad = _check_checkout(checkout)
+    if bad:
+        print(bad)
+        return 2
+    why = None if args.collect_only else _need_gpu()
+    if why:
+        print(why)
+        return SKIP
+    info = checkout_info(checkout)
+    prev = finished_rows(args, info) if args.resume and not args.collect_only else None
+    seed, done, old_meta = prev or (args.seed if args.seed is not None else random.randrange(2**31), {}, None)
+    tests = [t for t in args.tests if t not in done]
+    print(f"flash_attn_suite: seed {seed}（--seed {seed} 复现同一份抽样），每个函数 {args.per_test or '全部'} 个网格点"
+          + (f"；接着上次跑：{len(done)} 个函数已经跑完，这次跑 {len(tests)} 个" if prev else ""))
+    rc, raw, wall = run_suite(args, checkout, seed, tests)
+    if raw is None:
+        return 1
     if args.collect_only:
         print(collect_table(raw, args.tests))
         return 0 if rc == 0 else 1
@@ -554,19 +613,13 @@ def main(argv=None):
               f"各进程抽样一致：{raw['workers_agree']}")
         return 1
     import torch
-    meta = gpu_meta(torch, seed=seed, per_test=args.per_test, workers=args.workers, wall_s=round(wall, 1),
-                    deadline_s=args.deadline, pytest_exit=rc, flash_attn=checkout_info(checkout),
-                    command=" ".join(["python3", os.path.relpath(__file__)] + (argv if argv is not None
-                                                                             else sys.argv[1:])))
-    summary = dict(meta=meta, tests=summarize(raw, args.tests))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, JSON_NAME), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, ensure_ascii=False)
-    text = render_markdown(summary)
-    with open(os.path.join(args.out, MD_NAME), "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
-    print(f"写了 {os.path.relpath(os.path.join(args.out, JSON_NAME))} 和 {MD_NAME}（{wall:.0f} s）")
+    command = " ".join(["python3", os.path.relpath(__file__)] + (sys.argv[1:] if argv is None else list(argv)))
+    meta = gpu_meta(torch, seed=seed, per_test=args.per_test, workers=args.workers, deadline_s=args.deadline,
+                    wall_s=round(wall + (old_meta["wall_s"] if old_meta else 0.0), 1),   # 接着跑：累加
+                    runs=1 + (old_meta.get("runs", 1) if old_meta else 0), pytest_exit=rc, flash_attn=info,
+                    command=command)
+    fresh = summarize(raw, tests)
+    write_results(args, dict(meta=meta, tests={t: done[t] if t in done else fresh[t] for t in args.tests}))
     return 0
 
 
