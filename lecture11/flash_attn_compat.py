@@ -82,14 +82,12 @@ def _params(fn):
 _DENSE_PARAMS = _params(tf.flash_attn_func)
 _VARLEN_PARAMS = _params(tf.flash_attn_varlen_func)
 _DECODE_PARAMS = _params(tf.flash_decode)
-_NO_KW = {}
 
 
-def _softcap_kw(softcap, params, tag):
-    """softcap ≠ 0：我们的函数有这个参数就传下去，没有就抛（softcap = 0 时调用者根本不调这里）。"""
+def _require_softcap(params, tag, softcap):
+    """softcap ≠ 0：我们的函数有这个参数才能传下去，没有就抛（softcap = 0 时不调这里，也不传：今天的函数也能用）。"""
     if "softcap" not in params:
         raise unsupported(tag, f"softcap={softcap}")
-    return {"softcap": softcap}
 
 
 def _window(window_size):
@@ -135,10 +133,17 @@ def _with_probs(res, q, dropout_p):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out（return_attn_probs 时 (out, lse [B, Hq, Nq], S_dmask)）。"""
-    extra = _NO_KW if softcap == 0 else _softcap_kw(softcap, _DENSE_PARAMS, "softcap")
-    res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                             alibi_slopes=alibi_slopes, window_size=_window(window_size),
-                             return_lse=return_attn_probs, deterministic=deterministic, **extra)
+    if type(window_size) is not tuple:
+        window_size = _window(window_size)
+    if softcap:           # 两个分支只差 softcap=：热路径上不拼关键字字典（**{} 比整个映射还贵）
+        _require_softcap(_DENSE_PARAMS, "softcap", softcap)
+        res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                 alibi_slopes=alibi_slopes, window_size=window_size, return_lse=return_attn_probs,
+                                 deterministic=deterministic, softcap=softcap)
+    else:
+        res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                 alibi_slopes=alibi_slopes, window_size=window_size, return_lse=return_attn_probs,
+                                 deterministic=deterministic)
     return _with_probs(res, q, dropout_p) if return_attn_probs else res
 
 
@@ -167,11 +172,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """q [total_q, Hq, d]，k、v [total_k, Hk, d] → out（return_attn_probs 时 (out, lse [Hq, total_q], S_dmask)）。"""
     if block_table is not None:
         raise unsupported("paged-kv", "block_table=")
-    extra = _NO_KW if softcap == 0 else _softcap_kw(softcap, _VARLEN_PARAMS, "softcap")
-    res = tf.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                    alibi_slopes=alibi_slopes, window_size=_window(window_size),
-                                    return_lse=return_attn_probs, deterministic=deterministic, **extra)
+    if type(window_size) is not tuple:
+        window_size = _window(window_size)
+    if softcap:
+        _require_softcap(_VARLEN_PARAMS, "softcap", softcap)
+        res = tf.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                        alibi_slopes=alibi_slopes, window_size=window_size,
+                                        return_lse=return_attn_probs, deterministic=deterministic, softcap=softcap)
+    else:
+        res = tf.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                        alibi_slopes=alibi_slopes, window_size=window_size,
+                                        return_lse=return_attn_probs, deterministic=deterministic)
     return _with_probs(res, q, dropout_p) if return_attn_probs else res
 
 
@@ -198,9 +211,9 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
 # ============================================================================
 # KV 缓存上的 decode
 # ============================================================================
-def _kvcache_refusals(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
-                      alibi_slopes, return_softmax_lse):
-    """flash_decode 没有的参数：用到就抛对应标签（都是默认值时什么也不做）。"""
+def _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
+                    alibi_slopes, return_softmax_lse):
+    """flash_decode 没有的参数：用到了哪个就抛哪个标签（调用者看出有一个不是默认值，或 window_size 不是 tuple）。"""
     if k is not None or v is not None:
         raise unsupported("kvcache-append", "k=, v= 追加进缓存")
     if rotary_cos is not None or rotary_sin is not None:
@@ -211,6 +224,7 @@ def _kvcache_refusals(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftp
         raise unsupported("cache-leftpad", "cache_leftpad=")
     if block_table is not None:
         raise unsupported("paged-kv", "block_table=")
+    window_size = _window(window_size)
     if window_size != (-1, -1):
         raise unsupported("window-kvcache", f"window_size={window_size}")
     if alibi_slopes is not None:
@@ -219,22 +233,30 @@ def _kvcache_refusals(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftp
         raise unsupported("kvcache-lse", "return_softmax_lse=True")
 
 
-def _cache_lengths(cache_seqlens, batch, k_cache):
-    """flash-attn 的 cache_seqlens：None = 整个缓存，int = 每个序列一样长，张量原样（由 flash_decode 检查）。"""
+def _cache_lengths(cache_seqlens, q, k_cache):
+    """cache_seqlens 不是张量时：None = 整个缓存，int = 每个序列一样长（别的原样交给 flash_decode 报错）。"""
     if cache_seqlens is None:
         cache_seqlens = k_cache.shape[1]
     if isinstance(cache_seqlens, int):
-        return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=k_cache.device)
+        return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=k_cache.device)
     return cache_seqlens
 
 
-def _decode_all_visible(q, k_cache, v_cache, lens, num_splits, softmax_scale, extra):
+def _decode(q, k_cache, v_cache, lens, num_splits, softmax_scale, softcap):
+    if softcap:
+        _require_softcap(_DECODE_PARAMS, "softcap-kvcache", softcap)
+        return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=num_splits, softmax_scale=softmax_scale,
+                               softcap=softcap)
+    return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=num_splits, softmax_scale=softmax_scale)
+
+
+def _decode_all_visible(q, k_cache, v_cache, lens, num_splits, softmax_scale, softcap):
     """causal=False、n > 1：每个新 query 都看整个前缀 [0, L_b)。把 n 折进 query 头，当成一个新 token 的 decode。"""
     batch, n, hq, d = q.shape
     hk = k_cache.shape[2]
     group = hq // hk
     q1 = q.reshape(batch, n, hk, group, d).transpose(1, 2).reshape(batch, hk * n * group, d)   # [B, Hk·n·R, d]
-    o1 = tf.flash_decode(q1, k_cache, v_cache, lens, num_splits=num_splits, softmax_scale=softmax_scale, **extra)
+    o1 = _decode(q1, k_cache, v_cache, lens, num_splits, softmax_scale, softcap)               # [B, Hk·n·R, d]
     return o1.view(batch, hk, n, group, d).transpose(1, 2).reshape(batch, n, hq, d)            # [B, n, Hq, d]
 
 
@@ -246,14 +268,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q [B, n, Hq, d]，k_cache、v_cache [B, S_max, Hk, d] → out [B, n, Hq, d]。只支持"缓存已经写好、只读"的用法；
     num_splits = 0（flash-attn：自动）→ None（flash_decode 自己选），其余原样。
     """
-    window_size = _window(window_size)
-    _kvcache_refusals(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
-                      alibi_slopes, return_softmax_lse)
-    extra = _NO_KW if softcap == 0 else _softcap_kw(softcap, _DECODE_PARAMS, "softcap-kvcache")
-    lens = _cache_lengths(cache_seqlens, q.shape[0], k_cache)
+    if (k is not None or v is not None or rotary_cos is not None or rotary_sin is not None
+            or cache_batch_idx is not None or cache_leftpad is not None or block_table is not None
+            or alibi_slopes is not None or return_softmax_lse
+            or type(window_size) is not tuple or window_size != (-1, -1)):     # 热路径上只有这一串比较
+        _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
+                        alibi_slopes, return_softmax_lse)
+    lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else _cache_lengths(cache_seqlens, q, k_cache)
     splits = None if num_splits == 0 else num_splits
+    if causal and not softcap:                  # 最常见的调用：直接交给 flash_decode
+        return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=splits, softmax_scale=softmax_scale)
     # n = 1 时 causal 与否一样；q 的形状不对、Hq 不是 Hk 的倍数时不折叠，交给 flash_decode 报错
     if (causal or q.dim() != 4 or q.shape[1] == 1 or k_cache.dim() != 4 or k_cache.shape[2] == 0
             or q.shape[2] % k_cache.shape[2]):
-        return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=splits, softmax_scale=softmax_scale, **extra)
-    return _decode_all_visible(q, k_cache, v_cache, lens, splits, softmax_scale, extra)
+        return _decode(q, k_cache, v_cache, lens, splits, softmax_scale, softcap)
+    return _decode_all_visible(q, k_cache, v_cache, lens, splits, softmax_scale, softcap)

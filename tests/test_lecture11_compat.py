@@ -172,6 +172,9 @@ def test_kvcache_mapping(monkeypatch, gen):
     assert a1[0] is q and a1[3] is lens and k1 == dict(num_splits=None, softmax_scale=0.3)
     assert a2[3].dtype == torch.int32 and a2[3].tolist() == [7, 7] and k2["num_splits"] == 2
     assert a3[3].tolist() == [24, 24]                         # cache_seqlens=None：整个缓存
+    monkeypatch.setattr(fac, "_DECODE_PARAMS", fac._DECODE_PARAMS | {"softcap"})   # flash_decode 有了 softcap 之后
+    fac.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, softcap=20.0)
+    assert spy.calls[-1][1]["softcap"] == 20.0 and spy.calls[-1][0][0] is q
     spy.calls.clear()
     spy.result = torch.zeros(2, 2 * 3 * 2, 16)                # causal=False、n = 3：折成 [B, Hk·n·R, d]
     out = fac.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
