@@ -338,6 +338,10 @@ def _make_checkout(root, header):
     (root / "tests" / "test_flash_attn.py").write_text(header + GRID, encoding="utf-8")
     (root / "flash_attn").mkdir()
     (root / "flash_attn" / "bert_padding.py").write_text("def pad_input():\n    return 'pad'\n", encoding="utf-8")
+    # 真的 flash_attn/__init__.py 会 import 编译好的 CUDA 扩展：测试绝不能 import 到它
+    (root / "flash_attn" / "__init__.py").write_text(
+        "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n__version__ = '2.8.4'\n"
+        "raise ImportError('the real flash_attn package was imported')\n", encoding="utf-8")
     (root / "COMMIT").write_text("0123abcd\n", encoding="utf-8")
     return root
 
@@ -361,8 +365,8 @@ def _run_plugin(checkout, tmp_path, name, workers=0, seed=5, per_test=12, deadli
     if checkout.name == "heavy":          # import 时查 GPU 的那个文件：CPU 上给一个假的 compute capability
         argv.append("--pytest-arg=--fa-capability=9,0")
     cmd = suite.build_pytest_command(str(checkout), str(pkg), str(record), suite.parse_args(argv), seed, deadline)
-    proc = subprocess.run(cmd, env=suite.suite_env(str(pkg), str(tmp_path / "triton_cache")), cwd=str(checkout),
-                          capture_output=True, text=True, timeout=240)
+    proc = suite.spawn_pytest(cmd, str(pkg), str(tmp_path / "triton_cache"), capture_output=True, text=True,
+                              timeout=240)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     assert proc.returncode in (0, 1), proc.returncode
     return json.loads(record.read_text(encoding="utf-8"))

@@ -163,6 +163,9 @@ class SuitePlugin:
         calls[:] = [c for c, nid in zip(calls, ids) if nid in keep]
 
     def pytest_collection_modifyitems(self, session, config, items):
+        fa = sys.modules.get("flash_attn")
+        if fa is not None and not getattr(fa, "__fa_compat__", False):
+            pytest.exit(f"flash_attn_suite：测试导入的 flash_attn 是 {getattr(fa, '__file__', fa)}，不是假包", 3)
         by_func = {}
         for item in items:
             by_func.setdefault(getattr(item, "originalname", None) or item.name.split("[")[0], []).append(item)
@@ -250,17 +253,19 @@ class SuitePlugin:
 # ============================================================================
 # 假的 flash_attn 包
 # ============================================================================
-_INIT = '''"""flash_attn_suite 生成的假 flash_attn 包：公开函数来自 lecture11/flash_attn_compat.py（我们的内核）。"""
-from flash_attn_compat import (  # noqa: F401
+_PUBLIC = '''from flash_attn_compat import (  # noqa: F401
     flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
-
+'''
+_INIT = '''"""flash_attn_suite 生成的假 flash_attn 包：公开函数来自 lecture11/flash_attn_compat.py（我们的内核）。"""
+''' + _PUBLIC + '''
 __version__ = "compat"
+__fa_compat__ = True       # 插件核对：测试拿到的是这个包，不是 checkout 里真的 flash_attn
 '''
 
 _INTERFACE = '''"""假的 flash_attn.flash_attn_interface：公开函数同 flash_attn，加上测试导入的两个名字；其余是替身。"""
 from flash_attn_compat import unsupported
-from flash_attn import *  # noqa: F401,F403
+''' + _PUBLIC + '''
 
 USE_TRITON_ROCM = False
 
@@ -372,6 +377,12 @@ def build_pytest_command(checkout, tmp, record, args, seed, deadline, tests=None
     if deadline:
         cmd += ["--fa-deadline", str(deadline)]
     return cmd + list(args.pytest_arg)
+
+
+def spawn_pytest(cmd, tmp, triton_cache, **kwargs):
+    """在 tmp（假包所在的目录）里跑 pytest：`python -m` 把当前目录放在 sys.path 最前面，要是在 checkout 里跑，
+    import 到的就是 checkout 里真的 flash_attn（它还会用 extend_path 把假包的子模块拼进来）。"""
+    return subprocess.run(cmd, env=suite_env(tmp, triton_cache), cwd=tmp, **kwargs)
 
 
 def suite_env(tmp, triton_cache):
@@ -552,7 +563,7 @@ def run_suite(args, checkout, seed, tests):
         t0 = time.time()
         cmd = build_pytest_command(checkout, tmp, record, args, seed, t0 + args.deadline if args.deadline else 0.0,
                                    tests)
-        rc = subprocess.call(cmd, env=suite_env(tmp, args.triton_cache), cwd=checkout)
+        rc = spawn_pytest(cmd, tmp, args.triton_cache).returncode
         wall = time.time() - t0
         if not os.path.isfile(record):
             print(f"flash_attn_suite：pytest 没有写出结果（退出码 {rc}）；命令：{' '.join(cmd)}")
