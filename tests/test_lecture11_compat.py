@@ -327,6 +327,13 @@ def test_flash_attn_plain():
 
 def test_flash_attn_unselected():
     raise AssertionError("must not run")
+
+
+@pytest.mark.parametrize("paged_kv_block_size", [None, 256])
+@pytest.mark.parametrize("new_kv", [False, True])
+@pytest.mark.parametrize("d", [32, 59, 64])
+def test_flash_attn_kvcache(d, new_kv, paged_kv_block_size):
+    assert not new_kv and paged_kv_block_size is None, "a prefiltered point ran"
 """
 SELECTED = "test_flash_attn_output,test_flash_attn_small,test_flash_attn_plain"
 GRID_IDS = [f"tests/test_flash_attn.py::test_flash_attn_output[{a}-{b}]" for a in range(10) for b in "xyz"]
@@ -356,12 +363,13 @@ def heavy(tmp_path):
     return _make_checkout(tmp_path / "heavy", HEAVY)
 
 
-def _run_plugin(checkout, tmp_path, name, workers=0, seed=5, per_test=12, deadline=0.0):
+def _run_plugin(checkout, tmp_path, name, workers=0, seed=5, per_test=12, deadline=0.0, tests=None):
     """运行器的那条 pytest 命令（假包 + 插件），在 CPU 上跑；返回插件写出的逐项记录。"""
     pkg = tmp_path / f"pkg_{name}"
     suite.write_fake_package(str(pkg), str(checkout))
     record = tmp_path / f"{name}.json"
-    argv = ["--flash-attn", str(checkout), "--per-test", str(per_test), "--tests", SELECTED, "-n", str(workers)]
+    argv = ["--flash-attn", str(checkout), "--per-test", str(per_test), "--tests", tests or SELECTED,
+            "-n", str(workers)]
     if checkout.name == "heavy":          # import 时查 GPU 的那个文件：CPU 上给一个假的 compute capability
         argv.append("--pytest-arg=--fa-capability=9,0")
     cmd = suite.build_pytest_command(str(checkout), str(pkg), str(record), suite.parse_args(argv), seed, deadline)
@@ -440,9 +448,22 @@ def test_runner_collect_only(heavy):
     assert proc.returncode == 0
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()
             if line.startswith(("test_", "total"))}
-    assert rows["test_flash_attn_output"] == ["30", "7"] and rows["test_flash_attn_small"] == ["4", "4"]
-    assert rows["test_flash_attn_missing"] == ["0", "0"] and rows["total"] == ["35", "12"]
+    assert rows["test_flash_attn_output"] == ["30", "0", "7"] and rows["test_flash_attn_small"] == ["4", "0", "4"]
+    assert rows["test_flash_attn_missing"] == ["0", "0", "0"] and rows["total"] == ["35", "0", "12"]
     assert "seed 9" in proc.stdout
+
+
+def test_prefilter_counts_points_that_need_a_missing_feature(light, tmp_path):
+    """kvcache 的网格点里参数就要分页 KV / 追加的：按特性计数、不抽、不跑；其余照常抽样、运行。"""
+    raw = _run_plugin(light, tmp_path, "pre", per_test=2, tests="test_flash_attn_kvcache")
+    assert raw["grid"]["test_flash_attn_kvcache"] == 12
+    assert raw["prefiltered"]["test_flash_attn_kvcache"] == {"paged-kv": 6, "kvcache-append": 3}
+    kept = raw["kept"]["test_flash_attn_kvcache"]
+    assert len(kept) == 2 and all(raw["results"][nid]["outcome"] == "passed" for nid in kept)
+    row = suite.summarize(raw, ["test_flash_attn_kvcache"])["test_flash_attn_kvcache"]
+    assert row["prefiltered"] == {"paged-kv": 6, "kvcache-append": 3} and row["passed"] == 2
+    assert suite.needs_feature("test_flash_attn_kvcache", {"paged_kv_block_size": None, "new_kv": False}) is None
+    assert suite.needs_feature("test_flash_attn_output", {"paged_kv_block_size": 256}) is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="有 GPU 时运行器真的会跑")

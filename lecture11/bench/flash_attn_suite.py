@@ -70,6 +70,29 @@ def sample_ids(nodeids, k, seed, func):
     return set(random.Random(f"{seed}:{func}").sample(ids, k))
 
 
+# 参数一看就知道要兼容层没有的特性的网格点：不抽、不跑，按特性计数（flash-attn 的 kvcache 测试 30 万个网格点里
+# 只有约 1% 只用到我们有的特性，不先筛掉的话抽 40 个几乎一个也跑不到）。(参数名, 取值 → 是否需要, 特性标签)
+PREFILTER = {
+    "test_flash_attn_kvcache": (
+        ("paged_kv_block_size", lambda v: v is not None, "paged-kv"),
+        ("has_batch_idx", bool, "cache-batch-idx"),
+        ("has_leftpad", bool, "cache-leftpad"),
+        ("new_kv", bool, "kvcache-append"),
+        ("rotary_fraction", lambda v: v > 0, "kvcache-rotary"),
+        ("local", bool, "window-kvcache"),
+        ("alibi", bool, "alibi-kvcache"),
+    ),
+}
+
+
+def needs_feature(func, params):
+    """这个网格点（参数字典）按 PREFILTER 需要的第一个缺少的特性标签；不需要时 None。"""
+    for name, need, tag in PREFILTER.get(func, ()):
+        if name in params and need(params[name]):
+            return tag
+    return None
+
+
 def tag_of(exc):
     """兼容层因为缺少特性而抛的 NotImplementedError → 标签（带 .feature，或消息以约定的格式开头）；否则 None。"""
     if not isinstance(exc, NotImplementedError):
@@ -139,6 +162,7 @@ class SuitePlugin:
         self.deadline = config.getoption("--fa-deadline")
         self.is_worker = hasattr(config, "workerinput")
         self.grid, self.kept = {}, {}            # 函数 → 网格点总数 / 抽到的 node id
+        self.prefiltered = {}                    # 函数 → {特性: 按参数筛掉的网格点数}（PREFILTER）
         self.results = {}                        # node id → 结果
         self.worker_tests = []                   # xdist：各进程报回来的 (grid, kept)
 
@@ -158,9 +182,24 @@ class SuitePlugin:
         ids = [f"{metafunc.definition.nodeid}[{c.id}]" for c in calls]
         if len(set(ids)) != len(ids):                 # id 有重复：pytest 之后还会改名，只在 Item 这一层抽样
             return
-        keep = sample_ids(ids, self.per_test, self.seed, func)
         self.grid[func] = len(calls)
-        calls[:] = [c for c, nid in zip(calls, ids) if nid in keep]
+        pairs = self._prefilter(func, [(c, nid, c.params) for c, nid in zip(calls, ids)])
+        keep = sample_ids([nid for _, nid in pairs], self.per_test, self.seed, func)
+        calls[:] = [c for c, nid in pairs if nid in keep]
+
+    def _prefilter(self, func, entries):
+        """(对象, node id, 参数) → 不需要缺少的特性的 (对象, node id)；筛掉的按特性记进 self.prefiltered。"""
+        if func in self.prefiltered:                  # 参数层已经筛过（Item 层不再重复计数）
+            return [(x, nid) for x, nid, _ in entries]
+        counts, kept = {}, []
+        for x, nid, params in entries:
+            tag = needs_feature(func, params)
+            if tag is None:
+                kept.append((x, nid))
+            else:
+                counts[tag] = counts.get(tag, 0) + 1
+        self.prefiltered[func] = counts
+        return kept
 
     def pytest_collection_modifyitems(self, session, config, items):
         fa = sys.modules.get("flash_attn")
@@ -173,8 +212,10 @@ class SuitePlugin:
         for func, its in by_func.items():
             if not self._selected(func):
                 continue
-            chosen = sample_ids([it.nodeid for it in its], self.per_test, self.seed, func)
             self.grid.setdefault(func, len(its))
+            params = [getattr(getattr(it, "callspec", None), "params", {}) for it in its]
+            pairs = self._prefilter(func, [(it, it.nodeid, p) for it, p in zip(its, params)])
+            chosen = sample_ids([nid for _, nid in pairs], self.per_test, self.seed, func)
             self.kept[func] = sorted(chosen)
             keep |= chosen
         dropped = [it for it in items if it.nodeid not in keep]
@@ -182,7 +223,7 @@ class SuitePlugin:
             config.hook.pytest_deselected(items=dropped)
             items[:] = [it for it in items if it.nodeid in keep]
         if self.is_worker:
-            config.workeroutput["fa_suite"] = {"grid": self.grid, "kept": self.kept}
+            config.workeroutput["fa_suite"] = {"grid": self.grid, "kept": self.kept, "prefiltered": self.prefiltered}
 
     # ---- 运行
     @pytest.hookimpl(tryfirst=True)
@@ -241,13 +282,15 @@ class SuitePlugin:
     def pytest_sessionfinish(self, session, exitstatus):
         if self.is_worker or not self.record:
             return
-        grid, kept, agree = self.grid, self.kept, True
+        grid, kept, pre, agree = self.grid, self.kept, self.prefiltered, True
         if self.worker_tests:                         # xdist：主进程自己不收集，用第一个进程报回来的
-            grid, kept = self.worker_tests[0]["grid"], self.worker_tests[0]["kept"]
-            agree = all(w == self.worker_tests[0] for w in self.worker_tests)
+            first = self.worker_tests[0]
+            grid, kept, pre = first["grid"], first["kept"], first.get("prefiltered", {})
+            agree = all(w == first for w in self.worker_tests)
         with open(self.record, "w", encoding="utf-8") as f:
             json.dump(dict(seed=self.seed, per_test=self.per_test, wanted=self.wanted, grid=grid, kept=kept,
-                           workers_agree=agree, exitstatus=int(exitstatus), results=self.results), f)
+                           prefiltered=pre, workers_agree=agree, exitstatus=int(exitstatus),
+                           results=self.results), f)
 
 
 # ============================================================================
@@ -403,10 +446,12 @@ def summarize(raw, tests):
     per = {}
     for func in tests:
         per[func] = dict(grid=raw["grid"].get(func, 0), sampled=len(raw["kept"].get(func, [])), passed=0,
-                         failed=[], unsupported={}, skipped={}, not_run=0, missing=0, seconds=0.0)
+                         failed=[], unsupported={}, skipped={}, not_run=0, missing=0, seconds=0.0,
+                         prefiltered=dict(raw.get("prefiltered", {}).get(func, {})))
     for func, ids in raw["kept"].items():
         row = per.setdefault(func, dict(grid=raw["grid"].get(func, 0), sampled=len(ids), passed=0, failed=[],
-                                        unsupported={}, skipped={}, not_run=0, missing=0, seconds=0.0))
+                                        unsupported={}, skipped={}, not_run=0, missing=0, seconds=0.0,
+                                        prefiltered=dict(raw.get("prefiltered", {}).get(func, {}))))
         for nid in ids:
             rec = raw["results"].get(nid, {"outcome": None})
             row["seconds"] += rec.get("seconds", 0.0)
@@ -431,10 +476,11 @@ def summarize(raw, tests):
 def summary_rows(per):
     rows = []
     for func, r in per.items():
-        rows.append([func.removeprefix("test_flash_attn_") or func, r["grid"], r["sampled"], r["passed"],
+        rows.append([func.removeprefix("test_flash_attn_") or func, r["grid"],
+                     sum(r.get("prefiltered", {}).values()), r["sampled"], r["passed"],
                      len(r["failed"]), sum(r["unsupported"].values()), sum(r["skipped"].values()),
                      r["not_run"] + r["missing"], f"{r['seconds']:.0f}"])
-    totals = [sum(row[j] for row in rows) for j in range(1, 8)]
+    totals = [sum(row[j] for row in rows) for j in range(1, 9)]
     rows.append(["total", *totals, f"{sum(r['seconds'] for r in per.values()):.0f}"])
     return rows
 
@@ -443,11 +489,14 @@ def render_markdown(summary):
     """flash_attn_suite.md 的全文：说明、总表、按特性的"不支持"、失败清单。"""
     meta, per = summary["meta"], summary["tests"]
     fa = meta["flash_attn"]
-    head = format_table(["test (test_flash_attn_*)", "grid", "sampled", "passed", "failed", "unsupported", "skipped",
-                         "not run", "test s"], summary_rows(per))
+    head = format_table(["test (test_flash_attn_*)", "grid", "needs missing", "sampled", "passed", "failed",
+                         "unsupported", "skipped", "not run", "test s"], summary_rows(per))
     features = {}
     for func, r in per.items():
+        merged = dict(r.get("prefiltered", {}))
         for tag, n in r["unsupported"].items():
+            merged[tag] = merged.get(tag, 0) + n
+        for tag, n in merged.items():
             features.setdefault(tag, [0, []])
             features[tag][0] += n
             features[tag][1].append(func.removeprefix("test_flash_attn_"))
@@ -461,9 +510,10 @@ def render_markdown(summary):
         f"seed {meta['seed']}, {meta['per_test'] or 'all'} grid points per test function; "
         f"{meta.get('gpu')}, torch {meta.get('torch')}, triton {meta.get('triton')}; "
         f"{meta.get('workers')} xdist workers, wall {meta.get('wall_s', 0):.0f} s, {meta.get('date')}.", "",
-        "unsupported = the grid point needs a feature listed in flash_attn_compat.UNSUPPORTED_FEATURES "
-        "(counted per feature, not a failure); skipped = the test skipped itself; not run = past --deadline "
-        "or lost (worker crash).", "",
+        "needs missing = grid points whose parameters alone ask for a feature we lack (PREFILTER: counted, "
+        "never sampled); unsupported = a sampled point whose call raised the adapter's NotImplementedError "
+        "(flash_attn_compat.UNSUPPORTED_FEATURES; counted per feature, not a failure); skipped = the test skipped "
+        "itself; not run = past --deadline or lost (worker crash).", "",
         "```", head, "```", "", "Unsupported, by feature:", "", "```", feat, "```", "",
         f"Failures ({len(fails)}):", "",
     ]
@@ -476,9 +526,11 @@ def render_markdown(summary):
 
 
 def collect_table(raw, tests):
-    rows = [[func, raw["grid"].get(func, 0), len(raw["kept"].get(func, []))] for func in tests]
-    rows.append(["total", sum(r[1] for r in rows), sum(r[2] for r in rows)])
-    return format_table(["test function", "grid points", "sampled"], rows)
+    pre = raw.get("prefiltered", {})
+    rows = [[func, raw["grid"].get(func, 0), sum(pre.get(func, {}).values()), len(raw["kept"].get(func, []))]
+            for func in tests]
+    rows.append(["total", *(sum(r[j] for r in rows) for j in (1, 2, 3))])
+    return format_table(["test function", "grid points", "needs missing", "sampled"], rows)
 
 
 # ============================================================================
