@@ -1702,12 +1702,12 @@ def check_cpu(kernel="full", seed=None, verbose=True):
 
 
 def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, poison=True, autotune=False,
-              verbose=True):
+              verbose=True, only=None):
     """
     GPU 检查（flash-attn 的判据）：对每个输出，‖ours − ref64‖/‖ref64‖ ≤ 2 × ‖torch低精度 − ref64‖/‖ref64‖，
     "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。v2 的两条反向路径（split、原子 dQ）都查。
     poison：v2 的输出先填 NaN；autotune=False：固定配置，每个用例少编译几个版本（调优路径由
-    06_triton_bench.py 对照 SDPA 检查）。先打印再断言。
+    06_triton_bench.py 对照 SDPA 检查）。only：只跑名字里含这个子串的用例。先打印再断言。
     """
     kernel = check_choice("kernel", kernel, KERNELS, where="check_gpu")
     launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison), gluon=False)
@@ -1717,6 +1717,8 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     rows = []
     for dtype in dtypes:
         for case in gpu_cases(gen, dtype, kernel):
+            if only is not None and only not in case["name"]:
+                continue
             ref = run_reference(case)
             errs = both_backward_errors(case, kernel, ref, launch)          # v2：split 和原子 dQ 两条反向
             torch_errs = field_errors(run_reference(case, dtype=dtype), ref)
@@ -1897,7 +1899,7 @@ def check_determinism(seed=None, calls=4, verbose=True):
     return rows
 
 
-def _selftest(kernel="all", seed=None):
+def _selftest(kernel="all", seed=None, only=None):
     check_choice("kernel", kernel, SELFTEST_KERNELS)
     kernels = KERNELS if kernel == "all" else tuple(k for k in KERNELS if k == kernel)
     run_decode = kernel in ("all", "decode")
@@ -1911,7 +1913,7 @@ def _selftest(kernel="all", seed=None):
                   f"（gluon 的 dQ 在 flash-attn 的容差内），{time.time() - t0:.0f} s")
         for name in kernels:
             t0 = time.time()
-            rows = check_gpu(name, seed=seed)
+            rows = check_gpu(name, seed=seed, only=only)
             print(f"triton_flash 自检通过（GPU，{name}）：{len(rows)} 项误差都 ≤ 2 × PyTorch 低精度注意力的误差，"
                   f"{time.time() - t0:.0f} s")
         if kernel in ("all", "configs"):
@@ -2841,6 +2843,7 @@ def _parse_args(argv=None):
                     help="检查哪一版（minimal = v1、full = v2、decode = v3；configs = v2 每个可能选中的配置、"
                          "determinism = 重复调用逐位相同，这两项只在 GPU 上；默认全查）")
     ap.add_argument("--seed", type=int, default=None, help="随机输入的种子（默认由时间决定，运行时会打印）")
+    ap.add_argument("--only", default=None, help="GPU 上只跑名字里含这个子串的 v1 / v2 用例（如 softcap）")
     return ap.parse_args(argv)
 
 
