@@ -168,6 +168,13 @@ def test_decode_splits_bad_arguments(bad):
     (34, 128, 12, 132, (16, 64, 1)),    # 34 × 4 = 136 > 132，34 × 2 = 68 → 2 段列；12 段补到 16
     (67, 128, 16, 132, (16, 128, 1)),   # 67 × 2 = 134 > 132 → 不切
     (8, 16, 3, 132, (4, 16, 1)),        # d = 16 < 32：不切
+    # d 不是 2 的幂：按补到 2 的幂的 d 切，段列数 ⌈d / D_CHUNK⌉
+    (32, 80, 16, 132, (16, 32, 1)),     # 128 → 64（32 × 2 = 64）→ 32（32 × ⌈80/32⌉ = 96 ≤ 132）
+    (44, 80, 16, 132, (16, 32, 1)),     # 44 × 3 = 132：正好不超过
+    (45, 80, 16, 132, (16, 64, 1)),     # 45 × 3 = 135 > 132，45 × 2 = 90 → 2 段列
+    (67, 111, 16, 132, (16, 128, 1)),   # 67 × 2 = 134 > 132 → 不切
+    (1, 8, 3, 132, (4, 8, 1)),          # d = 8：补到 8 列（合并内核没有 tl.dot，不用补到 16）
+    (1, 1, 2, 132, (2, 1, 1)),
     (32, 128, 256, 132, (256, 32, 4)),  # 256 段 × 32 列 = 8192 个 fp32 → 4 warp（每线程 64 个）
     (1, 128, 200, 132, (256, 32, 4)),
     (200, 256, 33, 132, (64, 256, 8)),  # 64 × 256 = 16384 → 8 warp
@@ -177,24 +184,27 @@ def test_decode_merge_config(rows, d, splits, n_sm, want):
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 5000), log_d=st.integers(4, 8), splits=st.integers(1, 256), n_sm=st.integers(1, 200))
-def test_decode_merge_config_properties(rows, log_d, splits, n_sm):
-    d = 2 ** log_d
+@given(rows=st.integers(1, 5000), d=st.integers(1, 256), splits=st.integers(1, 256), n_sm=st.integers(1, 200))
+def test_decode_merge_config_properties(rows, d, splits, n_sm):
+    """任意 1 ≤ d ≤ 256：D_CHUNK 是 2 的幂、不超过补到 2 的幂的 d；段列数 ⌈d / D_CHUNK⌉ 覆盖全部 d 列。"""
     block_s, chunk, warps = tf.decode_merge_config(rows, d, splits, n_sm)
+    pad = tf.triton.next_power_of_2(d)
     assert block_s >= max(2, splits) and block_s & (block_s - 1) == 0 and block_s < 2 * max(2, splits)
-    assert d % chunk == 0 and chunk >= min(d, tf.MERGE_MIN_CHUNK)
-    if chunk < d:                                  # 切了：程序数不超过 SM 数
-        assert rows * (d // chunk) <= n_sm
+    assert chunk & (chunk - 1) == 0 and chunk <= pad and chunk >= min(pad, tf.MERGE_MIN_CHUNK)
+    pieces = -(-d // chunk)
+    assert (pieces - 1) * chunk < d <= pieces * chunk      # 最后一段列里至少有一列是真的
+    if chunk < pad:                                # 切了：程序数不超过 SM 数
+        assert rows * pieces <= n_sm
     if chunk > tf.MERGE_MIN_CHUNK:                 # 没切到底：再切一半就会超过 SM 数
-        assert rows * (d // (chunk // 2)) > n_sm
+        assert rows * -(-d // (chunk // 2)) > n_sm
     assert warps in (1, 2, 4, 8)
     assert block_s * chunk <= 32 * warps * tf.MERGE_ELEMS_PER_THREAD or warps == 8
 
 
 @pytest.mark.parametrize("bad", [dict(rows=0, d=128, splits=2), dict(rows=1, d=0, splits=2),
                                  dict(rows=1, d=128, splits=0), dict(rows=1, d=128, splits=2, n_sm=0),
-                                 dict(rows=1.5, d=128, splits=2), dict(rows=1, d=96, splits=2),
-                                 dict(rows=4, d=66, splits=3)])
+                                 dict(rows=1.5, d=128, splits=2), dict(rows=1, d=257, splits=2),
+                                 dict(rows=4, d=-8, splits=3)])
 def test_decode_merge_config_bad_arguments(bad):
     with pytest.raises((ValueError, TypeError)):
         tf.decode_merge_config(**bad)
@@ -317,15 +327,17 @@ def _good(gen):
     (lambda q, k, v, L: (q, k, v[:, :5], L), ValueError, "v_cache"),
     (lambda q, k, v, L: (q[:, :3], k, v, L), ValueError, "Hq"),
     (lambda q, k, v, L: (q[1:], k, v, L[1:]), ValueError, "batch"),
-    (lambda q, k, v, L: (q[..., :8], k[..., :8], v[..., :8], L), ValueError, "head dim"),
+    (lambda q, k, v, L: (q[..., :0], k[..., :0], v[..., :0], L), ValueError, "head dim"),
+    (lambda q, k, v, L: (*(torch.zeros(*t.shape[:-1], 257) for t in (q, k, v)), L), ValueError, "head dim"),
+    (lambda q, k, v, L: (q.unsqueeze(1)[:, :0], k, v, L), ValueError, "n"),               # n = 0
+    (lambda q, k, v, L: (q[:0], k[:0], v[:0], L[:0]), ValueError, "B"),                    # B = 0
     (lambda q, k, v, L: (q, k, v, L.long()), TypeError, "cache_seqlens"),
     (lambda q, k, v, L: (q, k, v, [5, 9]), TypeError, "cache_seqlens"),
     (lambda q, k, v, L: (q, k, v, L[:1]), ValueError, "cache_seqlens"),
     (lambda q, k, v, L: (q, k, v, L + 4), ValueError, "cache_seqlens"),      # 9 + 4 > S_max = 12
     (lambda q, k, v, L: (q, k, v, L * 0), ValueError, "cache_seqlens"),      # 长度 0 < n = 1
     (lambda q, k, v, L: (q.unsqueeze(1).expand(2, 6, 4, 16), k, v, L), ValueError, "cache_seqlens"),  # 5 < n = 6
-    (lambda q, k, v, L: (torch.zeros(2, 33, 4, 16), torch.zeros(2, 40, 1, 16), torch.zeros(2, 40, 1, 16),
-                         L + 30), ValueError, "Hq/Hk"),                    # 4 × 33 行 > MAX_DECODE_ROWS
+    (lambda q, k, v, L: (q.unsqueeze(1).expand(2, 70, 4, 16), k, v, L), ValueError, "cache_seqlens"),  # 转前向内核也查
 ])
 def test_bad_inputs(gen, mutate, exc, word):
     args = mutate(*_good(gen))
@@ -555,10 +567,11 @@ def test_decode_probe_shape():
     assert tf.decode_probe_shape(1, 8, 4, 128, 16, 132) == ((128, 4), (128, 4))    # 32 行 × 4 段列
     assert tf.decode_probe_shape(8, 8, 4, 128, 2, 132) == ((128, 4), (256, 4))     # 256 行，不切列
     assert tf.decode_probe_shape(64, 8, 4, 128, 1, 132) == ((512, 4), (0, 4))
+    assert tf.decode_probe_shape(1, 8, 4, 80, 16, 132) == ((128, 4), (96, 4))      # 32 行 × ⌈80 / 32⌉ 段列
 
 
 @pytest.mark.parametrize("bad", [dict(batch=0), dict(hk=0), dict(rows_per_head=0), dict(splits=0), dict(splits=-3),
-                                 dict(d=96)])
+                                 dict(d=257), dict(d=0)])
 def test_decode_probe_shape_bad_arguments(bad):
     args = {**dict(batch=1, hk=8, rows_per_head=4, d=128, splits=16, n_sm=132), **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
