@@ -1892,16 +1892,19 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None, *, rows=1, d=1
     DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数——但大块会让段数变少时不换（缓存短、每段只有一两个
     大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，results/decode_bench.json 的 sweep）。
     两种配置都先经过 decode_fit_smem（rows = (Hq/Hk)·n、d、dtype_bytes 决定共享内存；默认值是基准的形状：
-    R·n ≤ 16、d = 128、bf16，这时两种配置都放得下、原样用）。num_splits、config 给了就用给的（config 给了、段数
-    没给时按它的块大小定段数；给的 config 不缩：那是实验用的）。返回 ((BLOCK_N, warps, stages), 段数)。
+    R·n ≤ 16、d = 128、bf16，这时两种配置都放得下、原样用）；大块配置要缩才放得下时不换它。
+    num_splits、config 给了就用给的（config 给了、段数没给时按它的块大小定段数；给的 config 不缩：那是实验用的）。
+    返回 ((BLOCK_N, warps, stages), 段数)。
     调用者先用 decode_route 确认走 "split"（否则缩不下时这里报 ValueError）。
     """
     if config is None:
-        long_cfg, short_cfg = (decode_fit_smem(c, rows, d, dtype_bytes, smem_limit)
-                               for c in (DECODE_CONFIG, DECODE_CONFIG_SHORT))
+        long_cfg = decode_fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, smem_limit)
         if long_cfg is None:
             raise ValueError(f"decode_plan：rows={rows}、d={d}、{dtype_bytes} 字节的元素放不进 {smem_limit} 字节的"
                              "共享内存：这样的调用走前向内核（decode_route）")
+        short_cfg = DECODE_CONFIG_SHORT                 # 大块配置的好处就是块大：要缩才放得下时不换它
+        if decode_fit_smem(short_cfg, rows, d, dtype_bytes, smem_limit) != short_cfg:
+            short_cfg = long_cfg
         guess = num_splits or decode_splits(B, Hk, S, n_sm, long_cfg[0])
         short = S / guess <= SHORT_SPLIT_KEYS
         if short and num_splits is None and decode_splits(B, Hk, S, n_sm, short_cfg[0]) < guess:
