@@ -1850,9 +1850,9 @@ def decode_route(rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
     flash_decode 走哪条路："split"（v3 的两个内核）或 "fwd"（v2 的前向内核 _fwd）。rows = (Hq/Hk)·n。
     【规则】rows > MAX_DECODE_ROWS，或者缩到最小的配置（decode_fit_smem）也放不进 limit → "fwd"；否则 "split"。
     【为什么】split-KV 的一个程序把一组 R 个头的 R·n 行放在一个 Q 块里，累加器 [R·n, d] 在寄存器里：128 行、d = 256
-        已经是 4 个 warp 每个线程 256 个 fp32。行更多时 query 本身就有 ⌈R·n / BLOCK_M⌉ 个 Q 块可以并行，不必再切
-        key 轴：前向内核按 BLOCK_M 行一块发程序（每个 query 头各读一遍 K/V），key 是缓存每行的前 L_b 个
-        （_decode_fwd）。两条路的结果都对照 reference_decode 检查。
+        已经是 4 个 warp 每个线程 256 个 fp32。行更多时 query 本身就够铺满 GPU，不必再切 key 轴：前向内核有
+        ⌈n / BLOCK_M⌉ × B × Hq 个程序，key 是缓存每行的前 L_b 个（_decode_fwd）。代价：它不打包 GQA 的头，K/V 每个
+        query 头各读一遍（R 遍）。两条路的结果都对照 reference_decode 检查。
     """
     if rows > MAX_DECODE_ROWS or decode_fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, limit) is None:
         return "fwd"

@@ -4,6 +4,7 @@
 解释器的打开方式见 tests/triton_interp.py（和 test_lecture11_triton.py 共用）。
 缓存里有效前缀之外填 NaN：内核读到一个就会让结果变成 NaN。
 """
+import importlib.util
 import itertools
 import json
 import math
@@ -908,11 +909,11 @@ def test_smem_estimate_against_triton_for_sm90():
     _decode 给的（把两个内核换成记录器）。估计 ≥ Triton 算的共享内存；原来 H200 上崩掉的那个配置 Triton 也算出
     超过上限（H200 报的是 458752），现在选的放得下。编译五个内核，约十几秒。
     """
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("装的 triton 没有 NVIDIA 后端（编不了 sm_90）")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", SM90_SMEM, json.dumps(SM90_CASES)], cwd=ROOT, env=env,
                          capture_output=True, text=True)
-    if run.returncode != 0 and ("GPUTarget" in run.stderr or "ptxas" in run.stderr.lower()):
-        pytest.skip(f"这台机器上不能为 sm_90 编译：{run.stderr[-300:]}")
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {r["name"]: r for r in map(json.loads, (x for x in run.stdout.splitlines() if x.startswith("{")))}
     assert set(rows) == {case[0] for case in SM90_CASES}
