@@ -201,7 +201,7 @@ def measure_table(torch, tf, rounds=3):
 
 def decode_choice(tf, B, S, device):
     """flash_decode 在这个形状上选的配置和段数（triton_flash.decode_plan，和内核启动时同一条规则）。"""
-    config, splits = tf.decode_plan(B, HK, S, tf._sm_count(device))
+    config, splits = tf.decode_plan(B, HK, S, tf._sm_count(device), rows=HQ // HK, d=D, dtype_bytes=2)   # bf16
     merge = None
     if splits > 1:                                 # 合并内核的 (BLOCK_S, D_CHUNK, warps)：和 _decode 里同一个函数
         merge = list(tf.decode_merge_config(B * HQ, D, splits, tf._sm_count(device)))
@@ -330,7 +330,8 @@ def measure_probe(torch, tf, calls=PROBE_CALLS):
     """
     B, S = PROBE_SHAPE
     q, k, v, lens = make_inputs(torch, B, S)
-    (block_n, warps, stages), splits = tf.decode_plan(B, HK, S, tf._sm_count(q.device))
+    (block_n, warps, stages), splits = tf.decode_plan(B, HK, S, tf._sm_count(q.device), rows=HQ // HK, d=D,
+                                                      dtype_bytes=q.element_size())
     shape1, shape2 = tf.decode_probe_shape(B, HK, HQ // HK, D, splits, tf._sm_count(q.device))
     st1 = torch.zeros((calls, *shape1), device="cuda", dtype=torch.int64)
     st2 = torch.zeros((calls, *shape2), device="cuda", dtype=torch.int64)

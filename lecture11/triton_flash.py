@@ -17,8 +17,8 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
          原子 dQ（5 次）。按实测选：H200 上原子路径反而慢（06_triton_bench.py --quick 的 ours/atomic 一栏）
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
-      GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步。H200 上（07_decode_bench.py）
-      是 SDPA 的 0.99–1.66×，S ≥ 32k 时读 K/V 达到拷贝带宽的 91–109%（v3.3：合并内核一个 warp、切列）
+      GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步；任意 d ≤ 256、任意 n（行多时转
+      v2 的前向内核）。H200 上（07_decode_bench.py）是 SDPA 的 0.99–1.66×，S ≥ 32k 时读 K/V 达到拷贝带宽的 91–109%
           python3 lecture11/triton_flash.py --kernel decode
   v1、v2 和 float64 参考 reference_attention 逐项比较 out、LSE、dQ、dK、dV，v3 对照 reference_decode 和 SDPA：
   CPU 上用 Triton 解释器（fp32，误差 < CPU_TOL），GPU 上用 flash-attn 的判据
@@ -1096,14 +1096,16 @@ def _strides_bias(bias):
     return (0, 0, 0, 0) if bias is None else tuple(bias.stride())
 
 
-def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap, plan_key=None):
+def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p, seed, launch, softcap, plan_key=None,
+         out=None, lse=None):
     """
     q [total_q, Hq, d]，k、v [total_k, Hk, d] → o（同 q），lse [Hq, total_q]（自然对数）。
     plan_key 不是 None 时：同一个键的第二次起直接用记下的 _Plan 启动（见 _Plan）。
+    out、lse 给了就写进它们（同样的形状、最后一维连续；flash_decode 转过来时写进调用者的 out）。
     """
     total_q, hq, d = q.shape
-    o = _new(q.shape, q, launch.poison)
-    lse = _new((hq, total_q), q, launch.poison, torch.float32)
+    o = _new(q.shape, q, launch.poison) if out is None else out
+    lse = _new((hq, total_q), q, launch.poison, torch.float32) if lse is None else lse
     if total_q == 0:
         return o, lse
     tensors = (q, k, v, o, lse, cu_q, cu_k)
@@ -1960,7 +1962,7 @@ def _selftest(kernel="all", seed=None, only=None):
 #       同一组 R = Hq/Hk 个 query 头（× n 个新 token）一起当作 Q 块的 R·n 行（GQA 打包：K/V 只读一遍）。
 #       num_splits = 1 时直接写输出（没有第二步）；否则把这一段的部分结果（归一化过的 o_s、以 2 为底的 lse_s）写进
 #       fp32 草稿区（只存 R·n 个真的行）。
-#     第二步 _decode_merge_kernel：程序 (r, b·Hk + h, c) 一次读进第 r 行的所有段的第 c 段列（d 切成 d / D_CHUNK 段），
+#     第二步 _decode_merge_kernel：程序 (r, b·Hk + h, c) 一次读进第 r 行的所有段的第 c 段列（d 切成 ⌈d / D_CHUNK⌉ 段），
 #       LSE 合并（flash_lab 的 flash-decoding 一节）：M = max_s lse_s，w_s = 2^(lse_s − M)，o = Σ w_s·o_s / Σ w_s。
 #       它在整个调用的关键路径上（第一步全部结束之后才能开始）：一个 warp（按段求和都在线程内，不跨 warp 归约），
 #       程序少时把 d 切开（B = 1：32 行 × 4 段列 = 128 个程序，各读 2 KB）；H200 上 1.25 → 0.5 µs
@@ -1968,7 +1970,10 @@ def _selftest(kernel="all", seed=None, only=None):
 #     试过"最后到的程序合并"（一个内核、原子计数器，省一次启动）：H200 上反而慢（results/NOTES.md 的 v3.1、v13）。
 #   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
 #   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
-#   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 S_max（多出的部分当作被掩掉），绝不越界读。
+#   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 [0, S_max]（多出的部分当作被掩掉），绝不越界读。
+#   d 不是 2 的幂时两个内核都补到 BLOCK_D 列（补出的列读 0、不写回，同 v2 的 _load_rows）；(Hq/Hk)·n 行放不进
+#   一个程序（> MAX_DECODE_ROWS）时整个调用转给 v2 的前向内核（decode_route、_decode_fwd）。配置按共享内存的估计
+#   缩小（decode_smem_bytes、decode_fit_smem）：d = 256、128 行时原来的 (128, 4, 3) 要 448 KiB，H200 只有 227 KiB。
 #   段的边界在内核里由 L_b 算：⌈L_b / BLOCK_N⌉ 个块平均分给各段（相邻两段最多差一个块），主机端不需要知道 L_b。
 #   PDL（Hopper 的 programmatic dependent launch）：第二步（以及第一步相对它前面的内核）可以在前一个内核还没结束时
 #   就被发射、在 SM 上等着（gdc_wait），省掉内核之间的发射空档；任何读写都在 gdc_wait 之后，所以结果不变
@@ -1976,6 +1981,16 @@ def _selftest(kernel="all", seed=None, only=None):
 #   第二步过了自己的 gdc_wait 就放行后面的内核（gdc_launch_dependents）：下一次调用的第一步（或者任何用 PDL 发射的
 #   后续内核）可以提前发射。
 # ============================================================================
+@triton.jit
+def _store_mask(row_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """写回掩码：真的行、真的列（d 是 2 的幂时没有补出来的列：只看行，[行, 1]，和不补列时生成的代码一样）。"""
+    if BLOCK_D == HEAD_DIM:
+        ok = row_ok[:, None]
+    else:
+        ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    return ok
+
+
 @triton.jit
 def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
                   N_NEW: tl.constexpr, R: tl.constexpr):
@@ -2001,9 +2016,9 @@ def _probe(STAMPS, program, field: tl.constexpr):
 def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                    stride_ob, stride_on, stride_oh,
-                   N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                   STAMP: tl.constexpr = False):
+                   N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
+                   PDL: tl.constexpr, STAMP: tl.constexpr = False):
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)           # int64：B = 64、S_max = 128k 时 b·stride_kb 超过 2^31
     b = bh // N_KV_HEADS
@@ -2015,7 +2030,7 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_
         tl.extra.cuda.gdc_launch_dependents()     # 合并内核现在就可以发射（它会在自己的 gdc_wait 处等本内核结束）
     if STAMP:
         _probe(STAMPS, bh * N_SPLITS + split, 1)
-    seq_len = tl.minimum(tl.load(SEQLENS + b), S_MAX)            # 截到 S_max：坏的长度也不会越界读
+    seq_len = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), S_MAX)   # 截到 [0, S_max]：坏的长度也不会越界读
     n_blocks = tl.cdiv(seq_len, BLOCK_N)          # 块平均分给各段：段数不整除块数时也用满所有程序
     lo = (split * n_blocks // N_SPLITS) * BLOCK_N
     hi = tl.minimum(((split + 1) * n_blocks // N_SPLITS) * BLOCK_N, seq_len)
@@ -2023,21 +2038,22 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_
     rows = tl.arange(0, BLOCK_M)                  # 行 r = g·n + i：组内第 g 个 query 头、第 i 个新 token
     row_ok = rows < R * N_NEW
     last_key = seq_len - N_NEW + rows % N_NEW     # 第 i 个新 token 的位置 = 它能看到的最后一个 key
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)                # d 补到 BLOCK_D（2 的幂、≥ 16）：补出来的列读 0、不写回
     q_ptrs = (Q + b * stride_qb + (rows % N_NEW)[:, None] * stride_qn + (h * R + rows // N_NEW)[:, None] * stride_qh
               + offs_d[None, :])
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)                            # [BLOCK_M, d]
+    q = _load_rows(q_ptrs, rows, R * N_NEW, offs_d, HEAD_DIM, BLOCK_D, True)        # [BLOCK_M, BLOCK_D]
+    out_ok = _store_mask(row_ok, offs_d, HEAD_DIM, BLOCK_D)                          # [BLOCK_M, BLOCK_D]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)       # 以 2 为底的行最大值
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        k = _load_rows(k_base + cols[:, None] * stride_kn + offs_d[None, :], cols, hi, offs_d, HEAD_DIM, BLOCK_D, True)
+        v = _load_rows(v_base + cols[:, None] * stride_vn + offs_d[None, :], cols, hi, offs_d, HEAD_DIM, BLOCK_D, True)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale                # [BLOCK_M, BLOCK_N]，log2 单位
         if N_NEW == 1:
             visible = col_ok[None, :]
@@ -2061,9 +2077,9 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         part = (bh * N_SPLITS + split) * (R * N_NEW) + rows     # 草稿区 [B·Hk, num_splits, R·n, (d)]：只存真的行
         tl.store(LSE_PART + part, lse, mask=row_ok)
-        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=out_ok)   # 草稿区只存 d 个真的列
     else:
-        _decode_store(OUT, o, b, h, rows[:, None], row_ok[:, None], offs_d[None, :], stride_ob, stride_on, stride_oh,
+        _decode_store(OUT, o, b, h, rows[:, None], out_ok, offs_d[None, :], stride_ob, stride_on, stride_oh,
                       N_NEW, R)
 
 
@@ -2086,8 +2102,12 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, STAMPS, N_KV_HEADS, N_SPLITS, st
     s_ok = splits < N_SPLITS
     part = (bh * N_SPLITS + splits) * (R * N_NEW) + r                               # [BLOCK_S]
     offs_d = tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
+    if HEAD_DIM % D_CHUNK == 0:                   # 段列正好铺满 d（d 是 2 的幂时总是这样）：不用列掩码
+        ok = s_ok[:, None]
+    else:                                         # 最后一段列越过 d：多出的列不读
+        ok = s_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     lse = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
-    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)  # [BLOCK_S, D_CH]
+    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=ok, other=0.0)  # [BLOCK_S, D_CHUNK]
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)                # 整行没有可见 key（L_b = 0）：输出 0
     w = tl.exp2(lse - m_safe)                                    # [BLOCK_S]：每段占的 softmax 质量
@@ -2111,7 +2131,62 @@ DECODE_CONFIG = DECODE_CONFIG_INTERPRET if INTERPRET else DECODE_CONFIG_GPU
 DECODE_CONFIG_SHORT = DECODE_CONFIG_INTERPRET if INTERPRET else DECODE_CONFIG_SHORT_GPU
 SHORT_SPLIT_KEYS = 512
 MAX_SPLITS = 256
-MAX_DECODE_ROWS = 128          # (Hq/Hk)·n 的上限：一个程序的 Q 块行数
+MAX_DECODE_ROWS = 128          # 一个程序的 Q 块最多 (Hq/Hk)·n 行；更多的行转给 v2 的前向内核（decode_route）
+SMEM_LIMIT_SM90 = 232448       # H100 / H200 一个程序最多可用（opt-in）的共享内存，227 KiB；解释器上按它算
+SMEM_SLACK = 1024              # decode_smem_bytes 给行归约、屏障留的余量
+
+
+def _pad_d(d):
+    """head dim 补到的列数 BLOCK_D：2 的幂（tl.arange 要）、≥ 16（tl.dot 要），和 v2 的 _fwd 一样。"""
+    return max(16, triton.next_power_of_2(d))
+
+
+def decode_smem_bytes(config, rows, d, dtype_bytes):
+    """
+    第一步内核（_decode_kernel）一个程序要的共享内存，字节，往大里估。config = (BLOCK_N, warps, stages)；
+    rows = (Hq/Hk)·n，Q 块补到 BLOCK_M = max(16, 2 的幂) 行；d 补到 BLOCK_D（_pad_d）；dtype_bytes = q 的元素字节数。
+        2·BLOCK_N·BLOCK_D·e·max(stages, 2)   K、V 块，流水线每一级各一份（cp.async 提前读后面的块）；stages = 1 时
+                                             不提前读，但读进来的块还要转一次布局，也按 2 份算
+      + BLOCK_M·BLOCK_D·e                    Q 块：第一个 tl.dot 的左操作数，整个循环都放在共享内存里
+      + BLOCK_M·BLOCK_N·e                    P 块：第二个 tl.dot 之前转布局
+      + SMEM_SLACK                           行归约（max、sum）、屏障
+    合并内核（几 KB）不算。例：d = 256、R·n = 128、(128, 4, 3)，H200 上 Triton 报 OutOfResources（要 458752），
+    这里估 492544。tests/test_lecture11_decode.py 在 CPU 上为 sm_90 编译内核，核对估计 ≥ Triton 算出的值。
+    """
+    block_n, _, stages = config
+    block_m, block_d = max(16, triton.next_power_of_2(rows)), _pad_d(d)
+    kv = 2 * block_n * block_d * dtype_bytes * max(stages, 2)
+    return kv + block_m * block_d * dtype_bytes + block_m * block_n * dtype_bytes + SMEM_SLACK
+
+
+def decode_fit_smem(config, rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
+    """
+    把 config 缩到 decode_smem_bytes ≤ limit：先减流水级数（减到 2；每次循环读的 key 数不变），再把 BLOCK_N 减半
+    （减到 16）。到底了还放不下 → None（decode_route 就转给前向内核）。放得下的 config 原样返回。
+    """
+    block_n, warps, stages = config
+    while decode_smem_bytes((block_n, warps, stages), rows, d, dtype_bytes) > limit:
+        if stages > 2:
+            stages -= 1
+        elif block_n > 16:
+            block_n //= 2
+        else:
+            return None
+    return block_n, warps, stages
+
+
+def decode_route(rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
+    """
+    flash_decode 走哪条路："split"（v3 的两个内核）或 "fwd"（v2 的前向内核 _fwd）。rows = (Hq/Hk)·n。
+    【规则】rows > MAX_DECODE_ROWS，或者缩到最小的配置（decode_fit_smem）也放不进 limit → "fwd"；否则 "split"。
+    【为什么】split-KV 的一个程序把一组 R 个头的 R·n 行放在一个 Q 块里，累加器 [R·n, d] 在寄存器里：128 行、d = 256
+        已经是 4 个 warp 每个线程 256 个 fp32。行更多时 query 本身就够铺满 GPU，不必再切 key 轴：前向内核有
+        ⌈n / BLOCK_M⌉ × B × Hq 个程序，key 是缓存每行的前 L_b 个（_decode_fwd）。代价：它不打包 GQA 的头，K/V 每个
+        query 头各读一遍（R 遍）。两条路的结果都对照 reference_decode 检查。
+    """
+    if rows > MAX_DECODE_ROWS or decode_fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, limit) is None:
+        return "fwd"
+    return "split"
 
 
 def decode_splits(B, Hk, S, n_sm=132, block_n=None):
@@ -2140,20 +2215,31 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
     return next(s for s in range(1, cap + 1) if efficiency(s) >= 0.95 * best)
 
 
-def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None):
+def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None, *, rows=1, d=128, dtype_bytes=2,
+                smem_limit=SMEM_LIMIT_SM90):
     """
     flash_decode 的配置和段数：先按 DECODE_CONFIG 的块大小定段数，每段 ≤ SHORT_SPLIT_KEYS 个 key 时换成
     DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数——但大块会让段数变少时不换（缓存短、每段只有一两个
     大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，results/decode_bench.json 的 sweep）。
-    num_splits、config 给了就用给的（config 给了、段数没给时按它的块大小定段数）。
+    两种配置都先经过 decode_fit_smem（rows = (Hq/Hk)·n、d、dtype_bytes 决定共享内存；默认值是基准的形状：
+    R·n ≤ 16、d = 128、bf16，这时两种配置都放得下、原样用）；大块配置要缩才放得下时不换它。
+    num_splits、config 给了就用给的（config 给了、段数没给时按它的块大小定段数；给的 config 不缩：那是实验用的）。
     返回 ((BLOCK_N, warps, stages), 段数)。
+    调用者先用 decode_route 确认走 "split"（否则缩不下时这里报 ValueError）。
     """
     if config is None:
-        guess = num_splits or decode_splits(B, Hk, S, n_sm, DECODE_CONFIG[0])
+        long_cfg = decode_fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, smem_limit)
+        if long_cfg is None:
+            raise ValueError(f"decode_plan：rows={rows}、d={d}、{dtype_bytes} 字节的元素放不进 {smem_limit} 字节的"
+                             "共享内存：这样的调用走前向内核（decode_route）")
+        short_cfg = DECODE_CONFIG_SHORT                 # 大块配置的好处就是块大：要缩才放得下时不换它
+        if decode_fit_smem(short_cfg, rows, d, dtype_bytes, smem_limit) != short_cfg:
+            short_cfg = long_cfg
+        guess = num_splits or decode_splits(B, Hk, S, n_sm, long_cfg[0])
         short = S / guess <= SHORT_SPLIT_KEYS
-        if short and num_splits is None and decode_splits(B, Hk, S, n_sm, DECODE_CONFIG_SHORT[0]) < guess:
+        if short and num_splits is None and decode_splits(B, Hk, S, n_sm, short_cfg[0]) < guess:
             short = False         # 大块让段数变少（S = 1k：16 → 8 段）：段数比循环次数要紧，不换
-        config = DECODE_CONFIG_SHORT if short else DECODE_CONFIG
+        config = short_cfg if short else long_cfg
     return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
 
 
@@ -2172,18 +2258,18 @@ def decode_merge_config(rows, d, splits, n_sm=132):
         每个程序读的字节少，各自的读同时在路上；
       · 段多时（BLOCK_S · D_CHUNK 超过 32 × MERGE_ELEMS_PER_THREAD）加 warp，免得寄存器溢出；最多 8 个 warp——
         段很多、d 又大、行数还多于 SM 时（例如 256 段 × d = 256）每个线程仍会超过 64 个（少见，只是慢）。
-    【报错】rows、splits、n_sm < 1，d 不是 2 的幂（flash_decode 只收 2 的幂）→ ValueError。
+    【d 不是 2 的幂】按补到 2 的幂的 d 切（D_CHUNK 是 2 的幂），段列数 = ⌈d / D_CHUNK⌉：最后一段列越过 d 的部分
+      不读不写（d = 80、D_CHUNK = 32：发 3 段列，第 3 段只有 16 列有用；补到 128 列时的第 4 段整段越界，不发）。
+    【报错】rows、splits、n_sm < 1，d 不在 1…MAX_HEAD_DIM 之间 → ValueError。
     【实测】H200、B = 1、Hq/Hk = 32/8、d = 128、16 段（results/decode_merge_try.json，NOTES.md 的 v13）：
       合并内核自己 1.25 µs（4 warp、整行）→ 0.51 µs（1 warp、4 段列 × 32）；B = 1、S = 32k 一次调用 35.5 → 34.5 µs，
       S = 8k 10.7 → 9.2 µs；B = 8（256 行，不切列）1 warp 和 4 warp 相差 ≤ 0.2%。
     """
-    rows, d = check_int("rows", rows, lo=1), check_int("d", d, lo=1)
+    rows, d = check_int("rows", rows, lo=1), check_int("d", d, lo=1, hi=MAX_HEAD_DIM)
     splits, n_sm = check_int("splits", splits, lo=1), check_int("n_sm", n_sm, lo=1)
-    if d & (d - 1):
-        raise ValueError(f"decode_merge_config：d 必须是 2 的幂（列要能对半切），收到 {d}")
     block_s = max(2, triton.next_power_of_2(splits))
-    chunk = d
-    while chunk > MERGE_MIN_CHUNK and rows * (d // (chunk // 2)) <= n_sm:
+    chunk = triton.next_power_of_2(d)
+    while chunk > MERGE_MIN_CHUNK and rows * -(-d // (chunk // 2)) <= n_sm:      # 段列数 ⌈d / (chunk / 2)⌉
         chunk //= 2
     want = -(-block_s * chunk // (32 * MERGE_ELEMS_PER_THREAD))          # 向上取整
     warps = min(8, triton.next_power_of_2(max(1, want)))
@@ -2191,6 +2277,7 @@ def decode_merge_config(rows, d, splits, n_sm=132):
 
 
 _N_SM = {}
+_SMEM = {}
 _HOPPER = {}
 DECODE_PDL = True       # 两个内核都用 PDL 发射（results/NOTES.md 的 v3.2）；Hopper 之前的 GPU、解释器上自动不用
 
@@ -2217,13 +2304,25 @@ def _sm_count(device):
     return _N_SM[key]
 
 
+def _smem_limit(device):
+    """一个程序最多可用的共享内存（字节）：GPU 上问一次驱动（opt-in 的上限，Triton 检查的也是它），解释器上按 sm_90。"""
+    if device.type != "cuda":
+        return SMEM_LIMIT_SM90
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMEM:
+        props = torch.cuda.get_device_properties(key)
+        _SMEM[key] = getattr(props, "shared_memory_per_block_optin", SMEM_LIMIT_SM90)
+    return _SMEM[key]
+
+
 class _Scratch:
     """
-    flash_decode 的草稿区（各段的 o_s、lse_s），按 (设备, stream) 缓存、只增不减：每次调用不再新建张量。
-    同一个 stream 上的调用按顺序执行，不会同时用同一块；不同 stream 各有一份。CUDA 图捕获期间分配的不缓存
-    （那块内存属于图）。
+    flash_decode 的草稿区（各段的 o_s、lse_s；转给前向内核时的 cu_seqlens_k），按 (设备, stream) 缓存、只增不减：
+    每次调用不再新建张量。同一个 stream 上的调用按顺序执行，不会同时用同一块；不同 stream 各有一份。
+    CUDA 图捕获期间分配的不缓存（那块内存属于图）。
     """
     _cache = {}
+    _cu = {}
 
     @classmethod
     def get(cls, device, n_rows, d):
@@ -2239,19 +2338,37 @@ class _Scratch:
             cls._cache[key] = bufs
         return bufs
 
+    @classmethod
+    def cu(cls, device, n):
+        """_decode_fwd 的 cu_seqlens_k：int32、至少 n 个，同样按 (设备, stream) 缓存、只增不减。"""
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device, stream)
+        have = cls._cu.get(key)
+        if have is not None and have.numel() >= n:
+            return have
+        buf = torch.empty(n, device=device, dtype=torch.int32)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            cls._cu[key] = buf
+        return buf
+
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None, out=None):
     """
     flash-decoding：新 token 的 query 对 KV 缓存的有效前缀做注意力。
 
     【形状】q [B, Hq, d]（每个序列 1 个新 token）或 [B, n, Hq, d]（n 个新 token，它们之间 causal，右下角对齐：
-        第 i 个位于 L_b − n + i）；k_cache、v_cache [B, S_max, Hk, d]；cache_seqlens int32 [B]，1 ≤ L_b ≤ S_max
-        （n 个 token 时 L_b ≥ n，n ≤ 64）→ 返回和 q 同形状、同 dtype。Hq 是 Hk 的倍数，d 是 16…256 之间的 2 的幂。
+        第 i 个位于 L_b − n + i）；k_cache、v_cache [B, S_max, Hk, d]；cache_seqlens int32 [B]，n ≤ L_b ≤ S_max
+        → 返回和 q 同形状、同 dtype。Hq 是 Hk 的倍数；n ≥ 1 任意；1 ≤ d ≤ 256 任意（内核里补到 2 的幂、≥ 16 列，
+        补出的列读 0、不写回；flash-attn 的 CUDA 内核要 d 是 8 的倍数，这里不要求，和 v2 一样）。
+    【两条路】(Hq/Hk)·n ≤ MAX_DECODE_ROWS（= 128）行时 split-KV 的两个内核；更多时（或共享内存放不下时）v2 的
+        前向内核（decode_route、_decode_fwd）。调用方式、结果、out=、不同步、CUDA 图都一样，只有 num_splits 不起作用。
+        配置按共享内存的估计缩小（decode_smem_bytes、decode_fit_smem），不会超过 GPU 的上限。
     【num_splits】key 轴切成几段（None → decode_plan 按 decode_splits 选）；段数多于块数时多出的段为空，结果不变。
     【out】可选：写进这个张量（和 q 同形状、同 dtype、同设备，最后一维连续，不和输入共用内存）并返回它——
         每一步都不再分配（CUDA 图里也常这样用）。
-    【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b > S_max 被截到 S_max。
-        同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核）；可以在 CUDA 图里捕获。
+    【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b 被截到 [0, S_max]。
+        同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核；前向内核那条路只有内核
+        启动走 _Plan，检查照常做）；可以在 CUDA 图里捕获。
     """
     key, ptrs = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     fast = _PLANS.get(key) if key is not None else None
@@ -2342,14 +2459,26 @@ def _decode_key(q, k, v, lens, num_splits, softmax_scale, out=None):
 def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, config, plan_key=None, out=None,
             pdl=None, stamps=None):
     """正常路径：检查输入、选配置和段数、拿草稿区、启动一到两个内核；plan_key 不是 None 时把这次启动记成 _Plan。
-    config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选。
-    pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。
-    stamps：None，或 (第一步的, 合并内核的) 两个 int64 张量，各 [程序数, 4]（decode_probe_shape）：打开计时探针。"""
+    config = (BLOCK_N, warps, stages)；None = 按每段的 key 数在 DECODE_CONFIG / DECODE_CONFIG_SHORT 里选
+    （都经过 decode_fit_smem）。pdl：None = DECODE_PDL（Hopper 及以后的 GPU 上）；"merge" = 只给合并内核；True / False。
+    stamps：None，或 (第一步的, 合并内核的) 两个 int64 张量，各 [程序数, 4]（decode_probe_shape）：打开计时探针。
+    decode_route 给 "fwd" 时（(Hq/Hk)·n 行放不进一个程序）交给 _decode_fwd：那条路没有 _DecodeFast（每次都走这里），
+    config、pdl、stamps 只属于 split-KV 的两个内核，给了就报 ValueError。"""
     squeeze, scale, splits = _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     batch, n_new, hq, d = q.shape[0], 1 if squeeze else q.shape[1], q.shape[-2], q.shape[-1]
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
-    (block_n, warps, stages), splits = decode_plan(batch, hk, s_max, _sm_count(q.device), splits, config)
+    limit = _smem_limit(q.device)
+    if decode_route(group * n_new, d, q.element_size(), limit) == "fwd":
+        if config is not None or pdl is not None or stamps is not None:
+            raise ValueError(f"_decode：(Hq/Hk)·n = {group * n_new} 行走前向内核（decode_route），"
+                             "config、pdl、stamps 只用于 split-KV 的两个内核")
+        if plan_key is not None:
+            _PLANS[plan_key] = False            # 这组形状没有 _DecodeFast：flash_decode 不再为它记录
+        return _decode_fwd(q, k_cache, v_cache, cache_seqlens, scale, out, squeeze)
+    (block_n, warps, stages), splits = decode_plan(batch, hk, s_max, _sm_count(q.device), splits, config,
+                                                   rows=group * n_new, d=d, dtype_bytes=q.element_size(),
+                                                   smem_limit=limit)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
     o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q) if out is None else out
@@ -2364,11 +2493,12 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     launches = [(_decode_kernel, (splits, batch * hk),
                  (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, st1, scale * math.log2(math.e),
                   s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
-                 dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype),
-                      SPLIT=splits > 1, STAMP=st1 is not None, num_warps=warps, num_stages=stages, **pdl[0]))]
+                 dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_D=_pad_d(d), BLOCK_M=block_m, BLOCK_N=block_n,
+                      PREC=_prec(q.dtype), SPLIT=splits > 1, STAMP=st1 is not None, num_warps=warps,
+                      num_stages=stages, **pdl[0]))]
     if splits > 1:
         block_s, d_chunk, merge_warps = decode_merge_config(batch * hk * group * n_new, d, splits, _sm_count(q.device))
-        launches.append((_decode_merge_kernel, (group * n_new, batch * hk, d // d_chunk),
+        launches.append((_decode_merge_kernel, (group * n_new, batch * hk, triton.cdiv(d, d_chunk)),
                          (o_part, lse_part, out, st2, hk, splits, *so),
                          dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=block_s, D_CHUNK=d_chunk,
                               STAMP=st2 is not None, num_warps=merge_warps, **pdl[1])))
@@ -2379,6 +2509,97 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
         tensors = (q, k_cache, v_cache, cache_seqlens, out)
         plans = tuple(_Plan.build(kernel, args, kwargs, grid, tensors) for kernel, grid, args, kwargs in launches)
         _PLANS[plan_key] = all(plans) and _DecodeFast(plans, q, k_cache, v_cache, cache_seqlens, out)
+    return out
+
+
+# 转给前向内核时用固定配置（_fixed_config）、不自动调优：调优要同步、把内核量好几遍（CUDA 图捕获里不能做），
+# 而且换了配置结果会变（图重放和直接调用要逐位相同）
+_ROUTED_LAUNCH = Launch(autotune=False)
+_CU_GAPS = {}
+
+
+def _cu_gaps(batch, n, device):
+    """cu_seqlens_q = [0, n, n, 2n, 2n, …, B·n]（2B + 1 个）：第 2b 段是序列 b 的 n 个 query，第 2b + 1 段是空的
+    （_decode_fwd）。按 (B, n, 设备) 缓存（同 _cu_dense）。"""
+    key = (batch, n, device)
+    cu = _CU_GAPS.get(key)
+    if cu is None:
+        cu = (torch.arange(2 * batch + 1, device=device, dtype=torch.int32) + 1) // 2 * n
+        if not (cu.is_cuda and torch.cuda.is_current_stream_capturing()):   # 图捕获期间分配的内存不能缓存
+            _CU_GAPS[key] = cu
+    return cu
+
+
+@triton.jit
+def _cache_cu_kernel(SEQLENS, CU_K, batch, rows_per_seq, S_MAX, BLOCK: tl.constexpr):
+    """cu_seqlens_k：cu[2b] = b·S'，cu[2b + 1] = b·S' + L_b（L_b 截到 [0, S_max]），cu[2B] = (B − 1)·S' + S_max。"""
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = b < batch
+    length = tl.minimum(tl.maximum(tl.load(SEQLENS + b, mask=ok, other=0), 0), S_MAX)
+    tl.store(CU_K + 2 * b, b * rows_per_seq, mask=ok)
+    tl.store(CU_K + 2 * b + 1, b * rows_per_seq + length, mask=ok)
+    tl.store(CU_K + 2 * batch + b * 0, (batch - 1) * rows_per_seq + S_MAX + b * 0, mask=b == 0)
+
+
+def _cache_rows(cache, s_max):
+    """
+    缓存 [B, S_max, Hk, d] 看成打包的 [行, Hk, d]（同一块内存，不拷贝）→ (视图, S')：序列 b 从第 b·S' 行开始。
+    要 stride(0) 是 stride(1) 的整数倍（连续的缓存、更大的缓存切出来的一段都是）；B = 1 时 S' = S_max。
+    行数 (B − 1)·S' + S_max：最后一个元素正好是缓存的最后一个元素。不能这样看时返回 None。
+    """
+    batch, _, hk, d = cache.shape
+    sb, sn, sh, _ = cache.stride()
+    if batch == 1:
+        per = s_max
+    elif sn > 0 and sb % sn == 0:
+        per = sb // sn
+    else:
+        return None
+    return cache.as_strided(((batch - 1) * per + s_max, hk, d), (sn, sh, 1), cache.storage_offset()), per
+
+
+def _decode_fwd(q, k_cache, v_cache, cache_seqlens, scale, out, squeeze):
+    """
+    (Hq/Hk)·n 行放不进一个 split-KV 程序时（decode_route 给 "fwd"）：用 v2 的前向内核 _fwd 算同一个结果。
+    _fwd 收打包的 q [总行数, Hq, d] 和 cu_seqlens：第 b 段的 query 是 cu_q[b]:cu_q[b + 1]，key 是 cu_k[b]:cu_k[b + 1]
+    （_seq_bounds：起点和长度都是相邻两个数给的）。缓存里序列 b 的 key 从第 b·S' 行开始、只有前 L_b 个有效——
+    起点和长度凑不成一个 cu 数组，所以每个序列后面插一段空序列（0 个 query，key 是这一行缓存里剩下的部分）：
+        cu_q = [0, n, n, 2n, 2n, …, B·n]                 _cu_gaps，按形状缓存
+        cu_k = [0, L_0, S', S' + L_1, 2S', …, (B − 1)·S' + S_max]   _cache_cu_kernel 在设备上由 cache_seqlens 算，不同步
+    空序列的程序一进内核就返回（len_q = 0）。causal 是 v2 的右下角对齐（len_q = n，len_k = L_b：第 i 个 query 位于
+    L_b − n + i），正是 flash_decode 的约定。out 直接当 _fwd 的输出（看成 [B·n, Hq, d]；看不成时算完再拷进去）。
+    """
+    batch, hq, d = q.shape[0], q.shape[-2], q.shape[-1]
+    n_new, s_max = 1 if squeeze else q.shape[1], k_cache.shape[1]
+    out = torch.empty_like(q) if out is None else out
+    q4, o4 = (q.unsqueeze(1), out.unsqueeze(1)) if squeeze else (q, out)           # [B, n, Hq, d]
+    qp = q4.reshape(batch * n_new, hq, d)                                           # [B·n, Hq, d]：通常只是换视图
+    try:
+        op = o4.view(batch * n_new, hq, d)
+    except RuntimeError:                          # out 的步长拼不成 [B·n, Hq, d]：另写一块，最后拷进去
+        op = None
+    views = [_cache_rows(t, s_max) for t in (k_cache, v_cache)]
+    if None in views or views[0][1] != views[1][1]:       # K、V 的 S' 不同（或拼不成）：拷成连续的，S' = S_max
+        views = [_cache_rows(t.contiguous(), s_max) for t in (k_cache, v_cache)]
+    (kp, per), (vp, _) = views                    # [(B − 1)·S' + S_max, Hk, d]
+    if (batch - 1) * per + s_max >= 2**31:
+        raise ValueError(f"flash_decode：(Hq/Hk)·n 行走前向内核时 cu_seqlens 是 int32，缓存的行数 "
+                         f"(B − 1)·S' + S_max 要 < 2^31，收到 B={batch}、S'={per}、S_max={s_max}")
+    cu_q = _cu_gaps(batch, n_new, q.device)
+    cu_k = _Scratch.cu(q.device, 2 * batch + 1)
+    _cache_cu_kernel[(triton.cdiv(batch, 256),)](cache_seqlens, cu_k, batch, per, s_max, BLOCK=256)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    lse = None if capturing else _lse_scratch(q.device, hq * batch * n_new)       # 没人读它（同 _DenseFast）
+    lse = None if lse is None else lse[:hq * batch * n_new].view(hq, batch * n_new)
+    plan_key = None
+    if q.is_cuda and not INTERPRET and not capturing:   # 键：决定 _fwd 编译结果和标量参数的一切（同 _plan_key）
+        plan_key = ("decode-fwd", qp.shape, qp.stride(), kp.shape, kp.stride(), vp.shape, vp.stride(), qp.dtype,
+                    qp.device, scale, None if op is None else op.stride(), qp.data_ptr() % 16, kp.data_ptr() % 16,
+                    vp.data_ptr() % 16, None if op is None else op.data_ptr() % 16)
+    o, _ = _fwd(qp, kp, vp, cu_q, cu_k, n_new, s_max, scale, (-1, 0), None, None, 0.0, 0, _ROUTED_LAUNCH, 0.0,
+                plan_key=plan_key, out=op, lse=lse)
+    if op is None:
+        o4.copy_(o.view(o4.shape))
     return out
 
 
@@ -2393,7 +2614,7 @@ def decode_probe_shape(batch, hk, rows_per_head, d, splits, n_sm=132):
     merge = 0
     if splits > 1:
         rows = batch * hk * rows_per_head
-        merge = rows * (d // decode_merge_config(rows, d, splits, n_sm)[1])
+        merge = rows * -(-d // decode_merge_config(rows, d, splits, n_sm)[1])       # 行 × ⌈d / D_CHUNK⌉ 段列
     return (splits * batch * hk, 4), (merge, 4)
 
 
@@ -2461,14 +2682,25 @@ def make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new=1, dtype=torch
 
 
 def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
-    """自检用例：不规则的 B 和长度（含 1 和 S_max）、GQA 1/2/4、n = 1 和 3、段数 1 / 自动 / 多于块数。"""
+    """自检用例：不规则的 B 和长度（含 1、n 和 S_max）、GQA 1/2/4、n = 1、2、3、70、段数 1 / 自动 / 多于块数、
+    d 不是 2 的幂、(Hq/Hk)·n > MAX_DECODE_ROWS（转前向内核）。big（GPU）时缓存放大 16 倍，再加四个真实尺寸：
+    d = 256 × 128 行（以前超过 H200 的共享内存）、d = 80 × n = 64、n = 128 × GQA 4（转前向内核）、d = 111。"""
     f = 16 if big else 1                          # GPU 上把缓存放大 16 倍
     specs = [  # (名字, lengths, S_max, Hq, Hk, d, n, num_splits)
         ("n=1 GQA4 auto", [37, 1, 50], 50, 8, 2, 32, 1, None),
         ("n=1 MHA 1 split", [23 * f, 64 * f], 64 * f, 2, 2, 64, 1, 1),
         ("n=3 GQA2 5 splits", [3, 41 * f, 29 * f], 45 * f, 4, 2, 16, 3, 5),
         ("n=1 GQA4 splits>blocks", [19, 7], 21, 4, 1, 128, 1, 9),
+        ("n=2 GQA2 d=40 3 splits", [2, 33 * f, 50 * f], 50 * f, 4, 2, 40, 2, 3),
+        ("n=70 GQA2 -> fwd", [70, 90 * f], 96 * f, 4, 2, 24, 70, None),
     ]
+    if big:
+        specs += [
+            ("n=64 GQA2 d=256 (128 rows)", [64, 1500, 4096], 4096, 16, 8, 256, 64, None),
+            ("n=64 MHA d=80", [64, 2000, 3000], 3000, 8, 8, 80, 64, None),
+            ("n=128 GQA4 -> fwd", [128, 3000, 4096], 4096, 32, 8, 128, 128, None),
+            ("n=1 GQA4 d=111", [1, 2500, 4096], 4096, 32, 8, 111, 1, None),
+        ]
     for name, lengths, s_max, hq, hk, d, n_new, splits in specs:
         yield name, splits, make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n_new, dtype, device)
 
@@ -2482,16 +2714,20 @@ def decode_limit(q, k_cache, v_cache, cache_seqlens, ref):
 
 
 def _plan_text(q, k_cache, num_splits):
-    """这个用例走的是哪条路：BLOCK_N、段数、合并内核的程序数（行 × 段列）和 warp 数
-    （decode_plan、decode_merge_config，和 _decode 里同样的两个函数）。"""
+    """这个用例走的是哪条路：前向内核，或者 split-KV 的配置 (BLOCK_N, warps, stages)、段数、合并内核的程序数
+    （行 × 段列）和 warp 数（decode_route、decode_plan、decode_merge_config，和 _decode 里同样的几个函数）。"""
     batch, hq, d = q.shape[0], q.shape[-2], q.shape[-1]
-    rows = batch * hq * (1 if q.dim() == 3 else q.shape[1])
-    n_sm = _sm_count(q.device)
-    (block_n, _, _), splits = decode_plan(batch, k_cache.shape[2], k_cache.shape[1], n_sm, num_splits)
+    n_new, hk = (1 if q.dim() == 3 else q.shape[1]), k_cache.shape[2]
+    n_sm, limit = _sm_count(q.device), _smem_limit(q.device)
+    if decode_route(hq // hk * n_new, d, q.element_size(), limit) == "fwd":
+        return f"(Hq/Hk)·n = {hq // hk * n_new} 行 → 前向内核（_decode_fwd）"
+    config, splits = decode_plan(batch, hk, k_cache.shape[1], n_sm, num_splits, rows=hq // hk * n_new, d=d,
+                                 dtype_bytes=q.element_size(), smem_limit=limit)
     if splits == 1:
-        return f"BLOCK_N {block_n}，1 段（不合并）"
+        return f"配置 {config}，1 段（不合并）"
+    rows = batch * hq * n_new
     _, chunk, warps = decode_merge_config(rows, d, splits, n_sm)
-    return f"BLOCK_N {block_n}，{splits} 段，合并 {rows} 行 × {d // chunk} 段列 × {warps} warp"
+    return f"配置 {config}，{splits} 段，合并 {rows} 行 × {-(-d // chunk)} 段列 × {warps} warp"
 
 
 def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
@@ -2803,11 +3039,9 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale,
     batch, n_new, s_max = q.shape[0], (1 if q.dim() == 3 else q.shape[1]), k_cache.shape[1]
     if k_cache.shape[0] != batch:
         raise ValueError(f"{where}：q 和 k_cache 的 batch 维必须相同，收到 {batch} 和 {k_cache.shape[0]}")
-    check_choice("head dim d", d, (16, 32, 64, 128, 256), where)   # tl.arange 要 2 的幂，tl.dot 要 ≥ 16
-    check_int("n（新 token 数，q.shape[1]）", n_new, lo=1, hi=64, where=where, type_error=ValueError)
-    if hq // hk * n_new > MAX_DECODE_ROWS:       # 一个程序把 R·n 行放在一个块里：块太大放不进寄存器
-        raise ValueError(f"{where}：每组 query 头数 × 新 token 数 (Hq/Hk)·n 不能超过 {MAX_DECODE_ROWS}，"
-                         f"收到 Hq={hq}、Hk={hk}、n={n_new}（{hq // hk * n_new} 行）")
+    check_int("B（q.shape[0]）", batch, lo=1, where=where, type_error=ValueError)
+    check_int("head dim d", d, lo=1, hi=MAX_HEAD_DIM, where=where, type_error=ValueError)   # 内核里补到 BLOCK_D
+    check_int("n（新 token 数，q.shape[1]）", n_new, lo=1, where=where, type_error=ValueError)   # 多了转前向内核
     check_int("S_max（k_cache.shape[1]）", s_max, lo=1, where=where, type_error=ValueError)
     if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
         raise ValueError(f"{where}：q、k_cache、v_cache 的最后一维必须连续（stride(-1) == 1）")
