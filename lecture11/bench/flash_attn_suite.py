@@ -72,7 +72,13 @@ def sample_ids(nodeids, k, seed, func):
 
 # 参数一看就知道要兼容层没有的特性的网格点：不抽、不跑，按特性计数（flash-attn 的 kvcache 测试 30 万个网格点里
 # 只有约 1% 只用到我们有的特性，不先筛掉的话抽 40 个几乎一个也跑不到）。(参数名, 取值 → 是否需要, 特性标签)
+_DROPOUT_PROBS = (("dropout_p", lambda v: v > 0, "dropout-probs"),)   # 这些测试 dropout > 0 时都要读 S_dmask
 PREFILTER = {
+    "test_flash_attn_output": _DROPOUT_PROBS,
+    "test_flash_attn_varlen_output": _DROPOUT_PROBS,
+    "test_flash_attn_qkvpacked": _DROPOUT_PROBS,
+    "test_flash_attn_varlen_qkvpacked": _DROPOUT_PROBS,
+    "test_flash_attn_varlen_causal": (("paged_kv_block_size", lambda v: v is not None, "paged-kv"),),
     "test_flash_attn_kvcache": (
         ("paged_kv_block_size", lambda v: v is not None, "paged-kv"),
         ("has_batch_idx", bool, "cache-batch-idx"),
