@@ -165,3 +165,22 @@ def test_gluon_route_is_never_taken_on_cpu_or_in_the_interpreter():
 def test_launch_flags_must_be_bools(field):
     with pytest.raises((TypeError, ValueError), match=field):
         tf.Launch(**{field: "yes"})
+
+
+@pytest.mark.parametrize("causal, return_lse", [(True, False), (False, True)])
+def test_flash_attn_func_hands_routed_calls_to_gluon(monkeypatch, causal, return_lse):
+    """gluon_route 说交给 gluon 时，flash_attn_func 调用 gluon_flash.attention（causal、scale、return_lse 对上）。"""
+    calls = []
+
+    def attention(q, k, v, causal=False, softmax_scale=None, return_lse=False):
+        calls.append((causal, softmax_scale, return_lse))
+        return ("gluon-out", "gluon-lse") if return_lse else "gluon-out"
+
+    fake = types.SimpleNamespace(attention=attention)
+    seen = []
+    monkeypatch.setattr(tf, "gluon_route", lambda q, k, v, opts, grad: seen.append((opts.window, grad)) or fake)
+    q = torch.randn(1, 8, 2, 16, requires_grad=True)
+    out = tf.flash_attn_func(q, q, q, causal=causal, softmax_scale=0.3, return_lse=return_lse)
+    assert out == (("gluon-out", "gluon-lse") if return_lse else "gluon-out")
+    assert calls == [(causal, 0.3, return_lse)]
+    assert seen == [((-1, 0) if causal else (-1, -1), True)]
