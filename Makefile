@@ -28,7 +28,7 @@ setup: $(STAMP)  ## 建 .venv 并安装 requirements.txt（幂等；PYTHON=... �
 $(STAMP): requirements.txt tools/pick_torch.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), f"需要 Python ≥ 3.10，现在是 {sys.version.split()[0]}：用 make PYTHON=python3.11 ..."'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@if [ -n "$(TORCH_SPEC)" ]; then echo "[1/2] 安装 torch（$(TORCH_SPEC)）：约 0.75 GB，空闲机器上约 20 s，pip 逐行显示进度 ..."; \
+	@if [ -n "$(TORCH_SPEC)" ]; then echo "[1/2] 安装 torch（$(TORCH_SPEC)）：约 0.75 GB，pip 逐行显示进度 ..."; \
 	  $(PY) -m pip install --progress-bar off $(TORCH_SPEC) 2>&1 | $(PIP_QUIET); fi
 	@echo "[2/2] 安装 requirements.txt（numpy、matplotlib、triton ≈ 1 GB、pytest …）：空闲的 2 核机器上约 1–2 分钟，pip 逐行显示进度 ..."
 	@$(PY) -m pip install --progress-bar off -r requirements.txt 2>&1 | $(PIP_QUIET)

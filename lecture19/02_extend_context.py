@@ -14,6 +14,7 @@
     表：每种方法在每个长度上"最差深度"的准确率；图：最差深度准确率随长度的曲线 + 最好方法的热力图。
 
 运行：python3 lecture19/02_extend_context.py [--quick]
+      --quick 也读入库的检查点，只缩小评测（读不到时只在内存里训 20 步，不写文件）。
       模型从 checkpoints/ 读取；NIAH 表缓存在 checkpoints/grids.json（换了检查点自动重算）。
 图：lecture19/figures/02_extend_context_curves.png、02_extend_context_best.png
 """
@@ -26,6 +27,7 @@ sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
+from train_checkpoints import demo_checkpoint  # noqa: E402
 
 D_HEAD = 64
 NTK8 = 10000.0 * 8 ** (D_HEAD / (D_HEAD - 2))        # NTK-aware：b' = b·s^(D/(D−2))，s = 8
@@ -50,7 +52,7 @@ def evaluate(task, quick, lengths, depths, n):
     models = {}
     for label, ckpt, variant, rope in METHODS:
         if ckpt not in models:
-            models[ckpt] = L.get_checkpoint(task, ckpt, quick=quick, log=print)[0]
+            models[ckpt] = demo_checkpoint(task, ckpt, quick)[0]
         model = models[ckpt]
         cfg = L.CHECKPOINTS[ckpt]["cfg"]                 # 先回到检查点自己的 RoPE 设置，再加这个方法的改动
         model.set_rope(**dict({"scale": cfg.get("scale", 1.0), "base": cfg.get("base", 10000.0)}, **rope))
