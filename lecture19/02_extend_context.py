@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
-from train_checkpoints import demo_checkpoint  # noqa: E402
+from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 D_HEAD = 64
 NTK8 = 10000.0 * 8 ** (D_HEAD / (D_HEAD - 2))        # NTK-aware：b' = b·s^(D/(D−2))，s = 8

@@ -9,7 +9,8 @@
        每块设备总共发 ≈ 2·N·d 个数；按 BF16 换成字节。
     3. 真的跑：P 个进程（torch.multiprocessing + gloo，CPU；有 GPU 时同一个函数走 NCCL）各持一段 Q/K/V，
        K/V 用 batch_isend_irecv 沿环传递、同时算当前块；拼起来的输出和整条序列的注意力一致（打印最大误差）；
-       最慢的进程花在"计算""等通信"和其他上的时间（同一进程里拆，三者相加 = 它的总时间）；实际发送的元素数 = RingLedger 的记账。
+       最慢的进程花在"计算""等通信"和其他上的时间（同一进程里拆，三者相加 = 它的总时间）；
+       实际发送的元素数 = RingLedger 的记账。
 
 运行：python3 lecture19/04_ring_attention.py [--quick] [--procs 2]
       多 GPU：torchrun --nproc_per_node=2 lecture19/04_ring_attention.py --torchrun（每个进程一块 GPU，NCCL）

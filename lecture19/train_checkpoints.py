@@ -3,7 +3,7 @@
 
 每个模型的配置在 long_lab.CHECKPOINTS 里（演示读缓存时用同一份配置）；已经训练好、配置相符、SHA-256 对得上的
 模型直接跳过。训练完的模型在 checkpoints/<名字>.pt，配置、训练曲线、NIAH 表、秒数、种子、torch 版本和
-SHA-256 记在 checkpoints/manifest.json。演示用 demo_checkpoint() 取模型（--quick 也先读入库的检查点）。
+SHA-256 记在 checkpoints/manifest.json。演示经由 demo_checkpoints.py 取模型（--quick 也先读入库的检查点）。
 
 运行：python3 lecture19/train_checkpoints.py [--only base,ext_256] [--threads N]
       （--only 的名字：base、ext_256、ext_512、nope、sparse_window、sparse_strided、sparse_dilated）
@@ -12,46 +12,12 @@ import argparse
 import os
 import sys
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
-
-
-class _NotCommitted(Exception):
-    """demo_checkpoint 的 --quick 路径里 get_checkpoint 想要训练：说明入库的检查点用不了。"""
-
-
-def demo_checkpoint(task, name, quick, log=print):
-    """
-    演示取检查点。完整版 = L.get_checkpoint（缺失、损坏或配置不符时训练并存盘）。
-    --quick 也先读入库的检查点（只读，不到一秒），只缩小评测，所以从不比完整版慢；
-    读不到时才退回 L.get_checkpoint(quick=True)：只在内存里训 20 步，不写任何文件。返回 (model, curve)。
-    """
-    if not quick:
-        return L.get_checkpoint(task, name, log=log)
-    real_train = L.train_needle
-
-    def refuse(*args, **kwargs):                         # 走到训练这一步 = 缓存用不了：不训练、不存盘
-        raise _NotCommitted
-
-    L.train_needle = refuse
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model, curve = L.get_checkpoint(task, name, log=None)
-        if log:
-            log(f"  （--quick：读取入库的 checkpoints/{name}.pt，只缩小评测）")
-        return model, curve
-    except _NotCommitted:
-        if log:
-            log(f"  （--quick：checkpoints/{name}.pt 用不了，只在内存里训 20 步）")
-    finally:
-        L.train_needle = real_train
-    return L.get_checkpoint(task, name, quick=True, log=log)
 
 
 def main():
