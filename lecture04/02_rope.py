@@ -2,7 +2,7 @@
 第 4 讲 · 演示 2：RoPE——两种配对、只看相对位置、频率谱、过了训练长度会怎样
 
 你会看到：
-    1. "前半与后半配对"（Hugging Face Llama）和"相邻两个数一对"（RoFormer、第 2 讲）只差一个固定的维度排列：
+    1. "前半与后半配对"（Hugging Face Llama）和"相邻两个数一对"（RoFormer [S93]、第 2 讲）只差一个固定的维度排列：
        排列后两者相同到 0 误差；第 2 讲 TINY 的权重按这个排列重排 Wq、Wk 的行，装进我们的模型，logits 一致。
     2. 相对位置性质：q 在位置 m、k 在位置 n，旋转后的点积只取决于 m − n——把两者一起平移任意步，分数不变；
        换成"加上学出来的绝对位置向量"，分数就随平移变了。
@@ -102,7 +102,8 @@ def part_spectrum(script, quick, train_len):
     heads = ["对 i", "弧度 / 位置", "波长（位置）", f"到 {train_len} 转了几圈", f"到 {4 * train_len} 转了几圈"]
     print(format_table(heads, rows))
     print("后几对在训练长度内转不满一圈：它们的角度可以当作'绝对位置'用，外推时就出现训练中没见过的角度。")
-    print("图里另画了 d_head = 128 的两种 base：10000（Llama 2）与 500000（Llama 3.1，预训练长度 8192 [S44,S45]）。"
+    print("图里另画了 d_head = 128 的两种 base：10000（Llama 2 [S99]）与 500000"
+          "（Llama 3.1，预训练长度 8192 [S44,S45]）。"
           "base 调大，后面各对的波长变长（曲线更陡），更多的对在预训练长度内转不满一圈。")
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for dh, base, style in ((16, 1e4, "o-"), (128, 1e4, "-"), (128, 5e5, "--")):

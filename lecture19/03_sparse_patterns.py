@@ -5,10 +5,10 @@
     1. 四种因果模式（full / window / strided / dilated）在 T = 128…2048 上要算的 (q, k) 对数：full 随 T² 涨，
        window 随 T·w 线性涨，strided 约 T·(stride + T/(2·stride))
        （局部 stride 个 + 每隔 stride 一个、平均 T/(2·stride) 个；精确式见 strided_pairs，
-       演示里和掩码直接数出来的对数核对），dilated 按段长和间隔累加。
+       演示里和掩码直接数出来的对数核对），dilated（LongNet [S96] 的简化版）按段长和间隔累加。
     2. 看不见什么：最后一个位置在 1 层、2 层之内能"看到"（直接或经过一个中间位置）哪些位置。
        window 两层也只到 2·(w − 1) 远；strided 一层只看稀疏的一列，两层就能到达所有位置——这正是
-       Sparse Transformer 用两种头交替的理由；我们简化的 dilated 最大段长 128，更远的位置两层也到不了。
+       Sparse Transformer [S95] 用两种头交替的理由；我们简化的 dilated 最大段长 128，更远的位置两层也到不了。
     3. 实际效果：从基座模型出发，每种模式各微调一小段（checkpoints/sparse_*.pt），在 T = 128 和 512 上
        测大海捞针；准确率对计算的 (q, k) 对数画成取舍图。
 

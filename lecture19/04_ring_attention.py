@@ -4,7 +4,7 @@
 你会看到：
     1. 模拟（ring_attention + RingLedger）：N 个 token 分给 P 块设备，P 轮里每块设备每轮算多少 (q, k) 对。
        因果掩码下 contiguous 切法很不均衡：第 0 块设备只有第 1 轮有活，最后一块每轮都满；每轮要等最慢的
-       那块，总时间 ∝ Σ_轮 max。striped（token t 给设备 t mod P）让每块设备每轮的工作量几乎一样。
+       那块，总时间 ∝ Σ_轮 max。striped [S97]（token t 给设备 t mod P）让每块设备每轮的工作量几乎一样。
     2. 通信量：每块设备每轮把手上的 K、V 块（2·(N/P)·d 个数）发给下一块，共 P − 1 轮——和 P 无关地
        每块设备总共发 ≈ 2·N·d 个数；按 BF16 换成字节。
     3. 真的跑：P 个进程（torch.multiprocessing + gloo，CPU；有 GPU 时同一个函数走 NCCL）各持一段 Q/K/V，
