@@ -86,8 +86,9 @@ def real_run(P, N, d, heads):
                      f"{fmt_time(comp)} + {fmt_time(wait)} + {fmt_time(other)} = {fmt_time(slow['total_s'])}"])
     print(L.format_table(["切法", "causal", "与全注意力的最大差", "每进程发送（个数）", "Σ_轮 max 计算",
                           "最慢进程：计算 + 等通信 + 其他 = 总时间"], rows))
-    print("Σ_轮 max 计算 = 每轮等最慢那块设备的算法（同 RingLedger.round_time），各轮可能是不同进程；"
-          "右边一列是同一个进程、同一次运行的拆分，加起来正好是它的总时间。")
+    print("右边一列是同一个进程、同一次运行的拆分，三项加起来正好是它的总时间（断言）。"
+          "Σ_轮 max 计算是 RingLedger.round_time 的算法（每轮取最慢的进程），\n"
+          "各轮可能是不同进程、进程之间也没有每轮的栅栏，所以它不是总时间的一部分，可能比任何一个进程的总时间还略大。")
     stats = res[0][1]                                       # 第一个任务（contiguous、causal）逐轮看
     rows = [[rnd, " / ".join(str(st["rounds"][rnd]["pairs"]) for st in stats),
              " / ".join(fmt_time(st["rounds"][rnd]["compute_s"]) for st in stats),
