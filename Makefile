@@ -12,7 +12,7 @@ STAMP := $(VENV)/.stamp-setup
 TORCH_SPEC ?= $(shell $(PYTHON) tools/pick_torch.py 2>/dev/null)
 PYTEST_ARGS ?= -n 2
 # pip 对本机配置里不存在的本地索引目录逐个发警告，过滤掉这类噪声（pipefail 保留 pip 的退出码）
-PIP_QUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+PIP_QUIET := { grep --line-buffered -v 'is ignored: it is neither a file nor a directory' || true; }
 FOLDERS := $(sort $(wildcard prereq[0-9]* lecture[0-9]*))
 
 .PHONY: help setup check-all test lint figures checkpoints clean distclean
