@@ -12,7 +12,7 @@ STAMP := $(VENV)/.stamp-setup
 TORCH_SPEC ?= $(shell $(PYTHON) tools/pick_torch.py 2>/dev/null)
 PYTEST_ARGS ?= -n 2
 # pip 对本机配置里不存在的本地索引目录逐个发警告，过滤掉这类噪声（pipefail 保留 pip 的退出码）
-PIP_QUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+PIP_QUIET := { grep --line-buffered -v 'is ignored: it is neither a file nor a directory' || true; }
 FOLDERS := $(sort $(wildcard prereq[0-9]* lecture[0-9]*))
 
 .PHONY: help setup check-all test lint figures checkpoints clean distclean
@@ -28,9 +28,10 @@ setup: $(STAMP)  ## 建 .venv 并安装 requirements.txt（幂等；PYTHON=... �
 $(STAMP): requirements.txt tools/pick_torch.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), f"需要 Python ≥ 3.10，现在是 {sys.version.split()[0]}：用 make PYTHON=python3.11 ..."'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@if [ -n "$(TORCH_SPEC)" ]; then echo "安装 $(TORCH_SPEC) ..."; $(PY) -m pip install -q $(TORCH_SPEC) 2>&1 | $(PIP_QUIET); fi
-	@echo "安装 requirements.txt ..."
-	@$(PY) -m pip install -q -r requirements.txt 2>&1 | $(PIP_QUIET)
+	@if [ -n "$(TORCH_SPEC)" ]; then echo "[1/2] 安装 torch（$(TORCH_SPEC)）：约 0.75 GB，pip 逐行显示进度 ..."; \
+	  $(PY) -m pip install --progress-bar off $(TORCH_SPEC) 2>&1 | $(PIP_QUIET); fi
+	@echo "[2/2] 安装 requirements.txt（numpy、matplotlib、triton ≈ 1 GB、pytest …）：空闲的 2 核机器上约 1–2 分钟，pip 逐行显示进度 ..."
+	@$(PY) -m pip install --progress-bar off -r requirements.txt 2>&1 | $(PIP_QUIET)
 	@$(PY) -c 'import numpy, torch, matplotlib; print(f"环境就绪：numpy {numpy.__version__}, torch {torch.__version__}, CUDA {torch.cuda.is_available()}")'
 	@touch $(STAMP)
 
@@ -58,5 +59,8 @@ clean:  ## 删除生成的图、缓存（保留 .venv 和检查点）
 	rm -rf $(addsuffix /figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
-distclean: clean  ## 连 .venv 和检查点一起删除
-	rm -rf $(VENV) $(addsuffix /checkpoints,$(FOLDERS))
+# 入库的检查点（lecture04、lecture19）保留：只删 git 不跟踪的文件（续训文件、锁、没入库的讲次的检查点）
+distclean: clean  ## 删除 .venv 和未入库的检查点文件（入库的检查点保留）
+	rm -rf $(VENV)
+	@for d in $(addsuffix /checkpoints,$(FOLDERS)); do \
+	  if [ -d $$d ]; then git clean -fdxq -- $$d 2>/dev/null || echo "不在 git 仓库里：保留 $$d（要删请手动）"; fi; done

@@ -4,8 +4,10 @@
 你会看到：
     1. 两种归一化各自"归一"了什么：LayerNorm 减均值、除标准差，所以对每行加一个常数、乘一个正数都不变；
        RMSNorm 只除均方根，只对乘正数不变——行均值为 0 时两者完全相同。参数：LayerNorm 2d（增益 + 偏置），RMSNorm d。
-    2. 代价：同样按"逐个 torch 运算"写，LayerNorm 要两次规约（均值、方差），RMSNorm 一次；实测每次调用的时间
-       （也列出 torch 自带的融合版本：CPU 上融合与否的差别比两种归一化之间的差别大）。
+    2. 代价：每种写法实际派发了哪些 aten 运算、扫过整块张量几遍（每次运行都一样，断言），再在几种形状上
+       交错计时取中位数（手写 LayerNorm / RMSNorm、F.layer_norm、F.rms_norm）。CPU 上时间跟着"扫几遍"走：
+       逐个运算的 LayerNorm 约是 RMSNorm 的 2 倍，融合的 F.layer_norm 最快，F.rms_norm 在 CPU 上是逐个运算拼的；
+       更大、每次都不同的比值来自缺页（临时张量向系统要新内存页），所以计时不断言。
     3. SwiGLU 与 GELU MLP 等参数比较：SwiGLU 有三个矩阵，所以中间宽度取 GELU 的 2/3；参数和 FLOPs 相同。
        在合成语言上训练好的两个检查点（modern 与 modern_gelu，只差 MLP）的 eval 损失与最优损失并排。
 
@@ -13,17 +15,19 @@
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import modern_lm as ml  # noqa: E402
-from course_utils import fmt_count, format_table  # noqa: E402
+from course_utils import fmt_bytes, fmt_count, format_table  # noqa: E402
 
 
 def layer_norm_by_hand(x, eps=1e-5):
@@ -56,34 +60,118 @@ def part_what(gen):
     assert float(rows[1][2]) > 0.1 and same < 1e-12
 
 
-def time_call(f, x, reps):
-    f(x)                                                     # 预热
-    t0 = time.perf_counter()
-    for _ in range(reps):
+class _OpLog(TorchDispatchMode):
+    """记下一次调用实际派发到了哪些 aten 运算（以及每个运算读写了多少个数）。"""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+        self.ops.append((func.overloadpacket.__name__, sum(t.numel() for t in ins + outs)))
+        return out
+
+
+def dispatched(f, x):
+    """f(x) 派发的 aten 运算名字，和"读 + 写的数 / x 的元素数"（= 扫过整块张量几遍；融合内核内部多读的看不到）。"""
+    with torch.no_grad(), _OpLog() as log:
         f(x)
-    return (time.perf_counter() - t0) / reps
+    return [name for name, _ in log.ops], sum(n for _, n in log.ops) / x.numel()
 
 
-def part_cost(rows_n, d, reps):
-    print(f"\n== 2. 代价：[{rows_n}, {d}] 的 float32，每次调用的时间（5 轮 × {reps} 次取最快一轮）==")
-    x = torch.randn(rows_n, d)
-    d_ones = torch.ones(d)
-    cands = [("LayerNorm（逐个运算）", layer_norm_by_hand, 2, 2 * d),
-             ("RMSNorm（逐个运算）", rms_norm_by_hand, 1, d),
-             ("LayerNorm（torch 融合 F.layer_norm）", lambda t: F.layer_norm(t, (d,)), 2, 2 * d)]
+def minor_faults():
+    """本进程到现在的缺页中断次数（向系统要新内存页的次数）；没有 resource 模块（Windows）时返回 None。"""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def median_times(cands, x, reps, rounds):
+    """
+    每个实现每次调用的时间：rounds 轮，每轮里各实现轮流跑 reps 次（交错：别的进程抢 CPU 时各实现受的影响差不多），
+    取各轮的中位数；同时数每次调用的缺页中断。单线程计时：2 个线程在忙的机器上会互相等，时间乱跳。
+    返回 {名字: (秒, 缺页 / 次 或 None)}。
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        per = {name: [] for name, _ in cands}
+        faults = {name: 0 for name, _ in cands}
+        with torch.no_grad():
+            for _, f in cands:
+                f(x)                                         # 预热
+            for _ in range(rounds):
+                for name, f in cands:
+                    pf0 = minor_faults()
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        f(x)
+                    per[name].append((time.perf_counter() - t0) / reps)
+                    if pf0 is not None:
+                        faults[name] += minor_faults() - pf0
+    finally:
+        torch.set_num_threads(threads)
+    has_pf = minor_faults() is not None
+    return {name: (statistics.median(ts), faults[name] / (reps * rounds) if has_pf else None)
+            for name, ts in per.items()}
+
+
+def norm_candidates(d):
+    g = torch.ones(d)
+    cands = [("LayerNorm 逐个运算", layer_norm_by_hand),
+             ("RMSNorm 逐个运算", rms_norm_by_hand),
+             ("F.layer_norm", lambda t: F.layer_norm(t, (d,)))]
     if hasattr(F, "rms_norm"):
-        cands.append(("RMSNorm（torch 的 F.rms_norm）", lambda t: F.rms_norm(t, (d,), d_ones, 1e-5), 1, d))
-    rows, times = [], []
-    with torch.no_grad():
-        for name, f, n_red, n_par in cands:
-            t = min(time_call(f, x, reps) for _ in range(5))   # 最快一轮：别的进程抢 CPU 只会让时间变长
-            rows.append([name, n_red, n_par, f"{t * 1e6:.0f} µs", f"{x.numel() * 4 * 2 / t / 1e9:.1f} GB/s"])
-            times.append(t)
-    print(format_table(["实现", "规约次数", "参数", "每次", "读 + 写带宽"], rows))
-    print(f"本机：逐个运算时 RMSNorm 比 LayerNorm 快 {times[0] / times[1]:.1f}×（少一次规约、少几个中间张量）；"
-          f"torch 融合的 LayerNorm 比逐个运算的快 {times[0] / times[2]:.1f}×。")
-    print("这类运算受内存带宽限制（每个数只做几次运算），省下的主要是读写次数——融合成一个内核（第 11 讲）比换归一化"
-          "省得多。大模型里归一化只占很小的时间，选 RMSNorm 主要因为它更简单、训练同样稳定。")
+        cands.append(("F.rms_norm（带增益）", lambda t: F.rms_norm(t, (d,), g, 1e-5)))
+    return cands
+
+
+def part_cost(shapes, reps, rounds):
+    print("\n== 2. 代价：派发了哪些运算、扫过张量几遍、实测每次调用的时间 ==")
+    d0 = shapes[0][1]
+    x0 = torch.randn(shapes[0])
+    cands = norm_candidates(d0)
+    ref = F.layer_norm(x0, (d0,))
+    rows, passes = [], {}
+    for name, f in cands:
+        ops, p = dispatched(f, x0)
+        passes[name] = p
+        err = (f(x0) - (ref if "Layer" in name or "layer" in name else rms_norm_by_hand(x0))).abs().max().item()
+        rows.append([name, len(ops), " ".join(ops), f"{p:.1f}", f"{err:.0e}"])
+    print(f"torch {torch.__version__}，CPU：")
+    print(format_table(["实现", "运算数", "派发的 aten 运算", "读 + 写 / 元素数", "与参考的最大差"], rows))
+    # 这些只取决于 torch 怎么派发，每次运行都一样；计时不断言（随机器和负载变化）
+    assert passes["RMSNorm 逐个运算"] < passes["LayerNorm 逐个运算"]
+    assert len(dispatched(cands[2][1], x0)[0]) == 1           # F.layer_norm：一个融合内核
+    if len(cands) == 4:
+        rms_ops = dispatched(cands[3][1], x0)[0]
+        print(f"F.rms_norm 在这个 torch 的 CPU 上不是融合内核：派发 {len(rms_ops)} 个运算 = 手写的那几个 + 乘增益，"
+              f"所以比不带增益的手写版多扫一遍张量。")
+    rows = []
+    for n, d in shapes:
+        x = torch.randn(n, d)
+        t = median_times(norm_candidates(d), x, reps, rounds)
+        names = list(t)
+        cell = [f"{t[k][0] * 1e6:,.0f} µs" + ("" if t[k][1] is None else f"（{t[k][1]:,.0f}）") for k in names]
+        rows.append([f"[{n}, {d}]", fmt_bytes(4 * n * d)] + cell + [f"{t[names[0]][0] / t[names[1]][0]:.1f}×"])
+    print(f"\n每次调用的时间（float32，单线程，{rounds} 轮 × {reps} 次交错运行，取各轮中位数；"
+          "括号里是每次调用的缺页中断数）：")
+    print(format_table(["形状", "张量"] + names + ["LN / RMS（逐个运算）"], rows))
+    print("没有缺页时，逐个运算的 LayerNorm 约是 RMSNorm 的 2 倍——正是上表读 + 写遍数之比（10 对 5）：\n"
+          "每个运算把整块张量读一遍、写一遍，时间跟着遍数走；规约次数（2 对 1）只是其中一部分，"
+          "减均值、平方、再减一次各是一遍。\n"
+          "融合成一个内核的 F.layer_norm 只扫一两遍，在上表里最快；"
+          "F.rms_norm 在这个 torch 的 CPU 上是逐个运算拼的（多乘一次增益），不比手写的快。\n"
+          "比 2 倍大出来的部分都伴着大量缺页（表里括号；同一形状在别的运行里可以到几十倍）：\n"
+          "临时张量大（几百 kB 以上）时，分配器可能每次调用都向系统要新页、用完又还回去，时间被缺页中断主导；\n"
+          "哪个实现、哪次运行碰上取决于分配器和机器负载，所以比值每次都不同，这里不断言计时。\n"
+          "CPU 上这里的差别由 torch 派发了哪些内核、分配了多少临时张量决定，不是归一化本身；"
+          "大模型里归一化只占很小的时间，\n选 RMSNorm 主要因为它更简单、训练同样稳定。")
 
 
 def part_mlp(d, d_ff_swiglu, quick):
@@ -117,7 +205,8 @@ def main():
     torch.manual_seed(a.seed)
     part_what(gen)
     # 张量 ≤ 8 MB：更大的张量每次都向系统要新的内存页，时间会被缺页中断主导
-    part_cost(512 if a.quick else 2048, 1024, 5 if a.quick else 30)
+    shapes = ((64, 256), (512, 1024)) if a.quick else ((64, 256), (512, 1024), (2048, 1024), (4096, 512), (256, 4096))
+    part_cost(shapes, reps=5 if a.quick else 20, rounds=5 if a.quick else 9)
     part_mlp(ml.MODERN.d_model, ml.MODERN.d_ff, a.quick)
 
 

@@ -2,11 +2,12 @@
 第 4 讲 · 演示 2：RoPE——两种配对、只看相对位置、频率谱、过了训练长度会怎样
 
 你会看到：
-    1. "前半与后半配对"（Hugging Face Llama）和"相邻两个数一对"（RoFormer、第 2 讲）只差一个固定的维度排列：
+    1. "前半与后半配对"（Hugging Face Llama）和"相邻两个数一对"（RoFormer [S93]、第 2 讲）只差一个固定的维度排列：
        排列后两者相同到 0 误差；第 2 讲 TINY 的权重按这个排列重排 Wq、Wk 的行，装进我们的模型，logits 一致。
     2. 相对位置性质：q 在位置 m、k 在位置 n，旋转后的点积只取决于 m − n——把两者一起平移任意步，分数不变；
        换成"加上学出来的绝对位置向量"，分数就随平移变了。
-    3. 频率谱（图）：第 i 对分量每个位置转 base^(−2i/d) 弧度，波长从 2π 个位置到 ~base·2π 个位置。
+    3. 频率谱（图）：第 i 对分量每个位置转 base^(−2i/d) 弧度，波长 2π·base^(2i/d)：从 2π 个位置（i = 0）
+       到最后一对 i = d/2 − 1 的 2π·base^((d−2)/d)（d = 16、base = 10⁴ 时约 19,869，不是 base·2π ≈ 62,832）。
        波长超过训练长度的那些对，训练时从没转满一圈——这就是外推时它们给出"没见过的角度"的原因。
     4. 在 modern 检查点（训练长度 64）上，按位置看损失：64 以内、64–128、128–256 三段。
 
@@ -91,11 +92,18 @@ def part_spectrum(script, quick, train_len):
         wl = 2 * math.pi / inv
         rows.append([i, f"{inv:.4f}", f"{wl:,.1f}", f"{train_len * inv / (2 * math.pi):.2f}",
                      f"{4 * train_len * inv / (2 * math.pi):.2f}"])
-    print(f"我们的模型：d_head = 16、base = 10000、训练长度 {train_len}")
+    longest = 2 * math.pi * 10000.0 ** ((16 - 2) / 16)        # 最后一对 i = d/2 − 1：2π·base^((d−2)/d)
+    assert abs(float(rows[-1][2].replace(",", "")) - longest) < 0.1
+    assert longest < 2 * math.pi * 10000.0 / 3                  # 比 "base·2π" 小 base^(2/d) ≈ 3.2 倍
+    print(f"我们的模型：d_head = 16、base = 10000、训练长度 {train_len}；"
+          f"最长波长 = 2π·base^((d−2)/d) = {longest:,.0f} 个位置"
+          f"（base·2π = {2 * math.pi * 10000:,.0f} 多算了 base^(2/d) = {10000 ** (2 / 16):.2f} 倍；"
+          "d 越大这个倍数越接近 1）")
     heads = ["对 i", "弧度 / 位置", "波长（位置）", f"到 {train_len} 转了几圈", f"到 {4 * train_len} 转了几圈"]
     print(format_table(heads, rows))
     print("后几对在训练长度内转不满一圈：它们的角度可以当作'绝对位置'用，外推时就出现训练中没见过的角度。")
-    print("图里另画了 d_head = 128 的两种 base：10000（Llama 2）与 500000（Llama 3.1，预训练长度 8192 [S44,S45]）。"
+    print("图里另画了 d_head = 128 的两种 base：10000（Llama 2 [S99]）与 500000"
+          "（Llama 3.1，预训练长度 8192 [S44,S45]）。"
           "base 调大，后面各对的波长变长（曲线更陡），更多的对在预训练长度内转不满一圈。")
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for dh, base, style in ((16, 1e4, "o-"), (128, 1e4, "-"), (128, 5e5, "--")):

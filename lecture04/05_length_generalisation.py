@@ -5,7 +5,7 @@
     1. 四个只差位置方案的检查点（都在长度 64 上训练），在 1×、2×、4× 训练长度的序列上的损失。
        合成语言除开头几块外是平稳的（最优损失逐行打印），所以"比最优多出来的部分"就是外推的代价。
     2. 按位置看（图右）：损失从哪个位置开始上涨——学出来的位置表在 64 之后的行从没被训练过；
-       RoPE 在 64 之后遇到训练中没见过的相对距离；ALiBi 只按距离线性扣分，没有"没见过的情况"；
+       RoPE 在 64 之后遇到训练中没见过的相对距离；ALiBi [S94] 只按距离线性扣分，没有"没见过的情况"；
        NoPE 没有显式位置，只能靠因果掩码间接推断位置。
     3. 学出来的位置表有硬上限：比 max_seq 更长的序列直接报错（而不是悄悄算错）。
 
@@ -145,7 +145,7 @@ def main():
     part_limit()
     if not a.quick:
         assert growth["learned absolute"] > 0.3, growth    # 没训练过的位置行 → 损失明显上涨
-        assert growth["ALiBi"] < growth["RoPE"], growth   # ALiBi 的外推比 RoPE 稳（Press et al. 的主要结论）
+        assert growth["ALiBi"] < growth["RoPE"], growth   # ALiBi 的外推比 RoPE 稳（Press et al. [S94] 的主要结论）
 
 
 if __name__ == "__main__":

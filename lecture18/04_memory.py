@@ -6,7 +6,7 @@
        而一次前向 + 反向里：前向最大的单个张量**恰好**等于 Ring Attention 论文表 1 [S83] 的公式（换成 FP32 的字节）：
        vanilla 是 [b, n, s, s] 的 P，flash 是 [b, s, 4h] 的前馈中间层，bpt 是 [b, s, h]。
     2. 同时活着的总量（峰值）和为反向存下的量（kept）随 s 的增长：vanilla ∝ s²，另外两种 ∝ s；
-       BPT 比 flash 少的正是前馈的 4h 中间层（图）。
+       BPT [S98] 比 flash 少的正是前馈的 4h 中间层（图）。
     3. 给定显存预算能训练多长的序列：用量出来的曲线拟合，以及用表 1 的公式算一层 7B 规模（h = 4096、32 头、BF16）。
 
 怎么量：CPU 上的 torch 没有分配器统计，tracemalloc 看不到 torch 的内存；flash_lab.MemoryMeter 在算子层面

@@ -10,7 +10,8 @@
     4. 第二层注意力在最后一个位置上看哪里（T = 256）：权重集中在目标针附近（图）。
 
 运行：python3 lecture19/01_needle_base.py [--quick]
-      模型从 checkpoints/base.pt 读取（没有、损坏或配置不符时重新训练，几分钟）；--quick 只训练 20 步、不碰缓存。
+      模型从 checkpoints/base.pt 读取（没有、损坏或配置不符时重新训练，几分钟）；
+      --quick 也读它、只缩小评测（读不到时只在内存里训 20 步，不写文件）。
 图：lecture19/figures/01_needle_base_grid.png、01_needle_base_attention.png
 """
 import os
@@ -23,6 +24,7 @@ import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
+from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 
 def show(task, ids, tgt=None, width=24):
@@ -108,7 +110,7 @@ def main():
           f"{task.n_filler} 个填充词")
     examples(task)
     print()
-    model, curve = L.get_checkpoint(task, "base", quick=args.quick)
+    model, curve = demo_checkpoint(task, "base", args.quick)
     print(f"基座模型：{sum(p.numel() for p in model.parameters()):,} 个参数；配置 {L.CHECKPOINTS['base']}")
     if curve:
         curve_table(curve, L.CHECKPOINTS["base"]["curriculum"])

@@ -4,7 +4,7 @@
 你会看到：
     1. 基座模型（T = 128 上训练）直接外推：从 128 到 2048 每个长度、每个深度的准确率——几倍长度以内还行，
        再长就从远处开始失效。
-    2. 零样本（不训练，只改 RoPE）：位置插值 PI（位置 m → m / s，s = 2、4、8），调大 base（40k；NTK-aware
+    2. 零样本（不训练，只改 RoPE [S93]）：位置插值 PI（位置 m → m / s，s = 2、4、8），调大 base（40k；NTK-aware
        的 b·s^(D/(D−2))，s = 8）。它们把远处的角度压回训练时见过的范围，但也把近处的角度压扁了。
     3. 在更长的序列上继续训练一小段（CHECKPOINTS 里的 ext_* 模型，150 步）：只在 256 上继续训练，1024 仍然不行；
        位置插值 ×4 再在 512 上训练 150 步（ext_512：训练时的角度范围和基座一样），模型学会了"被压缩的位置"；
@@ -14,6 +14,7 @@
     表：每种方法在每个长度上"最差深度"的准确率；图：最差深度准确率随长度的曲线 + 最好方法的热力图。
 
 运行：python3 lecture19/02_extend_context.py [--quick]
+      --quick 也读入库的检查点，只缩小评测（读不到时只在内存里训 20 步，不写文件）。
       模型从 checkpoints/ 读取；NIAH 表缓存在 checkpoints/grids.json（换了检查点自动重算）。
 图：lecture19/figures/02_extend_context_curves.png、02_extend_context_best.png
 """
@@ -26,6 +27,7 @@ sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
+from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 D_HEAD = 64
 NTK8 = 10000.0 * 8 ** (D_HEAD / (D_HEAD - 2))        # NTK-aware：b' = b·s^(D/(D−2))，s = 8
@@ -50,7 +52,7 @@ def evaluate(task, quick, lengths, depths, n):
     models = {}
     for label, ckpt, variant, rope in METHODS:
         if ckpt not in models:
-            models[ckpt] = L.get_checkpoint(task, ckpt, quick=quick, log=print)[0]
+            models[ckpt] = demo_checkpoint(task, ckpt, quick)[0]
         model = models[ckpt]
         cfg = L.CHECKPOINTS[ckpt]["cfg"]                 # 先回到检查点自己的 RoPE 设置，再加这个方法的改动
         model.set_rope(**dict({"scale": cfg.get("scale", 1.0), "base": cfg.get("base", 10000.0)}, **rope))

@@ -3,14 +3,17 @@
 
 你会看到：
     1. 四种因果模式（full / window / strided / dilated）在 T = 128…2048 上要算的 (q, k) 对数：full 随 T² 涨，
-       window 随 T·w 线性涨，strided 约 T·(stride + T/stride)，dilated 按段长和间隔累加。
+       window 随 T·w 线性涨，strided 约 T·(stride + T/(2·stride))
+       （局部 stride 个 + 每隔 stride 一个、平均 T/(2·stride) 个；精确式见 strided_pairs，
+       演示里和掩码直接数出来的对数核对），dilated（LongNet [S96] 的简化版）按段长和间隔累加。
     2. 看不见什么：最后一个位置在 1 层、2 层之内能"看到"（直接或经过一个中间位置）哪些位置。
        window 两层也只到 2·(w − 1) 远；strided 一层只看稀疏的一列，两层就能到达所有位置——这正是
-       Sparse Transformer 用两种头交替的理由；我们简化的 dilated 最大段长 128，更远的位置两层也到不了。
+       Sparse Transformer [S95] 用两种头交替的理由；我们简化的 dilated 最大段长 128，更远的位置两层也到不了。
     3. 实际效果：从基座模型出发，每种模式各微调一小段（checkpoints/sparse_*.pt），在 T = 128 和 512 上
        测大海捞针；准确率对计算的 (q, k) 对数画成取舍图。
 
 运行：python3 lecture19/03_sparse_patterns.py [--quick]
+      --quick 也读入库的检查点，只缩小评测（读不到时只在内存里训 20 步，不写文件）。
 图：lecture19/figures/03_sparse_patterns_masks.png、03_sparse_patterns_tradeoff.png
 """
 import os
@@ -22,6 +25,7 @@ sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
+from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 MODELS = {"full": "base", "window": "sparse_window", "strided": "sparse_strided", "dilated": "sparse_dilated"}
 
@@ -29,6 +33,18 @@ MODELS = {"full": "base", "window": "sparse_window", "strided": "sparse_strided"
 def mask_kw(kind):
     """各模式的参数：和 CHECKPOINTS 里微调时用的一致。"""
     return dict(L.CHECKPOINTS[MODELS[kind]]["cfg"].get("mask_kw", {}))
+
+
+def strided_pairs(T, stride):
+    """
+    strided 模式的 (q, k) 对数，直接推出来：查询 i 看最近 min(i + 1, s) 个键（同 window），外加距离为 s、2s、… 的
+    ⌊i/s⌋ 个键。Σ min(i + 1, s) = s(s + 1)/2 + (T − s)·s（T ≥ s）；T = q·s + r 时 Σ ⌊i/s⌋ = s·q(q − 1)/2 + r·q。
+    合计 ≈ T·s + T²/(2s)：远处那部分每个查询平均只有 T/(2s) 个（前面的查询往回看得少），不是 T/s。
+    """
+    if T < stride:
+        return T * (T + 1) // 2
+    q, r = divmod(T, stride)
+    return stride * (stride + 1) // 2 + (T - stride) * stride + stride * q * (q - 1) // 2 + r * q
 
 
 def pairs_table(lengths):
@@ -42,6 +58,11 @@ def pairs_table(lengths):
     T = lengths[-1]
     assert L.pattern_pairs("window", T, window=w) == w * (w + 1) // 2 + (T - w) * w
     assert L.pattern_pairs("full", T) == T * (T + 1) // 2
+    st = mask_kw("strided")["stride"]
+    for t in lengths:                                            # 推出来的式子 = 掩码里直接数的 True 个数
+        assert strided_pairs(t, st) == L.pattern_pairs("strided", t, stride=st), t
+    print(f"strided（s = {st}）：公式 s(s+1)/2 + (T−s)·s + s·q(q−1)/2 + r·q（T = q·s + r）= 掩码直接数的对数，"
+          f"T = {T} 时 {strided_pairs(T, st):,} ≈ T·(s + T/(2s)) = {T * (st + T / (2 * st)):,.0f}")
 
 
 def reach(kind, T):
@@ -70,7 +91,7 @@ def reach_table(T):
 def accuracy(task, quick, lengths, depths, n):
     res = {}
     for kind, name in MODELS.items():
-        model, _ = L.get_checkpoint(task, name, quick=quick, log=print)
+        model, _ = demo_checkpoint(task, name, quick)
         res[kind] = L.cached_grid(task, name, model, lengths, depths, n=n, quick=quick, log=print)
     rows = []
     for kind in L.MASK_KINDS:

@@ -4,12 +4,13 @@
 你会看到：
     1. 模拟（ring_attention + RingLedger）：N 个 token 分给 P 块设备，P 轮里每块设备每轮算多少 (q, k) 对。
        因果掩码下 contiguous 切法很不均衡：第 0 块设备只有第 1 轮有活，最后一块每轮都满；每轮要等最慢的
-       那块，总时间 ∝ Σ_轮 max。striped（token t 给设备 t mod P）让每块设备每轮的工作量几乎一样。
+       那块，总时间 ∝ Σ_轮 max。striped [S97]（token t 给设备 t mod P）让每块设备每轮的工作量几乎一样。
     2. 通信量：每块设备每轮把手上的 K、V 块（2·(N/P)·d 个数）发给下一块，共 P − 1 轮——和 P 无关地
        每块设备总共发 ≈ 2·N·d 个数；按 BF16 换成字节。
     3. 真的跑：P 个进程（torch.multiprocessing + gloo，CPU；有 GPU 时同一个函数走 NCCL）各持一段 Q/K/V，
        K/V 用 batch_isend_irecv 沿环传递、同时算当前块；拼起来的输出和整条序列的注意力一致（打印最大误差）；
-       每轮"计算"和"等通信"各花了多少时间；实际发送的元素数 = RingLedger 的记账。
+       最慢的进程花在"计算""等通信"和其他上的时间（同一进程里拆，三者相加 = 它的总时间）；
+       实际发送的元素数 = RingLedger 的记账。
 
 运行：python3 lecture19/04_ring_attention.py [--quick] [--procs 2]
       多 GPU：torchrun --nproc_per_node=2 lecture19/04_ring_attention.py --torchrun（每个进程一块 GPU，NCCL）
@@ -73,12 +74,21 @@ def real_run(P, N, d, heads):
         pairs = [[st["rounds"][rnd]["pairs"] for st in stats] for rnd in range(P)]
         assert pairs == led.work                                # 每轮每个进程算的对数也一样
         # 每轮大家一起等最慢的进程：Σ_轮 max_进程，和 RingLedger.round_time 同一种算法
-        comp = sum(max(st["rounds"][rnd]["compute_s"] for st in stats) for rnd in range(P))
-        wait = sum(max(st["rounds"][rnd]["wait_s"] for st in stats) for rnd in range(P))
-        rows.append([job["layout"], job["causal"], f"{err:.1e}", f"{sent[0]:,}", fmt_time(comp), fmt_time(wait),
-                     fmt_time(max(st["total_s"] for st in stats))])
+        crit = sum(max(st["rounds"][rnd]["compute_s"] for st in stats) for rnd in range(P))
+        # 总时间拆开只能在同一个进程里拆：各轮最慢的计算和最长的等待往往不在同一个进程（一个在算、另一个在等它），
+        # 把两者的 Σ_轮 max 相加会把重叠的时间算两遍
+        slow = max(stats, key=lambda st: st["total_s"])
+        comp = sum(r["compute_s"] for r in slow["rounds"])
+        wait = sum(r["wait_s"] for r in slow["rounds"])
+        other = slow["total_s"] - comp - wait                   # 发起收发、分配缓冲、最后归一化
+        assert other >= 0, (comp, wait, slow["total_s"])        # 同一进程里两段时间不重叠：计算 + 等通信 ≤ 总时间
+        rows.append([job["layout"], job["causal"], f"{err:.1e}", f"{sent[0]:,}", fmt_time(crit),
+                     f"{fmt_time(comp)} + {fmt_time(wait)} + {fmt_time(other)} = {fmt_time(slow['total_s'])}"])
     print(L.format_table(["切法", "causal", "与全注意力的最大差", "每进程发送（个数）", "Σ_轮 max 计算",
-                          "Σ_轮 max 等通信", "总时间"], rows))
+                          "最慢进程：计算 + 等通信 + 其他 = 总时间"], rows))
+    print("右边一列是同一个进程、同一次运行的拆分，三项加起来正好是它的总时间（断言）。"
+          "Σ_轮 max 计算是 RingLedger.round_time 的算法（每轮取最慢的进程），\n"
+          "各轮可能是不同进程、进程之间也没有每轮的栅栏，所以它不是总时间的一部分，可能比任何一个进程的总时间还略大。")
     stats = res[0][1]                                       # 第一个任务（contiguous、causal）逐轮看
     rows = [[rnd, " / ".join(str(st["rounds"][rnd]["pairs"]) for st in stats),
              " / ".join(fmt_time(st["rounds"][rnd]["compute_s"]) for st in stats),

@@ -6,7 +6,7 @@
        参数部分和长度无关，注意力部分随 T 线性涨；两者相等的长度 T* = N / (L·d)。
        7B 模型的 T* ≈ 5 万；我们 42 万参数的 LongLM 只要 ≈ 1600——所以它在 2048 上已经是"注意力为主"。
     2. activation_bytes（Ring Attention 论文表 1 [S83]）：一层里最大的激活，vanilla 随 s² 涨，
-       flash / BPT 随 s 线性涨，ring 只和每块设备的块长 c 有关（s = P·c，设备数随 s 增加；图，对数坐标）。
+       flash / BPT [S98] 随 s 线性涨，ring 只和每块设备的块长 c 有关（s = P·c，设备数随 s 增加；图，对数坐标）。
     3. 给定每层激活的显存预算，各方法能放下的最长上下文；ring 的上限随设备数 P 线性增长。
 
 运行：python3 lecture19/05_costs.py [--quick]
@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 import long_lab as L  # noqa: E402
 from course_utils import fmt_bytes, fmt_count, pyplot, save_figure  # noqa: E402
 
-# 7B 级模型（Llama-2-7B 的形状）：参数、层数、隐藏维度、头数
+# 7B 级模型（Llama-2-7B 的形状 [S99]：32 层、4096、32 头、d_ff 11,008、词表 32,000 → 6.74e9 个参数）
 BIG = dict(name="7B (Llama-2 shape)", n_params=6.74e9, n_layers=32, d_model=4096, n_heads=32)
 
 

@@ -3,9 +3,10 @@
 
 每个模型的配置在 long_lab.CHECKPOINTS 里（演示读缓存时用同一份配置）；已经训练好、配置相符、SHA-256 对得上的
 模型直接跳过。训练完的模型在 checkpoints/<名字>.pt，配置、训练曲线、NIAH 表、秒数、种子、torch 版本和
-SHA-256 记在 checkpoints/manifest.json。
+SHA-256 记在 checkpoints/manifest.json。演示经由 demo_checkpoints.py 取模型（--quick 也先读入库的检查点）。
 
-运行：python3 lecture19/train_checkpoints.py [--only base,ext] [--threads N]
+运行：python3 lecture19/train_checkpoints.py [--only base,ext_256] [--threads N]
+      （--only 的名字：base、ext_256、ext_512、nope、sparse_window、sparse_strided、sparse_dilated）
 """
 import argparse
 import os
@@ -26,7 +27,10 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = [n for n in args.only.split(",") if n] or list(L.CHECKPOINTS)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(L.CHECKPOINTS)
+    bad = [n for n in names if n not in L.CHECKPOINTS]
+    if bad:
+        ap.error(f"--only 里没有这些检查点：{', '.join(bad)}；可选：{', '.join(L.CHECKPOINTS)}")
     task = L.NeedleTask()
     t0 = time.time()
     for name in names:

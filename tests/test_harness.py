@@ -102,3 +102,42 @@ def test_every_demo_passes_quick_to_save_figure():
         text = open(os.path.join(check_all.ROOT, it.folder, it.filename), encoding="utf-8").read()
         for call in re.findall(r"save_figure\((?:[^()]|\([^()]*\))*\)", text):
             assert "quick=" in call, (it.label, call)
+
+
+def _make_dry_run(target):
+    import shutil
+    import subprocess
+    if shutil.which("make") is None:
+        pytest.skip("没有 make")
+    out = subprocess.run(["make", "-n", "-B", target], cwd=check_all.ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_distclean_keeps_committed_checkpoints():
+    # make distclean 只删 .venv 和 checkpoints/ 里 git 不跟踪的文件：入库的检查点（lecture04、lecture19）不能删
+    cmds = _make_dry_run("distclean")
+    rm_lines = [ln for ln in cmds.splitlines() if "rm -rf" in ln]
+    assert rm_lines and not any("checkpoints" in ln for ln in rm_lines), rm_lines
+    assert "git clean -fdx" in cmds and "lecture04/checkpoints" in cmds
+
+
+def test_setup_shows_pip_progress():
+    # pip 不能安静地跑两分钟：每一步先打印装什么，pip 不带 -q
+    cmds = _make_dry_run("setup")
+    pip = [ln for ln in cmds.splitlines() if "pip install" in ln]
+    assert pip and not any(" -q " in ln for ln in pip), pip
+    assert "[1/2]" in cmds and "[2/2]" in cmds
+
+
+def test_readme_demo_numbers_match_folders():
+    # README 说的演示编号范围要和每个讲次文件夹里实际的最大编号一致
+    import os
+    import re
+    readme = open(os.path.join(check_all.ROOT, "README.md"), encoding="utf-8").read()
+    for folder in sorted({it.label.split("/")[0] for it in ITEMS}):
+        nums = [int(m.group(1)) for f in os.listdir(os.path.join(check_all.ROOT, folder))
+                if (m := re.match(r"(\d\d)_.*\.py$", f))]
+        if nums and max(nums) > 5:
+            line = next(ln for ln in readme.splitlines() if "演示脚本" in ln and "01_" in ln)
+            assert folder in line and f"到 0{max(nums)}" in line, (folder, max(nums), line)
