@@ -284,7 +284,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, G, dh).transpose(1, 2)
         q_pos = torch.arange(pos0, pos0 + T)
         if cfg.pos == "rope":
-            # 位置和角度至少用 float32（bf16 里 256 和 257 是同一个数）；cos / sin 到 apply_rope_half 里才转成 x 的 dtype
+            # 位置、角度至少用 float32（bf16 里 256 和 257 是同一个数）；cos / sin 在 apply_rope_half 里才转成 x.dtype
             cos, sin = rope_angles(q_pos.to(torch.promote_types(x.dtype, torch.float32)), dh, cfg.rope_base)
             q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
         k_pos = q_pos

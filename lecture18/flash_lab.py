@@ -765,7 +765,9 @@ def _check_attention(q, k, v, causal, scale, where, block_q=None, block_k=None):
 def _check_saved(q, v, O, lse, dO, dlse=None):
     """反向的输入：O、dO [..., N, dv]，lse [..., N]（可以含 −∞），dlse [..., N] 或 None。"""
     want_o, want_l = (*q.shape[:-1], v.shape[-1]), q.shape[:-1]
-    named = [("O", O, want_o), ("dO", dO, want_o), ("lse", lse, want_l)] + ([] if dlse is None else [("dlse", dlse, want_l)])
+    named = [("O", O, want_o), ("dO", dO, want_o), ("lse", lse, want_l)]
+    if dlse is not None:
+        named.append(("dlse", dlse, want_l))
     if dlse is not None and not (isinstance(dlse, torch.Tensor) and torch.isfinite(dlse).all()):
         _check_tensor("dlse", dlse, "blockwise_attention_bwd")
         raise ValueError("blockwise_attention_bwd：dlse 只能含有限值")
