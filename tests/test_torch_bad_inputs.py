@@ -473,6 +473,15 @@ def test_rmsnorm_reduces_without_overflow(dtype, value):
     assert torch.allclose(y.double(), _rms_ref(x), atol=tol, rtol=tol), y
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_layernorm_low_precision(dtype):
+    x = torch.full((2, 8), 300.0, dtype=dtype)
+    x[:, 0] = -300.0
+    x64 = x.double()
+    ref = (x64 - x64.mean(-1, keepdim=True)) / torch.sqrt(x64.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    assert (ml.make_norm("layer", 8).to(dtype)(x).double() - ref).abs().max() < 2e-2
+
+
 def test_rmsnorm_random_fp16_matches_float64():
     x = (_r(4, 7, 64) * 400).half()
     y = ml.RMSNorm(64).half()(x)
