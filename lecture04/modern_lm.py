@@ -77,8 +77,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         _check_last_dim(x, self.d, "RMSNorm")
-        inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)   # [..., 1]
-        return x * inv_rms * self.weight
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))   # fp16 里 300² 就溢出成 inf：规约在 float32 里做
+        inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)   # [..., 1]
+        return (xf * inv_rms).to(x.dtype) * self.weight
 
 
 def make_norm(kind, d, eps=1e-5):
@@ -108,6 +109,8 @@ class GeluMLP(nn.Module):
 
     def __init__(self, d_model, d_ff):
         super().__init__()
+        d_model = check_int("d_model", d_model, lo=1, where="GeluMLP")
+        d_ff = check_int("d_ff", d_ff, lo=1, where="GeluMLP")
         self.w_up = nn.Linear(d_model, d_ff, bias=False)
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
@@ -117,6 +120,7 @@ class GeluMLP(nn.Module):
 
 def mlp_width(d_ff_swiglu, kind):
     """同样的参数量下 MLP 的中间宽度：SwiGLU 三个矩阵、GELU 两个，所以 GELU 宽 1.5 倍。"""
+    d_ff_swiglu = check_int("d_ff_swiglu", d_ff_swiglu, lo=1, where="mlp_width")
     check_choice("mlp", kind, MLPS, where="mlp_width")
     return d_ff_swiglu if kind == "swiglu" else (3 * d_ff_swiglu) // 2
 
@@ -175,6 +179,7 @@ def half_to_interleaved(dim):
 def sinusoidal_table(n_pos, d):
     """原始 Transformer 的正弦位置表 [n_pos, d]：第 i 对分量是 (sin, cos)(p · 10000^(−2i/d))，不需要训练。"""
     d = _check_rope_dim(d, "sinusoidal_table")
+    n_pos = check_int("n_pos", n_pos, lo=0, where="sinusoidal_table")
     cos, sin = rope_angles(torch.arange(n_pos), d)                    # [n_pos, d/2]
     return torch.stack((sin, cos), dim=-1).flatten(-2)                # [n_pos, d]
 
@@ -194,6 +199,7 @@ def attn_bias(q_pos, k_pos, window=0, slopes=None, dtype=torch.float32):
     q_pos [T]、k_pos [S]：绝对位置。因果：键位置 ≤ 查询位置；window = W > 0 时只看最近 W 个键（含自己）。
     返回 [T, S]，给了 slopes（[H]）时 [H, T, S]。
     """
+    window = _check_bias_args(q_pos, k_pos, window, slopes, dtype)
     dist = q_pos[:, None] - k_pos[None, :]                            # [T, S]：查询比键晚多少个位置
     allowed = dist >= 0
     if window:
@@ -250,6 +256,9 @@ class LMConfig:
 
 def config_like(cfg, **changes):
     """拷贝 cfg 改几个字段（会重新检查）：config_like(MODERN, pos="alibi")。"""
+    if not isinstance(cfg, LMConfig):
+        raise TypeError(f"config_like：cfg 必须是 LMConfig，收到 {type(cfg).__name__}")
+    _check_keys("config_like", changes, LMConfig)
     return dataclasses.replace(cfg, **changes)
 
 
@@ -275,7 +284,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, G, dh).transpose(1, 2)
         q_pos = torch.arange(pos0, pos0 + T)
         if cfg.pos == "rope":
-            cos, sin = rope_angles(q_pos.to(x.dtype), dh, cfg.rope_base)
+            # 位置、角度至少用 float32（bf16 里 256 和 257 是同一个数）；cos / sin 在 apply_rope_half 里才转成 x.dtype
+            cos, sin = rope_angles(q_pos.to(torch.promote_types(x.dtype, torch.float32)), dh, cfg.rope_base)
             q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
         k_pos = q_pos
         if cache is not None:
@@ -339,6 +349,7 @@ class ModernLM(nn.Module):
 
     def forward(self, ids, cache=None):
         _check_ids(ids, self.cfg)
+        _check_cache(cache, self.cfg, ids)
         T = ids.shape[1]
         pos0 = 0 if cache is None else cache.length
         _check_length(self.cfg, pos0 + T)
@@ -364,6 +375,8 @@ class KVCache:
     """
 
     def __init__(self, cfg):
+        if not isinstance(cfg, LMConfig):
+            raise TypeError(f"KVCache 需要 LMConfig，收到 {type(cfg).__name__}")
         self.cfg, self.length = cfg, 0
         self.k, self.v, self.pos = [None] * cfg.n_layers, [None] * cfg.n_layers, [None] * cfg.n_layers
 
@@ -391,6 +404,10 @@ def generate(model, prompt, n_new, use_cache=True):
     use_cache=False 时每步把整段重新算一遍（参考做法）；两者的 token 应完全相同。
     """
     n_new = check_int("n_new", n_new, lo=0, where="generate")
+    use_cache = check_bool("use_cache", use_cache, where="generate")
+    if not isinstance(model, ModernLM):
+        raise TypeError(f"generate：model 必须是 ModernLM，收到 {type(model).__name__}")
+    _check_ids(prompt, model.cfg, "prompt")
     ids = prompt
     cache = KVCache(model.cfg) if use_cache else None
     steps, feed = [], prompt
@@ -447,6 +464,8 @@ def from_lecture02(params, cfg02):
 
 def expand_kv_heads(model):
     """GQA 模型 → 等价的 MHA 模型：每组的 Wk、Wv 复制给组里的 H/G 个头。两者 logits 相同（自检、测试验证）。"""
+    if not isinstance(model, ModernLM):
+        raise TypeError(f"expand_kv_heads：model 必须是 ModernLM，收到 {type(model).__name__}")
     cfg = model.cfg
     big = ModernLM(config_like(cfg, n_kv_heads=cfg.n_heads)).to(next(model.parameters()).dtype)
     state = dict(model.state_dict())
@@ -480,6 +499,7 @@ class ChunkCopyLanguage:
     """
 
     def __init__(self, n_letters=32, chunk=8, max_back=4, p_copy=0.5, n_succ=4, seed=1234):
+        seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage")
         self.n_letters = check_int("n_letters", n_letters, lo=2, where="ChunkCopyLanguage")
         self.chunk = check_int("chunk", chunk, lo=2, where="ChunkCopyLanguage")
         self.max_back = check_int("max_back", max_back, lo=1, where="ChunkCopyLanguage")
@@ -503,6 +523,7 @@ class ChunkCopyLanguage:
     def sample(self, n, length, seed):
         n = check_int("n", n, lo=1, where="ChunkCopyLanguage.sample")
         length = check_int("length", length, lo=1, where="ChunkCopyLanguage.sample")
+        seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage.sample")
         rng = np.random.default_rng(seed)
         L, c = length + 1, self.chunk
         tok = np.zeros((n, L), dtype=np.int64)
@@ -577,6 +598,9 @@ class TrainConfig:
     eval_batches: int = 4
     seed: int = 0
 
+    def __post_init__(self):
+        _check_train_config(self)
+
     def to_dict(self):
         return dataclasses.asdict(self)
 
@@ -606,6 +630,7 @@ def lm_loss(model, tokens):
 @torch.no_grad()
 def evaluate(model, lang, seq, n_batches=4, batch=32, seed=999):
     """固定的评估集上的 (模型损失, 最优损失)，nats / token。"""
+    _check_eval_args("evaluate", model, lang, seq, batch, seed, n_batches=n_batches)
     was = model.training
     model.eval()
     losses, opt = [], []
@@ -620,6 +645,7 @@ def evaluate(model, lang, seq, n_batches=4, batch=32, seed=999):
 @torch.no_grad()
 def loss_by_position(model, lang, seq, batch=64, seed=4242):
     """每个位置的平均损失 [seq] 和最优损失 [seq]（演示 5：过了训练长度，损失从哪儿开始涨）。"""
+    _check_eval_args("loss_by_position", model, lang, seq, batch, seed)
     model.eval()
     tokens, logp = lang.sample(batch, seq, seed)
     logits = model(tokens[:, :-1])
@@ -633,6 +659,7 @@ def loss_breakdown(model, lang, seq, batch=64, seed=777):
     按 token 类别拆开的损失：{类别: (模型损失, 最优损失, 占全部目标的比例)}，外加 "all"。
     复制块的最优损失是 0（抄得到就确定）；新块是马尔可夫链的条件熵；标记是"复制与否、抄哪块"的熵。
     """
+    _check_eval_args("loss_breakdown", model, lang, seq, batch, seed)
     model.eval()
     tokens, logp = lang.sample(batch, seq, seed)
     logits = model(tokens[:, :-1])
@@ -654,6 +681,7 @@ def train_model(cfg, tc, lang, progress=True, resume_path=None, desc=None, log=p
     progress：tqdm 进度条（tokens/s、ETA）。
     种子：torch.manual_seed(tc.seed) 决定初始化，数据第 s 步的种子见 TrainConfig。
     """
+    _check_train_args(cfg, tc, lang, progress)
     torch.manual_seed(tc.seed)
     model = ModernLM(cfg)
     opt = make_optimizer(model, tc)
@@ -762,15 +790,70 @@ def _check_config(cfg):
         raise ValueError(f"{where}：pos='sinusoidal' 要求 d_model 为偶数（sin、cos 成对），收到 d_model={cfg.d_model}")
 
 
-def _check_ids(ids, cfg):
+def _check_ids(ids, cfg, name="ids"):
     if not torch.is_tensor(ids) or ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
         what = f"{tuple(ids.shape)} {ids.dtype}" if torch.is_tensor(ids) else type(ids).__name__
-        raise TypeError(f"ids 必须是 [B, T] 的整数张量（int64 / int32），收到 {what}")
+        raise TypeError(f"{name} 必须是 [B, T] 的整数张量（int64 / int32），收到 {what}")
     if ids.numel() == 0:
-        raise ValueError(f"ids 不能是空的，收到形状 {tuple(ids.shape)}")
+        raise ValueError(f"{name} 不能是空的，收到形状 {tuple(ids.shape)}")
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= cfg.vocab:
-        raise ValueError(f"token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
+        raise ValueError(f"{name} 的 token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
+
+
+def _check_cache(cache, cfg, ids):
+    if cache is None:
+        return
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"ModernLM.forward：cache 必须是 KVCache 或 None，收到 {type(cache).__name__}")
+    if cache.cfg != cfg:
+        raise ValueError("ModernLM.forward：cache 是为另一个配置建的（KVCache(model.cfg)）")
+    if cache.k[0] is not None and cache.k[0].shape[0] != ids.shape[0]:
+        raise ValueError(f"ModernLM.forward：ids 的批大小 {ids.shape[0]} 与 cache 里的 {cache.k[0].shape[0]} 不同")
+
+
+def _check_keys(where, given, dataclass_type):
+    """配置里拼错的键（{'sede': 7}）要报错，不能悄悄忽略：列出不认识的和允许的。"""
+    allowed = [f.name for f in dataclasses.fields(dataclass_type)]
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}：不认识的配置键 {unknown}；允许的键：{allowed}")
+
+
+def _check_train_config(tc):
+    where = "TrainConfig"
+    for f, lo in (("steps", 1), ("batch", 1), ("seq", 1), ("warmup", 0), ("eval_every", 1), ("eval_batches", 1),
+                  ("seed", 0)):
+        object.__setattr__(tc, f, check_int(f, getattr(tc, f), lo=lo, where=where))
+    for f in ("lr", "clip"):       # clip = 0 会把每步的梯度都裁成 0：模型一步也不动
+        object.__setattr__(tc, f, check_real(f, getattr(tc, f), lo=0.0, lo_open=True, where=where))
+    object.__setattr__(tc, "min_lr_frac", check_real("min_lr_frac", tc.min_lr_frac, lo=0.0, hi=1.0, where=where))
+    object.__setattr__(tc, "weight_decay", check_real("weight_decay", tc.weight_decay, lo=0.0, where=where))
+
+
+def _check_train_args(cfg, tc, lang, progress):
+    if not isinstance(cfg, LMConfig):
+        raise TypeError(f"train_model：cfg 必须是 LMConfig，收到 {type(cfg).__name__}")
+    if not isinstance(tc, TrainConfig):
+        raise TypeError(f"train_model：tc 必须是 TrainConfig，收到 {type(tc).__name__}")
+    if not isinstance(lang, ChunkCopyLanguage):
+        raise TypeError(f"train_model：lang 必须是 ChunkCopyLanguage，收到 {type(lang).__name__}")
+    if lang.vocab > cfg.vocab:
+        raise ValueError(f"train_model：语言的词表 {lang.vocab} 大于模型的 cfg.vocab={cfg.vocab}")
+    check_bool("progress", progress, where="train_model")
+
+
+def _check_eval_args(where, model, lang, seq, batch, seed, n_batches=1):
+    if not isinstance(model, ModernLM):
+        raise TypeError(f"{where}：model 必须是 ModernLM，收到 {type(model).__name__}")
+    if not isinstance(lang, ChunkCopyLanguage):
+        raise TypeError(f"{where}：lang 必须是 ChunkCopyLanguage，收到 {type(lang).__name__}")
+    check_int("seq", seq, lo=1, where=where)
+    check_int("batch", batch, lo=1, where=where)
+    check_int("n_batches", n_batches, lo=1, where=where)      # 0 批：np.mean([]) 是 NaN
+    check_int("seed", seed, lo=0, where=where)
+    if lang.vocab > model.cfg.vocab:
+        raise ValueError(f"{where}：语言的词表 {lang.vocab} 大于模型的 vocab={model.cfg.vocab}")
 
 
 def _check_length(cfg, total):
@@ -783,6 +866,20 @@ def _check_last_dim(x, d, where):
     if not torch.is_tensor(x) or x.ndim < 1 or x.shape[-1] != d:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
         raise ValueError(f"{where}：输入的最后一维必须是 {d}，收到 {shape}")
+
+
+def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
+    where = "attn_bias"
+    for name, t in (("q_pos", q_pos), ("k_pos", k_pos)):
+        if not torch.is_tensor(t) or t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            what = f"形状 {tuple(t.shape)}、dtype={t.dtype}" if torch.is_tensor(t) else type(t).__name__
+            raise TypeError(f"{where}：{name} 必须是一维整数张量（绝对位置），收到 {what}")
+    window = check_int("window", window, lo=0, where=where)     # 负的窗口会把每个键都掩掉（整行 −∞）
+    if slopes is not None and (not torch.is_tensor(slopes) or slopes.ndim != 1 or not slopes.is_floating_point()):
+        raise TypeError(f"{where}：slopes 必须是 None 或一维浮点张量 [H]")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{where}：dtype 必须是浮点 dtype，收到 {dtype!r}")
+    return window
 
 
 def _check_rope_dim(dim, where):
@@ -798,6 +895,9 @@ def _check_positions(positions):
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {tuple(pos.shape)}")
     if pos.dtype == torch.bool or pos.is_complex():
         raise TypeError(f"rope_angles：positions 必须是实数位置，收到 dtype={pos.dtype}")
+    if pos.dtype in (torch.float16, torch.bfloat16):    # bf16 里 256 和 257 是同一个数：位置已经丢了
+        raise TypeError(f"rope_angles：positions 必须是整数或 float32 / float64（{pos.dtype} 表示不了大的位置："
+                        "bf16 在 256 以上、fp16 在 2048 以上相邻整数会并成一个），收到 dtype={pos.dtype}")
     if pos.is_floating_point() and not torch.isfinite(pos).all():
         raise ValueError("rope_angles：positions 必须全是有限数（不能含 NaN / ±∞）")
     return pos
@@ -807,6 +907,10 @@ def _check_rope_shapes(x, cos, sin, where):
     if not torch.is_tensor(x) or x.ndim < 2 or x.shape[-1] % 2:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
         raise ValueError(f"{where}：x 应为 [..., T, dim] 且 dim 为偶数（每个头的维度），收到 {shape}")
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):     # 整数张量会把 cos / sin 截成 0、±1
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            what = f"dtype={t.dtype}" if torch.is_tensor(t) else type(t).__name__
+            raise TypeError(f"{where}：{name} 必须是浮点张量，收到 {what}")
     want = (x.shape[-2], x.shape[-1] // 2)
     if tuple(cos.shape) != want or tuple(sin.shape) != want:
         raise ValueError(f"{where}：cos / sin 应为 [T, dim/2] = {list(want)}（x 形状 {tuple(x.shape)}），"
@@ -904,6 +1008,7 @@ def read_curve(name, ckpt_dir=CKPT_DIR):
 
 def train_and_save(name, ckpt_dir=CKPT_DIR, tc=None, progress=True, log=print):
     """训练一个检查点并写入 ckpt_dir：<name>.pt（纯 state_dict）、<name>_curve.csv、manifest.json 里的一项。"""
+    progress = check_bool("progress", progress, where="train_and_save")
     cfg = CHECKPOINTS[check_choice("name", name, tuple(CHECKPOINTS), where="train_and_save")]
     tc = train_config(name) if tc is None else tc
     os.makedirs(ckpt_dir, exist_ok=True)
@@ -950,6 +1055,8 @@ def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, prog
     quick=True：检查点能用照样装载（只读）；不能用时只在内存里训 QUICK_TRAIN 的几十步，从不写 checkpoints/。
     返回 (model, info)；info 有 "source"（"checkpoint" / "retrained" / "quick"）和 manifest 里的数字。
     """
+    quick = check_bool("quick", quick, where="load_or_train")
+    progress = check_bool("progress", progress, where="load_or_train")
     model, why = verify_checkpoint(name, ckpt_dir, tc)
     if model is not None:
         entry = read_manifest(ckpt_dir)["models"][name]

@@ -232,6 +232,12 @@ def vanilla_attention(q, k, v, causal=False, scale=None, return_lse=False):
     【返回】O [..., N, dv]；return_lse=True 时 (O, lse [..., N])。没有可见 key 的行：O = 0、lse = −∞、梯度 0。
     """
     scale, causal = _check_attention(q, k, v, causal, scale, "vanilla_attention")
+    return_lse = check_bool("return_lse", return_lse, where="vanilla_attention")
+    O, lse = _vanilla(q, k, v, causal, scale, return_lse)
+    return (O, lse) if return_lse else O
+
+
+def _vanilla(q, k, v, causal, scale, return_lse=True):
     N, Nk = q.shape[-2], k.shape[-2]
     S = (q @ k.transpose(-2, -1)) * scale                     # [..., N, Nk]
     has_key = None
@@ -246,7 +252,7 @@ def vanilla_attention(q, k, v, causal=False, scale=None, return_lse=False):
         P = P * has_key
     O = P @ v                                                 # [..., N, dv]
     if not return_lse:
-        return O
+        return O, None
     lse = torch.logsumexp(S, dim=-1)                          # [..., N]
     if has_key is not None:
         lse = lse.masked_fill(~has_key[:, 0], NEG_INF)
@@ -322,7 +328,7 @@ def _fwd(q, k, v, block_q, block_k, causal, scale):
     return O, lse
 
 
-def blockwise_attention_bwd(q, k, v, O, lse, dO, block_q=64, block_k=64, causal=False, scale=None):
+def blockwise_attention_bwd(q, k, v, O, lse, dO, block_q=64, block_k=64, causal=False, scale=None, dlse=None):
     """
     分块注意力的反向：不读任何存下来的 P，用 q、k 和前向的 lse 一块一块重算。
 
@@ -331,18 +337,21 @@ def blockwise_attention_bwd(q, k, v, O, lse, dO, block_q=64, block_k=64, causal=
                      dv_j += Pᵀ dO_i；dS = P ∘ (dO_i v_jᵀ − D_i)
                      dq_i += dS k_j·scale；dk_j += dSᵀ q_i·scale
     每块 5 次矩阵乘法（前向 2 次）：多出的一次是重算 S，换来不存 N×Nk 的 P。
+    dlse（可选，[..., N]）：lse 自己的上游梯度。∂lse_i/∂S_ij = P_ij，所以它只是把 D_i 换成 D_i − dlse_i。
     【返回】(dq, dk, dv)。lse = −∞ 的行（没有可见 key）P 全为 0：dq = 0，对 dk、dv 没有贡献。
     """
     scale, causal, block_q, block_k = _check_attention(q, k, v, causal, scale, "blockwise_attention_bwd",
                                                        block_q, block_k)
-    _check_saved(q, v, O, lse, dO)
-    return _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale)
+    _check_saved(q, v, O, lse, dO, dlse)
+    return _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse)
 
 
-def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale):
+def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
     N, Nk = q.shape[-2], k.shape[-2]
     off = Nk - N
     D = (dO * O).sum(dim=-1)                                  # [..., N]
+    if dlse is not None:
+        D = D - dlse                                          # dS = P ∘ (dP − D + dlse)
     lse_sub = lse.masked_fill(torch.isneginf(lse), float("inf"))   # 空行：exp(S − ∞) = 0，避免 −∞ − (−∞)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for j0, j1 in _tiles(Nk, block_k):
@@ -365,7 +374,9 @@ class BlockwiseAttention(torch.autograd.Function):
     分块注意力的 autograd 包装：前向存 q、k、v、O、lse（都是 O(N) 的），反向调用重算版的 _bwd。
     没有任何 [N, Nk] 的张量活过前向——这就是 FlashAttention "激活显存 ∝ N" 的来源。
     用法：O, lse = BlockwiseAttention.apply(q, k, v, block_q, block_k, causal, scale)（不检查输入；
-    平时用 blockwise_attention）。lse 不回传梯度。
+    平时用 blockwise_attention）。O 和 lse 都回传梯度。
+    二阶导（backward(create_graph=True) 之后再求导）：重算版的反向本身不可再求导（lse 当常数用），
+    这时改走 vanilla_attention 的显式公式再求一次导——结果对，但显存回到 ∝ N²（只在要二阶导时）。
     """
 
     @staticmethod
@@ -373,14 +384,26 @@ class BlockwiseAttention(torch.autograd.Function):
         O, lse = _fwd(q, k, v, block_q, block_k, causal, scale)
         ctx.save_for_backward(q, k, v, O, lse)
         ctx.cfg = (block_q, block_k, causal, scale)
-        ctx.mark_non_differentiable(lse)
         return O, lse
 
     @staticmethod
-    def backward(ctx, dO, _dlse):
+    def backward(ctx, dO, dlse):
         q, k, v, O, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd(q, k, v, O, lse, dO, *ctx.cfg)
+        block_q, block_k, causal, scale = ctx.cfg
+        if torch.is_grad_enabled():                           # create_graph=True：要一个能再求导的反向
+            return (*_differentiable_bwd(ctx, q, k, v, dO, dlse, causal, scale), None, None, None, None)
+        dq, dk, dv = _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse)
         return dq, dk, dv, None, None, None, None
+
+
+def _differentiable_bwd(ctx, q, k, v, dO, dlse, causal, scale):
+    """二阶导用的反向：按定义（vanilla_attention）重算 (O, lse)，对 q、k、v 求导并记录计算图。"""
+    inputs = [t for t, need in zip((q, k, v), ctx.needs_input_grad[:3]) if need]
+    O, lse = _vanilla(q, k, v, causal, scale)
+    finite = torch.isfinite(lse)                              # lse = −∞ 的行对任何东西都没有梯度
+    outs, grads = [O, torch.where(finite, lse, torch.zeros_like(lse))], [dO, torch.where(finite, dlse, 0.0)]
+    got = iter(torch.autograd.grad(outs, inputs, grads, create_graph=True, allow_unused=True))
+    return [next(got) if need else None for need in ctx.needs_input_grad[:3]]
 
 
 def blockwise_attention(q, k, v, block_q=64, block_k=64, causal=False, scale=None, return_lse=False):
@@ -390,6 +413,7 @@ def blockwise_attention(q, k, v, block_q=64, block_k=64, causal=False, scale=Non
     """
     scale, causal, block_q, block_k = _check_attention(q, k, v, causal, scale, "blockwise_attention",
                                                        block_q, block_k)
+    return_lse = check_bool("return_lse", return_lse, where="blockwise_attention")
     O, lse = BlockwiseAttention.apply(q, k, v, block_q, block_k, causal, scale)
     return (O, lse) if return_lse else O
 
@@ -519,6 +543,11 @@ class TransformerLayer(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.h or x.shape[1] < 1:
             raise ValueError(f"TransformerLayer.forward：x 的形状必须是 [b, s, h = {self.h}]（s ≥ 1），"
                              f"收到 {tuple(x.shape)}")
+        if x.dtype != self.wo.dtype:
+            raise TypeError(f"TransformerLayer.forward：x 的 dtype 必须和权重相同（{self.wo.dtype}），收到 {x.dtype}")
+        # 三种算法共用的一次检查：flash / bpt 直接调 BlockwiseAttention.apply，不再经过 _check_attention
+        if not torch.isfinite(x).all():
+            raise ValueError("TransformerLayer.forward：x 只能含有限值，发现了 NaN 或 ∞")
         return mode, block, causal
 
 
@@ -733,11 +762,19 @@ def _check_attention(q, k, v, causal, scale, where, block_q=None, block_k=None):
             check_int("block_k", block_k, lo=1, where=where))
 
 
-def _check_saved(q, v, O, lse, dO):
-    """反向的输入：O、dO [..., N, dv]，lse [..., N]（可以含 −∞）。"""
+def _check_saved(q, v, O, lse, dO, dlse=None):
+    """反向的输入：O、dO [..., N, dv]，lse [..., N]（可以含 −∞），dlse [..., N] 或 None。"""
     want_o, want_l = (*q.shape[:-1], v.shape[-1]), q.shape[:-1]
-    for name, t, want in (("O", O, want_o), ("dO", dO, want_o), ("lse", lse, want_l)):
+    named = [("O", O, want_o), ("dO", dO, want_o), ("lse", lse, want_l)]
+    if dlse is not None:
+        named.append(("dlse", dlse, want_l))
+    if dlse is not None and not (isinstance(dlse, torch.Tensor) and torch.isfinite(dlse).all()):
+        _check_tensor("dlse", dlse, "blockwise_attention_bwd")
+        raise ValueError("blockwise_attention_bwd：dlse 只能含有限值")
+    for name, t, want in named:
         _check_tensor(name, t, "blockwise_attention_bwd")
+        if t.dtype != q.dtype:
+            raise TypeError(f"blockwise_attention_bwd：{name} 的 dtype 必须和 q 相同（{q.dtype}），收到 {t.dtype}")
         if tuple(t.shape) != tuple(want):
             raise ValueError(f"blockwise_attention_bwd：{name} 的形状必须是 {tuple(want)}，收到 {tuple(t.shape)}")
     if not (torch.isfinite(O).all() and torch.isfinite(dO).all()) or torch.isnan(lse).any() \

@@ -91,6 +91,9 @@ CURRICULUM_T = 64       # 课程学习第一阶段（不放草堆）的长度：
 MASK_KINDS = ("full", "window", "strided", "dilated")
 LAYOUTS = ("contiguous", "striped")
 POS_KINDS = ("rope", "none")
+MODEL_KEYS = ("seed", "pos", "base", "scale", "mask", "mask_kw", "d_model", "n_layers", "n_heads")   # build_model 的键
+TRAIN_KEYS = ("steps", "T", "lr", "data_offset", "curriculum", "zone", "warmup", "init", "batch")   # get_model 加上的
+MASK_KW = ("window", "stride", "segments")               # attention_mask 的关键字参数
 # 决定演示 01–03 结果的种子（模型初始化的种子在 CHECKPOINTS 每一项的 cfg["seed"] 里）；demo_start 把它们打印出来
 TASK_SEED = 0             # NeedleTask：草堆（填充词马尔可夫链）
 DATA_SEED = 0             # train_needle：训练数据
@@ -314,7 +317,7 @@ class LongAttention(nn.Module):
         self.h = n_heads
         self.dk = d_model // n_heads                    # 每个头的维度
         self.pos, self.base, self.scale = pos, float(base), 1.0
-        self.mask_kind, self.mask_kw = mask_kind, dict(mask_kw or {})
+        self.mask_kind, self.mask_kw = mask_kind, _check_mask_kw(mask_kind, mask_kw)
         self.qkv = nn.Linear(d_model, d_model * 3, bias=False)          # Q、K、V 一次算出
         self.out = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
         self._cache = {}
@@ -405,6 +408,8 @@ class LongLM(nn.Module):
 
     def forward(self, ids, last_only=False):
         """last_only=True 只对最后一个位置算 logits [B, V]（大海捞针的测试只看最后一个位置）。"""
+        last_only = check_bool("last_only", last_only, where="LongLM.forward")
+        _check_ids(ids, self.tok.num_embeddings)
         x = self.tok(ids)                                   # [B, T, d]
         for blk in self.blocks:
             x = blk(x)
@@ -432,10 +437,11 @@ def build_model(task, cfg):
     键：seed、pos、base、scale（位置插值倍数）、mask、mask_kw、d_model、n_layers、n_heads（都有默认值）。
     【为什么默认种子是 1】检索能力是"突然学会"的，出不出现和初始化很有关系（见 train_needle）。
     """
+    _check_cfg_keys("build_model", cfg, MODEL_KEYS + TRAIN_KEYS)
     get = cfg.get
-    torch.manual_seed(get("seed", MODEL_SEED))
+    torch.manual_seed(check_int("seed", get("seed", MODEL_SEED), lo=0, where="build_model"))
     attn_kw = dict(pos=get("pos", "rope"), base=get("base", 10000.0), mask_kind=get("mask", "full"),
-                   mask_kw=dict(get("mask_kw", {})))
+                   mask_kw=get("mask_kw"))
     model = LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),
                    n_heads=get("n_heads", 2), **attn_kw)
     return model.set_rope(scale=get("scale", 1.0))
@@ -443,6 +449,8 @@ def build_model(task, cfg):
 
 def lr_at(step, steps, warmup, lr):
     """学习率：前 warmup 步线性升到 lr，之后余弦降到 0.1·lr。"""
+    check_int("warmup", warmup, lo=1, where="lr_at")        # warmup = 0：第 0 步是 0 / 0
+    check_int("steps", steps, lo=1, where="lr_at")
     if step <= warmup:
         return lr * step / warmup
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
@@ -462,6 +470,11 @@ def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=DATA_SEED, log=N
     【返回】[(step, 这段的平均损失, 这段的答案准确率), ...]
     """
     _check_train_args(steps, T, batch, lr, warmup, curriculum)
+    _check_model_task("train_needle", model, task)
+    check_int("seed", seed, lo=0, where="train_needle")
+    check_int("data_offset", data_offset, lo=0, where="train_needle")
+    check_int("log_every", log_every, lo=0, where="train_needle")
+    progress = check_bool("progress", progress, where="train_needle")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
     curve, run = [], [0.0, 0.0, 0]
     bar = _progress(steps, progress)
@@ -533,6 +546,11 @@ def niah_grid(model, task, lengths, depths, n=64, seed=EVAL_SEED, batch=64):
     """
     check_int("n", n, lo=1, where="niah_grid")
     check_int("batch", batch, lo=1, where="niah_grid")
+    _check_model_task("niah_grid", model, task)
+    for T in lengths:
+        check_int("lengths 的每一项", T, lo=1, where="niah_grid")
+    for depth in depths:
+        check_real("depths 的每一项", depth, lo=0, hi=1, where="niah_grid")
     model.eval()
     grid = {}
     for T in lengths:
@@ -626,6 +644,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
         eval_fn(model) -> dict：训练完后算一些数（如 NIAH 表），一起记进 manifest。
     【返回】(model, 训练曲线)
     """
+    quick = check_bool("quick", quick, where="get_model")
+    _check_cfg_keys("get_model", cfg, MODEL_KEYS)
     parent = init_from[1] if init_from else None
     full_cfg = dict(cfg, steps=steps, T=T, lr=lr, data_offset=data_offset, curriculum=curriculum,
                     zone=list(zone), warmup=warmup, init=parent)
@@ -695,6 +715,7 @@ def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS
     quick=True：每个模型只训练 20 步、不碰缓存（演示的 --quick 用）。返回 (model, curve)。
     """
     check_choice("name", name, tuple(CHECKPOINTS), where="get_checkpoint")
+    quick = check_bool("quick", quick, where="get_checkpoint")
     if quick and name in _QUICK_MODELS:                  # quick：同一进程里同一个小模型只训练一次
         model, curve = _QUICK_MODELS[name]
         return copy.deepcopy(model), curve
@@ -732,6 +753,8 @@ def cached_grid(task, name, model, lengths, depths, n=64, seed=EVAL_SEED, varian
     quick=True 时不读也不写缓存；检查点换了（SHA 不同），旧格子自然不再命中。
     variant 为空（原样的检查点）、n = 64、seed = EVAL_SEED 时，manifest 里训练后算好的 NIAH 表也直接用。
     """
+    quick = check_bool("quick", quick, where="cached_grid")
+    check_int("n", n, lo=1, where="cached_grid")
     folder = folder or CKPT
     entry = read_manifest(folder).get(name, {})
     key = f"{name}|{variant}|{entry.get('sha256', 'none')[:12]}|n={n}|seed={seed}"
@@ -807,6 +830,9 @@ class RingLedger:
 
 def shard_index(N, P, layout):
     """每块设备拿哪些 token：contiguous → 第 r 段连续的 N/P 个；striped → token t 给设备 t mod P。"""
+    N = check_int("N", N, lo=1, where="shard_index")
+    P = check_int("P", P, lo=1, hi=N, where="shard_index")
+    check_choice("layout", layout, LAYOUTS, where="shard_index")
     if layout != "striped":
         return [torch.arange(r * N // P, (r + 1) * N // P) for r in range(P)]
     return [torch.arange(r, N, P) for r in range(P)]
@@ -842,6 +868,8 @@ def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
     【返回】(O，形状同 Q；ledger)
     """
     N, d = _check_ring(Q, K, V, P, causal, layout)
+    if ledger is not None and (not isinstance(ledger, RingLedger) or ledger.P != P):
+        raise TypeError(f"ring_attention：ledger 必须是 None 或 RingLedger({P})")
     if ledger is None:
         ledger = RingLedger(P)
     idx = shard_index(N, P, layout)
@@ -876,6 +904,11 @@ def _check_ring(Q, K, V, P, causal, layout):
             raise TypeError(f"{w}：{name} 必须是 (..., N, d) 的浮点张量")
     if Q.shape != K.shape or K.shape != V.shape:
         raise ValueError(f"{w}：Q、K、V 的形状必须相同，收到 {tuple(Q.shape)}、{tuple(K.shape)}、{tuple(V.shape)}")
+    if not Q.dtype == K.dtype == V.dtype:
+        raise TypeError(f"{w}：Q、K、V 的 dtype 必须相同，收到 {Q.dtype}、{K.dtype}、{V.dtype}")
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{w}：{name} 只能含有限值，发现了 NaN 或 ∞")
     P = check_int("P", P, lo=1, where=w)
     check_bool("causal", causal, where=w)
     check_choice("layout", layout, LAYOUTS, where=w)
@@ -1150,7 +1183,9 @@ def _ring_worker(rank, P, port, jobs, outdir):
 
 def make_qkv(N, d, seed, heads=None, dtype=torch.float64):
     """固定种子的随机 Q、K、V：(N, d)，或 heads 给定时 (heads, N, d)。所有进程用同一个种子造出同一份全序列。"""
-    g = torch.Generator().manual_seed(seed)
+    N, d = check_int("N", N, lo=1, where="make_qkv"), check_int("d", d, lo=1, where="make_qkv")
+    heads = None if heads is None else check_int("heads", heads, lo=1, where="make_qkv")
+    g = torch.Generator().manual_seed(check_int("seed", seed, lo=0, where="make_qkv"))
     shape = (N, d) if heads is None else (heads, N, d)
     return tuple(torch.randn(shape, generator=g, dtype=dtype) for _ in range(3))
 
@@ -1201,6 +1236,7 @@ def _check_job(job, P):
 
 def full_attention(Q, K, V, causal=True):
     """参考：整条序列的 softmax(QKᵀ/√d)·V（PyTorch 的 SDPA）。"""
+    check_bool("causal", causal, where="full_attention")
     return F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
 
 
@@ -1221,6 +1257,51 @@ def flops_per_token(n_params, n_layers, d_model, T, causal=True):
     check_real("T", T, lo=0, where=w)
     check_bool("causal", causal, where=w)
     return 6 * n_params, (6 if causal else 12) * n_layers * T * d_model
+
+
+# =====================================================================
+# 输入检查（放在教学代码后面）
+# =====================================================================
+def _check_cfg_keys(where, cfg, allowed):
+    """配置字典里拼错的键（{'sede': 7}）要报错，不能悄悄用默认值。"""
+    if not isinstance(cfg, dict):
+        raise TypeError(f"{where}：cfg 必须是 dict，收到 {type(cfg).__name__}")
+    unknown = sorted(set(cfg) - set(allowed), key=str)
+    if unknown:
+        raise ValueError(f"{where}：cfg 里有不认识的键 {unknown}；允许的键：{list(allowed)}")
+
+
+def _check_mask_kw(mask_kind, mask_kw):
+    """构造时就查 mask_kw（否则要等到第一次前向才在 attention_mask 里报错）。"""
+    if mask_kw is None:
+        return {}
+    if not isinstance(mask_kw, dict):
+        raise TypeError(f"LongAttention：mask_kw 必须是 dict 或 None，收到 {type(mask_kw).__name__}")
+    _check_cfg_keys("LongAttention：mask_kw", mask_kw, MASK_KW)
+    kw = dict(mask_kw)
+    _check_mask_args(mask_kind, 1, kw.get("window", 16), kw.get("stride", 8),
+                     kw.get("segments", ((8, 1), (32, 4), (128, 16))))
+    return kw
+
+
+def _check_ids(ids, vocab):
+    if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+        what = f"{tuple(ids.shape)} {ids.dtype}" if torch.is_tensor(ids) else type(ids).__name__
+        raise TypeError(f"LongLM.forward：ids 必须是 [B, T] 的整数张量（int64 / int32），收到 {what}")
+    if ids.numel() == 0:
+        raise ValueError(f"LongLM.forward：ids 不能是空的，收到形状 {tuple(ids.shape)}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"LongLM.forward：ids 的 token id 必须在 [0, vocab_size={vocab}) 内，收到最小 {lo}、最大 {hi}")
+
+
+def _check_model_task(where, model, task):
+    if not isinstance(model, LongLM):
+        raise TypeError(f"{where}：model 必须是 LongLM，收到 {type(model).__name__}")
+    if not isinstance(task, NeedleTask):
+        raise TypeError(f"{where}：task 必须是 NeedleTask，收到 {type(task).__name__}")
+    if task.vocab_size > model.tok.num_embeddings:
+        raise ValueError(f"{where}：task 的词表 {task.vocab_size} 大于 model 的 vocab_size {model.tok.num_embeddings}")
 
 
 # 每层激活显存（Ring Attention 论文表 1 [S83]）：第 18 讲已经有一份（还能分注意力 / 前馈两列、换元素字节数），
