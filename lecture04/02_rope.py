@@ -118,8 +118,8 @@ def part_spectrum(script, quick, train_len):
         ax.text(0.01, L * 1.15, name, fontsize=12, color="dimgray", transform=ax.get_yaxis_transform())
     ax.set_xlabel("pair index i / (d_head/2)   (0 = fastest pair)", fontsize=12)
     ax.set_ylabel("wavelength 2π·base^(2i/d) (positions)", fontsize=12)
-    ax.set_title("Larger base → slow pairs never complete a turn\n(d_head only changes how densely the curve is sampled)",
-                 fontsize=13)
+    ax.set_title("Larger base → slow pairs never complete a turn\n"
+                 "(d_head only changes how densely the curve is sampled)", fontsize=13)
     ax.tick_params(labelsize=12)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=12, loc="upper left")
