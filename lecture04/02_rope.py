@@ -105,20 +105,24 @@ def part_spectrum(script, quick, train_len):
     print("图里另画了 d_head = 128 的两种 base：10000（Llama 2 [S99]）与 500000"
           "（Llama 3.1，预训练长度 8192 [S44,S45]）。"
           "base 调大，后面各对的波长变长（曲线更陡），更多的对在预训练长度内转不满一圈。")
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for dh, base, style in ((16, 1e4, "o-"), (128, 1e4, "-"), (128, 5e5, "--")):
+    fig, ax = plt.subplots(figsize=(9, 5))
+    # d_head = 16 与 d_head = 128（同一 base）落在同一条曲线上：16 画成空心大圆点、放在最上层，才看得见
+    styles = ((128, 1e4, dict(ls="-", lw=2.5, color="tab:blue", zorder=2)),
+              (128, 5e5, dict(ls="--", lw=2.5, color="tab:red", zorder=2)),
+              (16, 1e4, dict(ls="none", marker="o", ms=9, mfc="none", mew=2, color="black", zorder=3)))
+    for dh, base, kw in styles:
         i = np.arange(dh // 2)
-        ax.semilogy(i / (dh // 2), 2 * np.pi * base ** (2 * i / dh), style, label=f"d_head={dh}, base={base:g}",
-                    ms=4 if not quick else 3)
+        ax.semilogy(i / (dh // 2), 2 * np.pi * base ** (2 * i / dh), label=f"d_head={dh}, base={base:g}", **kw)
     for L, name in ((train_len, f"our train length {train_len}"), (8192, "Llama 3.1 pretrain length 8192")):
-        ax.axhline(L, color="gray", lw=1, ls=":")
-        ax.text(0.01, L * 1.15, name, fontsize=12, color="dimgray")
-    ax.set_xlabel("pair index i / (d_head/2)   (0 = fastest)", fontsize=12)
-    ax.set_ylabel("wavelength (positions)", fontsize=12)
-    ax.set_title("RoPE frequency spectrum: wavelength = 2π · base^(2i/d)", fontsize=13)
+        ax.axhline(L, color="gray", lw=1.5, ls=":")
+        ax.text(0.01, L * 1.15, name, fontsize=12, color="dimgray", transform=ax.get_yaxis_transform())
+    ax.set_xlabel("pair index i / (d_head/2)   (0 = fastest pair)", fontsize=12)
+    ax.set_ylabel("wavelength 2π·base^(2i/d) (positions)", fontsize=12)
+    ax.set_title("Larger base → slow pairs never complete a turn\n"
+                 "(d_head only changes how densely the curve is sampled)", fontsize=13)
     ax.tick_params(labelsize=12)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=12, loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    ax.legend(fontsize=12, loc="upper left")
     return save_figure(fig, script, "spectrum", quick=quick)
 
 

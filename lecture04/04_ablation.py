@@ -8,7 +8,7 @@
     2. "每块积木买到了什么"：换回一块之后损失变化多少（正数 = 这块现代积木有用）。
        拿什么判断"有作用"：同一个 modern 配置换三个种子（初始化与数据流都换）的极差——比它小的差别不算数。
        除了最终损失，也看学得多快（第 250、500 步的 eval 损失）。
-    3. 训练曲线（图）：从检查点旁的 CSV 读出来，灰线是另外两个种子，横线是合成语言的最优损失（熵率）。
+    3. 训练曲线（图）：从检查点旁的 CSV 读出来，蓝色点线是 modern 的另外两个种子，横线是合成语言的最优损失（熵率）。
 
 运行：python3 lecture04/04_ablation.py [--quick]
 图：lecture04/figures/04_ablation_curves.png
@@ -119,38 +119,50 @@ def part_delta(res, quick):
     return verdicts
 
 
+# 每个检查点一种颜色，两块面板共用；modern（参照）用最醒目的蓝色，它的另外两个种子用同一种蓝色的细线
+COLORS = {"baseline": "tab:red", "modern": "tab:blue", "modern_layernorm": "tab:green",
+          "modern_gelu": "tab:orange", "modern_learned": "tab:purple", "modern_mha": "tab:brown",
+          "modern_seed1": "tab:blue", "modern_seed2": "tab:blue"}
+
+
 def plot(res, script, quick):
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     opt = res["modern"]["br"]["all"][1]
-    for name in list(ROWS) + [n for n in SEEDS if n not in ROWS]:
+    names = list(ROWS) + [n for n in SEEDS if n not in ROWS]
+    for name in names:
         curve = res[name]["curve"]
         steps = np.array([c[0] for c in curve])
         train = np.array([c[1] for c in curve])
         k = min(25, len(train))
         smooth = np.convolve(train, np.ones(k) / k, mode="valid")      # 25 步的滑动平均
         if name in ROWS:
-            ax.plot(steps[k - 1:], smooth, lw=2 if name in ("modern", "baseline") else 1.3, label=ROWS[name][0])
+            big = name in ("modern", "baseline")
+            ax.plot(steps[k - 1:], smooth, lw=2.8 if big else 1.6, color=COLORS[name], zorder=3 if big else 2,
+                    label=ROWS[name][0])
         else:
-            ax.plot(steps[k - 1:], smooth, lw=0.8, color="gray", alpha=0.8,
+            ax.plot(steps[k - 1:], smooth, lw=1.5, color=COLORS[name], alpha=0.45, ls=":",
                     label="modern, other seeds" if name == SEEDS[1] else None)
-    ax.axhline(opt, color="black", ls="--", lw=1)
-    ax.text(steps[-1], opt - 0.02, "optimal (entropy rate)", ha="right", va="top", fontsize=12)
-    ax.set_ylim(opt - 0.1, min(1.6, ax.get_ylim()[1]))
-    ax.set_xlabel("training step", fontsize=12)
+    ax.axhline(opt, color="black", ls="--", lw=1.5)
+    ax.text(steps[-1], opt - 0.01, "optimal (entropy rate)", ha="right", va="top", fontsize=12)
+    ax.set_ylim(opt - 0.06, min(1.3, ax.get_ylim()[1]))
+    ax.set_xlabel(f"training step ({ml.TRAIN.batch * ml.TRAIN.seq} tokens/step)", fontsize=12)
     ax.set_ylabel("train loss (nats/token, 25-step mean)", fontsize=12)
-    ax.set_title("Loss curves, same data and steps", fontsize=13)
+    ax.set_title("Baseline and learned-pos learn slowest;\nthe other swaps track modern", fontsize=13)
     ax.tick_params(labelsize=12)
-    ax.legend(fontsize=12)
+    ax.legend(fontsize=12, loc="upper right")
     ax.grid(alpha=0.3)
-    names = list(ROWS) + [n for n in SEEDS if n not in ROWS]
     gaps = [res[n]["br"]["all"][0] - res[n]["br"]["all"][1] for n in names]
-    colors = ["tab:red" if n == "baseline" else "gray" if n not in ROWS else "tab:blue" for n in names]
-    bx.barh(range(len(names)), gaps, color=colors)
+    seed_gaps = [g for n, g in zip(names, gaps) if n in SEEDS]
+    bx.axvspan(min(seed_gaps), max(seed_gaps), color="tab:blue", alpha=0.12, zorder=0)
+    bx.text(max(seed_gaps), len(names) - 0.5, " seed\n spread", fontsize=12, color="tab:blue",
+            va="bottom", ha="left")
+    bx.barh(range(len(names)), gaps, color=[COLORS[n] for n in names],
+            hatch=["//" if n in SEEDS and n not in ROWS else "" for n in names], edgecolor="white", zorder=2)
     bx.set_yticks(range(len(names)), [ROWS[n][0] if n in ROWS else n.replace("modern_", "modern, ") for n in names],
                   fontsize=12)
     bx.invert_yaxis()
     bx.set_xlabel("final eval loss above optimal (nats/token)", fontsize=12)
-    bx.set_title("Gap to optimal (gray: seed repeats)", fontsize=13)
+    bx.set_title("Only baseline and learned pos are worse\nthan the seed spread of modern (shaded)", fontsize=13)
     bx.tick_params(labelsize=12)
     bx.grid(axis="x", alpha=0.3)
     return save_figure(fig, script, "curves", quick=quick)

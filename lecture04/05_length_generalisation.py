@@ -97,34 +97,45 @@ def part_limit():
         raise AssertionError("超过 max_seq 应报错")
 
 
+# 每种位置方案一种颜色 + 一种标记，两块面板共用；外推最好的 ALiBi 用最粗的线（颜色与演示 4 一致：RoPE = modern 的蓝）
+STYLE = {"modern_learned": dict(color="tab:purple", marker="s", ms=9, lw=2),
+         "modern": dict(color="tab:blue", marker="D", ms=7, lw=2),
+         "modern_alibi": dict(color="tab:green", marker="o", ms=11, lw=3.2),
+         "modern_nope": dict(color="tab:orange", marker="^", ms=9, lw=2)}
+
+
 def plot(res, script, quick):
     T = ml.TRAIN.seq
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5))
     for name, label in SCHEMES.items():
         pl = res[name]["per_len"]
-        ax.plot([f * T for f in FACTORS], [pl[f][0] for f in FACTORS], "o-", lw=2, label=label)
-    ax.plot([f * T for f in FACTORS], [res["modern"]["per_len"][f][1] for f in FACTORS], "k--", label="optimal")
+        # 在 1× 处前三种几乎重合：空心、大小不同的标记让每一个都看得见
+        ax.plot([f * T for f in FACTORS], [pl[f][0] for f in FACTORS], mfc="none", mew=2, label=label,
+                **STYLE[name])
+    ax.plot([f * T for f in FACTORS], [res["modern"]["per_len"][f][1] for f in FACTORS], "k--", lw=1.5,
+            label="optimal")
     ax.set_xscale("log", base=2)
     ax.set_xticks([f * T for f in FACTORS], [f"{f * T}\n({f}x)" for f in FACTORS])
     ax.set_xlabel("evaluation length (tokens)", fontsize=12)
     ax.set_ylabel("eval loss (nats/token)", fontsize=12)
-    ax.set_title(f"Trained at length {T}, evaluated longer", fontsize=13)
-    ax.legend(fontsize=12)
+    ax.set_title(f"Trained at length {T}: only ALiBi stays\nnear optimal at 2x and 4x", fontsize=13)
+    ax.legend(fontsize=12, loc="upper left")
     ax.grid(alpha=0.3)
     c = ml.language().chunk
     for name, label in SCHEMES.items():
         nll = res[name]["nll"]
         blocks = nll[: len(nll) // c * c].reshape(-1, c).mean(1)        # 每块（8 个 token）平均，去掉块内的锯齿
-        bx.plot(np.arange(len(blocks)) * c + c / 2, blocks, lw=1.6, label=label)
+        st = {k: v for k, v in STYLE[name].items() if k in ("color", "lw")}
+        bx.plot(np.arange(len(blocks)) * c + c / 2, blocks, label=label, **st)
     opt = res["modern"]["opt"]
-    bx.plot(np.arange(len(opt) // c) * c + c / 2, opt[: len(opt) // c * c].reshape(-1, c).mean(1), "k--", lw=1,
+    bx.plot(np.arange(len(opt) // c) * c + c / 2, opt[: len(opt) // c * c].reshape(-1, c).mean(1), "k--", lw=1.5,
             label="optimal")
     bx.axvline(T, color="gray", ls=":", lw=1.5)
     bx.text(T * 1.03, 0.55, "train length", fontsize=12, color="dimgray", va="bottom",
             transform=bx.get_xaxis_transform())
-    bx.set_xlabel("target position", fontsize=12)
-    bx.set_ylabel("loss per chunk of 8 tokens", fontsize=12)
-    bx.set_title("Where the loss starts to rise", fontsize=13)
+    bx.set_xlabel("target position (tokens)", fontsize=12)
+    bx.set_ylabel("eval loss (nats/token, 8-token chunk mean)", fontsize=12)
+    bx.set_title("Learned pos breaks right at the train length,\nRoPE a few chunks later", fontsize=13)
     bx.set_ylim(top=bx.get_ylim()[1] * 1.25)                           # 给图例留出顶上的一条
     bx.legend(fontsize=12, loc="upper center", ncol=3)
     bx.grid(alpha=0.3)

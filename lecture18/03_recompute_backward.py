@@ -99,6 +99,11 @@ def trade(Ns, gen):
     return res
 
 
+# 每种算法一种颜色和标记，两块面板共用（与演示 4 一致：标准 = 红，分块 / 省内存 = 蓝）
+COLORS = {"vanilla": "tab:red", "blockwise": "tab:blue"}
+MARK = {"vanilla": dict(marker="s", ms=8, lw=2), "blockwise": dict(marker="o", ms=8, lw=2.5)}
+
+
 def plot(res, Ns, quick):
     import matplotlib
     matplotlib.use("Agg")
@@ -107,27 +112,28 @@ def plot(res, Ns, quick):
 
     plt.rcParams.update({"font.size": 13})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    for k, name in enumerate(("vanilla", "blockwise")):
+    for name in ("vanilla", "blockwise"):
         label = "standard (stores P)" if name == "vanilla" else "blockwise (recomputes P)"
         short = "standard" if name == "vanilla" else "blockwise"
-        ax1.plot(Ns, [res[(N, False)][name]["kept"] / 2**20 for N in Ns], "o-", color=f"C{k}", label=label)
+        ax1.plot(Ns, [res[(N, False)][name]["kept"] / 2**20 for N in Ns], color=COLORS[name], label=label,
+                 **MARK[name])
         series = [(f"{short}, {'causal' if c else 'full'}", Ns,
                    [(res[(N, c)][name]["fwd"] + res[(N, c)][name]["bwd"]) / 1e9 for N in Ns]) for c in (False, True)]
         # 标准写法的 causal 和 full 一样（掩码不省乘法）：merge_identical 合成一条，图例里不列看不见的线
         for (lab, xs, ys), ls in zip(merge_identical(series), ("-", "--")):
-            ax2.plot(xs, ys, "o" + ls, color=f"C{k}", label=lab)
-    ax1.set_title("Kept for backward (besides q, k, v, O)")
-    ax1.set_ylabel("memory (MiB)")
-    ax2.set_title("Matmul FLOPs, fwd + bwd")
-    ax2.set_ylabel("GFLOP")
+            ax2.plot(xs, ys, color=COLORS[name], label=lab, **{**MARK[name], "ls": ls})
+    ax1.set_title("Blockwise keeps O(N) for backward,\nstandard keeps the O(N²) matrix P")
+    ax1.set_ylabel("kept for backward, besides q, k, v, O (MiB)")
+    ax2.set_title("The price: one extra QKᵀ matmul in backward")
+    ax2.set_ylabel("matmul work, fwd + bwd (GFLOP)")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(Ns, [str(N) for N in Ns])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlabel(f"sequence length N ({HEADS} heads, d={D})")
+        ax.set_xlabel(f"sequence length N (tokens; {HEADS} heads, d={D})")
         ax.grid(True, which="major", alpha=0.3)
-    ax1.legend(fontsize=12, loc="upper left")
+    ax1.legend(fontsize=12, loc="center right")     # 两条线之间、右侧是空的
     ax2.legend(fontsize=12, loc="lower right")     # 右下角没有数据：曲线都往右上走
     return fl.save_figure(fig, __file__, "trade", quick=quick)
 

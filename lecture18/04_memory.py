@@ -128,6 +128,10 @@ def paper_scale(budget, devices):
     return rows
 
 
+# 每种算法一种颜色，两块面板共用（与演示 3 一致：vanilla = 红，省内存的注意力 = 蓝；BPT 最省 = 绿）
+COLORS = {"vanilla": "tab:red", "flash": "tab:blue", "bpt": "tab:green"}
+
+
 def plot(res, s_list, h, n, c, quick):
     import matplotlib
     matplotlib.use("Agg")
@@ -137,22 +141,24 @@ def plot(res, s_list, h, n, c, quick):
 
     plt.rcParams.update({"font.size": 13})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
-    for k, mode in enumerate(fl.MODES):
+    for mode in fl.MODES:
         ss = [s for s in s_list if (s, mode) in res]
-        ax1.plot(ss, [res[(s, mode)]["peak"] / 2**20 for s in ss], "o-", color=f"C{k}")
-        ax1.plot(ss, [res[(s, mode)]["kept"] / 2**20 for s in ss], "s--", color=f"C{k}", alpha=0.7)
-        ax2.plot(ss, [res[(s, mode)]["fwd_largest"] / 2**20 for s in ss], "o", color=f"C{k}", ms=10)
+        col, lw = COLORS[mode], (3 if mode == "bpt" else 2)          # BPT（最省）用最粗的线
+        ax1.plot(ss, [res[(s, mode)]["peak"] / 2**20 for s in ss], "o-", color=col, lw=lw, ms=8)
+        ax1.plot(ss, [res[(s, mode)]["kept"] / 2**20 for s in ss], "s--", color=col, lw=lw, ms=7, alpha=0.7)
+        ax2.plot(ss, [res[(s, mode)]["fwd_largest"] / 2**20 for s in ss], "o", color=col, ms=10)
         ax2.plot(s_list, [fl.activation_bytes(mode, s, h, n, c, elem_bytes=4) / 2**20 for s in s_list], "-",
-                 color=f"C{k}", alpha=0.6)
-    modes = [Line2D([], [], color=f"C{k}", lw=3, label=LABELS[m]) for k, m in enumerate(fl.MODES)]
-    ax1.legend(handles=modes + [Line2D([], [], color="k", marker="o", label="peak (fwd + bwd)"),
-                                Line2D([], [], color="k", ls="--", marker="s", label="kept for backward")],
-               fontsize=12, loc="upper left")
+                 color=col, lw=lw, alpha=0.6)
+    modes = [Line2D([], [], color=COLORS[m], lw=3, label=LABELS[m]) for m in fl.MODES]
+    # 图例放在两块面板下面：左上角正是 vanilla 曲线的位置
+    ax1.legend(handles=modes + [Line2D([], [], color="k", marker="o", lw=2, label="peak (fwd + bwd)"),
+                                Line2D([], [], color="k", ls="--", marker="s", lw=2, label="kept for backward")],
+               fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax2.legend(handles=modes + [Line2D([], [], color="k", marker="o", ls="", ms=10, label="measured"),
-                                Line2D([], [], color="k", alpha=0.6, label="table 1 formula (x2 for FP32)")],
-               fontsize=12, loc="upper left")
-    ax1.set_title(f"One layer, forward + backward (h={h}, {n} heads, FP32)")
-    ax2.set_title("Largest forward activation vs Ring Attention table 1")
+                                Line2D([], [], color="k", alpha=0.6, lw=2, label="table 1 formula (x2 for FP32)")],
+               fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    ax1.set_title(f"Peak memory: vanilla grows ∝ s², BPT lowest\n(one layer, fwd + bwd, h={h}, {n} heads, FP32)")
+    ax2.set_title("Largest forward activation matches\nRing Attention table 1")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -866,6 +866,11 @@ def plot(out, quick, world, replot=False):
     print(f"\n图已保存：{path}")
 
 
+# 时间线图的颜色：算 / 传在右上和甘特图里意思相同；变体（左上）用另外的颜色，不和算 / 传 / 露出的红色撞色
+COMPUTE_COLOR, COMM_COLOR = "tab:blue", "tab:orange"
+VARIANT_COLORS = {"default": "tab:green", "highprio": "tab:purple", "nchannels2": "tab:brown", "triton": "black"}
+
+
 def plot_timeline(data, quick, world, replot=False):
     """
     上左：每个变体的藏住（实线）和有效藏住（虚线）、80% 目标（图例里）；上右：第一个变体每轮的实测 vs 模型；
@@ -882,32 +887,43 @@ def plot_timeline(data, quick, world, replot=False):
     fig.get_layout_engine().set(wspace=0.1)
     grid = fig.add_gridspec(2 if gantt else 1, 2, height_ratios=[1.25, 1] if gantt else [1])
     a1, a2 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    color_of = {name: colors[i % len(colors)] for i, name in enumerate(data)}
-    lows, handles = [0.0], []
-    # 两个变体的线可以完全重合（default 和 highprio 的藏住都是 100%）：merge_identical 合成一条、图例写 "A = B"。
-    # 逐点差 ≤ 0.5 个百分点就算重合（表里印整百分数；这么小的差在图上本来就分不开）
-    for key, fmt, kw, what in (("hidden", "o-", dict(lw=2.5, ms=10, mfc="none"), "hidden"),
-                               ("hidden_effective", "s--", dict(lw=1.8, ms=7), "saved")):
+    # 颜色的意思全图固定：蓝 = 算、橙 = 传（右上和甘特图），变体用另一组颜色（左上），达标最好的 default 用醒目的绿色
+    colors = [COMPUTE_COLOR, COMM_COLOR]
+    spare = iter(c for c in ("tab:gray", "tab:pink", "tab:olive", "tab:cyan") if c not in VARIANT_COLORS.values())
+    color_of = {name: VARIANT_COLORS.get(name) or next(spare, "k") for name in data}
+    lows = [0.0]
+    # 两个变体的线可以完全重合（default 和 highprio 的藏住都是 100%）：merge_identical 合成一条；
+    # 重合的那条画粗一点的空心圆，另一种颜色的实心小点叠在上面，两种颜色都看得见
+    for key, fmt, kw in (("hidden", "o-", dict(lw=2.5, ms=11, mfc="none")),
+                         ("hidden_effective", "s--", dict(lw=2, ms=7))):
         series = []
         for name, pts in data.items():
             pts = [p for p in pts if p["hidden"] is not None]
             series.append((name, [p["n"] for p in pts], [100 * p[key] for p in pts]))
         for label, n, ys in merge_identical(series, atol=0.5):
-            line, = a1.semilogx(n, ys, fmt, color=color_of[label.split(" = ")[0]], mew=2, base=2,
-                                label=f"{what}: {label}", **kw)
-            handles.append(line)
+            names = label.split(" = ")
+            a1.semilogx(n, ys, fmt, color=color_of[names[0]], mew=2, base=2, zorder=3 if names[0] == "default" else 2,
+                        **kw)
+            for other in names[1:]:
+                a1.semilogx(n, ys, "o", color=color_of[other], ms=5, base=2, zorder=4)
             lows += ys
     a1.axhline(100 * TARGET, color="gray", ls=":", lw=2)
+    # 图例 = 每个变体一种颜色 + 线型的意思（不再每条线一项）
+    handles = [Line2D([], [], color=color_of[name], lw=3, label=name) for name in data]
     handles += [Line2D([], [], color="k", marker="o", mfc="none", lw=2, mew=2,
-                       label="solid: hidden = 1 - exposed comm / comm alone"),
+                       label="solid: hidden = 1 - exposed / comm alone"),
                 Line2D([], [], color="k", marker="s", ls="--", lw=2,
-                       label="dashed: saved = time saved / comm alone (paired)"),
+                       label="dashed: saved = time saved / comm alone"),
                 Line2D([], [], color="gray", ls=":", lw=2, label=f"target: {TARGET:.0%} hidden")]
     a1.set_ylim(max(min(lows) - 8, -100), 112)       # 可以是负的（传露出来的比单独传还长）；太负的画到框外
     a1.set_xlabel("tokens per GPU")
     a1.set_ylabel("share of communication hidden (%)")
-    a1.set_title(f"Ring attention on {world} GPUs: how much comm is hidden")
+    met = [name for name, pts in data.items()
+           if (big := [p for p in pts if p["n"] >= TARGET_FROM_N and p["hidden"] is not None])
+           and min(min(p["hidden"], p["hidden_effective"]) for p in big) >= TARGET]
+    a1.set_title(f"{world} GPUs: {' and '.join(repr(m) for m in met) or 'no variant'} "
+                 f"{'hides' if len(met) == 1 else 'hide'} ≥ {TARGET:.0%} of comm\n"
+                 f"at every length ≥ {TARGET_FROM_N // 1024}k tokens per GPU (both measures)")
     a1.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     name = next(iter(data))                          # 基准变体：测量顺序里的第一个（default）
     pts = data[name]
@@ -915,23 +931,28 @@ def plot_timeline(data, quick, world, replot=False):
     ms = 1e3
     for r, mk in ((0, "o"), (1, "s")):
         if all(len(p["compute_alone_s"]) > r for p in pts):
-            a2.loglog(n, [p["compute_alone_s"][r] * ms for p in pts], mk, color=colors[0], ms=8, mfc="none",
-                      label=f"compute round {r}, alone")
-            a2.loglog(n, [p["compute_ring_s"][r] * ms for p in pts], mk, color=colors[0], ms=5,
-                      label=f"compute round {r}, in ring")
-            a2.loglog(n, [p["model_compute_s"][r] * ms for p in pts], "-" if r == 0 else ":", color=colors[0],
-                      lw=1.5, label=f"model round {r}: FLOPs / throughput")
-    a2.loglog(n, [p["comm_alone_s"] * ms for p in pts], "^", color=colors[1], ms=8, mfc="none", label="comm, alone")
-    a2.loglog(n, [p["comm_ring_s"] * ms for p in pts], "v", color=colors[1], ms=6,
-              label="comm, in ring (waits for SMs: ≈ compute)")
+            a2.loglog(n, [p["compute_alone_s"][r] * ms for p in pts], mk, color=COMPUTE_COLOR, ms=9, mfc="none",
+                      mew=2)
+            a2.loglog(n, [p["compute_ring_s"][r] * ms for p in pts], mk, color=COMPUTE_COLOR, ms=5)
+            a2.loglog(n, [p["model_compute_s"][r] * ms for p in pts], "-" if r == 0 else ":", color=COMPUTE_COLOR,
+                      lw=2)
+    a2.loglog(n, [p["comm_alone_s"] * ms for p in pts], "^", color=COMM_COLOR, ms=9, mfc="none", mew=2)
+    a2.loglog(n, [p["comm_ring_s"] * ms for p in pts], "v", color=COMM_COLOR, ms=6)
     if all(p["model_comm_s"] is not None for p in pts):
-        a2.loglog(n, [p["model_comm_s"] * ms for p in pts], "--", color=colors[1], lw=1.5,
-                  label="model: α + bytes·β (NCCL fit)")
+        a2.loglog(n, [p["model_comm_s"] * ms for p in pts], "--", color=COMM_COLOR, lw=2)
     a2.set_xscale("log", base=2)
     a2.set_xlabel("tokens per GPU")
     a2.set_ylabel("time per ring round (ms)")
-    a2.set_title(f"Per round, variant '{name}', rank 0 (ring = overlapped ring)")
-    a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    longer = all(p["compute_alone_s"][0] > p["comm_alone_s"] for p in pts)
+    a2.set_title(f"'{name}', rank 0: " + ("each round's compute outlasts its K/V exchange,\nso the exchange can hide"
+                                          if longer else "per-round compute vs K/V exchange"))
+    a2.legend(handles=[
+        Line2D([], [], color=COMPUTE_COLOR, marker="o", lw=2, label="compute (line: FLOPs / throughput)"),
+        Line2D([], [], color=COMM_COLOR, marker="^", ls="--", lw=2, label="comm (line: α + bytes·β, NCCL fit)"),
+        Line2D([], [], color="k", marker="o", mfc="none", mew=2, ls="", ms=9, label="hollow: alone"),
+        Line2D([], [], color="k", marker="o", ls="", ms=5, label="filled: inside the ring"),
+        Line2D([], [], color="k", marker="s", mfc="none", mew=2, ls=":", lw=2, label="square / dotted: round 1")],
+        loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     for a, xs in ((a1, sorted({p["n"] for pts in data.values() for p in pts})), (a2, n)):
         a.grid(True, alpha=0.3)
         a.set_xticks(xs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in xs])
@@ -988,7 +1009,7 @@ def _plot_gantt(ax, rows, colors):
     ax.set_xlabel("time since ring start (ms), CUDA events on one GPU")
     n = rows[0][2]
     ax.set_title(f"One ring at {n // 1024 if n >= 1024 else n}{'k' if n >= 1024 else ''} tokens per GPU, rank 0: "
-                 "when each round computes and exchanges K/V")
+                 "compute (thick) vs K/V exchange (thin); red = exchange left exposed")
     ax.legend(handles=[Patch(color=colors[0], label="compute (block attention + merge)"),
                        Patch(color=colors[1], label="comm: K/V exchange, ready to send → NCCL done"),
                        Patch(color="red", label="comm not covered by compute (exposed)")],
