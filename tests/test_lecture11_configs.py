@@ -3,11 +3,13 @@
 GPU 上 check_configs 逐个强制启动 autotune 可能选中的每个配置；这里用解释器的小块配置证明这个检查本身会失败：
 一个算错的配置、一个两次结果不同的配置、一个漏写元素的配置都被它抓到，并且消息里点名那个配置。
 """
+import os
 import types
 
 import pytest
 import torch
 
+from labload import ROOT
 from triton_interp import load_triton_flash
 
 tf = load_triton_flash()
@@ -184,3 +186,17 @@ def test_flash_attn_func_hands_routed_calls_to_gluon(monkeypatch, causal, return
     assert out == (("gluon-out", "gluon-lse") if return_lse else "gluon-out")
     assert calls == [(causal, 0.3, return_lse)]
     assert seen == [((-1, 0) if causal else (-1, -1), True)]
+
+
+def test_gluon_route_threshold_follows_the_committed_bench():
+    """gluon_route 的门槛只放行量过、gluon 不慢（最多 1%）的形状：由 06 提交的 JSON 现算每个形状 gluon / ours。"""
+    import json
+    with open(os.path.join(ROOT, "lecture11", "results", "triton_bench.json"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    ms = {(r["provider"], r["mode"], r["causal"], r["d"], r["N"]): r["ms"] for r in rows}
+    shapes = {k[1:] for k in ms if k[0] == "gluon" and k[4] >= tf.GLUON_MIN_N}
+    assert len(shapes) == 24 and {d for _, _, d, _ in shapes} == {64, 128}
+    ratios = {s: ms[("ours", *s)] / ms[("gluon", *s)] for s in shapes}      # > 1：gluon 更快
+    print(sorted(ratios.items(), key=lambda x: x[1])[:3])
+    assert min(ratios.values()) >= 0.99
+    assert min(n for _, _, _, n in shapes) == tf.GLUON_MIN_N                 # 门槛就是量过的最短长度
