@@ -1249,7 +1249,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     if grad:
         o, lse = _FlashAttn.apply(*args)
     else:                             # 不求梯度（推理、解码）：不经过 autograd；常用路径按形状记下启动参数
-        plan_key = _plan_key(qp, kp, vp, opts)
+        plan_key = _plan_key(qp, kp, vp, opts, batch, nq, nk)
         o, lse = _fwd(*args, plan_key=plan_key)
         plan = _PLANS.get(plan_key) if plan_key is not None else None
         if plan and raw_key is not None and len(_PLANS) < 2 * _MAX_PLANS \
@@ -1388,13 +1388,17 @@ def _lse_scratch(device, numel):
     return buf
 
 
-def _plan_key(qp, kp, vp, opts):
-    """快速路径的键（只给 GPU 上、没有 ALiBi / bias / dropout、默认 Launch 的调用）；不适用时返回 None。"""
+def _plan_key(qp, kp, vp, opts, batch, max_q, max_k):
+    """
+    快速路径的键（只给 GPU 上、没有 ALiBi / bias / dropout、默认 Launch 的调用）；不适用时返回 None。
+    打包后的形状 [B·N, H, d] 分不出 B = 1、N = 2048 和 B = 2、N = 1024：网格和内核的 max_q、max_k 参数却不同，
+    所以 batch、max_q、max_k 也进键。
+    """
     if INTERPRET or not qp.is_cuda or opts.launch is not DEFAULT_LAUNCH or opts.slopes is not None \
             or opts.bias is not None or opts.dropout_p != 0:
         return None
     return (qp.shape, qp.stride(), kp.shape, kp.stride(), vp.stride(), qp.dtype, qp.device, opts.window, opts.scale,
-            opts.softcap, qp.data_ptr() % 16, kp.data_ptr() % 16, vp.data_ptr() % 16)
+            opts.softcap, batch, max_q, max_k, qp.data_ptr() % 16, kp.data_ptr() % 16, vp.data_ptr() % 16)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -2591,8 +2595,8 @@ def _decode_fwd(q, k_cache, v_cache, cache_seqlens, scale, out, squeeze):
     plan_key = None
     if q.is_cuda and not INTERPRET and not capturing:   # 键：决定 _fwd 编译结果和标量参数的一切（同 _plan_key）
         plan_key = ("decode-fwd", qp.shape, qp.stride(), kp.shape, kp.stride(), vp.shape, vp.stride(), qp.dtype,
-                    qp.device, scale, None if op is None else op.stride(), qp.data_ptr() % 16, kp.data_ptr() % 16,
-                    vp.data_ptr() % 16, None if op is None else op.data_ptr() % 16)
+                    qp.device, scale, batch, n_new, s_max, None if op is None else op.stride(), qp.data_ptr() % 16,
+                    kp.data_ptr() % 16, vp.data_ptr() % 16, None if op is None else op.data_ptr() % 16)
     o, _ = _fwd(qp, kp, vp, cu_q, cu_k, n_new, s_max, scale, (-1, 0), None, None, 0.0, 0, _ROUTED_LAUNCH, 0.0,
                 plan_key=plan_key, out=op, lse=lse)
     if op is None:

@@ -615,9 +615,20 @@ def test_softcap_is_part_of_fast_path_keys(monkeypatch):
     assert tf._dense_key(t, t, t, 0.0, *args) == keys[0]
     opts = tf._Options(scale=0.25, window=(-1, 0), dropout_p=0.0, seed=0, slopes=None, bias=None, return_lse=False,
                        launch=tf.DEFAULT_LAUNCH)
-    plan_keys = [tf._plan_key(t, t, t, tf.dataclasses.replace(opts, softcap=cap)) for cap in (0.0, 1.5, 30.0)]
+    plan_keys = [tf._plan_key(t, t, t, tf.dataclasses.replace(opts, softcap=cap), 1, 8, 8) for cap in (0.0, 1.5, 30.0)]
     assert None not in plan_keys and len(set(plan_keys)) == 3
-    assert tf._plan_key(t, t, t, opts) == plan_keys[0]
+    assert tf._plan_key(t, t, t, opts, 1, 8, 8) == plan_keys[0]
+
+
+def test_plan_key_separates_batches_that_pack_to_the_same_shape(monkeypatch):
+    """[B·N, H, d] 一样的 B = 1、N = 2048 和 B = 2、N = 1024：网格和 max_q 不同，记下的 _Plan 不能共用。"""
+    monkeypatch.setattr(tf, "INTERPRET", False)
+    t = _FakeGpuTensor()
+    opts = tf._Options(scale=0.25, window=(-1, 0), dropout_p=0.0, seed=0, slopes=None, bias=None, return_lse=False,
+                       launch=tf.DEFAULT_LAUNCH)
+    keys = {tf._plan_key(t, t, t, opts, b, n, n) for b, n in ((1, 2048), (2, 1024), (4, 512))}
+    assert None not in keys and len(keys) == 3
+    assert tf._plan_key(t, t, t, opts, 2, 1024, 512) != tf._plan_key(t, t, t, opts, 2, 1024, 1024)
 
 
 @settings(max_examples=10, deadline=None)
@@ -835,7 +846,7 @@ def test_no_fast_path_in_interpreter(gen):
     """解释器里没有编译好的内核：_plan_key 返回 None，调用照常走 Triton 的启动路径。"""
     q, k, v = (torch.randn(1, 12, 2, 16, generator=gen) for _ in range(3))
     opts = tf._check_dense(q, k, v, 0.0, None, True, None, None, (-1, -1), False, None, False, False, None)
-    assert tf._plan_key(q, k, v, opts) is None
+    assert tf._plan_key(q, k, v, opts, 1, 12, 12) is None
 
 
 GPU_FAST_PATH = """
