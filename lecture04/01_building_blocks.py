@@ -162,7 +162,9 @@ def part_cost(shapes, reps, rounds):
     print(f"\n每次调用的时间（float32，单线程，{rounds} 轮 × {reps} 次交错运行，取各轮中位数；"
           "括号里是每次调用的缺页中断数）：")
     print(format_table(["形状", "张量"] + names + ["LN / RMS（逐个运算）"], rows))
-    print("没有缺页时，逐个运算的 LayerNorm 约是 RMSNorm 的 2 倍——正是上表读 + 写遍数之比（10 对 5）：\n"
+    ln, rms = passes["LayerNorm 逐个运算"], passes["RMSNorm 逐个运算"]
+    print(f"没有缺页时，逐个运算的 LayerNorm 约是 RMSNorm 的 {ln / rms:.0f} 倍——正是上表读 + 写遍数之比"
+          f"（{ln:.0f} 对 {rms:.0f}）：\n"
           "每个运算把整块张量读一遍、写一遍，时间跟着遍数走；规约次数（2 对 1）只是其中一部分，"
           "减均值、平方、再减一次各是一遍。\n"
           "融合成一个内核的 F.layer_norm 只扫一两遍，在上表里最快；"

@@ -17,15 +17,15 @@ flash-attn 兼容层：用 flash-attn 2 的函数名和参数（flash_attn_inter
     （它只在有 dropout 时才算），我们也返回空张量；dropout_p > 0 时 S_dmask 要按 flash-attn 的编码给出 dropout
     掩码（负数 = 丢掉），我们给不出：返回一个占位对象，对它的任何使用都抛 'dropout-probs'（只看 out、lse 的调用
     照常工作，如 race-condition 测试）。
-  · softcap ≠ 0 才传下去（我们的函数有 softcap 参数时；没有 → 'softcap'）。
+  · softcap ≤ 0 = 不截（flash-attn 的内核只看 softcap > 0），传给我们的是 0；flash_decode 没有 softcap
+    → 'softcap-kvcache'。
   · flash_attn_with_kvcache：causal=True 与 flash_decode 的约定相同（n 个新 query 右下角对齐、彼此 causal）；
     causal=False 且 n > 1 时每个新 query 都看整个有效前缀：把 n 折进 query 头（[B, Hk·n·R, d]，一个新 token），
     一次 flash_decode 算完再折回来。cache_seqlens 可以是 int 或 None（= 整个缓存）。
-  · 本层不检查输入（由我们的函数检查、报错），只做映射：热路径上只多一次函数调用。
+  · 本层不检查输入（由我们的函数检查、报错），只做映射。
 运行：没有自检；测试在 tests/test_lecture11_compat.py（Triton 解释器），整套 flash-attn 测试见 bench/README.md。
 依赖 torch、triton（同 triton_flash）。
 """
-import inspect
 import os
 import re
 import sys
@@ -39,7 +39,6 @@ import triton_flash as tf  # noqa: E402
 # 我们没有的特性（NotImplementedError 消息里的标签，feature_of 认它们；bench/flash_attn_suite.py 按它们计数）
 UNSUPPORTED_FEATURES = (
     "dropout-probs",     # return_attn_probs=True 且 dropout_p > 0：flash-attn 编码的 S_dmask（含 dropout 掩码）
-    "softcap",           # softcap ≠ 0，而我们的 flash_attn_func / flash_attn_varlen_func 没有 softcap 参数
     "paged-kv",          # block_table（分页 KV 缓存）
     "kvcache-append",    # flash_attn_with_kvcache 的 k=、v=：把新的 K/V 追加进缓存
     "kvcache-rotary",    # rotary_cos / rotary_sin：在缓存里做旋转位置编码
@@ -74,20 +73,9 @@ def feature_of(exc):
     return tag if tag in UNSUPPORTED_FEATURES else None
 
 
-def _params(fn):
-    return frozenset(inspect.signature(fn).parameters)
-
-
-# 另一位开发者在给我们的函数加 softcap（最后一个关键字参数）、给 flash_decode 加特性：import 时看一次签名
-_DENSE_PARAMS = _params(tf.flash_attn_func)
-_VARLEN_PARAMS = _params(tf.flash_attn_varlen_func)
-_DECODE_PARAMS = _params(tf.flash_decode)
-
-
-def _require_softcap(params, tag, softcap):
-    """softcap ≠ 0：我们的函数有这个参数才能传下去，没有就抛（softcap = 0 时不调这里，也不传：今天的函数也能用）。"""
-    if "softcap" not in params:
-        raise unsupported(tag, f"softcap={softcap}")
+def _cap(softcap):
+    """flash-attn 的 softcap ≤ 0 = 不截；别的值（正数，或不是数的坏输入）原样交给我们的检查。"""
+    return 0.0 if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap <= 0 else softcap
 
 
 def _window(window_size):
@@ -135,15 +123,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out（return_attn_probs 时 (out, lse [B, Hq, Nq], S_dmask)）。"""
     if type(window_size) is not tuple:
         window_size = _window(window_size)
-    if softcap:           # 两个分支只差 softcap=：热路径上不拼关键字字典（**{} 比整个映射还贵）
-        _require_softcap(_DENSE_PARAMS, "softcap", softcap)
-        res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                 alibi_slopes=alibi_slopes, window_size=window_size, return_lse=return_attn_probs,
-                                 deterministic=deterministic, softcap=softcap)
-    else:
-        res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                 alibi_slopes=alibi_slopes, window_size=window_size, return_lse=return_attn_probs,
-                                 deterministic=deterministic)
+    res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                             alibi_slopes=alibi_slopes, window_size=window_size, return_lse=return_attn_probs,
+                             deterministic=deterministic, softcap=_cap(softcap))
     return _with_probs(res, q, dropout_p) if return_attn_probs else res
 
 
@@ -174,17 +156,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise unsupported("paged-kv", "block_table=")
     if type(window_size) is not tuple:
         window_size = _window(window_size)
-    if softcap:
-        _require_softcap(_VARLEN_PARAMS, "softcap", softcap)
-        res = tf.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                        alibi_slopes=alibi_slopes, window_size=window_size,
-                                        return_lse=return_attn_probs, deterministic=deterministic, softcap=softcap)
-    else:
-        res = tf.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                        alibi_slopes=alibi_slopes, window_size=window_size,
-                                        return_lse=return_attn_probs, deterministic=deterministic)
+    res = tf.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                    alibi_slopes=alibi_slopes, window_size=window_size,
+                                    return_lse=return_attn_probs, deterministic=deterministic,
+                                    softcap=_cap(softcap))
     return _with_probs(res, q, dropout_p) if return_attn_probs else res
 
 
@@ -212,8 +188,8 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
 # KV 缓存上的 decode
 # ============================================================================
 def _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
-                    alibi_slopes, return_softmax_lse):
-    """flash_decode 没有的参数：用到了哪个就抛哪个标签（调用者看出有一个不是默认值，或 window_size 不是 tuple）。"""
+                    alibi_slopes, return_softmax_lse, softcap):
+    """flash_decode 没有的参数：用到了哪个就抛哪个标签。"""
     if k is not None or v is not None:
         raise unsupported("kvcache-append", "k=, v= 追加进缓存")
     if rotary_cos is not None or rotary_sin is not None:
@@ -231,6 +207,8 @@ def _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad
         raise unsupported("alibi-kvcache", "alibi_slopes=")
     if return_softmax_lse:
         raise unsupported("kvcache-lse", "return_softmax_lse=True")
+    if _cap(softcap):
+        raise unsupported("softcap-kvcache", f"softcap={softcap}")
 
 
 def _cache_lengths(cache_seqlens, q, k_cache):
@@ -242,21 +220,13 @@ def _cache_lengths(cache_seqlens, q, k_cache):
     return cache_seqlens
 
 
-def _decode(q, k_cache, v_cache, lens, num_splits, softmax_scale, softcap):
-    if softcap:
-        _require_softcap(_DECODE_PARAMS, "softcap-kvcache", softcap)
-        return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=num_splits, softmax_scale=softmax_scale,
-                               softcap=softcap)
-    return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=num_splits, softmax_scale=softmax_scale)
-
-
-def _decode_all_visible(q, k_cache, v_cache, lens, num_splits, softmax_scale, softcap):
+def _decode_all_visible(q, k_cache, v_cache, lens, num_splits, softmax_scale):
     """causal=False、n > 1：每个新 query 都看整个前缀 [0, L_b)。把 n 折进 query 头，当成一个新 token 的 decode。"""
     batch, n, hq, d = q.shape
     hk = k_cache.shape[2]
     group = hq // hk
     q1 = q.reshape(batch, n, hk, group, d).transpose(1, 2).reshape(batch, hk * n * group, d)   # [B, Hk·n·R, d]
-    o1 = _decode(q1, k_cache, v_cache, lens, num_splits, softmax_scale, softcap)               # [B, Hk·n·R, d]
+    o1 = tf.flash_decode(q1, k_cache, v_cache, lens, num_splits=num_splits, softmax_scale=softmax_scale)
     return o1.view(batch, hk, n, group, d).transpose(1, 2).reshape(batch, n, hq, d)            # [B, n, Hq, d]
 
 
@@ -268,18 +238,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q [B, n, Hq, d]，k_cache、v_cache [B, S_max, Hk, d] → out [B, n, Hq, d]。只支持"缓存已经写好、只读"的用法；
     num_splits = 0（flash-attn：自动）→ None（flash_decode 自己选），其余原样。
     """
-    if (k is not None or v is not None or rotary_cos is not None or rotary_sin is not None
-            or cache_batch_idx is not None or cache_leftpad is not None or block_table is not None
-            or alibi_slopes is not None or return_softmax_lse
-            or type(window_size) is not tuple or window_size != (-1, -1)):     # 热路径上只有这一串比较
-        _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
-                        alibi_slopes, return_softmax_lse)
+    _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
+                    alibi_slopes, return_softmax_lse, softcap)
     lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else _cache_lengths(cache_seqlens, q, k_cache)
     splits = None if num_splits == 0 else num_splits
-    if causal and not softcap:                  # 最常见的调用：直接交给 flash_decode
-        return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=splits, softmax_scale=softmax_scale)
     # n = 1 时 causal 与否一样；q 的形状不对、Hq 不是 Hk 的倍数时不折叠，交给 flash_decode 报错
     if (causal or q.dim() != 4 or q.shape[1] == 1 or k_cache.dim() != 4 or k_cache.shape[2] == 0
             or q.shape[2] % k_cache.shape[2]):
-        return _decode(q, k_cache, v_cache, lens, splits, softmax_scale, softcap)
-    return _decode_all_visible(q, k_cache, v_cache, lens, splits, softmax_scale, softcap)
+        return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=splits, softmax_scale=softmax_scale)
+    return _decode_all_visible(q, k_cache, v_cache, lens, splits, softmax_scale)

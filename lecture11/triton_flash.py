@@ -2368,8 +2368,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_sc
     【out】可选：写进这个张量（和 q 同形状、同 dtype、同设备，最后一维连续，不和输入共用内存）并返回它——
         每一步都不再分配（CUDA 图里也常这样用）。
     【主机端】没有同步（不读 cache_seqlens 的值）；CPU 张量上才检查 L_b 的范围，GPU 上 L_b 被截到 [0, S_max]。
-        同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核；前向内核那条路只有内核
-        启动走 _Plan，检查照常做）；可以在 CUDA 图里捕获。
+        同一组形状第二次起走快速路径（_Plan：检查过的形状按键记住，直接调用编译好的内核；前向内核那条路只有注意力
+        内核走 _Plan，检查照常做，算 cu_seqlens 的小内核每次照常经过 Triton 启动）；可以在 CUDA 图里捕获。
     """
     key, ptrs = _decode_key(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, out)
     fast = _PLANS.get(key) if key is not None else None

@@ -545,7 +545,7 @@ class TransformerLayer(nn.Module):
                              f"收到 {tuple(x.shape)}")
         if x.dtype != self.wo.dtype:
             raise TypeError(f"TransformerLayer.forward：x 的 dtype 必须和权重相同（{self.wo.dtype}），收到 {x.dtype}")
-        # 三种算法共用的一次检查：flash / bpt 直接调 BlockwiseAttention.apply，不再经过 _check_attention
+        # 三种算法共用的一次检查（flash / bpt 直接调 BlockwiseAttention.apply，不经过 _check_attention）
         if not torch.isfinite(x).all():
             raise ValueError("TransformerLayer.forward：x 只能含有限值，发现了 NaN 或 ∞")
         return mode, block, causal

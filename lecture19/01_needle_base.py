@@ -24,7 +24,6 @@ import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
-from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 
 def show(task, ids, tgt=None, width=24):
@@ -110,12 +109,12 @@ def plot(grid, lengths, depths, att, v_pos, ids, task, quick):
 
 
 def main():
-    args, task = L.demo_start("大海捞针：基座模型与准确率表", "只训练 20 步、小表，不读写缓存")
+    args, task = L.demo_start("大海捞针：基座模型与准确率表", "读入库的检查点、小表（读不到时只训练 20 步，不写文件）")
     print(f"词表 {task.vocab_size} 个 token：<pad> <s> Q N、{task.n_keys} 个键、{task.n_values} 个值、"
           f"{task.n_filler} 个填充词")
     examples(task)
     print()
-    model, curve = demo_checkpoint(task, "base", args.quick)
+    model, curve = L.get_checkpoint(task, "base", quick=args.quick)
     print(f"基座模型：{sum(p.numel() for p in model.parameters()):,} 个参数；配置 {L.CHECKPOINTS['base']}")
     if curve:
         curve_table(curve, L.CHECKPOINTS["base"]["curriculum"])

@@ -27,7 +27,6 @@ sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
-from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 D_HEAD = 64
 NTK8 = 10000.0 * 8 ** (D_HEAD / (D_HEAD - 2))        # NTK-aware：b' = b·s^(D/(D−2))，s = 8
@@ -52,7 +51,7 @@ def evaluate(task, quick, lengths, depths, n):
     models = {}
     for label, ckpt, variant, rope in METHODS:
         if ckpt not in models:
-            models[ckpt] = demo_checkpoint(task, ckpt, quick)[0]
+            models[ckpt] = L.get_checkpoint(task, ckpt, quick=quick)[0]
         model = models[ckpt]
         cfg = L.CHECKPOINTS[ckpt]["cfg"]                 # 先回到检查点自己的 RoPE 设置，再加这个方法的改动
         model.set_rope(**dict({"scale": cfg.get("scale", 1.0), "base": cfg.get("base", 10000.0)}, **rope))
@@ -122,7 +121,7 @@ def plot(grids, lengths, depths, quick):
 
 def main():
     args, task = L.demo_start("扩展上下文：外推、PI、调大 base、继续训练、NoPE",
-                              "每个模型只训练 20 步、小表，不读写缓存")
+                              "读入库的检查点、小表（读不到时每个模型只训练 20 步，不写文件）")
     lengths = (128, 256) if args.quick else L.NIAH_LENGTHS
     depths = (0.0, 1.0) if args.quick else L.NIAH_DEPTHS
     n = 4 if args.quick else 64

@@ -25,7 +25,6 @@ sys.path.insert(0, HERE)
 
 import long_lab as L  # noqa: E402
 from course_utils import pyplot, save_figure  # noqa: E402
-from demo_checkpoints import demo_checkpoint  # noqa: E402
 
 MODELS = {"full": "base", "window": "sparse_window", "strided": "sparse_strided", "dilated": "sparse_dilated"}
 
@@ -91,7 +90,7 @@ def reach_table(T):
 def accuracy(task, quick, lengths, depths, n):
     res = {}
     for kind, name in MODELS.items():
-        model, _ = demo_checkpoint(task, name, quick)
+        model, _ = L.get_checkpoint(task, name, quick=quick)
         res[kind] = L.cached_grid(task, name, model, lengths, depths, n=n, quick=quick, log=print)
     rows = []
     for kind in L.MASK_KINDS:
@@ -152,7 +151,8 @@ def plot(res, lengths, depths, quick):
 
 
 def main():
-    args, task = L.demo_start("稀疏注意力：对数、可达性、准确率", "每个模型只训练 20 步、小表，不读写缓存")
+    args, task = L.demo_start("稀疏注意力：对数、可达性、准确率",
+                              "读入库的检查点、小表（读不到时每个模型只训练 20 步，不写文件）")
     pairs_table([128, 512, 2048])
     reach_table(128)
     reach_table(512)

@@ -640,7 +640,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
     有缓存就读，没有（或损坏、配置不符）就训练并缓存。
     【参数】init_from=(model 或 返回 model 的函数, 它的名字)：从这个模型的权重继续训练（扩展上下文）；
         setup(model)：训练前（以及读缓存后）对模型做的修改，例如改 RoPE 的 base 或插值倍数；
-        quick=True：只训练 20 步、每批 4 条、长度最多 CURRICULUM_T（课程最多 10 步），不读也不写缓存（冒烟测试）；
+        quick=True：缓存能用就只读它（不到一秒：--quick 从不比完整版慢）；用不了时只在内存里训练 20 步、每批 4 条、
+            长度最多 CURRICULUM_T（课程最多 10 步），不写任何文件（冒烟测试）；
         eval_fn(model) -> dict：训练完后算一些数（如 NIAH 表），一起记进 manifest。
     【返回】(model, 训练曲线)
     """
@@ -651,15 +652,20 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
                     zone=list(zone), warmup=warmup, init=parent)
     if batch != 32:                                     # 只有不是默认值时才进配置（老检查点的配置里没有这一项）
         full_cfg["batch"] = batch
+    with warnings.catch_warnings():
+        if quick:                                       # quick 用不了缓存时不重训、不存盘：那些"将重新训练"的警告不适用
+            warnings.simplefilter("ignore")
+        model, extra = load_model(task, name, full_cfg, folder=folder, log=None if quick else log)
+    if model is not None:
+        if setup:
+            setup(model)
+        if log:
+            log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra.get('steps', steps)} 步，"
+                f"训练用了 {extra.get('seconds', 0):.0f} s）")
+        return model, [tuple(c) for c in extra.get("curve", [])]
+    if quick and log:
+        log(f"  （--quick：checkpoints/{name}.pt 用不了，只在内存里训练 20 步）")
     if not quick:
-        model, extra = load_model(task, name, full_cfg, folder=folder, log=log)
-        if model is not None:
-            if setup:
-                setup(model)
-            if log:
-                log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra.get('steps', steps)} 步，"
-                    f"训练用了 {extra.get('seconds', 0):.0f} s）")
-            return model, [tuple(c) for c in extra.get("curve", [])]
         if not os.path.isfile(os.path.join(folder or CKPT, name + ".pt")):
             warnings.warn(f"checkpoints/{name}.pt 不存在：将重新训练（几分钟）", stacklevel=2)
         if log:
@@ -712,7 +718,8 @@ CHECKPOINTS = {
 def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS):
     """
     按 CHECKPOINTS[name] 取模型（有缓存就读，否则训练并存盘，把 NIAH 表记进 manifest）。
-    quick=True：每个模型只训练 20 步、不碰缓存（演示的 --quick 用）。返回 (model, curve)。
+    quick=True：缓存能用就只读；用不了时每个模型只在内存里训练 20 步、不写缓存（演示的 --quick 用）。
+    返回 (model, curve)。
     """
     check_choice("name", name, tuple(CHECKPOINTS), where="get_checkpoint")
     quick = check_bool("quick", quick, where="get_checkpoint")
@@ -868,8 +875,10 @@ def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
     【返回】(O，形状同 Q；ledger)
     """
     N, d = _check_ring(Q, K, V, P, causal, layout)
-    if ledger is not None and (not isinstance(ledger, RingLedger) or ledger.P != P):
-        raise TypeError(f"ring_attention：ledger 必须是 None 或 RingLedger({P})")
+    if ledger is not None and not isinstance(ledger, RingLedger):
+        raise TypeError(f"ring_attention：ledger 必须是 None 或 RingLedger，收到 {type(ledger).__name__}")
+    if ledger is not None and ledger.P != P:
+        raise ValueError(f"ring_attention：ledger 是 RingLedger({ledger.P})，和 P = {P} 不符")
     if ledger is None:
         ledger = RingLedger(P)
     idx = shard_index(N, P, layout)

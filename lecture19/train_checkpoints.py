@@ -3,7 +3,7 @@
 
 每个模型的配置在 long_lab.CHECKPOINTS 里（演示读缓存时用同一份配置）；已经训练好、配置相符、SHA-256 对得上的
 模型直接跳过。训练完的模型在 checkpoints/<名字>.pt，配置、训练曲线、NIAH 表、秒数、种子、torch 版本和
-SHA-256 记在 checkpoints/manifest.json。演示经由 demo_checkpoints.py 取模型（--quick 也先读入库的检查点）。
+SHA-256 记在 checkpoints/manifest.json。演示用 long_lab.get_checkpoint 取模型（--quick 也先读入库的检查点）。
 
 运行：python3 lecture19/train_checkpoints.py [--only base,ext_256] [--threads N]
       （--only 的名字：base、ext_256、ext_512、nope、sparse_window、sparse_strided、sparse_dilated）

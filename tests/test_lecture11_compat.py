@@ -46,7 +46,6 @@ def _refusal_calls(gen):
     kv = dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=lens)
     new = _rand(gen, 2, 1, 2, 16)
     cos = torch.ones(24, 8)
-    qd, kd = _rand(gen, 1, 8, 2, 16), _rand(gen, 1, 8, 2, 16)
     qp, cu = _rand(gen, 8, 2, 16), torch.tensor([0, 8], dtype=torch.int32)
     calls = [
         ("kvcache-append", lambda: fac.flash_attn_with_kvcache(**kv, k=new, v=new)),
@@ -59,13 +58,7 @@ def _refusal_calls(gen):
         ("alibi-kvcache", lambda: fac.flash_attn_with_kvcache(**kv, alibi_slopes=torch.ones(4))),
         ("kvcache-lse", lambda: fac.flash_attn_with_kvcache(**kv, return_softmax_lse=True)),
     ]
-    if "softcap" not in fac._DECODE_PARAMS:
-        calls.append(("softcap-kvcache", lambda: fac.flash_attn_with_kvcache(**kv, softcap=30.0)))
-    if "softcap" not in fac._DENSE_PARAMS:
-        calls.append(("softcap", lambda: fac.flash_attn_func(qd, kd, kd, softcap=30.0)))
-        calls.append(("softcap", lambda: fac.flash_attn_qkvpacked_func(torch.stack([qd, kd, kd], 2), softcap=5.0)))
-    if "softcap" not in fac._VARLEN_PARAMS:
-        calls.append(("softcap", lambda: fac.flash_attn_varlen_func(qp, qp, qp, cu, cu, 8, 8, softcap=30.0)))
+    calls.append(("softcap-kvcache", lambda: fac.flash_attn_with_kvcache(**kv, softcap=30.0)))
     return calls
 
 
@@ -77,10 +70,9 @@ def test_each_unsupported_feature_raises_with_its_tag(gen):
         assert fac.feature_of(info.value) == tag
         assert suite.tag_of(info.value) == tag               # 运行器的插件认同一个格式
         seen.add(tag)
-    # 其余的标签：dropout-probs 见下面的测试，internal-api 由运行器的假包抛（test_fake_package_and_plugin），
-    # softcap 两个只在我们的函数没有这个参数时才抛
+    # 其余的标签：dropout-probs 见下面的测试，internal-api 由运行器的假包抛（test_fake_package_and_plugin）
     rest = set(fac.UNSUPPORTED_FEATURES) - seen
-    assert rest <= {"dropout-probs", "internal-api", "softcap", "softcap-kvcache"}, rest
+    assert rest == {"dropout-probs", "internal-api"}, rest
 
 
 def test_feature_of():
@@ -130,13 +122,11 @@ def test_dense_mapping(monkeypatch, gen):
     fac.flash_attn_func(q, q, q, 0.1, 0.5, True, torch.tensor([3, 2]), 0.0, None, True, False)
     (args, kw), = spy.calls
     assert args[0] is q and kw == dict(dropout_p=0.1, softmax_scale=0.5, causal=True, alibi_slopes=None,
-                                       window_size=(3, 2), return_lse=False, deterministic=True)
+                                       window_size=(3, 2), return_lse=False, deterministic=True, softcap=0.0)
     assert type(kw["window_size"][0]) is int                 # 张量换成 Python int
-    monkeypatch.setattr(fac, "_DENSE_PARAMS", fac._DENSE_PARAMS | {"softcap"})   # 另一位开发者加上 softcap 之后
-    fac.flash_attn_func(q, q, q, softcap=30.0)
-    assert spy.calls[-1][1]["softcap"] == 30.0
-    fac.flash_attn_func(q, q, q)
-    assert "softcap" not in spy.calls[-1][1]                  # softcap = 0 不传：今天的函数也能用
+    for cap, passed in ((30.0, 30.0), (0.0, 0.0), (-1.0, 0.0), (-5, 0.0)):   # flash-attn：softcap ≤ 0 = 不截
+        fac.flash_attn_func(q, q, q, softcap=cap)
+        assert spy.calls[-1][1]["softcap"] == passed
 
 
 def test_packed_inputs_are_views(monkeypatch, gen):
@@ -172,9 +162,8 @@ def test_kvcache_mapping(monkeypatch, gen):
     assert a1[0] is q and a1[3] is lens and k1 == dict(num_splits=None, softmax_scale=0.3)
     assert a2[3].dtype == torch.int32 and a2[3].tolist() == [7, 7] and k2["num_splits"] == 2
     assert a3[3].tolist() == [24, 24]                         # cache_seqlens=None：整个缓存
-    monkeypatch.setattr(fac, "_DECODE_PARAMS", fac._DECODE_PARAMS | {"softcap"})   # flash_decode 有了 softcap 之后
-    fac.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, softcap=20.0)
-    assert spy.calls[-1][1]["softcap"] == 20.0 and spy.calls[-1][0][0] is q
+    fac.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, softcap=-1.0)     # ≤ 0 = 不截
+    assert spy.calls[-1][0][0] is q and "softcap" not in spy.calls[-1][1]
     spy.calls.clear()
     spy.result = torch.zeros(2, 2 * 3 * 2, 16)                # causal=False、n = 3：折成 [B, Hk·n·R, d]
     out = fac.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)

@@ -38,7 +38,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 LECTURE = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(LECTURE, "..", "lecture01"))
-from course_utils import format_table, gpu_meta  # noqa: E402
+from course_utils import format_table, gpu_meta, load_json  # noqa: E402
 
 SKIP = 77
 DEFAULT_OUT = os.path.join(HERE, "results")
@@ -54,8 +54,6 @@ DEFAULT_TESTS = (
 PER_TEST = 40                       # 每个测试函数抽几个网格点（0 = 全部）
 FAKE_CAPABILITY = "9,0"             # --collect-only 在 CPU 上：测试文件 import 时查的 compute capability（H200）
 TRITON_CACHE = os.path.join(tempfile.gettempdir(), "flash_attn_suite_triton_cache")   # 同一台机器上重跑时还在
-# 兼容层 NotImplementedError 的消息格式（和 flash_attn_compat.unsupported 一致；tests/test_lecture11_compat.py 核对）
-TAG_RE = re.compile(r"^flash_attn_compat: '([a-z0-9-]+)'")
 DEADLINE_REASON = "flash_attn_suite: past --deadline, not run"
 
 
@@ -100,14 +98,14 @@ def needs_feature(func, params):
 
 
 def tag_of(exc):
-    """兼容层因为缺少特性而抛的 NotImplementedError → 标签（带 .feature，或消息以约定的格式开头）；否则 None。"""
+    """兼容层因为缺少特性而抛的 NotImplementedError → 标签（flash_attn_compat.feature_of：只认登记过的标签，
+    拼错的标签算失败）；否则 None。插件所在的进程里 flash_attn_compat 总在 PYTHONPATH 上（假包就是从它导出的）。"""
     if not isinstance(exc, NotImplementedError):
         return None
-    tag = getattr(exc, "feature", None)
-    if tag is None:
-        m = TAG_RE.match(str(exc))
-        tag = m and m.group(1)
-    return tag
+    if LECTURE not in sys.path:
+        sys.path.insert(0, LECTURE)
+    from flash_attn_compat import feature_of
+    return feature_of(exc)
 
 
 def _first_line(text, limit=300):
@@ -569,11 +567,10 @@ def parse_args(argv=None):
 
 def show_committed(args):
     path = os.path.join(args.out, JSON_NAME)
-    if not os.path.isfile(path):
+    summary = load_json(path)
+    if summary is None:
         print(f"SKIP: 还没有 {os.path.relpath(path)}（在 GPU 上运行本脚本生成）")
         return SKIP
-    with open(path, encoding="utf-8") as f:
-        summary = json.load(f)
     text = render_markdown(summary)
     print(text)
     if args.replot:
@@ -597,10 +594,9 @@ def finished_rows(args, info):
     """--resume：--out 里已有的 JSON 若是同一份 checkout、同一个每函数个数（种子取它的），返回 (种子, 跑完了的函数的行,
     旧的 meta)——跑完 = 抽到的每一项都有结果（没有 not run）。不能接着跑时返回 None。"""
     path = os.path.join(args.out, JSON_NAME)
-    if not os.path.isfile(path):
+    old = load_json(path)
+    if old is None:
         return None
-    with open(path, encoding="utf-8") as f:
-        old = json.load(f)
     meta = old["meta"]
     if meta["flash_attn"].get("commit") != info["commit"] or meta["per_test"] != args.per_test \
             or (args.seed is not None and args.seed != meta["seed"]):
@@ -688,8 +684,12 @@ def main(argv=None):
                     runs=1 + (old_meta.get("runs", 1) if old_meta else 0), pytest_exit=rc, flash_attn=info,
                     command=command)
     fresh = summarize(raw, tests)
-    write_results(args, dict(meta=meta, tests={t: done[t] if t in done else fresh[t] for t in args.tests}))
-    return 0
+    per = {t: done[t] if t in done else fresh[t] for t in args.tests}
+    write_results(args, dict(meta=meta, tests=per))
+    failed = sum(len(r["failed"]) for r in per.values())
+    if failed:
+        print(f"flash_attn_suite：{failed} 个网格点失败（见 {MD_NAME}）")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
