@@ -48,7 +48,7 @@ import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
 from course_utils import figure_path, format_table, merge_identical, save_figure  # noqa: E402,F401  演示共用
-from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_array, check_choice, check_int, check_real, fmt_bytes  # noqa: E402  参数检查
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
 MFU = 0.6              # 能用到的峰值算力比例（假设）
@@ -97,7 +97,7 @@ def ft_batch_cap(model, chip, max_seq=2048, runtime_bytes=FT_RUNTIME_BYTES, w_by
         0.55 GB → 7（不算工作区是 9）。论文说 FT 批到 8 就 OOM [S56]，和 ≤ 7 一致。
         原课程第 6 讲模块的"0.9 × 40 GB"规则给 6。
     """
-    S, runtime = _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes)
+    S, runtime = _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes, w_bytes, kv_bytes)
     alloc = llm_math.allocatable_bytes(chip)
     weights = model.weight_bytes(w_bytes)
     kv_seq = model.kv_cache_bytes(1, S, kv_bytes)
@@ -293,6 +293,9 @@ class StepModel:
         if lens.size == 0:
             raise ValueError("prompt_lens 不能为空（至少一个输入）")
         T = int(lens.sum())
+        if T > self._kv_cap:                               # 和 decode_cost 同一条规则：写不下的 KV 不给时间
+            raise CapacityError(f"prompt_lens 一共 {T:,} 个 token 的 KV 超过了 {self!r} 的 KV 容量 "
+                                f"{self._kv_cap:,} token")
         pairs = float((lens * (lens + 1) // 2).sum())
         return self._cost(T, self._attn1() * pairs, 0, T)
 
@@ -336,6 +339,9 @@ class StepModel:
             raise ValueError("n_decode 和 prefill_tokens 不能都是 0（这一步什么都不算）")
         if ctx < n_decode:
             raise ValueError(f"ctx_tokens（{ctx}）不能小于 n_decode（{n_decode}）")
+        if ctx + pctx + pt > self._kv_cap:                 # 和 decode_cost 同一条规则：这一步碰到的 KV 要放得下
+            raise CapacityError(f"ctx_tokens + prefill_ctx_tokens + prefill_tokens = {ctx + pctx + pt:,} 个 token 的 KV "
+                                f"超过了 {self!r} 的 KV 容量 {self._kv_cap:,} token")
         if pt == 0 and (pattn > 0 or pctx > 0):
             raise ValueError("prefill_tokens = 0 时 prefill_attn_flops 与 prefill_ctx_tokens 必须是 0")
         if pt > 0:
@@ -398,6 +404,9 @@ class Request:
     t_finish: float = math.nan
     token_times: np.ndarray = field(default=None, repr=False)
 
+    def __post_init__(self):
+        _check_request(self)
+
     @property
     def ttft(self):
         """首 token 延迟（time to first token）= 第 1 个输出 token 的时刻 − 到达时刻（含排队）。"""
@@ -418,31 +427,34 @@ class Request:
         return self.t_start - self.arrival
 
 
-def sample_lengths(spec, n, rng):
+def sample_lengths(spec, n, rng, name="spec"):
     """
     按 spec 抽 n 个长度（正整数）。
 
     spec：("fixed", L) | ("uniform", lo, hi)（闭区间上的整数均匀分布） |
           ("lognormal", median, sigma, max_len)（对数正态，截到 [1, max_len]；真实对话的长度分布是长尾的）
+    rng：np.random.Generator；name：报错时 spec 叫什么（make_requests 传 "prompt" / "output"）。
     """
+    n = _check_count("n", n, REQUEST_BYTES, where="sample_lengths", lo=0)
+    _check_rng(rng, "sample_lengths")
     if not isinstance(spec, (tuple, list)) or not spec:
-        raise TypeError(f"长度分布必须是元组，如 ('uniform', 32, 512)，收到 {spec!r}")
+        raise TypeError(f"{name}（长度分布）必须是元组，如 ('uniform', 32, 512)，收到 {spec!r}")
     kind, args = spec[0], tuple(spec[1:])
     want = {"fixed": 1, "uniform": 2, "lognormal": 3}
-    if kind not in want:
-        raise ValueError(f"长度分布只能是 {sorted(want)} 之一，收到 {kind!r}")
+    if not isinstance(kind, str) or kind not in want:
+        raise ValueError(f"{name}[0]（长度分布）只能是 {sorted(want)} 之一，收到 {kind!r}")
     if len(args) != want[kind]:
-        raise ValueError(f"{kind!r} 需要 {want[kind]} 个参数，收到 {args}")
+        raise ValueError(f"{name}：{kind!r} 需要 {want[kind]} 个参数，收到 {args}")
     if kind == "fixed":
-        return np.full(n, check_int("L", args[0], lo=1), dtype=np.int64)
+        return np.full(n, check_int(f"{name} 的 L", args[0], lo=1), dtype=np.int64)
     if kind == "uniform":
-        lo, hi = check_int("lo", args[0], lo=1), check_int("hi", args[1], lo=1)
+        lo, hi = check_int(f"{name} 的 lo", args[0], lo=1), check_int(f"{name} 的 hi", args[1], lo=1)
         if hi < lo:
-            raise ValueError(f"uniform 的 hi（{hi}）不能小于 lo（{lo}）")
+            raise ValueError(f"{name}：uniform 的 hi（{hi}）不能小于 lo（{lo}）")
         return rng.integers(lo, hi + 1, size=n).astype(np.int64)
-    med = check_real("median", args[0], 0.0, 1e12, lo_open=True)   # 有限：inf × exp(−∞) 会得到 nan
-    sigma = check_real("sigma", args[1], 0.0, 20.0)
-    top = check_int("max_len", args[2], lo=1)
+    med = check_real(f"{name} 的 median", args[0], 0.0, 1e12, lo_open=True)   # 有限：inf × exp(−∞) 会得到 nan
+    sigma = check_real(f"{name} 的 sigma", args[1], 0.0, 20.0)
+    top = check_int(f"{name} 的 max_len", args[2], lo=1)
     x = np.rint(med * np.exp(sigma * rng.standard_normal(n)))
     return np.clip(x, 1, top).astype(np.int64)
 
@@ -456,13 +468,13 @@ def make_requests(n, rate, prompt=("uniform", 32, 512), output=("uniform", 1, 12
     【可复现】同一个 seed 下，间隔先按 rate = 1 抽好再除以 rate：换 rate 只是把时间轴整体伸缩，长度完全相同，
         不同负载之间比较更干净。
     """
-    n = check_int("n", n, lo=1)
-    rate = check_real("rate", rate, 0.0, lo_open=True, allow_inf=True)
-    rng = np.random.default_rng(seed)
+    n = _check_count("n", n, REQUEST_BYTES, where="make_requests")
+    rate = check_real("rate", rate, 0.0, lo_open=True, allow_inf=True, where="make_requests")
+    rng = np.random.default_rng(check_int("seed", seed, lo=0, where="make_requests"))
     unit_gaps = rng.exponential(1.0, n)
     arrivals = np.zeros(n) if math.isinf(rate) else np.cumsum(unit_gaps) / rate
-    P = sample_lengths(prompt, n, rng)
-    O = sample_lengths(output, n, rng)
+    P = sample_lengths(prompt, n, rng, name="prompt")
+    O = sample_lengths(output, n, rng, name="output")
     return [Request(i, float(arrivals[i]), int(P[i]), int(O[i])) for i in range(n)]
 
 
@@ -489,7 +501,7 @@ def summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
     【要点】吞吐看的是"完成了多少"，goodput 只数"按时完成的"——过载时吞吐不降，goodput 会塌。
     """
     warmup = check_real("warmup", warmup, 0.0, 0.99)
-    rs = sorted(reqs, key=lambda r: (r.arrival, r.rid))
+    rs = sorted(_request_list(reqs, "summarize"), key=lambda r: (r.arrival, r.rid))
     rs = rs[int(len(rs) * warmup):]
     if not rs:
         raise ValueError("reqs 为空（或 warmup 把请求都去掉了）")
@@ -523,6 +535,7 @@ def occupancy(reqs):
     【返回】(times, counts)：在 [times[k], times[k+1]) 上 N(t) = counts[k]。同一时刻的事件按"先离开后到达"处理
         （不影响积分，只让阶梯函数不出现瞬时尖峰）。
     """
+    reqs = _request_list(reqs, "occupancy")
     a = np.array([r.arrival for r in reqs], dtype=np.float64)
     f = np.array([r.t_finish for r in reqs], dtype=np.float64)
     if np.isnan(f).any():
@@ -535,8 +548,7 @@ def occupancy(reqs):
 
 def time_average(times, counts, t0, t1):
     """阶梯函数在 [t0, t1] 上的时间平均：Σ counts[k] × (区间 k 与 [t0, t1] 的重叠长度) ÷ (t1 − t0)。"""
-    if not t1 > t0:
-        raise ValueError(f"需要 t1 > t0，收到 t0={t0}, t1={t1}")
+    times, counts, t0, t1 = _check_steps(times, counts, t0, t1)
     lo = np.clip(times[:-1], t0, t1)
     hi = np.clip(times[1:], t0, t1)
     return float(np.sum(counts[:-1] * (hi - lo)) / (t1 - t0))
@@ -552,11 +564,12 @@ def littles_law(reqs, t0=None, t1=None):
     （这正是它的证明：N(t) 曲线下的面积按请求切开）。取中间一段稳态窗口时，只**近似**成立（边界上跨窗口的请求）。
     【返回】字典 L、lam、W、lam_W、rel_err = |L − λW| / λW。
     """
+    reqs = _request_list(reqs, "littles_law")
     if len(reqs) == 0:
         raise ValueError("reqs 不能为空（先跑模拟器，得到完成的请求列表）")
     arr = np.array([r.arrival for r in reqs])
-    t0 = float(arr.min()) if t0 is None else float(t0)
-    t1 = float(max(r.t_finish for r in reqs)) if t1 is None else float(t1)
+    t0 = float(arr.min()) if t0 is None else check_real("t0", t0, where="littles_law")
+    t1 = float(max(r.t_finish for r in reqs)) if t1 is None else check_real("t1", t1, where="littles_law")
     times, counts = occupancy(reqs)
     L = time_average(times, counts, t0, t1)
     inside = [r for r in reqs if t0 <= r.arrival < t1]
@@ -572,6 +585,7 @@ def littles_law(reqs, t0=None, t1=None):
 # =============================================================================
 def _fresh_copies(reqs):
     """模拟器不改调用者的列表：复制一份、清空结果字段，并检查按到达时间排好序（FCFS 的前提）。"""
+    reqs = _request_list(reqs, "模拟器")
     if len(reqs) == 0:
         raise ValueError("reqs 不能为空")
     out = [dataclasses.replace(r, t_start=math.nan, t_first=math.nan, t_last=math.nan, t_finish=math.nan,
@@ -615,6 +629,7 @@ def simulate_static(reqs, step, max_batch, kv_reserve=None, max_wait=0.0):
     【边界】单个请求的 KV 就超过容量：ValueError（永远跑不了，不能静默丢掉）。
     """
     rs = _fresh_copies(reqs)
+    _check_step_like(step, "simulate_static")
     b_max = check_int("max_batch", max_batch, lo=1)
     max_wait = check_real("max_wait", max_wait, 0.0, 1e9)
     cap = step.kv_capacity_tokens()
@@ -680,6 +695,7 @@ def simulate_continuous(reqs, step, max_batch, chunk=None):
     【返回】(请求列表, 统计字典)：iters（迭代次数）、mean_batch（每次迭代的平均请求数）。
     """
     rs = _fresh_copies(reqs)
+    _check_step_like(step, "simulate_continuous")
     b_max = check_int("max_batch", max_batch, lo=1)
     if chunk is not None:
         chunk = check_int("chunk", chunk, lo=1)
@@ -715,11 +731,12 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
         mean_batch（每步的平均请求数）、deadlock、deadlock_t、admit_order、
         mean_reserved / mean_used / peak_reserved / peak_used
         （这一步执行时已预留 / 已写入的 KV token 数：写完本步的 KV、还没释放完成者）。
-    调用者负责检查输入（排序、长度、放不放得下）：这里只做调度。
+    【报错】到达时刻不是有限、非负、不减的；长度不是正整数；各列表长度不同；预留比请求要写的 KV 少或超过容量、
+        不预留时一个请求单独占满显存也放不下：ValueError / TypeError（调度之前查一遍，循环里不再查）。
     """
-    if chunk is not None and reserve is None:
-        raise ValueError("iteration_schedule：分块 prefill（chunk）只能和 KV 预留（reserve）一起用")
-    n, ids = len(arrival), list(range(len(arrival))) if ids is None else ids
+    arrival, prompt, output, max_batch, reserve, chunk, t_limit, ids = _check_schedule(
+        arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids)
+    n = len(arrival)
     cap = int(step.kv_capacity_tokens())
     attn_1 = step.model.attn_flops_per_token(1)         # 每个 token 每看一个 key 的注意力 FLOPs
     prog, gen = [0] * n, [0] * n                        # 已 prefill 的输入 token 数；已生成的输出 token 数
@@ -819,8 +836,9 @@ def crossover_batch(step, ctx_per_seq=0, b_max=1 << 14):
         所以拐点批大小 ≈ effective_ridge()（= 芯片的 ridge point × mfu / mbu）。KV 的读取让拐点往后推
         （长上下文时 KV 字节随 batch 一起涨，强度上不去，可能永远到不了拐点）。
     """
-    ctx = max(check_int("ctx_per_seq", ctx_per_seq, lo=0), 1)
-    B = np.arange(1, check_int("b_max", b_max, lo=1) + 1)
+    _check_step_like(step, "crossover_batch")
+    ctx = max(check_int("ctx_per_seq", ctx_per_seq, lo=0, where="crossover_batch"), 1)
+    B = np.arange(1, _check_count("b_max", b_max, 10 * 8, where="crossover_batch") + 1)   # 约 10 个 float64 数组
     _, _, t_c, t_m = step._roofline(B, step._attn1() * B * ctx, B * ctx, B)     # 和 decode_cost(B, B·ctx) 同一套账
     hit = np.nonzero(t_c >= t_m)[0]
     return int(B[hit[0]]) if hit.size else None
@@ -833,7 +851,7 @@ def min_tp(model, chip, candidates=(1, 2, 4, 8, 16), **kw):
     其他错误（比如 mfu=2 这样的坏参数）照常抛出，不会被当成"放不下"。
     """
     _check_model_chip(model, chip)
-    tps = sorted(check_int("candidates 的元素", tp, lo=1) for tp in candidates)
+    tps = sorted(check_int("candidates 的元素", tp, lo=1) for tp in _iterable("candidates", candidates, "min_tp"))
     for tp in tps:
         if _tp_layout_problem(model, chip, tp) is not None:
             continue
@@ -852,6 +870,8 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     【返回】字典列表，每个含 max_batch、eff_batch、largest_batch（实际跑过的最大一批）、tok_per_s、tpot_p50、e2e_mean、
         ttft_mean、useful_frac（useful_tokens ÷ slot_tokens：补齐和陪跑之外真正有用的计算占比）。
     """
+    _check_step_like(step, "offline_sweep")
+    batch_sizes = _iterable("batch_sizes", batch_sizes, "offline_sweep")
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
     for B in batch_sizes:
@@ -868,12 +888,137 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
 # =============================================================================
 # 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
 # =============================================================================
-def _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes):
+def _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes, w_bytes, kv_bytes):
     """ft_batch_cap 的输入检查；返回 (max_seq, runtime_bytes)。"""
     _check_model_chip(model, chip)
-    check_real("act_bytes", act_bytes, lo=0.0, lo_open=True, where="ft_batch_cap")
+    for name, v in (("act_bytes", act_bytes), ("w_bytes", w_bytes), ("kv_bytes", kv_bytes)):
+        check_real(name, v, 0.0, 8.0, lo_open=True, where="ft_batch_cap")
     return (check_int("max_seq", max_seq, lo=1, where="ft_batch_cap"),
             check_real("runtime_bytes", runtime_bytes, lo=0.0, where="ft_batch_cap"))
+
+
+REQUEST_BYTES = 600       # 一个 Request（对象、字段、三个长度数组里的一格）大约占的内存：make_requests 的上限由它推出
+
+
+def _machine_bytes():
+    """这台机器的物理内存（字节）；读不到时 None（就不查）。"""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_count(name, value, bytes_each, where="", lo=1):
+    """个数参数：check_int（≥ lo），再按每个 bytes_each 字节算要多少内存，超过这台机器的物理内存就 ValueError
+    （消息写出要多少、有多少），而不是先分配几十 GB 再崩。"""
+    value = check_int(name, value, lo=lo, where=where)
+    mem = _machine_bytes()
+    if mem is not None and value * bytes_each > mem:
+        who = f"{where}：{name}" if where else name
+        raise ValueError(f"{who} = {value:,} 要约 {fmt_bytes(value * bytes_each)} 内存，"
+                         f"这台机器只有 {fmt_bytes(mem)}")
+    return value
+
+
+def _check_rng(rng, where):
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"{where}：rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
+                        f"收到 {type(rng).__name__}")
+    return rng
+
+
+def _iterable(name, v, where):
+    """一串值（列表、元组、数组……）；字符串、单个数不算。"""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"{where}：{name} 必须是一串值（列表或元组），收到 {type(v).__name__} {v!r}")
+    return list(v)
+
+
+def _check_request(r):
+    """Request 的字段：rid 整数、arrival 有限且 ≥ 0、prompt / output 是正整数。"""
+    check_int("rid", r.rid, where="Request")
+    check_real("arrival", r.arrival, lo=0.0, where="Request")
+    check_int("prompt", r.prompt, lo=1, where="Request")
+    check_int("output", r.output, lo=1, where="Request")
+
+
+def _request_list(reqs, where):
+    """Request 的列表（元素逐个查类型）。"""
+    reqs = _iterable("reqs", reqs, where)
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Request):
+            raise TypeError(f"{where}：reqs[{i}] 必须是 Request，收到 {type(r).__name__}")
+    return reqs
+
+
+def _check_step_like(step, where):
+    """step 要像 StepModel：有 kv_capacity_tokens、prefill_time、decode_time、mixed_time。"""
+    for attr in ("kv_capacity_tokens", "prefill_time", "decode_time", "mixed_time"):
+        if not callable(getattr(step, attr, None)):
+            raise TypeError(f"{where}：step 必须是 StepModel（缺少 {attr}），收到 {type(step).__name__}")
+
+
+def _check_steps(times, counts, t0, t1):
+    """time_average 的输入：times 一维、有限、不减；counts 和它一样长；t0 < t1 都有限。"""
+    times = check_array("times", times, ndim=1, where="time_average")
+    counts = check_array("counts", counts, ndim=1, where="time_average")
+    if len(times) != len(counts):
+        raise ValueError(f"time_average：times 和 counts 必须一样长，收到 {len(times)} 和 {len(counts)}")
+    if np.any(np.diff(times) < 0):
+        raise ValueError("time_average：times 必须不减（阶梯函数的断点按时间排序）")
+    t0, t1 = check_real("t0", t0, where="time_average"), check_real("t1", t1, where="time_average")
+    if not t1 > t0:
+        raise ValueError(f"time_average：需要 t1 > t0，收到 t0={t0}, t1={t1}")
+    return times, counts, t0, t1
+
+
+def _int_list(name, v, n, lo, where):
+    """长度 n 的正整数列表（numpy 整数也收，转成 Python int；小数、bool 不收）。"""
+    a = np.asarray(_iterable(name, v, where))
+    if a.ndim != 1 or (n is not None and len(a) != n):
+        raise ValueError(f"{where}：{name} 必须是长度 {n} 的一维列表，收到形状 {a.shape}")
+    if a.size and (a.dtype == bool or not np.issubdtype(a.dtype, np.integer)):
+        raise TypeError(f"{where}：{name} 的元素必须是整数，收到 dtype {a.dtype}")
+    if a.size and a.min() < lo:
+        raise ValueError(f"{where}：{name} 的元素必须 ≥ {lo}，最小的是 {a.min()}")
+    return [int(x) for x in a]
+
+
+def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids):
+    """iteration_schedule 的全部输入检查（调度循环之前一次）。返回转换后的值。"""
+    w = "iteration_schedule"
+    _check_step_like(step, w)
+    arr = check_array("arrival", _iterable("arrival", arrival, w), ndim=1, where=w)
+    n = len(arr)
+    if (arr < 0).any():
+        raise ValueError(f"{w}：arrival 必须 ≥ 0，最小的是 {arr.min()}")
+    if np.any(np.diff(arr) < 0):
+        raise ValueError(f"{w}：arrival 必须按时间排好序（先到先服务）")
+    prompt, output = _int_list("prompt", prompt, n, 1, w), _int_list("output", output, n, 1, w)
+    max_batch = check_int("max_batch", max_batch, lo=1, where=w)
+    cap = int(step.kv_capacity_tokens())
+    writes = [p + o - 1 for p, o in zip(prompt, output)]         # 一个请求最终写下的 KV（最后一个 token 不写）
+    if reserve is not None:
+        reserve = _int_list("reserve", reserve, n, 1, w)
+        for k, (r, need) in enumerate(zip(reserve, writes)):
+            if r < need or r > cap:
+                raise ValueError(f"{w}：reserve[{k}] = {r} 必须在 [{need}（prompt + output − 1）, {cap}（KV 容量）] 里")
+    else:
+        for k, need in enumerate(writes):
+            if need > cap:
+                raise ValueError(f"{w}：请求 {k} 要写 {need} 个 token 的 KV（prompt + output − 1），超过 KV 容量 {cap}")
+    if chunk is not None:
+        if reserve is None:
+            raise ValueError(f"{w}：分块 prefill（chunk）只能和 KV 预留（reserve）一起用")
+        chunk = check_int("chunk", chunk, lo=1, where=w)
+    if t_limit is not None:
+        t_limit = check_real("t_limit", t_limit, where=w)
+    if history is not None and not isinstance(history, list):
+        raise TypeError(f"{w}：history 必须是列表或 None，收到 {type(history).__name__}")
+    ids = list(range(n)) if ids is None else _iterable("ids", ids, w)
+    if len(ids) != n:
+        raise ValueError(f"{w}：ids 必须和 arrival 一样长（{n}），收到 {len(ids)}")
+    return [float(a) for a in arr], prompt, output, max_batch, reserve, chunk, t_limit, ids
 
 
 def _count_array(name, v, lo=0):

@@ -63,8 +63,8 @@ for _sub in ("lecture01", "lecture04"):
 import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
-from course_utils import (capture_graph, check_choice, check_int, check_real, cuda_time, fmt_bytes,  # noqa: E402
-                          gpu_meta, load_json, ratio_errors)
+from course_utils import (capture_graph, check_array, check_bool, check_choice, check_int,  # noqa: E402
+                          check_real, cuda_time, fmt_bytes, gpu_meta, load_json, ratio_errors)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 SKIP = 77
@@ -125,7 +125,7 @@ class LlamaShaped(nn.Module):
         self.cos = self.sin = None      # RoPE 表 [max_pos, dh/2]，build_model 放到设备上
 
     def forward(self, ids, cache, pos0=0, last_only=True):
-        _check_step(self, ids, cache, pos0)
+        pos0 = _check_step(self, ids, cache, pos0, last_only)
         x = self.tok(ids)                                             # [B, T, d]
         for li, layer in enumerate(self.layers):
             x = x + self.attention(layer, layer.norm1(x), cache[li], pos0)
@@ -161,8 +161,7 @@ class LlamaShaped(nn.Module):
 def build_model(cfg, device="cpu", dtype=torch.float32, seed=0, max_pos=256):
     """在 meta 设备上建（不占内存）、转成 dtype、在 device 上分配，再随机初始化：矩阵 N(0, INIT_STD)，RMSNorm 的缩放 1。
     8B 模型这样建只占 BF16 的 16 GB，不会先建一份 FP32。max_pos：RoPE 表的长度（最大位置 + 1）。"""
-    _check_build(cfg, dtype, max_pos)
-    device = torch.device(device)
+    device = _check_build(cfg, device, dtype, seed, max_pos)
     with torch.device("meta"):
         model = LlamaShaped(cfg)
     model = model.to(dtype).to_empty(device=device)
@@ -180,8 +179,7 @@ def build_model(cfg, device="cpu", dtype=torch.float32, seed=0, max_pos=256):
 
 def alloc_cache(cfg, batch, max_seq, dtype, device):
     """预分配的 KV cache [L, 2, B, G, S_max, dh]（torch.empty：内容未定义，prefill / decode 只读写过的格子）。"""
-    batch = check_int("batch", batch, lo=1, where="alloc_cache")
-    max_seq = check_int("max_seq", max_seq, lo=1, where="alloc_cache")
+    batch, max_seq, device = _check_alloc_cache(cfg, batch, max_seq, dtype, device)
     return torch.empty(cfg.n_layers, 2, batch, cfg.n_kv_heads, max_seq, cfg.d_head, dtype=dtype, device=device)
 
 
@@ -189,6 +187,7 @@ def alloc_cache(cfg, batch, max_seq, dtype, device):
 def reference_logits(model, ids):
     """参考：整段 [B, T] 一次算完，所有位置的 logits [B, T, V]。注意力写成朴素的 softmax(QKᵀ/√dh + 因果掩码)·V，
     GQA 用 repeat_interleave 把 K、V 复制到每个 query 头；不用 cache、不用 SDPA。"""
+    _check_reference(model, ids)
     c = model.cfg
     B, T = ids.shape
     H, G, dh = c.n_heads, c.n_kv_heads, c.d_head
@@ -215,6 +214,7 @@ def reference_logits(model, ids):
 # =============================================================================
 def plan_points(models, grid, modes=MODES, extra=EXTRA_DECODE):
     """测量网格（还没测的点）：每个模型 prefill n × T（eager），decode 批 × 上下文（每种 mode 各一点），加上 extra。"""
+    models, grid, modes, extra = _check_plan(models, grid, modes, extra)
     pts = []
     for cfg in models:
         for n in grid["prefill_n"]:
@@ -231,6 +231,7 @@ def plan_points(models, grid, modes=MODES, extra=EXTRA_DECODE):
 
 def point_shape(p):
     """这一点的 (序列数, cache 长度 S_max, 每序列送进几个 token, 起始位置 pos0)。"""
+    _check_point(p, "p", "point_shape")
     if p["kind"] == "prefill":
         return p["n_prompts"], p["prompt_len"], p["prompt_len"], 0
     return p["batch"], p["context"] + 1, 1, p["context"]
@@ -239,6 +240,8 @@ def point_shape(p):
 def point_bytes(cfg, p, elem=2):
     """这一点在权重之外要的显存：(KV cache 字节, 工作区字节的估计)。工作区 = 固定 1 GiB + 每个 token 几份
     MLP 宽度的激活（gate、up、乘积、残差）+ logits（fp32 算）。"""
+    _check_cfg(cfg, "point_bytes")
+    check_real("elem", elem, 0.0, 8.0, lo_open=True, where="point_bytes")
     n, S, T, _ = point_shape(p)
     kv = n * S * cfg.kv_bytes_per_token(elem)
     work = WORKSPACE_BYTES + 4 * n * T * (cfg.d_ff + cfg.d_model) * elem + 4 * n * cfg.vocab
@@ -268,6 +271,8 @@ def time_fn(fn, device, trial_s=TRIAL_S, trials=TRIALS):
 def fits_chip(cfg, p, chip=CHIP, elem=2):
     """不上卡的估计：llm_math.fit（全课程"放不放得下"的规则；mem_util = 1，即整个可分配显存）的权重 + KV，
     再加上这一点的工作区（point_bytes）。synthetic_points 用它挑点。"""
+    _check_cfg(cfg, "fits_chip")
+    llm_math.check_model_chip(cfg, chip)
     n, S, _, _ = point_shape(p)
     f = llm_math.fit(cfg, chip, 1, n, S, elem, elem, mem_util=1.0)
     return f.fits and f.need + point_bytes(cfg, p, elem)[1] <= f.usable
@@ -479,6 +484,8 @@ def step_overhead(params, mode, cfg):
     mode 不是 MODES 之一、params 两种键都没有、两种键都有（不知道该用哪种）→ ValueError。
     """
     check_choice("mode", mode, MODES, where="step_overhead")
+    _check_params(params, "step_overhead", fitted_ok=True)
+    _check_cfg(cfg, "step_overhead")
     key = f"overhead_{mode}_per_layer"
     if "overhead_per_step" in params:
         both = [k for k in (f"overhead_{m}_per_layer" for m in MODES) if k in params]
@@ -497,12 +504,22 @@ def predict(tc, tm, mfu, mbu, overhead):
     StepModel 的一步（tp = 1，没有通信）：max(tc / mfu, tm / mbu) + overhead。全部按 numpy 广播，点在最后一维：
     fit_loss、synthetic_points、拟合的目标函数和网格穷举（mfu、mbu、开销各占一维）都用这一个式子。
     compare_points 不用它，直接问 StepModel（测试查两者一致）。
+    【报错】tc、tm、overhead 不是有限的非负数；mfu、mbu 不在 (0, 1] 里 → ValueError / TypeError（拟合的内层循环
+        用不查的 _predict：只在这个入口查一次）。
     """
+    return _predict(*_check_predict(tc, tm, mfu, mbu, overhead))
+
+
+def _predict(tc, tm, mfu, mbu, overhead):
     return np.maximum(tc / mfu, tm / mbu) + overhead
 
 
 def log_loss(pred, meas):
-    """Σ log²(模型 / 实测)，对最后一维（点）求和：相对误差，大小点一样重。"""
+    """Σ log²(模型 / 实测)，对最后一维（点）求和：相对误差，大小点一样重。pred、meas 必须是有限的正数。"""
+    return _log_loss(_positive("pred", pred, "log_loss"), _positive("meas", meas, "log_loss"))
+
+
+def _log_loss(pred, meas):
     return np.sum(np.log(pred / meas) ** 2, axis=-1)
 
 
@@ -515,9 +532,10 @@ def fit_loss(points, configs, params, chip=CHIP):
     """Σ log²(模型 / 实测)（只用 status == "ok" 的点）：拟合最小化的量。
     params 用拟合的或默认的写法都行（step_overhead）。"""
     ok = _ok_points(points)
+    _check_params(params, "fit_loss")
     tc, tm = ideal_times(ok, configs, chip)
-    pred = predict(tc, tm, params["mfu"], params["mbu"], _overheads(ok, configs, params))
-    return float(log_loss(pred, np.array([p["seconds"] for p in ok])))
+    pred = _predict(tc, tm, params["mfu"], params["mbu"], _overheads(ok, configs, params))
+    return float(_log_loss(pred, np.array([p["seconds"] for p in ok])))
 
 
 def fit_step_params(points, configs, chip=CHIP):
@@ -544,7 +562,7 @@ def fit_step_params(points, configs, chip=CHIP):
 
     def loss(x):                                      # x = (log mfu, log mbu, log 每层 oe, log 每层 og)
         mfu, mbu, oe, og = np.exp(x)
-        return float(log_loss(predict(tc, tm, mfu, mbu, np.where(graph, og, oe) * layers), meas))
+        return float(_log_loss(_predict(tc, tm, mfu, mbu, np.where(graph, og, oe) * layers), meas))
 
     active = np.array([True, True, True, has_graph])
     x = _coordinate_search(loss, _grid_start(tc, tm, meas, graph, layers), active, step=0.25)
@@ -562,9 +580,9 @@ def _grid_start(tc, tm, meas, graph, layers):
         if not sel.any():
             best.append(np.zeros((len(eff), len(eff)), dtype=int))
             continue
-        pred = predict(tc[sel], tm[sel], eff[:, None, None, None], eff[None, :, None, None],
+        pred = _predict(tc[sel], tm[sel], eff[:, None, None, None], eff[None, :, None, None],
                        ovh[:, None] * layers[sel])                              # [mfu, mbu, 开销, 点]
-        err = log_loss(pred, meas[sel])                                         # [mfu, mbu, 开销]
+        err = _log_loss(pred, meas[sel])                                        # [mfu, mbu, 开销]
         best.append(err.argmin(axis=2))
         total = total + err.min(axis=2)
     i, j = np.unravel_index(np.argmin(total), total.shape)
@@ -602,6 +620,10 @@ def nudged_losses(points, configs, params, rel=0.01, n_dirs=32, seed=0, chip=CHI
     的最小值时，每个都不小于 fit_loss(params)（演示和测试都查）。坐标搜索只在停下时试过每个参数单独 ± 步长；
     斜着的方向（例如 mfu、mbu 一起变）它没有试过，这个检查才不是它的停止条件的复述。mfu、mbu 夹在 ≤ 1。
     """
+    _check_params(params, "nudged_losses")
+    rel = check_real("rel", rel, 0.0, 1.0, lo_open=True, where="nudged_losses")
+    n_dirs = check_int("n_dirs", n_dirs, 1, 10_000, where="nudged_losses")
+    seed = check_int("seed", seed, lo=0, where="nudged_losses")
     keys = [k for k in FIT_KEYS if params.get(k) is not None]
     dirs = np.random.default_rng(seed).standard_normal((n_dirs, len(keys)))
     out = []
@@ -620,6 +642,7 @@ def compare_points(points, configs, params, chip=CHIP):
     返回字典列表（原来的字段 + index = 这一点在 points 里的位置（JSON 的顺序就是测量顺序）、model_s、
     roofline_s = max(t_compute, t_memory)（不含开销）、ratio = 模型 / 实测、bound）。预测直接问 StepModel
     （不是拟合用的 predict）。params 用拟合的或默认的写法都行（step_overhead）。"""
+    _check_params(params, "compare_points", fitted_ok=True)
     index = {id(p): i for i, p in enumerate(points)}
     rows = []
     for p in _ok_points(points):
@@ -636,7 +659,7 @@ def compare_points(points, configs, params, chip=CHIP):
 def group_rows(rows):
     """compare_points 的行按 (模型, 步, 执行方式) 分组：{(model, kind, mode): [行, …]}（保持原来的顺序）。"""
     groups = {}
-    for r in rows:
+    for r in _check_rows(rows, "group_rows", keys=("model", "kind", "mode")):
         groups.setdefault((r["model"], r["kind"], r["mode"]), []).append(r)
     return groups
 
@@ -644,6 +667,9 @@ def group_rows(rows):
 def error_summary(rows):
     """compare_points 的行 → {"median": 中位 |模型/实测 − 1|, "worst": |log 比值| 最大的那一行}
     （course_utils.ratio_errors，各讲的校准表共用）。"""
+    rows = _check_rows(rows, "error_summary")
+    if not rows:
+        raise ValueError("error_summary：rows 不能是空的（compare_points 的结果）")
     median, worst = ratio_errors([r["ratio"] for r in rows])
     return {"median": median, "worst": rows[worst]}
 
@@ -652,6 +678,7 @@ def worst_rows(rows, n):
     """compare_points 的行里最差的 n 行（按 |log 比值| 从大到小；一样差时保持原来的顺序）：慢一半（0.5）和
     快一倍（2.0）一样差，和 error_summary 的 "worst"（course_utils.ratio_errors）同一个标准，第一行就是它。"""
     n = check_int("n", n, lo=0, where="worst_rows")
+    rows = _check_rows(rows, "worst_rows")
     return sorted(rows, key=lambda r: abs(math.log(r["ratio"])), reverse=True)[:n]
 
 
@@ -660,6 +687,7 @@ def explain_point(row, cfg, kernels_per_step=None, peers=None):
     启动几个 GPU 内核（meta["kernels"]，没有就不写具体数）；peers：同一模型、同一种步、同一执行方式的其余点
     （compare_points 的行）。eager 的 decode 受主机限制，各点本该差不多：这一点远慢于它们时，写出倍数、它在这一组里
     第几个测的（index）和计时的次数（reps、trials）——原因这里查不出来，不猜。"""
+    row, peers = _check_explain(row, cfg, kernels_per_step, peers)
     notes = []
     if peers:
         typical = float(np.median([r["seconds"] for r in peers]))
@@ -700,6 +728,10 @@ def explain_point(row, cfg, kernels_per_step=None, peers=None):
 def constant_text(fit, meta):
     """拟合结果 → 粘贴进 serving_sim.py 的 H200_MEASURED = {...}（5 位有效数字；四行，每行不超过 120 字符）。
     开销是每层的秒数（h200_measured_step 乘模型的 n_layers）。"""
+    _check_params(fit, "constant_text", name="fit")
+    if not isinstance(meta, dict):
+        raise TypeError(f"constant_text：meta 必须是字典（测量结果的 meta），收到 {type(meta).__name__}")
+
     def g(v):
         return "None" if v is None else f"{v:.5g}"
     return (f'H200_MEASURED = {{"mfu": {g(fit["mfu"])}, "mbu": {g(fit["mbu"])},\n'
@@ -713,11 +745,13 @@ def constant_text(fit, meta):
 def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
     """用 StepModel 自己生成"实测"（拟合恢复测试与演示的测试用）：plan_points 里放得下（fits_chip）的每一点，
     秒数 = 模型（predict；开销 step_overhead(params, mode, 模型)）× exp(noise·N(0,1))。"""
-    rng = np.random.default_rng(seed)
-    configs = {m.name: m for m in models}
+    _check_params(params, "synthetic_points", fitted_ok=True)
+    noise = check_real("noise", noise, 0.0, 10.0, where="synthetic_points")
+    rng = np.random.default_rng(check_int("seed", seed, lo=0, where="synthetic_points"))
+    configs = {m.name: m for m in _check_models(models, "synthetic_points")}
     pts = [p for p in plan_points(models, grid) if fits_chip(configs[p["model"]], p, chip)]
     tc, tm = ideal_times(pts, configs, chip)
-    t = predict(tc, tm, params["mfu"], params["mbu"], _overheads(pts, configs, params))
+    t = _predict(tc, tm, params["mfu"], params["mbu"], _overheads(pts, configs, params))
     for p, s in zip(pts, t * np.exp(noise * rng.standard_normal(len(pts)))):
         p.update(status="ok", seconds=float(s))
     return pts
@@ -725,6 +759,7 @@ def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
 
 def synthetic_results(params, noise=0.0, seed=0, models=MODELS, grid=GRID):
     """和 measure 写的 JSON 同样结构的合成结果（meta 里标着 synthetic），演示的测试用。"""
+    models = _check_models(models, "synthetic_results")
     meta = {"synthetic": True, "gpu": "synthetic (StepModel)", "driver": "-", "torch": torch.__version__, "cuda": None,
             "date": datetime.date.today().isoformat(), "dtype": "bfloat16", "device": "none", "quick": False,
             "params": params, "noise": noise, "seed": seed}
@@ -735,59 +770,262 @@ def synthetic_results(params, noise=0.0, seed=0, models=MODELS, grid=GRID):
 # =============================================================================
 # 输入检查（放在教学代码之后）
 # =============================================================================
-def _check_build(cfg, dtype, max_pos):
+def _check_cfg(cfg, where):
     if not isinstance(cfg, llm_math.ModelConfig):
-        raise TypeError(f"build_model：cfg 必须是 llm_math.ModelConfig，收到 {type(cfg).__name__}")
+        raise TypeError(f"{where}：cfg 必须是 llm_math.ModelConfig，收到 {type(cfg).__name__}")
+    return cfg
+
+
+def _check_device(device, where):
+    """device → torch.device；写错的名字、没有 CUDA 时要 cuda → ValueError（不是 torch 深处的 RuntimeError）。"""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{where}：device 必须是 'cpu'、'cuda' 或 'cuda:N'，收到 {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{where}：device={device!r}，但这台机器没有 CUDA GPU")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA，收到 {device!r}")
+    return dev
+
+
+def _device_bytes(dev):
+    """设备上的内存：CUDA 是整块卡的显存，CPU 是这台机器的物理内存（读不到时 None）。"""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    return ss._machine_bytes()
+
+
+def _check_room(what, need, dev, where, name):
+    have = _device_bytes(dev)
+    if have is not None and need > have:
+        raise ValueError(f"{where}：{name} 要 {fmt_bytes(need)}（{what}），{dev} 上只有 {fmt_bytes(have)}")
+
+
+def _check_dtype(dtype, where):
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{where}：dtype 必须是浮点 torch.dtype，收到 {dtype!r}")
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def _check_build(cfg, device, dtype, seed, max_pos):
+    """build_model 的检查；返回 torch.device。权重、RoPE 表放不进设备内存时 ValueError（先算、不先分配）。"""
+    w = "build_model"
+    _check_cfg(cfg, w)
     if cfg.qkv_bias or cfg.n_pos or cfg.extra_per_layer or cfg.extra_final:
         raise ValueError(f"build_model：cfg 必须是 Llama 形状（没有 qkv 偏置、可学习位置、额外参数），收到 {cfg}")
     if cfg.d_head % 2:
         raise ValueError(f"build_model：d_head 必须是偶数（RoPE 两两配对），收到 {cfg.d_head}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"build_model：dtype 必须是浮点 torch.dtype，收到 {dtype!r}")
-    check_int("max_pos", max_pos, lo=1, where="build_model")
+    elem = _check_dtype(dtype, w)
+    check_int("seed", seed, lo=0, hi=2 ** 63 - 1, where=w)
+    max_pos = check_int("max_pos", max_pos, lo=1, where=w)
+    dev = _check_device(device, w)
+    _check_room(f"{cfg.name} 的权重 {cfg.n_params():,} 个参数 × {elem} 字节", cfg.n_params() * elem, dev, w, "cfg")
+    _check_room(f"RoPE 表 2 × {max_pos:,} × {cfg.d_head // 2} × {elem} 字节", max_pos * cfg.d_head * elem, dev, w,
+                "max_pos")
+    return dev
 
 
-def _check_step(model, ids, cache, pos0):
-    """forward 的入口检查（几个整数比较，不碰 GPU 上的值）。"""
-    c = model.cfg
+def _check_alloc_cache(cfg, batch, max_seq, dtype, device):
+    w = "alloc_cache"
+    _check_cfg(cfg, w)
+    batch = check_int("batch", batch, lo=1, where=w)
+    max_seq = check_int("max_seq", max_seq, lo=1, where=w)
+    elem = _check_dtype(dtype, w)
+    dev = _check_device(device, w)
+    need = batch * max_seq * cfg.kv_bytes_per_token(elem)
+    _check_room(f"KV cache {cfg.n_layers} 层 × 2 × {batch:,} × {cfg.n_kv_heads} × {max_seq:,} × {cfg.d_head} × "
+                f"{elem} 字节", need, dev, w, "batch × max_seq")
+    return batch, max_seq, dev
+
+
+def _check_ids(model, ids, where):
+    """ids：[B, T] 的 int64 / int32 张量，和模型在同一设备上。CPU 上还查取值在 [0, vocab) 里；
+    CUDA 上不查取值（要把张量读回主机、同步一次，会改变被测的一步，CUDA graph 录制时也不允许）。"""
     if not torch.is_tensor(ids) or ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"ids 必须是 [B, T] 的整数张量，收到 {getattr(ids, 'shape', type(ids).__name__)}")
+        raise TypeError(f"{where}：ids 必须是 [B, T] 的 int64 / int32 张量，收到 "
+                        f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{where}：ids 不能是空的，收到形状 {tuple(ids.shape)}")
+    weight = model.tok.weight
+    if ids.device != weight.device:
+        raise ValueError(f"{where}：ids 在 {ids.device} 上，模型在 {weight.device} 上")
+    if ids.device.type == "cpu":
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= model.cfg.vocab:
+            raise ValueError(f"{where}：ids 的 token 必须在 [0, {model.cfg.vocab}) 里（vocab），收到范围 [{lo}, {hi}]")
+
+
+def _check_step(model, ids, cache, pos0, last_only):
+    """forward 的入口检查（形状、dtype、设备的比较；只在 CPU 上碰 ids 的值）。返回 pos0（int）。"""
+    c = model.cfg
+    _check_ids(model, ids, "LlamaShaped")
+    check_bool("last_only", last_only, where="LlamaShaped")
     B, T = ids.shape
     want = (c.n_layers, 2, B, c.n_kv_heads, c.d_head)
     if not torch.is_tensor(cache) or cache.ndim != 6 or tuple(cache.shape[:4]) + (cache.shape[5],) != want:
         raise ValueError(f"cache 必须是 [L, 2, B, G, S_max, dh] = [{want[0]}, 2, {B}, {want[3]}, S_max, {want[4]}]，"
                          f"收到 {getattr(cache, 'shape', type(cache).__name__)}")
-    if not isinstance(pos0, int) or isinstance(pos0, bool) or pos0 < 0:
-        raise TypeError(f"pos0 必须是 ≥ 0 的 Python 整数，收到 {pos0!r}")
+    weight = model.tok.weight
+    if cache.dtype != weight.dtype or cache.device != weight.device:
+        raise ValueError(f"LlamaShaped：cache 是 {cache.dtype} / {cache.device}，模型是 {weight.dtype} / "
+                         f"{weight.device}：两者要一样（alloc_cache 传同一个 dtype、device）")
+    pos0 = check_int("pos0", pos0, lo=0, where="LlamaShaped")
     if pos0 > 0 and T > 1:
         raise ValueError(f"一步只能是 prefill（pos0 = 0）或 decode（T = 1）；收到 pos0 = {pos0}、T = {T}")
     if pos0 + T > min(cache.shape[4], model.cos.shape[0]):
         raise ValueError(f"pos0 + T = {pos0 + T} 超过 cache 长度 S_max = {cache.shape[4]} 或 RoPE 表长度 "
                          f"{model.cos.shape[0]}")
+    return pos0
+
+
+def _check_reference(model, ids):
+    if not isinstance(model, LlamaShaped) or model.cos is None:
+        raise TypeError(f"reference_logits：model 必须是 build_model 建的 LlamaShaped，收到 {type(model).__name__}")
+    _check_ids(model, ids, "reference_logits")
+    B, T = ids.shape
+    if T > model.cos.shape[0]:
+        raise ValueError(f"reference_logits：ids 的长度 T = {T} 超过 RoPE 表长度 {model.cos.shape[0]}（max_pos）")
+    elem = model.tok.weight.element_size()
+    _check_room(f"注意力分数 {B} × {model.cfg.n_heads} × {T}² × {elem} 字节", B * model.cfg.n_heads * T * T * elem,
+                model.tok.weight.device, "reference_logits", "ids")
+
+
+def _check_models(models, where):
+    if isinstance(models, llm_math.ModelConfig) or not isinstance(models, (list, tuple)):
+        raise TypeError(f"{where}：models 必须是 ModelConfig 的列表或元组，收到 {type(models).__name__}")
+    for i, m in enumerate(models):
+        if not isinstance(m, llm_math.ModelConfig):
+            raise TypeError(f"{where}：models[{i}] 必须是 llm_math.ModelConfig，收到 {type(m).__name__}")
+    if not models:
+        raise ValueError(f"{where}：models 不能是空的")
+    return tuple(models)
+
+
+def _check_plan(models, grid, modes, extra):
+    w = "plan_points"
+    models = _check_models(models, w)
+    if not isinstance(grid, dict) or set(grid) != set(GRID):
+        raise ValueError(f"{w}：grid 必须是键为 {sorted(GRID)} 的字典，收到 "
+                         f"{sorted(grid) if isinstance(grid, dict) else type(grid).__name__}")
+    for k, vals in grid.items():
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, (list, tuple)) or not vals:
+            raise TypeError(f"{w}：grid[{k!r}] 必须是非空的整数列表，收到 {vals!r}")
+        for v in vals:
+            check_int(f"grid[{k!r}] 的元素", v, lo=1, hi=1 << 20, where=w)
+    if isinstance(modes, str) or not isinstance(modes, (list, tuple)):
+        raise TypeError(f"{w}：modes 必须是 {MODES} 的子集（元组），收到 {modes!r}")
+    for m in modes:
+        check_choice("modes 的元素", m, MODES, where=w)
+    if not isinstance(extra, (list, tuple)):
+        raise TypeError(f"{w}：extra 必须是 (模型名, 批, 上下文) 的元组，收到 {type(extra).__name__}")
+    for e in extra:
+        if not isinstance(e, (list, tuple)) or len(e) != 3:
+            raise ValueError(f"{w}：extra 的元素必须是 (模型名, 批, 上下文)，收到 {e!r}")
+        check_int("extra 的批", e[1], lo=1, hi=1 << 20, where=w)
+        check_int("extra 的上下文", e[2], lo=0, hi=1 << 24, where=w)
+    return models, grid, tuple(modes), tuple(extra)
+
+
+def _check_point(p, name, where):
+    """一个测量点（字典）：kind、mode 是合法的选择，形状字段是整数。"""
+    if not isinstance(p, dict):
+        raise TypeError(f"{where}：{name} 必须是测量点（字典），收到 {type(p).__name__}")
+    check_choice(f"{name}['kind']", p.get("kind"), ("prefill", "decode"), where=where)
+    keys = ("n_prompts", "prompt_len") if p["kind"] == "prefill" else ("batch", "context")
+    for k in keys:
+        check_int(f"{name}[{k!r}]", p.get(k), lo=1 if k != "context" else 0, where=where)
 
 
 def _ok_points(points):
     if not isinstance(points, (list, tuple)):
         raise TypeError(f"points 必须是点（字典）的列表，收到 {type(points).__name__}")
+    for i, p in enumerate(points):
+        if not isinstance(p, dict):
+            raise TypeError(f"points[{i}] 必须是字典，收到 {type(p).__name__}")
     ok = [p for p in points if p.get("status", "ok") == "ok"]
     if not ok:
         raise ValueError("points 里没有测到的点（status == 'ok'）")
+    index = {id(p): i for i, p in enumerate(points)}
     for p in ok:
-        check_real("seconds", p.get("seconds"), lo=0.0, lo_open=True, where=f"点 {p}")
+        check_real(f"points[{index[id(p)]}]['seconds']", p.get("seconds"), lo=0.0, lo_open=True)
     return ok
 
 
 def _check_points(points, configs):
-    for p in points:
-        if not isinstance(p, dict):
-            raise TypeError(f"points 的元素必须是字典，收到 {type(p).__name__}")
+    if not isinstance(configs, dict):
+        raise TypeError(f"configs 必须是 {{模型名: ModelConfig}}，收到 {type(configs).__name__}")
+    if not isinstance(points, (list, tuple)):
+        raise TypeError(f"points 必须是点（字典）的列表，收到 {type(points).__name__}")
+    for i, p in enumerate(points):
+        _check_point(p, f"points[{i}]", "")
         if p.get("model") not in configs:
-            raise ValueError(f"点的 model = {p.get('model')!r} 不在 configs 里（有：{sorted(configs)}）")
-        check_choice("kind", p.get("kind"), ("prefill", "decode"), where="点")
-        check_choice("mode", p.get("mode"), MODES, where="点")
-        keys = ("n_prompts", "prompt_len") if p["kind"] == "prefill" else ("batch", "context")
-        for k in keys:
-            check_int(k, p.get(k), lo=1 if k != "context" else 0, where=f"{p['kind']} 点")
+            raise ValueError(f"points[{i}]['model'] = {p.get('model')!r} 不在 configs 里（有：{sorted(configs)}）")
+        check_choice(f"points[{i}]['mode']", p.get("mode"), MODES)
+
+
+def _check_params(params, where, fitted_ok=False, name="params"):
+    """参数字典：mfu、mbu 在 (0, 1]；开销（有的那些）是有限的非负数或 None（没有 graph 点的拟合）。"""
+    if not isinstance(params, dict):
+        raise TypeError(f"{where}：{name} 必须是字典（如 DEFAULT_PARAMS 或 fit_step_params 的结果），"
+                        f"收到 {type(params).__name__}")
+    for k in ("mfu", "mbu"):
+        if k not in params:
+            raise ValueError(f"{where}：{name} 缺少 {k!r}，收到 {sorted(params)}")
+        check_real(f"{name}[{k!r}]", params[k], 0.0, 1.0, lo_open=True, where=where)
+    for k in ("overhead_per_step",) + FIT_KEYS[2:]:
+        if params.get(k) is not None:
+            check_real(f"{name}[{k!r}]", params[k], 0.0, 10.0, where=where)
+
+
+def _check_predict(tc, tm, mfu, mbu, overhead):
+    w = "predict"
+    tc, tm = check_array("tc", tc, where=w), check_array("tm", tm, where=w)
+    overhead = check_array("overhead", overhead, where=w)
+    for name, a in (("tc", tc), ("tm", tm), ("overhead", overhead)):
+        if (a < 0).any():
+            raise ValueError(f"{w}：{name} 必须 ≥ 0，最小的是 {a.min()}")
+    mfu, mbu = check_array("mfu", mfu, where=w), check_array("mbu", mbu, where=w)
+    for name, a in (("mfu", mfu), ("mbu", mbu)):
+        if (a <= 0).any() or (a > 1).any():
+            raise ValueError(f"{w}：{name} 必须在 (0, 1] 里，收到范围 [{a.min()}, {a.max()}]")
+    return tc, tm, mfu, mbu, overhead
+
+
+def _positive(name, v, where):
+    a = check_array(name, v, where=where)
+    if a.size and (a <= 0).any():
+        raise ValueError(f"{where}：{name} 必须是正数（比值取对数），最小的是 {a.min()}")
+    return a
+
+
+def _check_rows(rows, where, keys=("ratio",)):
+    """compare_points 的行：字典的列表，每行有 keys；ratio 有限且 > 0。"""
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"{where}：rows 必须是 compare_points 的行（字典的列表），收到 {type(rows).__name__}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or any(k not in r for k in keys):
+            raise ValueError(f"{where}：rows[{i}] 必须是有 {list(keys)} 的字典（compare_points 的行），收到 {r!r}")
+        if "ratio" in keys:
+            check_real(f"rows[{i}]['ratio']", r["ratio"], lo=0.0, lo_open=True, where=where)
+    return list(rows)
+
+
+def _check_explain(row, cfg, kernels_per_step, peers):
+    w = "explain_point"
+    need = ("kind", "mode", "seconds", "ratio", "bound")
+    if not isinstance(row, dict) or any(k not in row for k in need):
+        raise ValueError(f"{w}：row 必须是 compare_points 的一行（有 {list(need)}），收到 {row!r}")
+    _check_point(row, "row", w)
+    check_real("row['seconds']", row["seconds"], lo=0.0, lo_open=True, where=w)
+    _check_cfg(cfg, w)
+    if kernels_per_step is not None:
+        check_int("kernels_per_step", kernels_per_step, lo=1, where=w)
+    if peers is not None:
+        peers = _check_rows(peers, w, keys=("seconds", "index"))
+        if "index" not in row and peers:
+            raise ValueError(f"{w}：给了 peers 时 row 要有 'index'（compare_points 的行）")
+    return row, peers
 
 
 # =============================================================================
@@ -795,6 +1033,10 @@ def _check_points(points, configs):
 # =============================================================================
 def check_cache_equivalence(cfg, batch, prompt, n_decode, dtype=torch.float64, seed=0):
     """prefill(prompt 个) + 逐个 decode（n_decode 步）的 logits vs 整段一次算（SDPA 与朴素参考）。返回两个最大误差。"""
+    batch = check_int("batch", batch, lo=1, where="check_cache_equivalence")
+    prompt = check_int("prompt", prompt, lo=1, where="check_cache_equivalence")
+    n_decode = check_int("n_decode", n_decode, lo=1, where="check_cache_equivalence")
+    seed = check_int("seed", seed, lo=0, hi=2 ** 63 - 1, where="check_cache_equivalence")
     model = build_model(cfg, "cpu", dtype, seed=seed, max_pos=prompt + n_decode)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(cfg.vocab, (batch, prompt + n_decode), generator=gen)     # [B, P + n]
