@@ -93,6 +93,7 @@ class Req:
     first_tok: float = math.nan
 
     def __post_init__(self):
+        check_int("Req.rid", self.rid)
         check_int("Req.prompt", self.prompt, lo=1)
         check_int("Req.output", self.output, lo=1)
         check_int("Req.max_gen", self.max_gen, lo=1)
@@ -152,7 +153,7 @@ def _closed_range(name, r):
 
 def _start(reqs, max_bs):
     """每次模拟开始时：检查请求按到达排序、清空模拟字段。"""
-    reqs = list(reqs)
+    reqs = _seq("reqs", reqs)
     for r in reqs:
         if not isinstance(r, Req):
             raise TypeError(f"reqs 的元素必须是 Req，收到 {type(r).__name__}")
@@ -185,6 +186,7 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
         模拟一个不可能的系统，不如直接说清楚）。
     """
     reqs, max_bs = _start(reqs, max_bs)
+    _check_step_history(step, history, "run_request_level")
     max_seq = check_int("max_seq", max_seq, lo=1)
     for r in reqs:
         if r.prompt + r.max_gen > max_seq:
@@ -270,6 +272,7 @@ def run_iteration_level(reqs, step, max_bs, reserve="max_gen", max_seq=FT_MAX_SE
     【报错】永远放不下的请求（单独占满整块 GPU 也不够）→ ValueError，而不是让它永远堵在队头。
     """
     reqs, max_bs = _start(reqs, max_bs)
+    _check_step_history(step, history, "run_iteration_level")
     check_choice("reserve", reserve, RESERVE_MODES)
     max_seq = check_int("max_seq", max_seq, lo=1)
     if t_limit is not None:
@@ -302,7 +305,7 @@ def latency_throughput(reqs, warmup=0.2):
     warmup = check_real("warmup", warmup, lo=0.0)
     if warmup >= 1.0:
         raise ValueError(f"warmup 必须在 [0, 1) 里，收到 {warmup}")
-    rs = sorted(reqs, key=lambda r: r.arrival)
+    rs = sorted(_req_list(reqs, "latency_throughput"), key=lambda r: r.arrival)
     pending = [r.rid for r in rs if not math.isfinite(r.finish)]
     if pending:
         raise ValueError(f"{len(pending)} 个请求没有完成（例如 rid {pending[:5]}）：先检查死锁或 t_limit")
@@ -336,8 +339,11 @@ def ragged_forward(params, cfg, chunks, caches, counter=None):
         注意力没有权重，按请求拆开做不会多读权重——这就是 Orca 说"只对注意力不批处理"的理由。
     【记账】和 forward 的约定完全相同（逐元素运算也记），所以"拼起来算"和"分开算"的账可以逐项比较（02 演示）。
     """
-    chunks = [_tokens(f"chunks[{i}]", c, cfg.vocab) for i, c in enumerate(chunks)]
-    caches = list(caches)
+    chunks = [_tokens(f"chunks[{i}]", c, cfg.vocab) for i, c in enumerate(_seq("chunks", chunks))]
+    caches = _seq("caches", caches)
+    for i, cache in enumerate(caches):
+        if not all(hasattr(cache, a) for a in ("k", "v", "length", "max_len", "write", "read")):
+            raise TypeError(f"ragged_forward：caches[{i}] 必须是 transformer_lab.KVCache，收到 {type(cache).__name__}")
     if not chunks or len(chunks) != len(caches):
         raise ValueError(f"chunks 和 caches 必须一一对应且非空，收到 {len(chunks)} 和 {len(caches)} 个")
     for i, (c, cache) in enumerate(zip(chunks, caches)):
@@ -409,7 +415,7 @@ def adjust(logits, temperature=1.0, top_k=None):
     【为什么重要】投机采样只保证"输出 ~ 调整后的 p"，所以草稿和目标必须用**同一种**调整（同温度、同 top-k）。
     【数值】先减每行最大值再除以温度：温度再小（1e-300）也不会出现 inf − inf = nan。
     """
-    z = np.array(logits, dtype=np.float64)
+    z = _real_array("logits", logits, "adjust").copy()
     temperature = _temperature(temperature)
     if z.ndim == 0 or z.shape[-1] == 0:
         raise ValueError(f"logits 的最后一维是词表，不能为空，收到形状 {z.shape}")
@@ -453,7 +459,13 @@ def prob_tol(dtype, n, what="概率表"):
     在 float32 或 float64 里算 softmax 再传进来。
     what：报错时说的是哪个参数。
     """
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"prob_tol：dtype 必须是 numpy 的数值类型（如 np.float32），收到 {dtype!r}") from None
+    if dt.kind not in "iuf":
+        raise TypeError(f"prob_tol：dtype 必须是整数或浮点类型（{what} 的精度），收到 {dt}")
+    n = check_int("n", n, lo=0, where="prob_tol")
     if dt.kind == "f" and dt.itemsize < 4:
         raise ValueError(f"{what} 是 {dt.name}：半精度的概率表分不清舍入误差和没归一化"
                          f"（eps = {float(np.finfo(dt).eps):.1e}）；请在 float32 或 float64 里算概率再传进来")
@@ -484,7 +496,7 @@ def _prob_pair(p, q, q_may_be_empty=False):
     （例如 β 被截成 1），所以这里报错，而不是悄悄归一化。q_may_be_empty：q 的一行可以全为 0（residual 的"没有草稿"）。
     """
     dp, dq = np.asarray(p).dtype, np.asarray(q).dtype                 # 容差按原始精度（float32 的表也收）
-    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    p, q = _real_array("p", p, "概率"), _real_array("q", q, "概率")     # 先查 dtype 再转换（'0.5' 这样的字符串不收）
     if p.shape != q.shape or p.ndim == 0:
         raise ValueError(f"p 和 q 的形状必须相同且至少一维，收到 {p.shape} 和 {q.shape}")
     _prob_rows("p", p, dtype=dp)
@@ -563,10 +575,8 @@ def sample_rows(probs, rng):
     【为什么这样截】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
         只截到 V − 1 可能抽到一个概率为 0 的 token；这样永远不会。
     """
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
-                        f"收到 {type(rng).__name__} {rng!r}")
-    P = np.asarray(probs, dtype=np.float64)
+    _check_rng(rng)
+    P = _real_array("probs", probs, "sample_rows")
     if P.ndim != 2 or P.shape[1] == 0:
         raise ValueError(f"probs 必须是 [N, V] 的二维数组，收到形状 {P.shape}")
     if (P < 0).any() or not np.isfinite(P).all():
@@ -594,8 +604,11 @@ class TransformerLM:
     """
 
     def __init__(self, params, cfg, name="model"):
+        if not isinstance(params, dict) or "embed" not in params or not hasattr(cfg, "vocab"):
+            raise TypeError(f"TransformerLM：params 必须是 transformer_lab.init_params 的字典、cfg 是它的 Config，"
+                            f"收到 {type(params).__name__} 和 {type(cfg).__name__}")
         self.params, self.cfg = params, cfg
-        self.name = name
+        self.name = _name(name, "TransformerLM")
 
     @property
     def vocab(self):
@@ -610,11 +623,13 @@ class TransformerLM:
         return KVCache(self.cfg, batch=1, dtype=self.params["embed"].dtype)
 
     def logits(self, tokens, cache, counter=None):
-        toks = _tokens("tokens", np.asarray(tokens, dtype=np.int64), self.vocab)[None]   # [1, T]
+        toks = _tokens("tokens", tokens, self.vocab)[None]                                # [1, T]
         return forward(self.params, self.cfg, toks, cache=cache, counter=counter)[0]     # [T, V]
 
     def full_logits(self, tokens2d):
-        return forward(self.params, self.cfg, np.asarray(tokens2d, dtype=np.int64))      # [N, L, V]
+        toks = _tokens2d("tokens2d", tokens2d, self.vocab)
+        _check_forward_room(self, *toks.shape, "tokens2d")
+        return forward(self.params, self.cfg, toks)                                       # [N, L, V]
 
     @staticmethod
     def rollback(cache, length):
@@ -622,9 +637,13 @@ class TransformerLM:
         cache.length = int(length)
 
     def sample(self, prompt, n_seq, n_new, temperature, rng):
+        _check_rng(rng)
         prompts = _prompt_rows(prompt, n_seq, self.vocab)                                  # [n_seq, Lp]
         n_new, temperature = check_int("n_new", n_new, lo=1), _temperature(temperature)
         n_seq = len(prompts)
+        if prompts.shape[1] + n_new > self.capacity:
+            raise ValueError(f"prompt 长度 + n_new = {prompts.shape[1] + n_new} 超过模型的 cache 容量 {self.capacity}")
+        _check_forward_room(self, n_seq, prompts.shape[1] + n_new, "n_seq × n_new")
         cache = KVCache(self.cfg, n_seq, max_len=prompts.shape[1] + n_new, dtype=self.params["embed"].dtype)
         lg = forward(self.params, self.cfg, prompts, cache=cache, last_only=True)[:, -1]
         out = np.empty((n_seq, n_new), dtype=np.int64)
@@ -675,7 +694,8 @@ class NGramLM:
     """
 
     def __init__(self, table, name="bigram"):
-        table = np.asarray(table, dtype=np.float64)
+        table = _real_array("table", table, "NGramLM")
+        name = _name(name, "NGramLM")
         if table.ndim != 2 or table.shape[0] != table.shape[1] or table.shape[0] == 0:
             raise ValueError(f"table 必须是 [V, V] 的方阵，收到形状 {table.shape}")
         if np.isnan(table).any() or not np.isfinite(table.max(axis=1)).all():
@@ -685,10 +705,11 @@ class NGramLM:
 
     @classmethod
     def fit(cls, seqs, vocab, smoothing=0.01, name="bigram"):
-        vocab = check_int("vocab", vocab, lo=1)
+        vocab = check_int("vocab", vocab, lo=1, where="NGramLM.fit")
+        _check_count("vocab²", vocab * vocab, 3 * 8, where="NGramLM.fit")      # 表和两份临时数组
         smoothing = check_real("smoothing", smoothing, lo=0.0, lo_open=True)
         counts = np.full((vocab, vocab), smoothing)
-        for i, s in enumerate(seqs):
+        for i, s in enumerate(_seq("seqs", seqs)):
             s = _tokens(f"seqs[{i}]", s, vocab)
             np.add.at(counts, (s[:-1], s[1:]), 1.0)     # 每个相邻对 (a, b) 计一次
         return cls(np.log(counts / counts.sum(axis=1, keepdims=True)), name)
@@ -703,13 +724,17 @@ class NGramLM:
         return _TokCache()
 
     def logits(self, tokens, cache, counter=None):
-        toks = _tokens("tokens", np.asarray(tokens, dtype=np.int64), self.vocab)
+        toks = _tokens("tokens", tokens, self.vocab)
+        if not isinstance(cache, _TokCache):
+            raise TypeError(f"NGramLM.logits：cache 必须是 new_cache() 给的，收到 {type(cache).__name__}")
         cache.toks.extend(toks.tolist())
         _note(counter, "ngram_lookup", w_elems=len(toks) * self.vocab)
         return self.table[toks]
 
     def full_logits(self, tokens2d):
-        return self.table[np.asarray(tokens2d, dtype=np.int64)]
+        toks = _tokens2d("tokens2d", tokens2d, self.vocab)
+        _check_count("tokens2d 的 token 数", toks.size, 8 * self.vocab, where="NGramLM.full_logits")
+        return self.table[toks]
 
     @staticmethod
     def rollback(cache, length):
@@ -717,8 +742,10 @@ class NGramLM:
         del cache.toks[int(length):]
 
     def sample(self, prompt, n_seq, n_new, temperature, rng):
+        _check_rng(rng)
         prev = _prompt_rows(prompt, n_seq, self.vocab)[:, -1]                   # bigram 只看最后一个 token
         n_new, temperature = check_int("n_new", n_new, lo=1), _temperature(temperature)
+        _check_count("n_seq × n_new", len(prev) * n_new, 8 * (self.vocab + 1), where="NGramLM.sample")
         out = np.empty((len(prev), n_new), dtype=np.int64)
         for j in range(n_new):
             prev = out[:, j] = sample_rows(adjust(self.table[prev], temperature), rng)
@@ -755,6 +782,8 @@ def _verify(P, Q, D, rng, variant="correct"):
 
 
 def _check_pair(target, draft):
+    _check_lm(target, "target")
+    _check_lm(draft, "draft")
     if target.vocab != draft.vocab:
         raise ValueError(f"目标和草稿的词表必须相同，收到 {target.vocab} 和 {draft.vocab}")
     return target.vocab
@@ -781,8 +810,9 @@ def speculative_generate(target, draft, prompt, n_new, gamma, temperature, rng, 
         所以输出和目标模型自己贪心生成的逐 token 相同（自检和 03 演示检验）。
     """
     V = _check_pair(target, draft)
+    _check_rng(rng)
     seq = _tokens("prompt", prompt, V).tolist()
-    n_new, gamma = check_int("n_new", n_new, lo=0), check_int("gamma", gamma, lo=1)
+    n_new, gamma = check_int("n_new", n_new, lo=0), check_int("gamma", gamma, lo=1, hi=GAMMA_MAX)
     temperature = _temperature(temperature)
     need = len(seq) + n_new + gamma
     room = min(target.capacity, draft.capacity)
@@ -828,6 +858,8 @@ def autoregressive_generate(model, prompt, n_new, temperature, rng, counter=None
 
     【返回】(n_new 个 token 的列表, 前向次数)。n_new = 0 时不做任何前向。
     """
+    _check_lm(model, "model")
+    _check_rng(rng)
     seq = _tokens("prompt", prompt, model.vocab).tolist()
     n_new = check_int("n_new", n_new, lo=0)
     temperature = _temperature(temperature)
@@ -859,10 +891,16 @@ def spec_sample_batch(target, draft, prompt, n_out, gamma, temperature, n_sample
     """
     check_choice("variant", variant, SPEC_VARIANTS)
     V = _check_pair(target, draft)
+    _check_rng(rng)
     prompt = _tokens("prompt", prompt, V)
-    n_out, gamma = check_int("n_out", n_out, lo=1), check_int("gamma", gamma, lo=1)
+    n_out, gamma = check_int("n_out", n_out, lo=1), check_int("gamma", gamma, lo=1, hi=GAMMA_MAX)
     n_samples, temperature = check_int("n_samples", n_samples, lo=1), _temperature(temperature)
     Lp = len(prompt)
+    if Lp + n_out + gamma > min(target.capacity, draft.capacity):
+        raise ValueError(f"prompt + n_out + gamma = {Lp + n_out + gamma} 超过模型的 cache 容量 "
+                         f"{min(target.capacity, draft.capacity)}")
+    for m in (target, draft):
+        _check_forward_room(m, n_samples, Lp + n_out + gamma, "n_samples")
     toks = np.zeros((n_samples, Lp + n_out + gamma), dtype=np.int64)   # 最长：差 1 个时一轮再写 γ+1 个
     toks[:, :Lp] = prompt
     lens = np.full(n_samples, Lp)
@@ -891,11 +929,12 @@ def exact_continuation_dist(model, prompt, n_out, temperature):
     【返回】长度 V^n_out 的概率向量；下标按"n_out 位 V 进制数"编码（第一个 token 是最高位），和 chi_square_gof 一致。
     【边界】V^n_out 超过 200000 时报错（枚举太大）。
     """
-    V = model.vocab
+    V = _check_lm(model, "model").vocab
     prompt = _tokens("prompt", prompt, V)
     n_out, temperature = check_int("n_out", n_out, lo=1), _temperature(temperature)
-    if V ** n_out > 200_000:
-        raise ValueError(f"V^n_out = {V}^{n_out} 太大，无法枚举（上限 200000）")
+    if n_out * math.log(V) > math.log(200_000) + 1e-9:      # 先比对数：V ** (10**9) 本身就算不完
+        raise ValueError(f"n_out = {n_out}：V^n_out = {V}^{n_out} 太大，无法枚举（上限 200000）")
+    _check_forward_room(model, V ** n_out, len(prompt) + n_out, "n_out")
     conts = np.array(list(itertools.product(range(V), repeat=n_out)), dtype=np.int64)   # [V^n, n]
     full = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)            # [V^n, Lp + n]
     Lp = len(prompt)
@@ -952,10 +991,7 @@ def chi_square_gof(samples, probs, min_expected=5.0):
         min_expected：期望频数小于它的格子合并成一个（卡方近似要求期望频数不太小）。
     【返回】(统计量, 自由度, p 值)。观测到概率为 0 的续写时统计量为 inf、p 值为 0（不可能事件发生了）。
     """
-    samples = np.asarray(samples, dtype=np.int64)
-    probs = np.asarray(probs, dtype=np.float64)
-    if samples.ndim != 2 or samples.shape[0] == 0:
-        raise ValueError(f"samples 必须是 [N, n] 的二维数组，收到形状 {samples.shape}")
+    samples, probs, min_expected = _check_gof(samples, probs, min_expected)
     N, n = samples.shape
     V = round(len(probs) ** (1.0 / n))
     if V ** n != len(probs) or samples.min() < 0 or samples.max() >= V:
@@ -979,7 +1015,7 @@ def chi_square_gof(samples, probs, min_expected=5.0):
 
 # ---- Leviathan 论文的公式（假设 H5） ----
 def _alpha(alpha):
-    a = np.asarray(alpha, dtype=np.float64)
+    a = _real_array("alpha", alpha, "接受率", finite=False)
     if np.isnan(a).any() or (a < 0).any() or (a > 1).any():
         raise ValueError(f"alpha（接受率）必须在 [0, 1] 里，收到 {alpha!r}")
     return a
@@ -998,7 +1034,8 @@ def expected_tokens(alpha, gamma):
         alpha 可以是数组（画图用）。γ = 0 表示不投机，结果是 1。
     """
     a = _alpha(alpha)
-    gamma = check_int("gamma", gamma, lo=0)
+    gamma = check_int("gamma", gamma, lo=0, hi=GAMMA_MAX)
+    _check_count("alpha 的元素数 × (gamma + 1)", a.size * (gamma + 1), 8, where="expected_tokens")
     return _scalar(np.sum(a[..., None] ** np.arange(gamma + 1), axis=-1))
 
 
@@ -1013,7 +1050,7 @@ def walltime_speedup(alpha, gamma, c):
     【参数】c ≥ 0：草稿前向一次的时间 / 目标前向一次的时间。分母 γc + 1 是一轮的时间（以目标前向为单位），
         这里假设目标验证 γ+1 个 token 和 decode 1 个一样快（H5）——§4 的 spec_round 把它换成 roofline。
     """
-    c = np.asarray(c, dtype=np.float64)
+    c = _real_array("c", c, "walltime_speedup", finite=False)
     if not np.isfinite(c).all() or (c < 0).any():
         raise ValueError(f"c（草稿 / 目标的时间比）必须是有限的数且 ≥ 0，收到 {c!r}")
     return _scalar(expected_tokens(alpha, gamma) / (check_int("gamma", gamma, lo=0) * c + 1.0))
@@ -1027,7 +1064,7 @@ def ops_factor(alpha, gamma, c_hat):
     【直觉】每轮目标算 γ+1 个位置、草稿算 γ 个，平均只留下 expected_tokens 个 token，被拒位置的运算白做了。
         墙钟变快、总运算变多：批小时运算是闲着的，所以划算；批大时就不一定了（§4）。
     """
-    c_hat = np.asarray(c_hat, dtype=np.float64)
+    c_hat = _real_array("c_hat", c_hat, "ops_factor", finite=False)
     if not np.isfinite(c_hat).all() or (c_hat < 0).any():
         raise ValueError(f"c_hat（草稿 / 目标每 token 的运算量之比）必须是有限的数且 ≥ 0，收到 {c_hat!r}")
     g = check_int("gamma", gamma, lo=0)
@@ -1044,7 +1081,7 @@ def best_gamma(alpha, c, gamma_max=64):
     """
     check_real("alpha", alpha, lo=0.0, hi=1.0)
     check_real("c", c, lo=0.0)
-    gamma_max = check_int("gamma_max", gamma_max, lo=1)
+    gamma_max = check_int("gamma_max", gamma_max, lo=1, hi=GAMMA_MAX)
     if alpha == 1.0 and c == 0.0:
         raise ValueError("alpha=1 且 c=0 时加速比 = γ + 1 随 γ 无限增长，没有最优 γ（草稿永远对、又不花时间）")
     s = np.array([walltime_speedup(alpha, g, c) for g in range(1, gamma_max + 1)])
@@ -1099,8 +1136,11 @@ def spec_round(target, draft, chip, batch, ctx, alpha, gamma, overhead_t=1e-3, o
         kw 传给 verify_time（w_bytes、kv_bytes、mfu、mbu）。γ = 0 时一轮就是一次普通 decode，加速比 1。
     【返回】字典：t_base、t_draft、t_verify、c（= t_draft / t_base）、verify_ratio（= t_verify / t_base）、speedup
     """
-    gamma = check_int("gamma", gamma, lo=0)
+    gamma = check_int("gamma", gamma, lo=0, hi=GAMMA_MAX)
     check_real("alpha", alpha, lo=0.0, hi=1.0)
+    batch = check_int("batch", batch, lo=1, where="spec_round")
+    check_real("overhead_t", overhead_t, lo=0.0, where="spec_round")
+    check_real("overhead_d", overhead_d, lo=0.0, where="spec_round")
     ok, need = fits_in_memory((target, draft), chip, batch, check_int("ctx", ctx, lo=0) + gamma + 1,
                               kw.get("w_bytes", 2.0), kw.get("kv_bytes", 2.0))
     if not ok:                                    # 目标 + 草稿一起放在这块卡上：放不下就没有"加速比"可言
@@ -1124,7 +1164,7 @@ def best_round(target, draft, chip, batch, ctx, alpha, gamma_max=16, **kw):
     【显存】只试放得下的 γ：每个序列要存 ctx + γ + 1 个 token 的 KV，显存随 γ 增长，所以遇到第一个放不下的 γ
         就停（更大的也放不下）。连 γ = 1 都放不下 → spec_round 的 CapacityError（没有"加速比"可言）。
     """
-    gamma_max = check_int("gamma_max", gamma_max, lo=1)
+    gamma_max = check_int("gamma_max", gamma_max, lo=1, hi=GAMMA_MAX)
     rounds = []
     for g in range(1, gamma_max + 1):
         try:
@@ -1151,6 +1191,8 @@ def fits_in_memory(models, chip, batch, tokens, w_bytes=2.0, kv_bytes=2.0, mem_u
     for m in models:
         llm_math.check_model_chip(m, chip)
     batch, tokens = check_int("batch", batch, lo=1), check_int("tokens", tokens, lo=0)
+    w_bytes = check_real("w_bytes", w_bytes, 0.0, 8.0, lo_open=True, where="fits_in_memory")
+    kv_bytes = check_real("kv_bytes", kv_bytes, 0.0, 8.0, lo_open=True, where="fits_in_memory")
     mem_util = check_real("mem_util", mem_util, lo=0.0, hi=1.0, lo_open=True)
     need = sum(m.weight_bytes(w_bytes) + m.kv_cache_bytes(batch, tokens, kv_bytes) for m in models)
     return need <= mem_util * llm_math.allocatable_bytes(chip), need
@@ -1187,8 +1229,10 @@ def draft_ranks(target_seq_logits_draft, seq):
     【返回】长度 L − 1 的整数数组：ranks[t] = 草稿 logits[t] 里**严格**比正确答案大的个数（0 = 第一名）。
         并列算作对草稿有利（真实实现的 top-k 并列时顺序不定，这里取乐观的一边）。
     """
-    lg = np.asarray(target_seq_logits_draft, dtype=np.float64)
+    lg = _real_array("target_seq_logits_draft", target_seq_logits_draft, "draft_ranks")
     seq = np.asarray(seq)
+    if seq.size and (seq.dtype == bool or not np.issubdtype(seq.dtype, np.integer)):
+        raise TypeError(f"draft_ranks：seq 的元素必须是整数 token，收到 dtype {seq.dtype}")
     if lg.ndim != 2 or seq.ndim != 1 or lg.shape[0] != seq.shape[0] or len(seq) < 2:
         raise ValueError(f"需要 logits [L, V] 和 seq [L]（L ≥ 2），收到 {lg.shape} 和 {seq.shape}")
     if seq.min() < 0 or seq.max() >= lg.shape[1]:
@@ -1202,6 +1246,13 @@ def _branching(branching):
     k = np.asarray(branching)
     if k.ndim != 1 or k.size == 0 or not np.issubdtype(k.dtype, np.integer) or (k < 1).any():
         raise ValueError(f"branching 必须是非空的正整数序列（每层 k_d ≥ 1），收到 {branching!r}")
+    nodes, width = 0, 1
+    for kd in k.tolist():                         # Python 整数算节点数：int64 的 cumprod 会悄悄溢出
+        width *= kd
+        nodes += width
+    if nodes > MAX_TREE_NODES:
+        raise ValueError(f"branching = {branching!r} 的树有 {nodes:,} 个节点，超过上限 {MAX_TREE_NODES:,}"
+                         f"（一次前向验证的 token 数）")
     return k.astype(np.int64)
 
 
@@ -1226,6 +1277,8 @@ def tree_accept_lengths(ranks, branching):
         但一次要验证的 token 也越多——批小时几乎免费，批大时不是（05 演示）。
     """
     ranks = np.asarray(ranks)
+    if ranks.size and (ranks.dtype == bool or not np.issubdtype(ranks.dtype, np.integer) or ranks.min() < 0):
+        raise ValueError(f"tree_accept_lengths：ranks 必须是非负整数（draft_ranks 的结果），收到 dtype {ranks.dtype}")
     k = _branching(branching)
     D = len(k)
     if ranks.ndim != 1 or len(ranks) < D:
@@ -1239,6 +1292,103 @@ def tree_accept_lengths(ranks, branching):
 # =============================================================================
 # 输入检查（放在教学代码之后；单个参数用 course_utils 的 check_*）
 # =============================================================================
+GAMMA_MAX = 4096         # 一轮最多几个草稿（gamma、gamma_max 的上限）：实际用法是几个到几十个；再大只会让循环跑很久
+MAX_TREE_NODES = 1 << 20  # 树形验证一次前向最多验证几个节点
+_check_count = serving_sim._check_count   # 个数 → 要多少内存，超过这台机器的内存就 ValueError（第 5 讲的同一个检查）
+
+
+def _seq(name, v):
+    """一串东西（列表、元组、生成器）→ list；字符串、单个数不算。"""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"{name} 必须是列表或元组，收到 {type(v).__name__} {v!r}")
+    return list(v)
+
+
+def _name(name, where):
+    if not isinstance(name, str):
+        raise TypeError(f"{where}：name 必须是字符串，收到 {type(name).__name__} {name!r}")
+    return name
+
+
+def _check_rng(rng):
+    """随机性的约定：调用者传 np.random.Generator（种子在调用者那里：np.random.default_rng(seed)）。"""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
+                        f"收到 {type(rng).__name__} {rng!r}")
+    return rng
+
+
+def _real_array(name, v, where, finite=False):
+    """先查 dtype 再转换：整数 / 浮点数组 → float64（bool、字符串、复数、object 不收：'0.5' 不会被悄悄转成 0.5）。
+    finite=True 时还不收 NaN、±inf。"""
+    a = np.asarray(v)
+    if a.dtype.kind not in "iuf":
+        raise TypeError(f"{where}：{name} 必须是实数数组，收到 dtype {a.dtype}")
+    a = a.astype(np.float64, copy=False)
+    if finite and not np.isfinite(a).all():
+        raise ValueError(f"{where}：{name} 只能含有限值，发现了 NaN 或 ∞")
+    return a
+
+
+def _tokens2d(name, toks, vocab):
+    """二维整数 token 数组 [N, L]（N、L ≥ 1），取值在 [0, vocab)。先查 dtype 再转换。"""
+    a = np.asarray(toks)
+    if a.ndim != 2 or a.size == 0:
+        raise ValueError(f"{name} 必须是非空的二维 token 数组 [N, L]，收到形状 {a.shape}")
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} 的元素必须是整数 token，收到 dtype {a.dtype}")
+    if a.min() < 0 or a.max() >= vocab:
+        raise ValueError(f"{name} 的 token 必须在 [0, {vocab}) 里，收到范围 [{a.min()}, {a.max()}]")
+    return a.astype(np.int64)
+
+
+def _check_lm(model, name):
+    """model 要有语言模型接口（TransformerLM、NGramLM）。"""
+    for attr in ("vocab", "capacity", "new_cache", "logits", "full_logits", "rollback"):
+        if not hasattr(model, attr):
+            raise TypeError(f"{name} 必须是 TransformerLM 或 NGramLM（缺少 {attr}），收到 {type(model).__name__}")
+    return model
+
+
+def _check_forward_room(model, n, length, name):
+    """n 条长 length 的序列一次前向（logits、激活、注意力分数、KV）要的内存：超过这台机器的内存就 ValueError。"""
+    cfg = getattr(model, "cfg", None)
+    per = 8 * length * model.vocab
+    if cfg is not None:
+        per += 8 * length * (6 * cfg.d_model + 3 * cfg.d_ff + 2 * cfg.n_heads * length
+                             + 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head)
+    _check_count(name, n, per, where=f"{getattr(model, 'name', type(model).__name__)} 的前向")
+
+
+def _check_step_history(step, history, where):
+    serving_sim._check_step_like(step, where)
+    if history is not None and not isinstance(history, list):
+        raise TypeError(f"{where}：history 必须是列表或 None，收到 {type(history).__name__}")
+
+
+def _req_list(reqs, where):
+    reqs = _seq("reqs", reqs)
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Req):
+            raise TypeError(f"{where}：reqs[{i}] 必须是 Req，收到 {type(r).__name__}")
+    return reqs
+
+
+def _check_gof(samples, probs, min_expected):
+    """chi_square_gof 的输入：samples [N, n] 的整数 token；probs 一维概率（非负、有限、和为 1）；min_expected > 0。"""
+    s = np.asarray(samples)
+    if s.ndim != 2 or s.shape[0] == 0 or s.shape[1] == 0:
+        raise ValueError(f"samples 必须是 [N, n] 的二维数组（N、n ≥ 1），收到形状 {s.shape}")
+    if s.dtype == bool or not np.issubdtype(s.dtype, np.integer):
+        raise TypeError(f"samples 的元素必须是整数 token，收到 dtype {s.dtype}")
+    dp = np.asarray(probs).dtype
+    p = _real_array("probs", probs, "chi_square_gof")
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError(f"probs 必须是非空的一维概率向量（exact_continuation_dist 的结果），收到形状 {p.shape}")
+    _prob_rows("probs", p, dtype=dp)                 # 没归一化的 probs 会给出假的拒绝（[5, 5] → p = 1e-72）
+    return s.astype(np.int64), p, check_real("min_expected", min_expected, lo=0.0, lo_open=True)
+
+
 def _temperature(t):
     return check_real("temperature", t, lo=0.0)
 
@@ -1265,7 +1415,7 @@ def tiny_pair(seed=1):
     """
     from transformer_lab import Config, config_like, init_params
     cfg = Config(vocab=24, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_ff=80, max_seq=96)
-    params = init_params(cfg, seed=seed)
+    params = init_params(cfg, seed=check_int("seed", seed, lo=0, where="tiny_pair"))
     small = dict(params, layers=params["layers"][:1])
     return TransformerLM(params, cfg, "target"), TransformerLM(small, config_like(cfg, n_layers=1), "draft")
 
