@@ -872,6 +872,7 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     """
     _check_step_like(step, "offline_sweep")
     batch_sizes = _iterable("batch_sizes", batch_sizes, "offline_sweep")
+    n_req = _check_count("n_req", n_req, REQUEST_BYTES, where="offline_sweep")
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
     for B in batch_sizes:

@@ -484,7 +484,7 @@ def step_overhead(params, mode, cfg):
     mode 不是 MODES 之一、params 两种键都没有、两种键都有（不知道该用哪种）→ ValueError。
     """
     check_choice("mode", mode, MODES, where="step_overhead")
-    _check_params(params, "step_overhead", fitted_ok=True)
+    _check_params(params, "step_overhead", eff=False)
     _check_cfg(cfg, "step_overhead")
     key = f"overhead_{mode}_per_layer"
     if "overhead_per_step" in params:
@@ -642,7 +642,7 @@ def compare_points(points, configs, params, chip=CHIP):
     返回字典列表（原来的字段 + index = 这一点在 points 里的位置（JSON 的顺序就是测量顺序）、model_s、
     roofline_s = max(t_compute, t_memory)（不含开销）、ratio = 模型 / 实测、bound）。预测直接问 StepModel
     （不是拟合用的 predict）。params 用拟合的或默认的写法都行（step_overhead）。"""
-    _check_params(params, "compare_points", fitted_ok=True)
+    _check_params(params, "compare_points")
     index = {id(p): i for i, p in enumerate(points)}
     rows = []
     for p in _ok_points(points):
@@ -745,7 +745,7 @@ def constant_text(fit, meta):
 def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
     """用 StepModel 自己生成"实测"（拟合恢复测试与演示的测试用）：plan_points 里放得下（fits_chip）的每一点，
     秒数 = 模型（predict；开销 step_overhead(params, mode, 模型)）× exp(noise·N(0,1))。"""
-    _check_params(params, "synthetic_points", fitted_ok=True)
+    _check_params(params, "synthetic_points")
     noise = check_real("noise", noise, 0.0, 10.0, where="synthetic_points")
     rng = np.random.default_rng(check_int("seed", seed, lo=0, where="synthetic_points"))
     configs = {m.name: m for m in _check_models(models, "synthetic_points")}
@@ -964,12 +964,13 @@ def _check_points(points, configs):
         check_choice(f"points[{i}]['mode']", p.get("mode"), MODES)
 
 
-def _check_params(params, where, fitted_ok=False, name="params"):
-    """参数字典：mfu、mbu 在 (0, 1]；开销（有的那些）是有限的非负数或 None（没有 graph 点的拟合）。"""
+def _check_params(params, where, eff=True, name="params"):
+    """参数字典：mfu、mbu 在 (0, 1]（eff=False 时不要求有这两个键）；开销（有的那些）是有限的非负数或 None
+    （没有 graph 点的拟合）。"""
     if not isinstance(params, dict):
         raise TypeError(f"{where}：{name} 必须是字典（如 DEFAULT_PARAMS 或 fit_step_params 的结果），"
                         f"收到 {type(params).__name__}")
-    for k in ("mfu", "mbu"):
+    for k in ("mfu", "mbu") if eff else ():
         if k not in params:
             raise ValueError(f"{where}：{name} 缺少 {k!r}，收到 {sorted(params)}")
         check_real(f"{name}[{k!r}]", params[k], 0.0, 1.0, lo_open=True, where=where)
@@ -999,15 +1000,15 @@ def _positive(name, v, where):
     return a
 
 
-def _check_rows(rows, where, keys=("ratio",)):
+def _check_rows(rows, where, keys=("ratio",), name="rows"):
     """compare_points 的行：字典的列表，每行有 keys；ratio 有限且 > 0。"""
     if not isinstance(rows, (list, tuple)):
-        raise TypeError(f"{where}：rows 必须是 compare_points 的行（字典的列表），收到 {type(rows).__name__}")
+        raise TypeError(f"{where}：{name} 必须是 compare_points 的行（字典的列表），收到 {type(rows).__name__}")
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or any(k not in r for k in keys):
-            raise ValueError(f"{where}：rows[{i}] 必须是有 {list(keys)} 的字典（compare_points 的行），收到 {r!r}")
+            raise ValueError(f"{where}：{name}[{i}] 必须是有 {list(keys)} 的字典（compare_points 的行），收到 {r!r}")
         if "ratio" in keys:
-            check_real(f"rows[{i}]['ratio']", r["ratio"], lo=0.0, lo_open=True, where=where)
+            check_real(f"{name}[{i}]['ratio']", r["ratio"], lo=0.0, lo_open=True, where=where)
     return list(rows)
 
 
@@ -1022,7 +1023,7 @@ def _check_explain(row, cfg, kernels_per_step, peers):
     if kernels_per_step is not None:
         check_int("kernels_per_step", kernels_per_step, lo=1, where=w)
     if peers is not None:
-        peers = _check_rows(peers, w, keys=("seconds", "index"))
+        peers = _check_rows(peers, w, keys=("seconds", "index"), name="peers")
         if "index" not in row and peers:
             raise ValueError(f"{w}：给了 peers 时 row 要有 'index'（compare_points 的行）")
     return row, peers

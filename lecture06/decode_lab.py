@@ -308,7 +308,7 @@ def latency_throughput(reqs, warmup=0.2):
     rs = sorted(_req_list(reqs, "latency_throughput"), key=lambda r: r.arrival)
     pending = [r.rid for r in rs if not math.isfinite(r.finish)]
     if pending:
-        raise ValueError(f"{len(pending)} 个请求没有完成（例如 rid {pending[:5]}）：先检查死锁或 t_limit")
+        raise ValueError(f"reqs 里 {len(pending)} 个请求没有完成（例如 rid {pending[:5]}）：先检查死锁或 t_limit")
     rs = rs[int(len(rs) * warmup):]
     if not rs:
         raise ValueError("去掉 warmup 之后没有请求可统计")
@@ -1339,7 +1339,7 @@ def _tokens2d(name, toks, vocab):
         raise TypeError(f"{name} 的元素必须是整数 token，收到 dtype {a.dtype}")
     if a.min() < 0 or a.max() >= vocab:
         raise ValueError(f"{name} 的 token 必须在 [0, {vocab}) 里，收到范围 [{a.min()}, {a.max()}]")
-    return a.astype(np.int64)
+    return a.astype(np.int64, copy=False)
 
 
 def _check_lm(model, name):
