@@ -8,7 +8,8 @@ serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几�
 【里面有什么】
     时间模型    StepCost、StepModel（prefill / decode / 混合一步的时间、KV 容量、TP 的 all-reduce）、A100_40G；
                H200_MEASURED、h200_measured_step（H200 上实测拟合的 mfu / mbu / 每层开销：step_bench.py 与演示 06）
-    请求与指标  Request、make_requests（泊松到达 + 长度分布）、summarize（TTFT / TPOT / 吞吐 / goodput）、littles_law
+    请求与指标  Request、make_requests / sample_lengths（泊松到达、长度分布）、summarize（TTFT / TPOT / goodput）、
+               littles_law / occupancy / time_average
     调度模拟    simulate_static（静态批处理，FasterTransformer 式）、simulate_continuous（迭代级，可选分块 prefill）；
                两者之下的 iteration_schedule 是迭代级调度的引擎，第 6 讲的 Orca 模拟也用它
     演示工具    crossover_batch、min_tp、offline_sweep、ft_batch_cap（FasterTransformer 式批上限，由写明的假设推出）
@@ -19,12 +20,11 @@ serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几�
     A3 FLOPs 只算矩阵乘（2·参数/token）和注意力；prefill 按因果掩码，长度 T 共 T(T+1)/2 个 (query, key) 对。
     A4 字节只算权重、读 KV、写 KV；激活的读写忽略（融合内核让它们留在片上）。
     A5 可用显存 = mem_util × 可分配显存 chip.alloc_bytes（H200 实测，其余推出；默认 0.9，vLLM gpu_memory_utilization
-       的老默认 [S59, S61]）；
-       KV 容量 = (可用显存 − 权重) ÷ 每 token 的 KV 字节。
+       的老默认 [S59, S61]）；KV 容量 = (可用显存 − 权重) ÷ 每 token 的 KV 字节。
     A6 TP：权重、FLOPs、KV 平均分到每卡（KV 头少于 tp 时每卡复制 1 个）；每层两次 all-reduce，
        用 prereq5/comm_sim.tp_allreduce_time 计时，和计算不重叠（保守）。
-    A7 StepModel 构造时用 llm_math.fit（全课程一条规则）检查权重放得下；decode_cost 拒绝超过 KV 容量的上下文
-       （CapacityError，不给一个看似正常的时间）；模拟器在接纳请求时检查。
+    A7 StepModel 构造时用 llm_math.fit（全课程一条规则）检查权重放得下；prefill / decode / mixed 的一步碰到的 KV
+       超过 KV 容量就 CapacityError（不给一个看似正常的时间）；模拟器在接纳请求时检查。
 
 【单位】时间：秒；数据量：字节；算力：FLOP/s；带宽：字节/秒；长度：token 个数。
 【运行】python3 lecture05/serving_sim.py      # 自检（约 1 秒）
@@ -340,8 +340,8 @@ class StepModel:
         if ctx < n_decode:
             raise ValueError(f"ctx_tokens（{ctx}）不能小于 n_decode（{n_decode}）")
         if ctx + pctx + pt > self._kv_cap:                 # 和 decode_cost 同一条规则：这一步碰到的 KV 要放得下
-            raise CapacityError(f"ctx_tokens + prefill_ctx_tokens + prefill_tokens = {ctx + pctx + pt:,} 个 token 的 KV "
-                                f"超过了 {self!r} 的 KV 容量 {self._kv_cap:,} token")
+            raise CapacityError(f"ctx_tokens + prefill_ctx_tokens + prefill_tokens = {ctx + pctx + pt:,} 个 token 的 "
+                                f"KV 超过了 {self!r} 的 KV 容量 {self._kv_cap:,} token")
         if pt == 0 and (pattn > 0 or pctx > 0):
             raise ValueError("prefill_tokens = 0 时 prefill_attn_flops 与 prefill_ctx_tokens 必须是 0")
         if pt > 0:
@@ -435,7 +435,7 @@ def sample_lengths(spec, n, rng, name="spec"):
           ("lognormal", median, sigma, max_len)（对数正态，截到 [1, max_len]；真实对话的长度分布是长尾的）
     rng：np.random.Generator；name：报错时 spec 叫什么（make_requests 传 "prompt" / "output"）。
     """
-    n = _check_count("n", n, REQUEST_BYTES, where="sample_lengths", lo=0)
+    n = _check_count("n", n, _REQUEST_BYTES, where="sample_lengths", lo=0)
     _check_rng(rng, "sample_lengths")
     if not isinstance(spec, (tuple, list)) or not spec:
         raise TypeError(f"{name}（长度分布）必须是元组，如 ('uniform', 32, 512)，收到 {spec!r}")
@@ -468,7 +468,7 @@ def make_requests(n, rate, prompt=("uniform", 32, 512), output=("uniform", 1, 12
     【可复现】同一个 seed 下，间隔先按 rate = 1 抽好再除以 rate：换 rate 只是把时间轴整体伸缩，长度完全相同，
         不同负载之间比较更干净。
     """
-    n = _check_count("n", n, REQUEST_BYTES, where="make_requests")
+    n = _check_count("n", n, _REQUEST_BYTES, where="make_requests")
     rate = check_real("rate", rate, 0.0, lo_open=True, allow_inf=True, where="make_requests")
     rng = np.random.default_rng(check_int("seed", seed, lo=0, where="make_requests"))
     unit_gaps = rng.exponential(1.0, n)
@@ -872,7 +872,7 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     """
     _check_step_like(step, "offline_sweep")
     batch_sizes = _iterable("batch_sizes", batch_sizes, "offline_sweep")
-    n_req = _check_count("n_req", n_req, REQUEST_BYTES, where="offline_sweep")
+    n_req = _check_count("n_req", n_req, _REQUEST_BYTES, where="offline_sweep")
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
     for B in batch_sizes:
@@ -898,7 +898,7 @@ def _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes, w_bytes, kv_b
             check_real("runtime_bytes", runtime_bytes, lo=0.0, where="ft_batch_cap"))
 
 
-REQUEST_BYTES = 600       # 一个 Request（对象、字段、三个长度数组里的一格）大约占的内存：make_requests 的上限由它推出
+_REQUEST_BYTES = 600       # 每个请求按 600 B 算内存：make_requests 实测约 270 B/个，模拟器再复制一份、加上 token_times
 
 
 def _machine_bytes():

@@ -96,7 +96,7 @@ PROFILE_POINTS = {"prefill": {"kind": "prefill", "n_prompts": 1, "prompt_len": 1
 # =============================================================================
 # 1. Llama 形状的 decoder，带预分配的 KV cache
 # =============================================================================
-class Layer(nn.Module):
+class _Layer(nn.Module):
     """一层：x + attn(norm1(x))，再 x + mlp(norm2(x))。wqkv 把 q、k、v 三个投影拼成一个矩阵（引擎的做法）。"""
 
     def __init__(self, cfg):
@@ -119,7 +119,7 @@ class LlamaShaped(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(_Layer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model)
         self.head = None if cfg.tied else nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         self.cos = self.sin = None      # RoPE 表 [max_pos, dh/2]，build_model 放到设备上
