@@ -784,6 +784,8 @@ def _check_device(device, where):
         raise ValueError(f"{where}：device 必须是 'cpu'、'cuda' 或 'cuda:N'，收到 {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{where}：device={device!r}，但这台机器没有 CUDA GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{where}：device={device!r}，但这台机器只有 {torch.cuda.device_count()} 块 CUDA GPU")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{where}：device 只能是 CPU 或 CUDA，收到 {device!r}")
     return dev
