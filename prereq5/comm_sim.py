@@ -874,13 +874,14 @@ def _check_buffers(xs, name="xs", same_len=True, op=None, trace=None):
         if x.dtype.kind not in "iuf":
             raise TypeError(f"{name}[{i}] 必须是整数或浮点数组，收到 dtype={x.dtype}"
                             f"（bool 求和会变成按位或、字符串会拼接，都不是集合通信的归约）")
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            raise ValueError(f"{name}[{i}] 含 NaN 或 ±inf：归约后每个设备都会是 NaN / inf")
     if len({x.dtype for x in xs}) > 1:
         raise ValueError(f"{name} 里所有数组的 dtype 必须相同，收到 {sorted({str(x.dtype) for x in xs})}")
     if same_len and len({x.shape[0] for x in xs}) > 1:
         raise ValueError(f"{name} 里所有数组的长度必须相同，收到 {[x.shape[0] for x in xs]}")
-    _check_sim_size(name, len(xs), sum(x.nbytes for x in xs), trace)
+    _check_sim_size(name, len(xs), sum(x.nbytes for x in xs), trace)     # 先查大小，再扫描数值
+    for i, x in enumerate(xs):
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise ValueError(f"{name}[{i}] 含 NaN 或 ±inf：归约后每个设备都会是 NaN / inf")
     if op == "sum":
         _check_sum_fits(xs, name)
     return [x.copy() for x in xs]
@@ -928,8 +929,8 @@ def _check_bcast(x, p, root):
         raise TypeError(f"x 必须是 numpy 数组，收到 {type(x).__name__}")
     p = check_int("p", p, lo=1, hi=MAX_SIM_DEVICES)
     root = check_int("root", root, lo=0, hi=p - 1)
+    check_memory(f"x 的副本（p = {p} 份，每份 {x.nbytes} 字节）", 3 * p * x.nbytes)
     (x,) = _check_buffers([x], "x")
-    check_memory(f"p（{p} 份 {x.nbytes} 字节的副本）", 3 * p * x.nbytes)
     return x, p, root
 
 
