@@ -14,8 +14,8 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
                                     存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png；先查字号
     committed_figure(script, name, replot)   已提交的图 <script 所在文件夹>/results/<name>：只有 replot 时才给路径
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
-    check_int / check_real / check_bool / check_choice / check_array
-                                    参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
+    check_int / check_real / check_bool / check_choice / check_array / check_dtype / check_seed / check_memory
+                  参数检查（类型、范围、取值、dtype、种子 = 整数 ≥ 0 或 np.random.Generator、分配前的大小）：「[where：]参数 必须是…」
     cuda_time / wall_per_call(_many) / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
                                     GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
     ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）

@@ -22,6 +22,7 @@ comm_sim.py —— 预备课 5：集合通信一步一步怎么搬数据、要�
     是每个设备的完整输入；all-gather 是拼起来的总大小；all-to-all 是每个设备发出的全部字节。α = 每步固定延迟，
     β = 1 / 链路单向带宽。一步 = 每个设备最多发一条、收一条（单端口、全双工），时间 = α + β × 这一步最大的消息。
     n 不能被 P 整除时块长差 1：总字节仍等于公式，关键路径只多不到一个块。忽略归约计算（γ）、拥塞、协议开销。
+    缓冲区是整数或浮点的一维数组（bool、字符串、复数报 TypeError）；求和放不进 dtype 时报错，不回绕、不换 dtype。
 
 【运行】python3 prereq5/comm_sim.py    # 自检（2 核 CPU 上不到 1 秒）
 【依赖】numpy；../lecture01/course_utils.py。演示 05 另外用 torch.distributed 的 gloo 后端。
