@@ -10,7 +10,7 @@ llm_math.py —— 第 1 讲：一个 token 到底要花多少？（不运行模
     ModelConfig        结构 + 全部公式：按组的参数量、FLOPs/token、KV 字节/token、训练显存、一次前向的代价
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
                        把账本和芯片（hw_specs.Chip）结合起来：roofline 时间；放不下时报 CapacityError
-    fit / chips_needed / FIT_RULES
+    fit / chips_needed / FIT_RULES / MAX_CHIPS
                        全课程唯一的"放不放得下、要几张卡"规则（按可分配显存 alloc_bytes × MEM_UTIL）
     LLAMA32_1B … GPT3_175B、PRESETS、PUBLISHED_PARAMS、param_tolerance
                        真实模型的预设、官方公布的参数量和比较容差（出处键见 SOURCES.md）

@@ -14,13 +14,14 @@ transformer_lab.py —— 第 2 讲：会给自己记账的 numpy Transformer
     Config / TINY / config_like / init_params / count_params   结构（字段同 llm_math.ModelConfig）与随机参数（不训练）
     linear / rms_norm / rope_angles / apply_rope / softmax / silu / attention_core   积木
     KVCache / forward / generate                    带 KV cache 的前向与贪心生成
-    Counter / ops_table / analytic_ops / phase_costs / einsum_flops   账本；同一本账的闭式公式；einsum 的 FLOPs 规则
+    Counter / sum_rows / ops_table / analytic_ops / phase_costs / einsum_flops   账本；闭式公式；einsum 的 FLOPs 规则
 
 【约定】形状：tokens [B, T]；激活 [B, T, d]；q [B, T, H, dh]；k, v [B, S, G, dh]（G = KV 头数，S = 键的个数）；
     权重 W[输入维, 输出维]，y = x·W。记账：矩阵乘 x[M, K]·W[K, N] 记 2MKN FLOPs、权重 KN、激活 MK + MN 个元素；
     注意力核心按一个融合内核记（分数不落显存，第 11 讲）：4·B·T·S·H·dh FLOPs，useful 只算因果掩码允许的对；
     逐元素运算按"每元素几次"粗估。字节 = 元素数 × bytes_per_elem（默认 2 = BF16），与 numpy 的 float64 无关；
-    算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。坏输入一律 ValueError / TypeError。
+    算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。坏输入一律 ValueError / TypeError；
+    种子是 ≥ 0 的整数或 np.random.Generator；放不进本机内存的大小在分配之前就报错（写出要多少字节）。
 
 【运行】python3 lecture02/transformer_lab.py
         # 自检：参数量 = 公式；带 / 不带 cache 的生成一致；Counter = analytic_ops；attention / RoPE = 独立参考
@@ -249,15 +250,15 @@ class Counter:
 
     def merged(self, groups):
         """按 {组名: [运算名, …]} 合并成 {组名: {列: 和}}；没列进任何组的运算不出现。"""
-        return merge_rows(self.rows, groups, self.FIELDS)
+        return _merge_rows(self.rows, groups, self.FIELDS)
 
 
-def merge_rows(rows, groups, fields=("flops", "useful", "w", "kv", "act")):
+def _merge_rows(rows, groups, fields=("flops", "useful", "w", "kv", "act")):
     """Counter.rows 或 analytic_ops 的结果按组合并：{组名: {列: 这组各运算之和}}。"""
-    _check_rows(rows, "merge_rows")
-    groups = _check_groups(groups, rows, "merge_rows")
+    _check_rows(rows, "_merge_rows")
+    groups = _check_groups(groups, rows, "_merge_rows")
     for k in fields:
-        check_choice("fields 的元素", k, Counter.FIELDS, where="merge_rows")
+        check_choice("fields 的元素", k, Counter.FIELDS, where="_merge_rows")
     return {g: {k: sum(rows[n][k] for n in names if n in rows) for k in fields} for g, names in groups.items()}
 
 
@@ -294,7 +295,7 @@ def ops_table(rows, groups=None, title=None):
         groups = {op: [op] for op in rows}
     elif groups is None:
         groups = OP_GROUPS
-    merged = merge_rows(rows, groups)
+    merged = _merge_rows(rows, groups)
     tot = {k: sum(r[k] for r in merged.values()) for k in ("flops", "useful", "w", "kv", "act")}
     all_bytes = tot["w"] + tot["kv"] + tot["act"]
     body = []
@@ -982,7 +983,7 @@ def _check_add(op, flops, useful, w_elems, kv_elems, act_elems):
     return op, vals[0], useful, vals[1], vals[2], vals[3]
 
 
-KNOWN_OPS = frozenset(MATMUL_OPS + ATTN_CORE_OPS + ELEMENTWISE_OPS + ("embed", "kv_write"))
+_KNOWN_OPS = frozenset(MATMUL_OPS + ATTN_CORE_OPS + ELEMENTWISE_OPS + ("embed", "kv_write"))
 
 
 def _check_rows(rows, where):
@@ -997,9 +998,9 @@ def _check_op_names(ops, rows, where, name="ops"):
     if isinstance(ops, str) or not hasattr(ops, "__iter__"):
         raise TypeError(f"{where}：{name} 必须是运算名的列表 / 元组 / 集合，收到 {type(ops).__name__} 类型的 {ops!r}")
     ops = list(ops)
-    unknown = [o for o in ops if o not in rows and o not in KNOWN_OPS]
+    unknown = [o for o in ops if o not in rows and o not in _KNOWN_OPS]
     if unknown:
-        raise ValueError(f"{where}：{name} 里有不认识的运算名 {unknown}；认识的：{sorted(KNOWN_OPS | set(rows))}")
+        raise ValueError(f"{where}：{name} 里有不认识的运算名 {unknown}；认识的：{sorted(_KNOWN_OPS | set(rows))}")
     return ops
 
 

@@ -13,7 +13,7 @@ comm_sim.py —— 预备课 5：集合通信一步一步怎么搬数据、要�
 【里面有什么】
     Message / Ledger                                   账本（cost()、time(alpha, beta)、bytes_sent()）
     ring_* / rec_* / rabenseifner_all_reduce / tree_* / scatter_allgather_broadcast / pairwise_all_to_all /
-    hierarchical_all_reduce / SIMULATORS               模拟，都返回 (每个设备的结果, Ledger)
+    hierarchical_all_reduce / SIMULATORS               模拟，都返回 (每个设备的结果, Ledger)；P ≤ MAX_SIM_DEVICES
     Cost / cost_terms / allreduce_time … / crossover_bytes   代价模型；n* = α 项等于 β 项的消息大小
     bus_factor / algbw / busbw / nccl_ring_latency     nccl-tests 的口径 [S68]，NCCL 自己的延迟常数 [S71]
     tp_allreduce_time / fit_alpha_beta                 第 5 讲用的 TP all-reduce 时间；从实测数据拟合 α、β

@@ -110,11 +110,8 @@ CASES += _cases_for("Counter.total", lambda v: TL.Counter().total("flops", v), "
                     [("q_proj", TypeError), (["q_prj"], ValueError), (5, TypeError)])
 CASES += _cases_for("Counter.merged", lambda v: TL.Counter().merged(v), "groups",
                     [("ops", TypeError), ([["q_proj"]], TypeError)])
-CASES += _cases_for("merge_rows", lambda v: TL.merge_rows(v, TL.OP_GROUPS), "rows", [(None, TypeError), ([1], TypeError)])
-CASES += _cases_for("merge_rows", lambda v: TL.merge_rows(ROWS, {"a": v}), "groups['a']",
+CASES += _cases_for("Counter.merged", lambda v: TL.Counter().merged({"a": v}), "groups['a']",
                     [("q_proj", TypeError), (["qproj"], ValueError)])
-CASES += _cases_for("merge_rows", lambda v: TL.merge_rows(ROWS, TL.OP_GROUPS, v), "fields 的元素",
-                    [(("flops", "flop"), ValueError)])
 CASES += _cases_for("ops_table", lambda v: TL.ops_table(ROWS, groups=v), "groups",
                     [("op", ValueError), (5, TypeError)])
 CASES += _cases_for("ops_table", lambda v: TL.ops_table(ROWS, title=v), "title", [(5, TypeError)])

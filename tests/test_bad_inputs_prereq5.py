@@ -117,8 +117,7 @@ CASES += _cases_for("Cost.time", lambda v: cs.Cost(2, 10.0).time(v, 1e-9), "alph
                     [("x", TypeError), (-1.0, ValueError), (NAN, ValueError)])
 CASES += _cases_for("Cost.time", lambda v: cs.Cost(2, 10.0).time(1e-6, v), "beta", [(np.array(["1"]), TypeError)])
 # ---- 代价模型 ------------------------------------------------------------------------------------------
-for _coll in cs.ALGORITHMS:
-    _fn = cs._TERMS[_coll]
+for _fn in (cs.allreduce_terms, cs.allgather_terms, cs.reduce_scatter_terms, cs.broadcast_terms, cs.alltoall_terms):
     CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(v, 4), "n_bytes",
                         [(-1, ValueError), (NAN, ValueError), (INF, ValueError), ("1e6", TypeError), (True, TypeError),
                          (np.array(["1e6"]), TypeError), (np.array([True, False]), TypeError),
