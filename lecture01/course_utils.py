@@ -53,7 +53,8 @@ def format_table(headers, rows, align=None):
     【参数】headers：列名；rows：每行一个序列（元素先 str()），每行的元素个数必须和 headers 一样多；
             align：每列 "<"（左对齐）或 ">"（右对齐）；默认第一列左对齐、其余右对齐（数字右对齐才好比大小）
     【返回】多行字符串：表头、虚线分隔行、数据行（行尾空格去掉）
-    【报错】某一行的元素个数不对、align 的长度或取值不对 → ValueError
+    【报错】headers / rows / 某一行不是列表或元组（字符串会被拆成一个个字）→ TypeError；
+            某一行的元素个数不对、align 的长度或取值不对 → ValueError
     """
     rows = _check_table_input(headers, rows)
     cells = [[str(h) for h in headers]] + [[str(v) for v in row] for row in rows]
@@ -204,7 +205,8 @@ def pyplot():
 def merge_identical(series, atol=0.0):
     """
     [(标签, xs, ys)] → 同样的列表，但 xs 相同、ys 逐点相差 ≤ atol 的几条合成一条（用第一条的 ys）、标签写成 "A = B"
-    （保持第一次出现的顺序）。atol = 0：完全相同才合并。
+    （保持第一次出现的顺序）。atol = 0：完全相同才合并。xs、ys 是一样长的实数序列（NaN 可以：曲线断开），
+    否则 ValueError / TypeError（zip 会悄悄截掉长出来的点）。
 
     为什么：两条曲线重合时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
     """

@@ -114,7 +114,8 @@ class Chip:
         """
         某个精度的稠密峰值（FLOP/s）。
 
-        【边界】精度名不区分大小写；芯片没有这个精度时抛出 ValueError，消息里列出它有哪些精度。
+        【边界】精度名不区分大小写；芯片没有这个精度时抛出 ValueError，消息里列出它有哪些精度；
+            prec 不是字符串 → TypeError。
         """
         if not isinstance(prec, str):
             raise TypeError(f"{self.name}：prec 必须是精度名字符串（如 'bf16'），收到 {type(prec).__name__} 类型的 "
@@ -281,7 +282,8 @@ def chip_rows(chips=None, prec="bf16"):
     [名字, 峰值 TFLOP/s, 带宽 TB/s, 容量 GB（手册）, 可分配 GB（带 * 的是实测，其余按 derived_alloc 推出）,
      屋脊点 FLOP/B, 互联 GB/s（每方向）, 功耗 W, 年份]。
 
-    【边界】没有 prec 精度的芯片，峰值和屋脊点写 "—"。
+    【边界】chips：None（全部）、{名字: 芯片} 或芯片的列表（不能为空）；prec 不区分大小写，至少要有一块芯片有它
+        （全都没有多半是拼错了 → ValueError）；没有 prec 精度的芯片，峰值和屋脊点写 "—"。
     """
     chips, prec = _check_chip_rows(chips, prec)
     rows = []

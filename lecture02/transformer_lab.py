@@ -314,6 +314,8 @@ def ops_table(rows, groups=None, title=None):
 def linear(x, W, op, counter=None):
     """
     y = x·W 并记账。x [..., K]（前面的维度都算作 M 行），W [K, N]，返回 [..., N]。
+    积木（linear、rms_norm、apply_rope、silu）只查 dtype 和形状（O(1)），不扫描数值：它们在每一步解码的热路径上，
+    NaN 进来就 NaN 出去；forward / generate 在入口查 tokens 和参数的形状、dtype。
     记：FLOPs 2MKN；权重 KN；激活 MK（读）+ MN（写）。
     """
     x, W = _real_array("x", x, "linear"), _real_array("W", W, "linear")
@@ -380,6 +382,7 @@ def apply_rope(x, cos, sin, counter=None):
         (a, b) → (a·cosφ − b·sinφ, a·sinφ + b·cosφ)
     query 在位置 m 转 mφ、key 在位置 n 转 nφ，二者的点积只剩 (m − n)φ：分数只依赖相对位置（02 演示验证）。
     cos / sin 的形状必须是 [T, dh/2]（rope_angles 的输出）。
+    整数的 x 按 float64 算（结果不截断回整数）；非实数 dtype → TypeError。
     注意成对方式：这里是"相邻两个数一对"（RoFormer 论文）；Hugging Face 的 Llama 用"前半与后半配对"，
     两者只差一个固定的维度排列，数学上等价，但权重不能不经换位直接混用。
     """
@@ -403,6 +406,7 @@ def softmax(x, axis=-1):
     """
     数值稳定的 softmax：先减去该轴最大值再取 exp，结果与原式相同但不会溢出。
     某一行全是 −∞（全被掩掉）或含 NaN/+∞ 时结果无意义，这里直接 ValueError，而不是悄悄返回 NaN。
+    x 是整数或浮点数组（bool、字符串 → TypeError；空数组、标量 → ValueError）；axis 是 −ndim … ndim−1 的整数。
     """
     x = _real_array("x", x, "softmax", allow_bool=False)
     if x.ndim == 0 or x.size == 0:
@@ -480,6 +484,7 @@ class KVCache:
     用法（forward 内部）：每层先 write(layer, k_new, v_new) 写到位置 length…length+T−1，
         再 read(layer, length+T) 取出全部；整次前向结束后 length += T。
     length 可以直接改小（投机解码回滚草稿，第 6 讲），之后的写入会覆盖旧数据；但不能越过 [0, max_len]。
+    dtype 必须是浮点（整数缓存会把 K、V 截断）；放不进本机内存的 batch × max_len 在分配之前报 ValueError。
     越界写（溢出）、读还没写过的位置、形状与 cache 不符都抛 ValueError——真实引擎遇到容量不足会
         换出、重算或拒绝请求（分页与抢占在本课程之外，见 vLLM 论文 [S60]），绝不会默默算错。
     """
