@@ -14,8 +14,8 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
                                     存成 <script 所在文件夹>/figures/[quick/]<script 文件名>_<what>.png；先查字号
     committed_figure(script, name, replot)   已提交的图 <script 所在文件夹>/results/<name>：只有 replot 时才给路径
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
-    check_int / check_real / check_bool / check_choice / check_array
-                                    参数检查：类型、有限、范围、取值；消息「[where：]参数 必须是…，收到 …」
+    check_int / check_real / check_bool / check_choice / check_array / check_dtype / check_seed / check_memory
+                  参数检查（类型、范围、取值、dtype、种子 = 整数 ≥ 0 或 np.random.Generator、分配前的大小）：「[where：]参数 必须是…」
     cuda_time / wall_per_call(_many) / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
                                     GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
     ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）
@@ -53,8 +53,10 @@ def format_table(headers, rows, align=None):
     【参数】headers：列名；rows：每行一个序列（元素先 str()），每行的元素个数必须和 headers 一样多；
             align：每列 "<"（左对齐）或 ">"（右对齐）；默认第一列左对齐、其余右对齐（数字右对齐才好比大小）
     【返回】多行字符串：表头、虚线分隔行、数据行（行尾空格去掉）
-    【报错】某一行的元素个数不对、align 的长度或取值不对 → ValueError
+    【报错】headers / rows / 某一行不是列表或元组（字符串会被拆成一个个字）→ TypeError；
+            某一行的元素个数不对、align 的长度或取值不对 → ValueError
     """
+    rows = _check_table_input(headers, rows)
     cells = [[str(h) for h in headers]] + [[str(v) for v in row] for row in rows]
     k = len(cells[0])
     if k == 0:
@@ -80,13 +82,45 @@ def format_table(headers, rows, align=None):
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
 
 
+def _is_row(x):
+    """表格的一行 / 表头：列表、元组这样的序列（字符串不算：'ab' 会被拆成两列）。"""
+    from collections.abc import Sequence
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
+
+
+def _check_table_input(headers, rows):
+    if not _is_row(headers):
+        raise TypeError(f"format_table：headers 必须是列名的列表或元组，收到 {type(headers).__name__} 类型的 "
+                        f"{headers!r}")
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"format_table：rows 必须是行的列表，收到 {type(rows).__name__} 类型的 {rows!r}")
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        if not _is_row(r):
+            raise TypeError(f"format_table：rows 的第 {i} 行必须是列表或元组，收到 {type(r).__name__} 类型的 {r!r}")
+    return rows
+
+
 # =============================================================================
 # 数字
 # =============================================================================
+def _fmt_number(name, x, where, lo=None):
+    """fmt_* 的入口检查：实数（int、float、numpy 数）；NaN → ValueError（表格里的 NaN 是上游的错，不替它遮掩）；
+    ±inf 照样显示成 "inf"；lo 给定时（时间不能为负）检查下限。返回 float。"""
+    v = check_real(name, x, lo=lo, allow_inf=True, where=where)
+    return v
+
+
 def fmt_si(x, unit="", digits=3):
-    """按 10 的 3 次方缩写：fmt_si(1.6e10, "FLOP") → "16 GFLOP"。"""
+    """按 10 的 3 次方缩写：fmt_si(1.6e10, "FLOP") → "16 GFLOP"。±inf 写成 "inf FLOP"；NaN、非数字报错。"""
+    _fmt_number("x", x, "fmt_si")
+    if not isinstance(unit, str):
+        raise TypeError(f"fmt_si：unit 必须是字符串（如 'B'、'FLOP'），收到 {type(unit).__name__} 类型的 {unit!r}")
+    check_int("digits", digits, lo=1, hi=17, where="fmt_si")
     if x == 0:
         return f"0 {unit}".strip()
+    if math.isinf(x):
+        return f"{x} {unit}".strip()
     prefixes = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
     for scale, p in prefixes:
         if abs(x) >= scale:
@@ -96,6 +130,9 @@ def fmt_si(x, unit="", digits=3):
 
 def fmt_count(n):
     """参数个数：8.03e9 → "8.03B"，124e6 → "124M"。"""
+    _fmt_number("n", n, "fmt_count")
+    if math.isinf(n):
+        return str(float(n))
     for scale, p in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if abs(n) >= scale:
             return f"{n / scale:.3g}{p}"
@@ -104,11 +141,15 @@ def fmt_count(n):
 
 def fmt_bytes(n):
     """字节（十进制）：16.06e9 → "16.1 GB"。"""
+    _fmt_number("n", n, "fmt_bytes")
     return fmt_si(n, "B")
 
 
 def fmt_time(s):
-    """秒 → 合适的单位：2.5e-3 → "2.5 ms"，3 天 → "3 d"。"""
+    """秒 → 合适的单位：2.5e-3 → "2.5 ms"，3 天 → "3 d"。s 必须 ≥ 0（inf 写成 "inf s"）。"""
+    _fmt_number("s", s, "fmt_time", lo=0.0)
+    if math.isinf(s):
+        return "inf s"
     if s < 1e-3:
         return f"{s * 1e6:.3g} µs"
     if s < 1:
@@ -130,8 +171,12 @@ def figure_path(script, what, quick=False):
 
     quick=True（演示的 --quick 小规模版本）时放在 figures/quick/ 下：make test / check-all 跑的小图
     不会覆盖 make figures 生成的完整图。figures/ 文件夹不存在就建。"""
-    if not str(what):
-        raise ValueError("what 不能为空（它是图文件名的后半段）")
+    if not isinstance(what, str):
+        raise TypeError(f"figure_path：what 必须是字符串（图文件名的后半段），收到 {type(what).__name__} 类型的 {what!r}")
+    if not what or os.sep in what or "/" in what:
+        raise ValueError(f"figure_path：what 不能为空、不能带文件夹（它是图文件名的后半段），收到 {what!r}")
+    if not isinstance(script, (str, os.PathLike)):
+        raise TypeError(f"figure_path：script 必须是脚本的路径（传 __file__），收到 {type(script).__name__}")
     quick = check_bool("quick", quick, where="figure_path")
     folder = os.path.join(os.path.dirname(os.path.abspath(script)), "figures", *(["quick"] if quick else []))
     os.makedirs(folder, exist_ok=True)
@@ -160,14 +205,20 @@ def pyplot():
 def merge_identical(series, atol=0.0):
     """
     [(标签, xs, ys)] → 同样的列表，但 xs 相同、ys 逐点相差 ≤ atol 的几条合成一条（用第一条的 ys）、标签写成 "A = B"
-    （保持第一次出现的顺序）。atol = 0：完全相同才合并。
+    （保持第一次出现的顺序）。atol = 0：完全相同才合并。xs、ys 是一样长的实数序列（NaN 可以：曲线断开），
+    否则 ValueError / TypeError（zip 会悄悄截掉长出来的点）。
 
     为什么：两条曲线重合时后画的那条把前一条盖住，图例里却列着两条——学生找不到其中一条。
     """
     check_real("atol", atol, lo=0.0, where="merge_identical")
     merged = []                                   # [(标签列表, xs, ys)]
-    for label, xs, ys in series:
-        xs, ys = [float(v) for v in xs], [float(v) for v in ys]
+    for i, item in enumerate(series):
+        if not _is_row(item) or len(item) != 3:
+            raise TypeError(f"merge_identical：series 的第 {i} 项必须是 (标签, xs, ys)，收到 {item!r}")
+        label, xs, ys = item
+        xs, ys = _plot_values(f"series[{i}] 的 xs", xs), _plot_values(f"series[{i}] 的 ys", ys)
+        if len(xs) != len(ys):
+            raise ValueError(f"merge_identical：series[{i}] 的 xs 有 {len(xs)} 个点、ys 有 {len(ys)} 个，必须一样多")
         for labels, mx, my in merged:
             if mx == xs and all(abs(a - b) <= atol for a, b in zip(my, ys)):
                 labels.append(label)
@@ -175,6 +226,16 @@ def merge_identical(series, atol=0.0):
         else:
             merged.append(([label], xs, ys))
     return [(" = ".join(labels), xs, ys) for labels, xs, ys in merged]
+
+
+def _plot_values(name, values):
+    """曲线的坐标 → float 列表：实数（NaN 可以，matplotlib 把它画成断开的一段）；bool、字符串 → TypeError。"""
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"merge_identical：{name} 只能含实数，收到 {type(v).__name__} 类型的 {v!r}")
+        out.append(float(v))
+    return out
 
 
 def small_texts(fig, min_pt=MIN_FONT_PT):
@@ -583,6 +644,66 @@ def check_array(name, value, ndim=None, allow_neginf=False, where=""):
     if bad.any():
         raise ValueError(f"{who} 只能含{'有限值或 −∞' if allow_neginf else '有限值'}，发现了 NaN 或 ∞")
     return a
+
+
+def machine_memory_bytes():
+    """这台机器的物理内存（字节）；读不到（非 POSIX）时返回 None，check_memory 就不设上限。"""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_memory(name, nbytes, where="", limit=None):
+    """
+    分配之前先算大小：要 nbytes 字节、超过 limit（默认这台机器的物理内存 machine_memory_bytes()）→ ValueError，
+    消息写出引出这个大小的参数 name 和要多少字节。为什么：np.zeros 一个放不下的形状要么 MemoryError、要么让
+    系统换页到卡死（OOM killer 杀掉整个进程）——都不告诉学生是哪个参数太大。返回 nbytes。
+    """
+    limit = machine_memory_bytes() if limit is None else limit
+    if limit is not None and nbytes > limit:
+        raise ValueError(f"{_who(name, where)} 太大：需要 {fmt_bytes(nbytes)} 内存，"
+                         f"这台机器只有 {fmt_bytes(limit)}")
+    return nbytes
+
+
+def check_seed(name, seed, where=""):
+    """
+    随机种子的全课程约定：整数 ≥ 0，或一个 numpy 的 np.random.Generator；返回 np.random.Generator
+    （整数 → np.random.default_rng(seed)，Generator → 原样，接着用它的状态）。
+    【报错】bool、浮点数、字符串、None（不可复现）、random.Random / np.random.RandomState（另一套接口）→ TypeError；
+            负数 → ValueError。消息：「[where：]name 必须是 ≥ 0 的整数或 np.random.Generator，收到 …」。
+    """
+    import numpy as np
+    if isinstance(seed, np.random.Generator):
+        return seed
+    allowed = "≥ 0 的整数或 np.random.Generator（如 np.random.default_rng(0)）"
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        hint = ""
+        if type(seed).__name__ in ("Random", "RandomState"):
+            hint = "；random.Random / RandomState 是另一套接口，改传整数种子或 np.random.default_rng(种子)"
+        raise TypeError(f"{_who(name, where)} 必须是{allowed}，收到 {type(seed).__name__} 类型的 {seed!r}{hint}")
+    if seed < 0:
+        raise ValueError(f"{_who(name, where)} 必须是{allowed}，收到 {seed!r}")
+    return np.random.default_rng(int(seed))
+
+
+def check_dtype(name, dtype, kinds="f", where=""):
+    """
+    检查一个 dtype 参数（转换之前）：能被 np.dtype 认出、种类（dtype.kind）在 kinds 里（"f" 浮点、"i" 有符号整数、
+    "u" 无符号整数、"b" 布尔、"c" 复数），返回 np.dtype。None 不收（np.dtype(None) 会悄悄变成 float64）。
+    【报错】认不出的名字、None、种类不对 → TypeError：「[where：]name 必须是 … 类型，收到 …」。
+    """
+    import numpy as np
+    names = {"f": "浮点", "i": "有符号整数", "u": "无符号整数", "b": "布尔", "c": "复数"}
+    allowed = " / ".join(names.get(k, k) for k in kinds)
+    try:
+        dt = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in kinds:
+        raise TypeError(f"{_who(name, where)} 必须是{allowed}类型（如 np.float64），收到 {dtype!r}")
+    return dt
 
 
 # =============================================================================

@@ -80,6 +80,9 @@ class Chip:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name 必须是非空字符串，收到 {self.name!r}")
+        for nm in ("kind", "mem_kind", "notes", "mem_alloc_how"):
+            if not isinstance(getattr(self, nm), str):
+                raise ValueError(f"{self.name}: {nm} 必须是字符串，收到 {getattr(self, nm)!r}")
         if not isinstance(self.peak, dict) or not self.peak:
             raise ValueError(f"{self.name}: peak 必须是非空字典 {{精度: FLOP/s}}，收到 {self.peak!r}")
         # 规格数字必须是正的有限实数；老约定：一切坏值（含 bool、字符串）都报 ValueError
@@ -97,8 +100,9 @@ class Chip:
             check_real("power_w", self.power_w, **spec)
         if self.mem_alloc is not None:
             check_real("mem_alloc", self.mem_alloc, **spec)
-        if self.year is not None and (isinstance(self.year, bool) or not isinstance(self.year, int)):
-            raise ValueError(f"{self.name}: year 必须是整数年份或 None，收到 {self.year!r}")
+        if self.year is not None and (isinstance(self.year, bool) or not isinstance(self.year, int)
+                                      or not 1950 <= self.year <= 2100):
+            raise ValueError(f"{self.name}: year 必须是 1950…2100 的整数年份或 None，收到 {self.year!r}")
 
     @property
     def precisions(self):
@@ -110,11 +114,15 @@ class Chip:
         """
         某个精度的稠密峰值（FLOP/s）。
 
-        【边界】精度名不区分大小写；芯片没有这个精度时抛出 ValueError，消息里列出它有哪些精度。
+        【边界】精度名不区分大小写；芯片没有这个精度时抛出 ValueError，消息里列出它有哪些精度；
+            prec 不是字符串 → TypeError。
         """
-        key = prec.lower() if isinstance(prec, str) else prec
+        if not isinstance(prec, str):
+            raise TypeError(f"{self.name}：prec 必须是精度名字符串（如 'bf16'），收到 {type(prec).__name__} 类型的 "
+                            f"{prec!r}")
+        key = prec.lower()
         if key not in self.peak:
-            raise ValueError(f"{self.name} 没有精度 {prec!r} 的峰值；可选：{', '.join(self.precisions)}")
+            raise ValueError(f"{self.name} 没有精度 prec={prec!r} 的峰值；可选：{', '.join(self.precisions)}")
         return self.peak[key]
 
     def ridge_point(self, prec="bf16"):
@@ -252,7 +260,10 @@ def with_alloc(chip, measured=None):
     """chip 加上可分配字节：measured（torch total_memory 的实测）给了就用它，否则按 derived_alloc 推出；
     mem_alloc_how 写明是哪一种（推出的写上 ALLOC_PER_DATASHEET_BYTE 的值）。第 5 讲的 A100_40G 也这样建。"""
     from dataclasses import replace
+    if not isinstance(chip, Chip):
+        raise TypeError(f"with_alloc：chip 必须是 hw_specs.Chip，收到 {type(chip).__name__} 类型的 {chip!r}")
     if measured is not None:
+        measured = check_real("measured", measured, lo=0.0, lo_open=True, where="with_alloc")
         return replace(chip, mem_alloc=float(measured), mem_alloc_how="measured: torch total_memory (torch 2.11)")
     return replace(chip, mem_alloc=derived_alloc(chip.mem_cap),
                    mem_alloc_how=f"derived: mem_cap × H200 measured/datasheet ratio {ALLOC_PER_DATASHEET_BYTE:.4f}")
@@ -271,10 +282,12 @@ def chip_rows(chips=None, prec="bf16"):
     [名字, 峰值 TFLOP/s, 带宽 TB/s, 容量 GB（手册）, 可分配 GB（带 * 的是实测，其余按 derived_alloc 推出）,
      屋脊点 FLOP/B, 互联 GB/s（每方向）, 功耗 W, 年份]。
 
-    【边界】没有 prec 精度的芯片，峰值和屋脊点写 "—"。
+    【边界】chips：None（全部）、{名字: 芯片} 或芯片的列表（不能为空）；prec 不区分大小写，至少要有一块芯片有它
+        （全都没有多半是拼错了 → ValueError）；没有 prec 精度的芯片，峰值和屋脊点写 "—"。
     """
+    chips, prec = _check_chip_rows(chips, prec)
     rows = []
-    for c in (chips or CHIPS.values()):
+    for c in chips:
         has = prec in c.peak
         rows.append([c.name, f"{c.peak[prec] / 1e12:.0f}" if has else "—", f"{c.mem_bw / 1e12:.2f}",
                      f"{c.mem_cap / 1e9:.0f}",
@@ -282,6 +295,30 @@ def chip_rows(chips=None, prec="bf16"):
                      f"{c.ridge_point(prec):.0f}" if has else "—",
                      f"{c.link_bw / 1e9:.0f}", "?" if c.power_w is None else f"{c.power_w:.0f}", str(c.year)])
     return rows
+
+
+def _check_chip_rows(chips, prec):
+    """chip_rows 的输入：chips 是 None（全部）、{名字: 芯片} 或芯片的列表（非空）；prec 至少有一块芯片有。"""
+    from collections.abc import Mapping
+    if chips is None:
+        chips = list(CHIPS.values())
+    elif isinstance(chips, Mapping):
+        chips = list(chips.values())
+    elif isinstance(chips, (list, tuple)):
+        chips = list(chips)
+    else:
+        raise TypeError(f"chip_rows：chips 必须是芯片的列表、{{名字: 芯片}} 或 None，收到 {type(chips).__name__}")
+    if not chips:
+        raise ValueError("chip_rows：chips 是空的（要全部芯片就传 None）")
+    bad = [c for c in chips if not isinstance(c, Chip)]
+    if bad:
+        raise TypeError(f"chip_rows：chips 的元素必须是 hw_specs.Chip，收到 {bad[0]!r}")
+    if not isinstance(prec, str):
+        raise TypeError(f"chip_rows：prec 必须是精度名字符串（如 'bf16'），收到 {type(prec).__name__} 类型的 {prec!r}")
+    prec = prec.lower()
+    if not any(prec in c.peak for c in chips):
+        raise ValueError(f"chip_rows：没有一块芯片有精度 prec={prec!r}；可选：{', '.join(PRECISIONS)}")
+    return chips, prec
 
 
 CHIP_HEADERS = ["芯片", "峰值 TFLOP/s", "带宽 TB/s", "显存 GB(手册)", "可分配 GB(*实测)",

@@ -10,7 +10,7 @@ llm_math.py —— 第 1 讲：一个 token 到底要花多少？（不运行模
     ModelConfig        结构 + 全部公式：按组的参数量、FLOPs/token、KV 字节/token、训练显存、一次前向的代价
     step_time / decode_time_per_token / decode_tokens_per_s / max_batch / train_time
                        把账本和芯片（hw_specs.Chip）结合起来：roofline 时间；放不下时报 CapacityError
-    fit / chips_needed / FIT_RULES
+    fit / chips_needed / FIT_RULES / MAX_CHIPS
                        全课程唯一的"放不放得下、要几张卡"规则（按可分配显存 alloc_bytes × MEM_UTIL）
     LLAMA32_1B … GPT3_175B、PRESETS、PUBLISHED_PARAMS、param_tolerance
                        真实模型的预设、官方公布的参数量和比较容差（出处键见 SOURCES.md）
@@ -83,6 +83,9 @@ class ModelConfig:
     extra_final: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"ModelConfig：name 必须是非空字符串（打印用），收到 {type(self.name).__name__} 类型的 "
+                            f"{self.name!r}")
         # 课程约定（course_utils.check_int）：不是整数（2.5、"8"、True）→ TypeError；越界 → ValueError
         for f in _POSITIVE_INT_FIELDS + _NONNEG_INT_FIELDS:
             lo = 1 if f in _POSITIVE_INT_FIELDS else 0
@@ -317,6 +320,12 @@ def scaled(cfg, name=None, **changes):
     【Python 小知识】frozen dataclass 不能原地改；dataclasses.replace 生成改了字段的新对象（会重新做参数检查）。
     """
     from dataclasses import replace
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"scaled：cfg 必须是 llm_math.ModelConfig（例如 LLAMA31_8B），收到 {type(cfg).__name__}")
+    unknown = sorted(set(changes) - {f.name for f in fields(ModelConfig)})
+    if unknown:
+        raise TypeError(f"scaled：ModelConfig 没有字段 {', '.join(unknown)}；"
+                        f"可改的字段：{', '.join(f.name for f in fields(ModelConfig) if f.name != 'name')}")
     return replace(cfg, name=name or cfg.name, **changes)
 
 
@@ -334,10 +343,17 @@ def check_model_chip(model, chip):
     """model 要像 ModelConfig、chip 要像 hw_specs.Chip；不像（例如 chip='H100' 这样的名字）→ TypeError。"""
     if not all(hasattr(model, a) for a in ("weight_bytes", "kv_bytes_per_token", "step_flops", "n_kv_heads")):
         raise TypeError(f"model 必须是 llm_math.ModelConfig（例如 llm_math.LLAMA31_8B），收到 {type(model).__name__}")
+    _check_chip(chip)
+
+
+def _check_chip(chip):
+    """chip 要像 hw_specs.Chip：有 peak_flops、mem_bw、mem_cap，带宽和容量是正的有限实数。"""
     missing = [a for a in ("peak_flops", "mem_bw", "mem_cap") if not hasattr(chip, a)]
     if missing:
         raise TypeError(f"chip 必须是 hw_specs.Chip（例如 hw_specs.H100_SXM；缺少 {', '.join(missing)}），"
                         f"收到 {type(chip).__name__} {chip!r}")
+    for a in ("mem_bw", "mem_cap"):
+        check_real(f"chip.{a}", getattr(chip, a), lo=0.0, lo_open=True)
 
 
 def allocatable_bytes(chip):
@@ -345,8 +361,11 @@ def allocatable_bytes(chip):
     一块芯片上程序能分配的字节：hw_specs.Chip 的 alloc_bytes（H200 实测、其余按规则推出）；
     没有这个字段的芯片（例如原课程第 6 讲模块自己定义的 A100）退回手册的 mem_cap。
     """
+    _check_chip(chip)
     alloc = getattr(chip, "alloc_bytes", None)
-    return float(chip.mem_cap if alloc is None else alloc)
+    if alloc is None:
+        return float(chip.mem_cap)
+    return check_real("chip.alloc_bytes", alloc, lo=0.0, lo_open=True)
 
 
 # "放不放得下 / 要几张卡" 的两条规则（全课程只用 fit / chips_needed 判断，表格打印用的是哪条）
@@ -358,7 +377,14 @@ FIT_RULES = {
 
 
 def tp_layout_problem(model, n, name="n"):
-    """n 张卡能不能按张量并行切这个模型：能切返回 None，不能切返回原因（一句话；name 是消息里卡数的名字）。"""
+    """n 张卡能不能按张量并行切这个模型：能切返回 None，不能切返回原因（一句话；name 是消息里卡数的名字）。
+
+    【边界】n 是 ≥ 1 的整数（0、负数、2.5、True → 报错，消息用 name 称呼它），model 要有 n_heads、n_kv_heads。"""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"tp_layout_problem：name 必须是非空字符串（消息里卡数的名字），收到 {name!r}")
+    if not all(hasattr(model, a) for a in ("n_heads", "n_kv_heads")):
+        raise TypeError(f"tp_layout_problem：model 必须是 llm_math.ModelConfig，收到 {type(model).__name__}")
+    n = int(check_int(name, n, lo=1, whole_float=True, where="tp_layout_problem"))
     if model.n_heads % n:
         return f"{name}={n} 必须整除注意力头数 n_heads={model.n_heads}（每块卡分到整数个头）"
     G = model.n_kv_heads
@@ -409,7 +435,7 @@ def fit(model, chip, n_chips=1, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_u
     【边界】n_chips ≥ 1、batch ≥ 0、ctx ≥ 0 是整数；w_bytes、kv_bytes > 0；mem_util 在 (0, 1]。
     """
     check_model_chip(model, chip)
-    n = check_int("n_chips", n_chips, lo=1, whole_float=True)
+    n = int(check_int("n_chips", n_chips, lo=1, whole_float=True))
     batch = check_int("batch", batch, lo=0, whole_float=True)
     ctx = check_int("ctx", ctx, lo=0, whole_float=True)
     _fit_kw(w_bytes, kv_bytes, mem_util, rule)
@@ -436,6 +462,9 @@ def fit(model, chip, n_chips=1, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_u
                kv_tokens=kv_tokens, why=why)
 
 
+MAX_CHIPS = 65536    # chips_needed 最多试到几张卡：一张张试，10¹² 张要跑几天（今天最大的集群是 10⁵ 量级）
+
+
 def chips_needed(model, chip, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, rule="tp",
                  max_chips=1024):
     """
@@ -444,7 +473,7 @@ def chips_needed(model, chip, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_uti
     【例】Llama-3.1-405B（BF16，只放权重）：rule="bytes" 要 11 张 H100，rule="tp" 要 16 张
         （128 个头，11、12 都不整除）。第 1 讲演示 05、第 5 讲演示 04 都用这一个函数。
     """
-    max_chips = check_int("max_chips", max_chips, lo=1)
+    max_chips = check_int("max_chips", max_chips, lo=1, hi=MAX_CHIPS, where="chips_needed")
     for n in range(1, max_chips + 1):
         f = fit(model, chip, n, batch, ctx, w_bytes, kv_bytes, mem_util, rule)
         if f.fits:
@@ -454,6 +483,10 @@ def chips_needed(model, chip, batch=1, ctx=0, w_bytes=2.0, kv_bytes=2.0, mem_uti
 
 def fit_rows(fits):
     """[(标签, Fit)] → format_table 的行：标签、规则、卡数、放得下、每卡权重 GB、KV GB、可用 GB、原因。"""
+    fits = list(fits)
+    for i, item in enumerate(fits):
+        if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[1], Fit):
+            raise TypeError(f"fit_rows：fits 的第 {i} 项必须是 (标签, Fit)，收到 {item!r}")
     return [[label, f.rule, f.n_chips, "是" if f.fits else "否", f"{f.weights / 1e9:.1f}", f"{f.kv / 1e9:.1f}",
              f"{f.usable / 1e9:.1f}", f.why or "—"] for label, f in fits]
 

@@ -14,13 +14,14 @@ transformer_lab.py —— 第 2 讲：会给自己记账的 numpy Transformer
     Config / TINY / config_like / init_params / count_params   结构（字段同 llm_math.ModelConfig）与随机参数（不训练）
     linear / rms_norm / rope_angles / apply_rope / softmax / silu / attention_core   积木
     KVCache / forward / generate                    带 KV cache 的前向与贪心生成
-    Counter / ops_table / analytic_ops / phase_costs / einsum_flops   账本；同一本账的闭式公式；einsum 的 FLOPs 规则
+    Counter / sum_rows / ops_table / analytic_ops / phase_costs / einsum_flops   账本；闭式公式；einsum 的 FLOPs 规则
 
 【约定】形状：tokens [B, T]；激活 [B, T, d]；q [B, T, H, dh]；k, v [B, S, G, dh]（G = KV 头数，S = 键的个数）；
     权重 W[输入维, 输出维]，y = x·W。记账：矩阵乘 x[M, K]·W[K, N] 记 2MKN FLOPs、权重 KN、激活 MK + MN 个元素；
     注意力核心按一个融合内核记（分数不落显存，第 11 讲）：4·B·T·S·H·dh FLOPs，useful 只算因果掩码允许的对；
     逐元素运算按"每元素几次"粗估。字节 = 元素数 × bytes_per_elem（默认 2 = BF16），与 numpy 的 float64 无关；
-    算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。坏输入一律 ValueError / TypeError。
+    算术用 float64，是为了"带 / 不带 KV cache"的结果能比到 1e-9 以内。坏输入一律 ValueError / TypeError；
+    种子是 ≥ 0 的整数或 np.random.Generator；放不进本机内存的大小在分配之前就报错（写出要多少字节）。
 
 【运行】python3 lecture02/transformer_lab.py
         # 自检：参数量 = 公式；带 / 不带 cache 的生成一致；Counter = analytic_ops；attention / RoPE = 独立参考
@@ -39,6 +40,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import fmt_si, format_table, save_figure  # noqa: E402,F401  save_figure：演示共用
 from course_utils import check_array, check_bool, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_dtype, check_memory, check_seed  # noqa: E402
 from llm_math import ModelConfig  # noqa: E402
 
 # 逐元素运算每个元素记几次运算（粗估；只影响逐元素那几行，矩阵乘法的账与它们无关）
@@ -82,6 +84,8 @@ class Config:
     name: str = "tiny"
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"Config：name 必须是非空字符串，收到 {type(self.name).__name__} 类型的 {self.name!r}")
         for f in _INT_FIELDS:
             # check_int 返回 int：np.int64 → int（llm_math.ModelConfig 按 Python int 算）
             object.__setattr__(self, f, check_int(f, getattr(self, f), lo=1, where="Config"))
@@ -118,6 +122,11 @@ def config_like(cfg, **changes):
     拷贝 cfg 并改几个字段，例：config_like(TINY, n_kv_heads=8) 是 TINY 的 MHA 版本。
     frozen dataclass 不能原地改，dataclasses.replace 会新建对象并重新跑 __post_init__ 的检查。
     """
+    _check_cfg(cfg, "config_like")
+    known = [f for f in _INT_FIELDS + ("rope_theta", "tied", "norm_eps", "name")]
+    unknown = sorted(set(changes) - set(known))
+    if unknown:
+        raise TypeError(f"config_like：Config 没有字段 {', '.join(unknown)}；可改的字段：{', '.join(known)}")
     new_cfg = replace(cfg, **changes)
     return new_cfg
 
@@ -139,15 +148,7 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
     每层 dict 的键：attn_norm, wq [d, H·dh], wk [d, G·dh], wv [d, G·dh], wo [H·dh, d], mlp_norm,
     w_gate [d, d_ff], w_up [d, d_ff], w_down [d_ff, d]。
     """
-    # 按字段而不是 isinstance 检查：pytest 里本模块可能以两个名字各加载一次（见 tests/labload.py）
-    missing = [f for f in _INT_FIELDS + ("tied",) if not hasattr(cfg, f)]
-    if missing:
-        raise TypeError(f"init_params 的 cfg 需要 transformer_lab.Config 的字段，{type(cfg).__name__} 缺少 {missing}")
-    logit_std = check_real("logit_std", logit_std, lo=0.0, lo_open=True, where="init_params")
-    if not np.issubdtype(np.dtype(dtype), np.floating):
-        raise TypeError(f"init_params：dtype 必须是浮点类型（如 np.float64、np.float32），收到 {dtype!r}"
-                        "——整数类型会把 N(0, 1/n) 的权重截断成 0")
-    gen = np.random.default_rng(seed)
+    gen, dtype, logit_std = _check_init(cfg, seed, dtype, logit_std)
     d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
     branch_out = 1.0 / math.sqrt(2 * cfg.n_layers)
 
@@ -171,6 +172,7 @@ def init_params(cfg, seed=0, dtype=np.float64, logit_std=2.0):
 
 def lm_head_matrix(params):
     """输出投影 [d, vocab]：有独立的 lm_head 就用它，tied 时用词嵌入表的转置（一个视图，不复制）。"""
+    _check_param_dict(params, "lm_head_matrix")
     head = params["lm_head"]
     return params["embed"].T if head is None else head
 
@@ -180,6 +182,7 @@ def count_params(params):
     把所有数组的元素个数加起来。tied（lm_head 为 None）时输出投影不另算——和
     llm_math.ModelConfig.n_params 的约定相同。
     """
+    _check_param_dict(params, "count_params")
     total = params["embed"].size + params["final_norm"].size
     total += 0 if params["lm_head"] is None else params["lm_head"].size
     total += sum(arr.size for layer in params["layers"] for arr in layer.values())
@@ -191,6 +194,7 @@ def param_groups(params):
     参数按用途分组计数：{"词嵌入", "注意力 Wq/Wk/Wv/Wo", "MLP", "RMSNorm 增益", "lm_head"}，总和 = count_params。
     01 演示用它说明"参数都花在哪儿"。
     """
+    _check_param_dict(params, "param_groups")
     attn = sum(lp[k].size for lp in params["layers"] for k in ("wq", "wk", "wv", "wo"))
     mlp = sum(lp[k].size for lp in params["layers"] for k in ("w_gate", "w_up", "w_down"))
     norms = params["final_norm"].size + sum(lp[k].size for lp in params["layers"] for k in ("attn_norm", "mlp_norm"))
@@ -223,7 +227,12 @@ class Counter:
         self.rows = {}
 
     def add(self, op, flops=0, useful=None, w_elems=0, kv_elems=0, act_elems=0):
-        """记一笔：运算数、有用运算数（None = 与 flops 相同），以及权重 / KV / 激活的**元素个数**。"""
+        """记一笔：运算数、有用运算数（None = 与 flops 相同），以及权重 / KV / 激活的**元素个数**。
+        都是 ≥ 0 的整数（numpy 整数也行），useful ≤ flops；op 是非空字符串。常见情形（Python int）只花一次类型比较。"""
+        if type(op) is not str or not all(type(v) is int and v >= 0 for v in (flops, w_elems, kv_elems, act_elems)) \
+                or (useful is not None and not (type(useful) is int and 0 <= useful <= flops)):
+            op, flops, useful, w_elems, kv_elems, act_elems = _check_add(op, flops, useful, w_elems, kv_elems,
+                                                                         act_elems)
         row = self.rows.get(op)
         if row is None:
             row = self.rows[op] = dict.fromkeys(self.FIELDS, 0)
@@ -236,17 +245,20 @@ class Counter:
 
     def total(self, key, ops=None):
         """一列的和；给了 ops（运算名的集合）时只加这些行。"""
-        if key not in self.FIELDS:
-            raise ValueError(f"Counter.total 的 key 只能是 {self.FIELDS}，收到 {key!r}")
+        check_choice("key", key, self.FIELDS, where="Counter.total")
         return sum_rows(self.rows, key, ops)
 
     def merged(self, groups):
         """按 {组名: [运算名, …]} 合并成 {组名: {列: 和}}；没列进任何组的运算不出现。"""
-        return merge_rows(self.rows, groups, self.FIELDS)
+        return _merge_rows(self.rows, groups, self.FIELDS)
 
 
-def merge_rows(rows, groups, fields=("flops", "useful", "w", "kv", "act")):
+def _merge_rows(rows, groups, fields=("flops", "useful", "w", "kv", "act")):
     """Counter.rows 或 analytic_ops 的结果按组合并：{组名: {列: 这组各运算之和}}。"""
+    _check_rows(rows, "_merge_rows")
+    groups = _check_groups(groups, rows, "_merge_rows")
+    for k in fields:
+        check_choice("fields 的元素", k, Counter.FIELDS, where="_merge_rows")
     return {g: {k: sum(rows[n][k] for n in names if n in rows) for k in fields} for g, names in groups.items()}
 
 
@@ -273,12 +285,17 @@ def ops_table(rows, groups=None, title=None):
     权重 / KV / 激活字节，以及这一组占总 FLOPs、总字节的百分比；最后一行是合计。
     groups 默认 OP_GROUPS；传 "ops" 则每个运算名单独一行（按第一次出现的顺序，即数据流的顺序）。
     """
+    _check_rows(rows, "ops_table")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"ops_table：title 必须是字符串或 None，收到 {type(title).__name__}")
+    if isinstance(groups, str):
+        check_choice("groups", groups, ("ops",), where="ops_table")
     first_col = "运算" if groups == "ops" else "运算组"
     if groups == "ops":
         groups = {op: [op] for op in rows}
     elif groups is None:
         groups = OP_GROUPS
-    merged = merge_rows(rows, groups)
+    merged = _merge_rows(rows, groups)
     tot = {k: sum(r[k] for r in merged.values()) for k in ("flops", "useful", "w", "kv", "act")}
     all_bytes = tot["w"] + tot["kv"] + tot["act"]
     body = []
@@ -297,10 +314,14 @@ def ops_table(rows, groups=None, title=None):
 def linear(x, W, op, counter=None):
     """
     y = x·W 并记账。x [..., K]（前面的维度都算作 M 行），W [K, N]，返回 [..., N]。
+    积木（linear、rms_norm、apply_rope、silu）只查 dtype 和形状（O(1)），不扫描数值：它们在每一步解码的热路径上，
+    NaN 进来就 NaN 出去；forward / generate 在入口查 tokens 和参数的形状、dtype。
     记：FLOPs 2MKN；权重 KN；激活 MK（读）+ MN（写）。
     """
-    if W.ndim != 2 or x.shape[-1] != W.shape[0]:
-        raise ValueError(f"linear('{op}')：x 的最后一维 {x.shape[-1]} 必须等于 W[K, N] 的 K，W 形状 {W.shape}")
+    x, W = _real_array("x", x, "linear"), _real_array("W", W, "linear")
+    _check_op_counter(op, counter, "linear")
+    if W.ndim != 2 or x.ndim < 1 or x.shape[-1] != W.shape[0]:
+        raise ValueError(f"linear('{op}')：x 的最后一维 {x.shape[-1:]} 必须等于 W[K, N] 的 K，W 形状 {W.shape}")
     y = x @ W
     if counter is not None:
         _count_matmul(counter, op, x, W)
@@ -320,7 +341,9 @@ def rms_norm(x, w, eps, counter=None):
     eps 必须是 > 0 的有限数：eps ≤ 0 时全零（或很小）的行会除以 0 或给负数开方，得到 inf / NaN。
     """
     eps = check_real("eps", eps, lo=0.0, lo_open=True, where="rms_norm")
-    if w.shape != x.shape[-1:]:
+    x, w = _real_array("x", x, "rms_norm"), _real_array("w", w, "rms_norm")
+    _check_op_counter("norm", counter, "rms_norm")
+    if x.ndim < 1 or w.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm：增益 w 的形状 {w.shape} 必须等于 x 的最后一维 {x.shape[-1:]}")
     if counter is not None:
         counter.add("norm", act_elems=2 * x.size, flops=NORM_FLOPS * x.size)
@@ -336,14 +359,18 @@ def rope_angles(positions, d_head, theta=10000.0):
     频率序列与原始 Transformer 的正弦位置编码一样。
     theta 必须是 > 1 的有限数：θ = 1 时每一对转速相同（不再有快慢指针），θ ≤ 0 时 θ^(−x) 是 inf / NaN。
     """
-    if isinstance(d_head, bool) or not isinstance(d_head, (int, np.integer)) or d_head < 2 or d_head % 2:
+    d_head = check_int("d_head", d_head, lo=2, where="rope_angles", type_error=ValueError)
+    if d_head % 2:
         raise ValueError(f"rope_angles：d_head 必须是 ≥ 2 的偶数，收到 {d_head!r}")
     theta = check_real("theta", theta, lo=1.0, lo_open=True, where="rope_angles")
     pos = np.asarray(positions)
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {pos.shape}")
+    if pos.dtype.kind == "b":
+        raise TypeError("rope_angles：positions 必须是整数或实数位置，收到 dtype=bool")
     if pos.dtype.kind not in "iu":                                 # 整数位置（forward 里总是）天然有限
         pos = check_array("positions", pos, where="rope_angles")    # 其余：实数、有限（NaN / ±∞ 报错）
+    check_memory("positions × d_head", 3 * 8 * pos.size * (d_head // 2), where="rope_angles")   # 角度、cos、sin
     freqs = theta ** (np.arange(d_head // 2) * (-2.0 / d_head))      # [dh/2]
     angles = pos[:, None] * freqs                                      # [T, dh/2]
     return np.cos(angles), np.sin(angles)
@@ -355,9 +382,13 @@ def apply_rope(x, cos, sin, counter=None):
         (a, b) → (a·cosφ − b·sinφ, a·sinφ + b·cosφ)
     query 在位置 m 转 mφ、key 在位置 n 转 nφ，二者的点积只剩 (m − n)φ：分数只依赖相对位置（02 演示验证）。
     cos / sin 的形状必须是 [T, dh/2]（rope_angles 的输出）。
+    整数的 x 按 float64 算（结果不截断回整数）；非实数 dtype → TypeError。
     注意成对方式：这里是"相邻两个数一对"（RoFormer 论文）；Hugging Face 的 Llama 用"前半与后半配对"，
     两者只差一个固定的维度排列，数学上等价，但权重不能不经换位直接混用。
     """
+    x = _real_array("x", x, "apply_rope")
+    cos, sin = _real_array("cos", cos, "apply_rope"), _real_array("sin", sin, "apply_rope")
+    _check_op_counter("rope", counter, "apply_rope")
     if x.ndim != 4 or cos.shape != sin.shape or cos.shape != (x.shape[1], x.shape[-1] // 2) or x.shape[-1] % 2:
         raise ValueError(f"apply_rope：x 应为 [B, T, 头数, dh]（dh 偶数）且 cos/sin 为 [T, dh/2]；"
                          f"收到 x {x.shape}、cos {cos.shape}、sin {sin.shape}")
@@ -365,7 +396,7 @@ def apply_rope(x, cos, sin, counter=None):
         counter.add("rope", act_elems=2 * x.size, flops=ROPE_FLOPS * x.size)
     c, s = cos[:, None, :], sin[:, None, :]           # [T, 1, dh/2]，与 [B, T, 头数, dh/2] 广播
     even, odd = x[..., ::2], x[..., 1::2]             # [B, T, 头数, dh/2]
-    out = np.empty_like(x)
+    out = np.empty_like(x) if x.dtype.kind == "f" else np.empty(x.shape)   # 整数 x：结果是 float64，不截断
     out[..., ::2] = even * c - odd * s
     out[..., 1::2] = even * s + odd * c
     return out
@@ -375,11 +406,15 @@ def softmax(x, axis=-1):
     """
     数值稳定的 softmax：先减去该轴最大值再取 exp，结果与原式相同但不会溢出。
     某一行全是 −∞（全被掩掉）或含 NaN/+∞ 时结果无意义，这里直接 ValueError，而不是悄悄返回 NaN。
+    x 是整数或浮点数组（bool、字符串 → TypeError；空数组、标量 → ValueError）；axis 是 −ndim … ndim−1 的整数。
     """
-    x = np.asarray(x)
+    x = _real_array("x", x, "softmax", allow_bool=False)
+    if x.ndim == 0 or x.size == 0:
+        raise ValueError(f"softmax：x 不能是标量或空数组，收到形状 {x.shape}")
+    axis = check_int("axis", axis, lo=-x.ndim, hi=x.ndim - 1, where="softmax")
     top = x.max(axis=axis, keepdims=True)
     if not np.isfinite(top).all():
-        raise ValueError("softmax：有一行全是 −∞（所有位置都被掩掉）或含 NaN/+∞，归一化无定义")
+        raise ValueError("softmax：x 有一行全是 −∞（所有位置都被掩掉）或含 NaN/+∞，归一化无定义")
     e = np.exp(x - top)
     return e / e.sum(axis=axis, keepdims=True)
 
@@ -390,6 +425,7 @@ def silu(x):
     x 很负（< −709）时 e^{−x} 溢出成 inf，商是 −0：真值的绝对值小于 1e-305，这就是正确的舍入结果；
     所以只需关掉那条溢出警告（errstate），不必按符号分两支（那样多 3 次逐元素运算，生成时慢约 10%）。
     """
+    x = _real_array("x", x, "silu", allow_bool=False)
     with np.errstate(over="ignore"):
         den = np.exp(-x)
     den += 1.0
@@ -415,7 +451,7 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         [B, G, 1, dh, S]，一次批量矩阵乘就让每组的 R 个头对着同一组 K/V 算：G = H 是 MHA，G = 1 是 MQA。
     记账：见模块开头；softmax 另记一行，只有运算没有字节（融合内核里分数留在片上）。
     """
-    causal = _check_attention_shapes(q, k, v, q_pos0, causal)
+    q, k, v, causal = _check_attention_shapes(q, k, v, q_pos0, causal, counter)
     B, T, H, dh = q.shape
     _, S, G, _ = k.shape
     # 两次乘法就是 einsum("btgrd,bsgd->bgrts", ·) 和 einsum("bgrts,bsgd->btgrd", ·)；写成批量矩阵乘（@）是因为
@@ -448,15 +484,19 @@ class KVCache:
     用法（forward 内部）：每层先 write(layer, k_new, v_new) 写到位置 length…length+T−1，
         再 read(layer, length+T) 取出全部；整次前向结束后 length += T。
     length 可以直接改小（投机解码回滚草稿，第 6 讲），之后的写入会覆盖旧数据；但不能越过 [0, max_len]。
+    dtype 必须是浮点（整数缓存会把 K、V 截断）；放不进本机内存的 batch × max_len 在分配之前报 ValueError。
     越界写（溢出）、读还没写过的位置、形状与 cache 不符都抛 ValueError——真实引擎遇到容量不足会
         换出、重算或拒绝请求（分页与抢占在本课程之外，见 vLLM 论文 [S60]），绝不会默默算错。
     """
 
     def __init__(self, cfg, batch, max_len=None, dtype=np.float64):
+        _check_cfg(cfg, "KVCache")
         max_len = cfg.max_seq if max_len is None else max_len
         for name, val in (("batch", batch), ("max_len", max_len)):
             check_int(name, val, lo=1, where="KVCache", type_error=ValueError)
+        dtype = check_dtype("dtype", dtype, "f", where="KVCache")             # 整数缓存会把 K、V 截断
         shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.d_head)   # [L, B, max_len, G, dh]
+        check_memory("batch × max_len", 2 * math.prod(shape) * dtype.itemsize, where="KVCache")
         self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
         self.max_len = int(max_len)
         self.cfg = cfg
@@ -475,6 +515,13 @@ class KVCache:
 
     def write(self, layer, k_new, v_new):
         """把第 layer 层 T 个新位置的 K、V（[B, T, G, dh]）写到 length … length+T−1。"""
+        if type(layer) is not int:
+            layer = check_int("layer", layer, lo=0, where="KVCache.write", type_error=ValueError)
+        if not (isinstance(k_new, np.ndarray) and isinstance(v_new, np.ndarray)) or k_new.dtype.kind not in "iuf" \
+                or v_new.dtype.kind not in "iuf":
+            raise TypeError(f"KVCache.write：k_new、v_new 必须是实数 numpy 数组，收到 {type(k_new).__name__} / "
+                            f"{type(v_new).__name__}（dtype {getattr(k_new, 'dtype', '?')} / "
+                            f"{getattr(v_new, 'dtype', '?')}）")
         want = (self.k.shape[1], k_new.shape[1] if k_new.ndim == 4 else -1) + self.k.shape[3:]
         if k_new.shape != v_new.shape or k_new.shape != want:
             raise ValueError(f"KVCache.write：k_new / v_new 应为 [B, T, G, dh] = [{self.k.shape[1]}, T, "
@@ -490,6 +537,11 @@ class KVCache:
 
     def read(self, layer, upto):
         """第 layer 层位置 0 … upto−1 的 K、V（切片是视图，不复制）；upto 不能超过已写入的位置。"""
+        if type(layer) is not int or type(upto) is not int:
+            layer = check_int("layer", layer, lo=0, where="KVCache.read", type_error=ValueError)
+            upto = check_int("upto", upto, lo=1, where="KVCache.read", type_error=ValueError)
+        if not 0 <= layer < self.k.shape[0]:
+            raise ValueError(f"KVCache.read：layer 必须在 0…{self.k.shape[0] - 1}，收到 {layer}")
         start, T = self._pending.get(layer, (-1, 0))
         filled = start + T if start == self._length else self._length
         if not 0 < upto <= filled:
@@ -576,7 +628,7 @@ def forward(params, cfg, tokens, cache=None, counter=None, last_only=False, line
                     04 演示用它复现"位置编号写错"的 bug。注意它只影响 RoPE，不影响掩码。
     返回 logits [B, T, vocab]（last_only 时 [B, 1, vocab]）；return_hidden 时 (logits, hidden)。
     """
-    tokens, rope_pos0 = _check_forward(params, cfg, tokens, cache, rope_pos0,
+    tokens, rope_pos0 = _check_forward(params, cfg, tokens, cache, rope_pos0, counter, linear_fn,
                                        last_only=last_only, use_rope=use_rope, causal=causal,
                                        return_hidden=return_hidden)
     return _forward(params, cfg, tokens, cache=cache, counter=counter, last_only=last_only, linear_fn=linear_fn,
@@ -626,10 +678,12 @@ def generate(params, cfg, prompt, n_new, use_cache=True, counter_prefill=None, c
     prompt = _check_tokens(prompt, cfg)
     n_new = check_int("n_new", n_new, lo=0, where="generate")
     check_bool("use_cache", use_cache, where="generate")
+    _check_op_counter("generate", counter_prefill, "generate", "counter_prefill")
+    _check_op_counter("generate", counter_decode, "generate", "counter_decode")
     B, T0 = prompt.shape
     final_len = T0 + n_new
     if final_len > cfg.max_seq:
-        raise ValueError(f"提示长度 {T0} + 生成 {n_new} = {final_len} 超过 cfg.max_seq={cfg.max_seq}")
+        raise ValueError(f"generate：提示长度 {T0} + 生成 n_new={n_new} = {final_len} 超过 cfg.max_seq={cfg.max_seq}")
     seq = prompt.copy()
     per_step = []
     cache = KVCache(cfg, B, dtype=params["embed"].dtype) if use_cache else None
@@ -659,6 +713,7 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
     causal / use_rope：与 forward 的同名开关对应。
     返回 {运算名: {"flops", "useful", "w", "kv", "act"}}（没有 calls 列）。
     """
+    _check_structure(cfg, "analytic_ops")
     for name, val in (("batch", batch), ("n_new", n_new), ("pos0", pos0)):
         check_int(name, val, lo=0 if name == "pos0" else 1, where="analytic_ops")
     for name, flag in (("last_only", last_only), ("with_cache", with_cache), ("causal", causal),
@@ -710,6 +765,10 @@ def analytic_ops(cfg, batch, n_new, pos0=0, bytes_per_elem=2.0, last_only=False,
 
 def sum_rows(rows, key, ops=None):
     """账本（Counter.rows 或 analytic_ops 的结果）某一列的和；ops 给出时只加这些运算名。"""
+    _check_rows(rows, "sum_rows")
+    check_choice("key", key, Counter.FIELDS, where="sum_rows")
+    if ops is not None:
+        ops = set(_check_op_names(ops, rows, "sum_rows"))
     return sum(row[key] for op, row in rows.items() if ops is None or op in ops)
 
 
@@ -750,7 +809,10 @@ def einsum_flops(spec, *shapes):
         raise ValueError(f"einsum_flops：spec 有 {len(operands)} 个操作数，但给了 {len(shapes)} 个形状")
     sizes = {}
     for letters, shape in zip(operands, shapes):
-        shape = tuple(getattr(shape, "shape", shape))
+        shape = getattr(shape, "shape", shape)
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(f"einsum_flops：操作数 '{letters}' 的 shapes 必须是形状元组（或数组），收到 {shape!r}")
+        shape = tuple(shape)
         for n in shape:
             check_int(f"操作数 '{letters}' 的维度长度", n, lo=1, where="einsum_flops")
         if not letters.isalpha() or len(letters) != len(shape):
@@ -769,10 +831,21 @@ def einsum_flops(spec, *shapes):
 # 输入检查（放在教学代码之后：每个公开函数开头一行 _check_*，然后是数学）
 # =============================================================================
 def _check_params(params, cfg):
-    """前向之前核对参数形状与 cfg 一致：形状不符时 numpy 常常照样能广播出一个错误的结果。"""
+    """前向之前核对参数形状与 cfg 一致：形状不符时 numpy 常常照样能广播出一个错误的结果。
+    每个数组还要是浮点 numpy 数组（整数权重会让 RMSNorm、softmax 的结果截断或溢出）。只看形状和 dtype（O(数组个数)），
+    不扫描数值：逐个找 NaN 要把全部权重读一遍，每一步解码都付不起。"""
+    _check_cfg(cfg, "forward")
+    _check_param_dict(params, "forward")
     d, hd, kvd, f = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff
     want = {"attn_norm": (d,), "wq": (d, hd), "wk": (d, kvd), "wv": (d, kvd), "wo": (hd, d),
             "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+    arrays = [("params['embed']", params["embed"]), ("params['final_norm']", params["final_norm"])]
+    arrays += [] if params["lm_head"] is None else [("params['lm_head']", params["lm_head"])]
+    arrays += [(f"params['layers'][{i}]['{k}']", a) for i, lp in enumerate(params["layers"]) for k, a in lp.items()]
+    for nm, a in arrays:
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            raise TypeError(f"{nm} 必须是浮点 numpy 数组，收到 {type(a).__name__}"
+                            f"{'（dtype ' + str(a.dtype) + '）' if isinstance(a, np.ndarray) else ''}")
     if params["embed"].shape != (cfg.vocab, d):
         raise ValueError(f"params['embed'] 形状 {params['embed'].shape} 与 cfg 不符，应为 (vocab, d_model) = "
                          f"{(cfg.vocab, d)}")
@@ -792,9 +865,11 @@ def _check_params(params, cfg):
         raise ValueError(f"params['lm_head'] 形状 {head.shape}，应为 (d_model, vocab) = {(d, cfg.vocab)}")
 
 
-def _check_attention_shapes(q, k, v, q_pos0, causal):
+def _check_attention_shapes(q, k, v, q_pos0, causal, counter=None):
     """attention_core 的输入检查；返回检查过的 causal（bool）。"""
     causal = check_bool("causal", causal, where="attention_core")
+    q, k, v = (_real_array(nm, a, "attention_core") for nm, a in (("q", q), ("k", k), ("v", v)))
+    _check_op_counter("attn_core", counter, "attention_core")
     if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
         raise ValueError(f"attention_core：q 应为 [B, T, H, dh]，k、v 应为同形状的 [B, S, G, dh]；"
                          f"收到 q {q.shape}、k {k.shape}、v {v.shape}")
@@ -806,7 +881,9 @@ def _check_attention_shapes(q, k, v, q_pos0, causal):
     if causal and q_pos0 + T > k.shape[1]:
         raise ValueError(f"attention_core：因果注意力里最后一个查询在位置 q_pos0+T−1 = {q_pos0 + T - 1}，"
                          f"但只有 S={k.shape[1]} 个键（它自己的键缺失）；前向里应有 q_pos0 = S − T")
-    return causal
+    # 分数矩阵 [B, H, T, S]：float64 的分数、掩码后的分数、exp、概率 ≈ 4 份
+    check_memory("q 的 T × k 的 S", 4 * 8 * B * H * T * k.shape[1], where="attention_core")
+    return q, k, v, causal
 
 
 def _check_tokens(tokens, cfg):
@@ -818,27 +895,127 @@ def _check_tokens(tokens, cfg):
         raise TypeError(f"tokens 必须是整数数组，收到 dtype={tokens.dtype}")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= cfg.vocab:
-        raise ValueError(f"token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
+        raise ValueError(f"tokens 的 token id 必须在 [0, vocab={cfg.vocab}) 内，收到最小 {lo}、最大 {hi}")
     return tokens
 
 
-def _check_forward(params, cfg, tokens, cache, rope_pos0, **flags):
+def _check_forward(params, cfg, tokens, cache, rope_pos0, counter=None, linear_fn=None, **flags):
     """forward 的全部输入检查（flags：last_only / use_rope / causal / return_hidden）；返回 (tokens, rope_pos0)。"""
     _check_params(params, cfg)
     tokens = _check_tokens(tokens, cfg)
     for name, flag in flags.items():
         check_bool(name, flag, where="forward")
+    _check_op_counter("forward", counter, "forward")
+    if linear_fn is not None and not callable(linear_fn):
+        raise TypeError(f"forward：linear_fn 必须是 None 或可调用的 linear_fn(x, W, op, layer)，"
+                        f"收到 {type(linear_fn).__name__}")
     T = tokens.shape[1]
     pos0 = 0
     if cache is not None:
+        if not all(hasattr(cache, a) for a in ("k", "v", "length", "max_len", "write", "read")):
+            raise TypeError(f"forward：cache 必须是 None 或 transformer_lab.KVCache，收到 {type(cache).__name__}")
         _check_cache(cache, cfg, *tokens.shape)
         pos0 = cache.length
     if pos0 + T > cfg.max_seq:           # 和 generate 同一条上限：模型只为 max_seq 个位置设计（RoPE、缓存、掩码）
-        raise ValueError(f"位置 {pos0} + {T} 个 token = {pos0 + T} 超过 cfg.max_seq={cfg.max_seq}"
+        raise ValueError(f"tokens：位置 {pos0} + {T} 个 token = {pos0 + T} 超过 cfg.max_seq={cfg.max_seq}"
                          f"（generate 也拒绝；要更长就用更大的 max_seq 建 Config）")
     if rope_pos0 is not None:
         rope_pos0 = check_int("rope_pos0", rope_pos0, lo=0, where="forward")
     return tokens, rope_pos0
+
+
+def _check_init(cfg, seed, dtype, logit_std):
+    """init_params 的输入：cfg 的字段、种子（course_utils.check_seed）、浮点 dtype、放得下的大小。"""
+    _check_cfg(cfg, "init_params")
+    logit_std = check_real("logit_std", logit_std, lo=0.0, lo_open=True, where="init_params")
+    dtype = check_dtype("dtype", dtype, "f", where="init_params")     # 整数类型会把 N(0, 1/n) 的权重截断成 0
+    d, hd, kvd, f, V = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head, cfg.d_ff, cfg.vocab
+    n = V * d + d + cfg.n_layers * (2 * d + d * hd + 2 * d * kvd + hd * d + 3 * d * f) + (0 if cfg.tied else d * V)
+    biggest = max(V * d, d * f, d * hd)                                # 每个矩阵先按 float64 生成再转 dtype
+    check_memory("cfg 的大小（vocab、d_model、n_layers、d_ff……）", n * dtype.itemsize + 8 * biggest,
+                 where="init_params")
+    return check_seed("seed", seed, where="init_params"), dtype, logit_std
+
+
+def _check_structure(cfg, where):
+    """cfg 要有结构字段（Config 或 llm_math.ModelConfig 都行）。"""
+    missing = [f for f in _INT_FIELDS if f != "max_seq" and not hasattr(cfg, f)]
+    if missing:
+        raise TypeError(f"{where}：cfg 必须是 transformer_lab.Config 或 llm_math.ModelConfig，"
+                        f"{type(cfg).__name__} 缺少字段 {missing}")
+
+
+def _check_cfg(cfg, where):
+    """按字段而不是 isinstance 检查：pytest 里本模块可能以两个名字各加载一次（见 tests/labload.py）。"""
+    missing = [f for f in _INT_FIELDS + ("tied", "rope_theta", "norm_eps") if not hasattr(cfg, f)]
+    if missing:
+        raise TypeError(f"{where}：cfg 必须是 transformer_lab.Config，{type(cfg).__name__} 缺少字段 {missing}")
+
+
+def _check_param_dict(params, where):
+    keys = ("embed", "layers", "final_norm", "lm_head")
+    if not isinstance(params, dict) or any(k not in params for k in keys):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise TypeError(f"{where}：params 必须是 init_params 返回的字典（键 {keys}），收到 {got}")
+    if not isinstance(params["layers"], (list, tuple)) or not all(isinstance(lp, dict) for lp in params["layers"]):
+        raise TypeError(f"{where}：params['layers'] 必须是每层一个字典的列表")
+
+
+def _real_array(name, x, where, allow_bool=True):
+    """积木的数组参数：实数 numpy 数组（列表先 np.asarray）。只看 dtype（O(1)），不扫描数值。"""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.dtype.kind not in ("biuf" if allow_bool else "iuf"):
+        raise TypeError(f"{where}：{name} 必须是实数数组，收到 dtype={x.dtype}")
+    return x
+
+
+def _check_op_counter(op, counter, where, counter_name="counter"):
+    if type(op) is not str:
+        raise TypeError(f"{where}：op 必须是运算名字符串（如 'q_proj'），收到 {type(op).__name__} 类型的 {op!r}")
+    if counter is not None and not callable(getattr(counter, "add", None)):
+        raise TypeError(f"{where}：{counter_name} 必须是 None 或 transformer_lab.Counter，收到 {type(counter).__name__}")
+
+
+def _check_add(op, flops, useful, w_elems, kv_elems, act_elems):
+    """Counter.add 的慢路径：不是 Python int 的值在这里检查、转换。"""
+    if not isinstance(op, str) or not op:
+        raise TypeError(f"Counter.add：op 必须是非空字符串，收到 {type(op).__name__} 类型的 {op!r}")
+    vals = [check_int(nm, v, lo=0, where="Counter.add") for nm, v in
+            (("flops", flops), ("w_elems", w_elems), ("kv_elems", kv_elems), ("act_elems", act_elems))]
+    if useful is not None:
+        useful = check_int("useful", useful, lo=0, hi=vals[0], where="Counter.add")
+    return op, vals[0], useful, vals[1], vals[2], vals[3]
+
+
+_KNOWN_OPS = frozenset(MATMUL_OPS + ATTN_CORE_OPS + ELEMENTWISE_OPS + ("embed", "kv_write"))
+
+
+def _check_rows(rows, where):
+    from collections.abc import Mapping
+    if not isinstance(rows, Mapping) or not all(isinstance(r, Mapping) for r in rows.values()):
+        raise TypeError(f"{where}：rows 必须是账本 {{运算名: {{列: 数}}}}（Counter.rows 或 analytic_ops 的结果），"
+                        f"收到 {type(rows).__name__}")
+
+
+def _check_op_names(ops, rows, where, name="ops"):
+    """运算名的集合：不能是一个字符串（'q_proj' 会被当成字母的集合）；每个名字要么在账本里、要么是已知的运算名。"""
+    if isinstance(ops, str) or not hasattr(ops, "__iter__"):
+        raise TypeError(f"{where}：{name} 必须是运算名的列表 / 元组 / 集合，收到 {type(ops).__name__} 类型的 {ops!r}")
+    ops = list(ops)
+    unknown = [o for o in ops if o not in rows and o not in _KNOWN_OPS]
+    if unknown:
+        raise ValueError(f"{where}：{name} 里有不认识的运算名 {unknown}；认识的：{sorted(_KNOWN_OPS | set(rows))}")
+    return ops
+
+
+def _check_groups(groups, rows, where):
+    from collections.abc import Mapping
+    if not isinstance(groups, Mapping):
+        raise TypeError(f"{where}：groups 必须是 {{组名: [运算名, …]}}，收到 {type(groups).__name__} 类型的 {groups!r}")
+    for g, names in groups.items():
+        _check_op_names(names, rows, where, name=f"groups[{g!r}]")
+    return groups
 
 
 def _check_cache(cache, cfg, B, T):

@@ -13,7 +13,7 @@ comm_sim.py —— 预备课 5：集合通信一步一步怎么搬数据、要�
 【里面有什么】
     Message / Ledger                                   账本（cost()、time(alpha, beta)、bytes_sent()）
     ring_* / rec_* / rabenseifner_all_reduce / tree_* / scatter_allgather_broadcast / pairwise_all_to_all /
-    hierarchical_all_reduce / SIMULATORS               模拟，都返回 (每个设备的结果, Ledger)
+    hierarchical_all_reduce / SIMULATORS               模拟，都返回 (每个设备的结果, Ledger)；P ≤ MAX_SIM_DEVICES
     Cost / cost_terms / allreduce_time … / crossover_bytes   代价模型；n* = α 项等于 β 项的消息大小
     bus_factor / algbw / busbw / nccl_ring_latency     nccl-tests 的口径 [S68]，NCCL 自己的延迟常数 [S71]
     tp_allreduce_time / fit_alpha_beta                 第 5 讲用的 TP all-reduce 时间；从实测数据拟合 α、β
@@ -22,6 +22,7 @@ comm_sim.py —— 预备课 5：集合通信一步一步怎么搬数据、要�
     是每个设备的完整输入；all-gather 是拼起来的总大小；all-to-all 是每个设备发出的全部字节。α = 每步固定延迟，
     β = 1 / 链路单向带宽。一步 = 每个设备最多发一条、收一条（单端口、全双工），时间 = α + β × 这一步最大的消息。
     n 不能被 P 整除时块长差 1：总字节仍等于公式，关键路径只多不到一个块。忽略归约计算（γ）、拥塞、协议开销。
+    缓冲区是整数或浮点的一维数组（bool、字符串、复数报 TypeError）；求和放不进 dtype 时报错，不回绕、不换 dtype。
 
 【运行】python3 prereq5/comm_sim.py    # 自检（2 核 CPU 上不到 1 秒）
 【依赖】numpy；../lecture01/course_utils.py。演示 05 另外用 torch.distributed 的 gloo 后端。
@@ -39,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
-from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_int, check_memory, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
 from course_utils import gpu_meta  # noqa: E402  测量文件的"在哪测的"（nccl_environment 用；torch 由调用者传入）
 
 # =====================================================================
@@ -66,6 +67,8 @@ ALGORITHMS = {
 }
 
 REDUCE_OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+LINK_KINDS = ("link", "intra", "inter")     # 账本里的链路种类：单层拓扑 "link"，两级拓扑 "intra" / "inter"
+MAX_SIM_DEVICES = 512   # 模拟最多几个设备：环形算法记 2(P−1)·P 条消息，P = 512 已是 50 万条（几秒）
 
 
 # =====================================================================
@@ -86,7 +89,8 @@ class Cost(NamedTuple):
     bytes: float
 
     def time(self, alpha, beta):
-        return self.steps * alpha + self.bytes * beta
+        """steps × alpha + bytes × beta（秒）。alpha、beta 是 ≥ 0 的有限数（bytes 是数组时逐点算）。"""
+        return self.steps * _check_nonneg(alpha, "alpha") + self.bytes * _check_nonneg(beta, "beta")
 
 
 class Ledger:
@@ -94,6 +98,7 @@ class Ledger:
     记账：模拟的每一步（step）里谁给谁发了多少字节。
 
     单端口、全双工：一步之内每个设备最多发 1 条、收 1 条消息（违反就是模拟代码的错，抛 RuntimeError）。
+    公开的 send 检查参数（设备号、字节数是整数，链路种类在 LINK_KINDS 里）；模拟内部用 _send，不在内层循环里查。
     一步的时间 = max over 消息 (α_kind + β_kind × 字节数)——同一步里的消息并行传输，最慢的那条决定这一步。
     """
 
@@ -109,6 +114,15 @@ class Ledger:
         return self.n_steps - 1
 
     def send(self, src, dst, nbytes, kind="link"):
+        """记一条消息：设备 src → dst（0 … P−1 的整数），nbytes 个字节（≥ 0 的整数），链路种类 kind（LINK_KINDS）。"""
+        src = check_int("src", src, lo=0, hi=self.p - 1, where="Ledger.send")
+        dst = check_int("dst", dst, lo=0, hi=self.p - 1, where="Ledger.send")
+        nbytes = check_int("nbytes", nbytes, lo=0, where="Ledger.send")
+        check_choice("kind", kind, LINK_KINDS, where="Ledger.send")
+        self._send(src, dst, nbytes, kind)
+
+    def _send(self, src, dst, nbytes, kind="link"):
+        """模拟内部的 send：参数来自模拟代码本身（已是合法的整数），只查单端口规则。"""
         if self.n_steps == 0:
             raise RuntimeError("先调用 new_step() 再 send()")
         if src == dst or not (0 <= src < self.p and 0 <= dst < self.p):
@@ -134,6 +148,9 @@ class Ledger:
         return out
 
     def total_bytes(self, kind=None):
+        """所有消息的字节数之和；kind 给定时只算这种链路（LINK_KINDS 之一）。"""
+        if kind is not None:
+            check_choice("kind", kind, LINK_KINDS, where="Ledger.total_bytes")
         return sum(m.nbytes for m in self.messages if kind is None or m.kind == kind)
 
     def link_bytes(self):
@@ -144,6 +161,8 @@ class Ledger:
         return out
 
     def step_messages(self, step):
+        """第 step 步（0 … n_steps−1）的消息。"""
+        step = check_int("step", step, lo=0, hi=max(self.n_steps - 1, 0), where="Ledger.step_messages")
         return [m for m in self.messages if m.step == step]
 
     def _steps_by_kind(self):
@@ -155,6 +174,8 @@ class Ledger:
 
     def cost(self, kind=None):
         """Cost(步数, 关键路径字节数 = Σ_每步 最大消息)。kind 给定时只统计这种链路的步。"""
+        if kind is not None:
+            check_choice("kind", kind, LINK_KINDS, where="Ledger.cost")
         steps, nbytes = 0, 0
         for d in self._steps_by_kind():
             items = [(k, b) for k, b in d.items() if kind is None or k == kind]
@@ -164,7 +185,10 @@ class Ledger:
         return Cost(steps, nbytes)
 
     def time(self, alpha, beta):
-        """α-β 时间。alpha、beta 是数，或 {kind: 数}（两级拓扑）。"""
+        """α-β 时间。alpha、beta 是 ≥ 0 的有限数，或 {kind: 这样的数}（两级拓扑）。"""
+        for name, v in (("alpha", alpha), ("beta", beta)):
+            for k, x in (v.items() if isinstance(v, dict) else [(None, v)]):
+                _check_nonneg(x, name if k is None else f"{name}[{k!r}]")
         total = 0.0
         for d in self._steps_by_kind():
             if not d:
@@ -182,7 +206,7 @@ def _per_kind(v, kind, name):
 
 
 def _trace(trace, phase, step, bufs):
-    """trace 是列表时，记下这一步之后每个设备的块（副本）。"""
+    """trace 是列表时，记下这一步之后每个设备的块（副本）。trace 的类型在入口查过（_check_trace）。"""
     if trace is not None:
         trace.append((phase, step, [[None if c is None else c.copy() for c in chunks] for chunks in bufs]))
 
@@ -203,7 +227,7 @@ def _ring_rs_steps(bufs, groups, ledger, op, kind="link", trace=None):
                 c = (i - s - 1) % g
                 posted.append((r, grp[(i + 1) % g], c, bufs[r][c].copy()))
         for src, dst, c, data in posted:
-            ledger.send(src, dst, data.nbytes, kind)
+            ledger._send(src, dst, data.nbytes, kind)
             bufs[dst][c] = op(bufs[dst][c], data)
         _trace(trace, "reduce-scatter", step, bufs)
 
@@ -219,7 +243,7 @@ def _ring_ag_steps(bufs, groups, ledger, kind="link", trace=None):
                 c = (i - s) % g
                 posted.append((r, grp[(i + 1) % g], c, bufs[r][c].copy()))
         for src, dst, c, data in posted:
-            ledger.send(src, dst, data.nbytes, kind)
+            ledger._send(src, dst, data.nbytes, kind)
             bufs[dst][c] = data
         _trace(trace, "all-gather", step, bufs)
 
@@ -230,7 +254,7 @@ def ring_reduce_scatter(xs, op="sum", trace=None):
     返回 (outs, ledger)：outs[r] = np.array_split(op-归约(xs), P)[r]。P − 1 步。
     """
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op, trace=trace)
     p = len(xs)
     bufs = [np.array_split(x, p) for x in xs]          # bufs[r][c]：设备 r 的第 c 块
     ledger = Ledger(p)
@@ -244,7 +268,7 @@ def ring_all_gather(chunks, trace=None):
     环形 all-gather。chunks[r]：设备 r 的那一块（长度可以不同，即 allgatherv）。
     返回 (outs, ledger)：每个设备都得到 np.concatenate(chunks)。P − 1 步。
     """
-    chunks = _check_buffers(chunks, "chunks", same_len=False)
+    chunks = _check_buffers(chunks, "chunks", same_len=False, trace=trace)
     p = len(chunks)
     bufs = [[chunks[r] if c == r else None for c in range(p)] for r in range(p)]   # None = 还没收到
     ledger = Ledger(p)
@@ -260,7 +284,7 @@ def ring_all_reduce(xs, op="sum", trace=None):
     trace：传入一个列表时，追加 (阶段, 步号, 每个设备的块列表) ——演示 01 用它画每一步的状态。
     """
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op, trace=trace)
     p = len(xs)
     bufs = [np.array_split(x, p) for x in xs]
     ledger = Ledger(p)
@@ -286,7 +310,7 @@ def _rec_halving_steps(bufs, ranks, ledger, op):
             give = range(lo, lo + m) if i & m else range(lo + m, lo + 2 * m)   # 交出不含自己位置的那一半
             posted.append((r, ranks[i ^ m], [(c, bufs[r][c].copy()) for c in give]))
         for src, dst, items in posted:
-            ledger.send(src, dst, sum(d.nbytes for _, d in items))
+            ledger._send(src, dst, sum(d.nbytes for _, d in items))
             for c, d in items:
                 bufs[dst][c] = op(bufs[dst][c], d)
         m //= 2
@@ -303,7 +327,7 @@ def _rec_doubling_ag_steps(bufs, ranks, ledger):
             lo = i - i % m                               # 当前持有的块区间 [lo, lo + m)
             posted.append((r, ranks[i ^ m], [(c, bufs[r][c].copy()) for c in range(lo, lo + m)]))
         for src, dst, items in posted:
-            ledger.send(src, dst, sum(d.nbytes for _, d in items))
+            ledger._send(src, dst, sum(d.nbytes for _, d in items))
             for c, d in items:
                 bufs[dst][c] = d
         m *= 2
@@ -312,7 +336,7 @@ def _rec_doubling_ag_steps(bufs, ranks, ledger):
 def rec_halving_reduce_scatter(xs, op="sum"):
     """递归减半 reduce-scatter（P 须是 2 的幂）：lg P 步，发 n/2 + n/4 + … + n/P 字节。返回 (outs, ledger)。"""
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op)
     p = len(xs)
     _require_pow2(p, "rec_halving reduce-scatter")
     bufs = [np.array_split(x, p) for x in xs]
@@ -342,7 +366,7 @@ def _fold(xs, ledger, op):
     if e:
         ledger.new_step()
         for i in range(0, 2 * e, 2):
-            ledger.send(i, i + 1, xs[i].nbytes)
+            ledger._send(i, i + 1, xs[i].nbytes)
             xs[i + 1] = op(xs[i + 1], xs[i].copy())
     return [i for i in range(1, 2 * e, 2)] + list(range(2 * e, p))     # 留下来的 q 个设备
 
@@ -352,7 +376,7 @@ def _unfold(outs, ledger):
     if e:
         ledger.new_step()
         for i in range(0, 2 * e, 2):
-            ledger.send(i + 1, i, outs[i + 1].nbytes)
+            ledger._send(i + 1, i, outs[i + 1].nbytes)
             outs[i] = outs[i + 1].copy()
 
 
@@ -362,7 +386,7 @@ def rec_doubling_all_reduce(xs, op="sum"):
     lg q 步、每步 n 字节（q 是 2 的幂时）——步数最少，适合小消息。任意 P（非 2 的幂先折叠，+2 步）。
     """
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op)
     p = len(xs)
     ledger = Ledger(p)
     ranks = _fold(xs, ledger, fn)
@@ -372,7 +396,7 @@ def rec_doubling_all_reduce(xs, op="sum"):
         ledger.new_step()
         posted = [(r, ranks[i ^ m], xs[r].copy()) for i, r in enumerate(ranks)]
         for src, dst, d in posted:
-            ledger.send(src, dst, d.nbytes)
+            ledger._send(src, dst, d.nbytes)
             xs[dst] = fn(xs[dst], d)                   # a+b 与 b+a 在浮点里逐位相同：两个伙伴结果一致
         m *= 2
     _unfold(xs, ledger)
@@ -385,7 +409,7 @@ def rabenseifner_all_reduce(xs, op="sum"):
     2 lg q 步、2(q − 1)/q · n 字节——步数像树、字节数像环。任意 P（非 2 的幂先折叠，+2 步、+2n 字节）。
     """
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op)
     p = len(xs)
     ledger = Ledger(p)
     ranks = _fold(xs, ledger, fn)
@@ -411,7 +435,7 @@ def _binomial_reduce(xs, ranks, ledger, op):
         ledger.new_step()
         posted = [(ranks[v], ranks[v - m], xs[ranks[v]].copy()) for v in range(m, q, 2 * m)]
         for src, dst, d in posted:
-            ledger.send(src, dst, d.nbytes)
+            ledger._send(src, dst, d.nbytes)
             xs[dst] = op(xs[dst], d)
         m *= 2
 
@@ -424,7 +448,7 @@ def _binomial_bcast(xs, ranks, ledger):
         ledger.new_step()
         for v in range(0, q, 2 * m):
             if v + m < q:
-                ledger.send(ranks[v], ranks[v + m], xs[ranks[v]].nbytes)
+                ledger._send(ranks[v], ranks[v + m], xs[ranks[v]].nbytes)
                 xs[ranks[v + m]] = xs[ranks[v]].copy()
         m //= 2
 
@@ -432,7 +456,7 @@ def _binomial_bcast(xs, ranks, ledger):
 def tree_all_reduce(xs, op="sum"):
     """二项树 reduce 到设备 0，再二项树 broadcast：2⌈lg P⌉ 步，每步整条 n 字节（不分段流水）。任意 P。"""
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op)
     p = len(xs)
     ledger = Ledger(p)
     ranks = list(range(p))
@@ -443,9 +467,7 @@ def tree_all_reduce(xs, op="sum"):
 
 def tree_broadcast(x, p, root=0):
     """二项树 broadcast：⌈lg P⌉ 步，每步 n 字节。返回 (P 个副本, ledger)。"""
-    (x,) = _check_buffers([x], "x")
-    p = check_int("p", p, lo=1)
-    root = check_int("root", root, lo=0, hi=p - 1)
+    x, p, root = _check_bcast(x, p, root)
     ranks = [(root + v) % p for v in range(p)]          # 相对编号 v = (r − root) mod P
     bufs = [None] * p
     bufs[root] = x
@@ -459,9 +481,7 @@ def scatter_allgather_broadcast(x, p, root=0):
     大消息 broadcast（van de Geijn）：先二项树 scatter（每个设备拿 1/P），再环形 all-gather。
     ⌈lg P⌉ + P − 1 步，字节 2(P − 1)/P · n——大消息时比二项树的 ⌈lg P⌉ · n 少得多。
     """
-    (x,) = _check_buffers([x], "x")
-    p = check_int("p", p, lo=1)
-    root = check_int("root", root, lo=0, hi=p - 1)
+    x, p, root = _check_bcast(x, p, root)
     ranks = [(root + v) % p for v in range(p)]
     parts = np.array_split(x, p)                         # 相对编号 v 最终拿块 v
     held = {0: {c: parts[c] for c in range(p)}}          # 相对编号 → {块编号: 数据}；开始时都在根上
@@ -472,7 +492,7 @@ def scatter_allgather_broadcast(x, p, root=0):
         for v in list(held):
             give = {c: d.copy() for c, d in held[v].items() if c >= v + m}
             if give:
-                ledger.send(ranks[v], ranks[v + m], sum(d.nbytes for d in give.values()))
+                ledger._send(ranks[v], ranks[v + m], sum(d.nbytes for d in give.values()))
                 held[v] = {c: d for c, d in held[v].items() if c < v + m}
                 held[v + m] = give
         m //= 2
@@ -502,7 +522,7 @@ def pairwise_all_to_all(xs):
         ledger.new_step()
         for r in range(p):
             d = (r + s) % p
-            ledger.send(r, d, blocks[r][d].nbytes)
+            ledger._send(r, d, blocks[r][d].nbytes)
             recv[d][r] = blocks[r][d].copy()
     return [np.concatenate(row) for row in recv], ledger
 
@@ -520,7 +540,7 @@ def hierarchical_all_reduce(xs, gpus_per_node, op="sum"):
     返回 (outs, ledger)；ledger.cost("intra") / cost("inter") 分别对应 hierarchical_allreduce_terms。
     """
     fn = _check_op(op)
-    xs = _check_buffers(xs)
+    xs = _check_buffers(xs, op=op)
     p = len(xs)
     g = check_int("gpus_per_node", gpus_per_node, lo=1)
     if p % g:
@@ -732,6 +752,8 @@ def nccl_environment(torch):
     传入已导入的 torch（本模块不依赖 torch）；在有 GPU 的机器上、测量脚本里调用。
     """
     import subprocess
+    if not hasattr(torch, "cuda") or not hasattr(torch, "__version__"):
+        raise TypeError(f"nccl_environment：torch 必须是已导入的 torch 模块，收到 {type(torch).__name__}")
     try:
         topology = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
                                   timeout=30).stdout.strip() or "unknown"
@@ -781,8 +803,8 @@ def fit_alpha_beta(n_bytes, seconds, p, collective="allreduce", algo=None):
     截距（α）会被大消息的噪声淹没。
     【报错】拟合出的斜率 ≤ 0（时间随消息变大反而不增）或截距 < 0 → ValueError：负的 β / α 不是答案。
     """
-    n = np.asarray(_check_nonneg(np.asarray(n_bytes, dtype=np.float64), "n_bytes"))
-    t = np.asarray(_check_positive(np.asarray(seconds, dtype=np.float64), "seconds"))
+    n = np.asarray(_check_nonneg(np.asarray(n_bytes), "n_bytes"), dtype=np.float64)
+    t = np.asarray(_check_positive(np.asarray(seconds), "seconds"), dtype=np.float64)
     if n.ndim != 1 or n.shape != t.shape or n.size < 2 or np.unique(n).size < 2:
         raise ValueError(f"n_bytes 和 seconds 必须是等长的一维数组，且至少有 2 个不同的消息大小，"
                          f"收到形状 {n.shape}、{t.shape}")
@@ -808,6 +830,8 @@ def _check_nonneg(x, name):
     """标量（交给 check_real）或 numpy 数组，有限且 ≥ 0；返回 float 或 float64 数组。"""
     if not isinstance(x, np.ndarray):
         return check_real(name, x, lo=0.0)
+    if x.dtype.kind not in "iuf":                 # 先查 dtype 再转换：'1e6' 的字符串数组、bool 数组不是字节数
+        raise TypeError(f"{name} 必须是实数数组，收到 dtype={x.dtype}")
     arr = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ValueError(f"{name} 必须是有限的非负数（≥ 0），收到 {x}")
@@ -831,8 +855,15 @@ def _check_op(op):
     return REDUCE_OPS[check_choice("op", op, REDUCE_OPS)]
 
 
-def _check_buffers(xs, name="xs", same_len=True):
-    """xs：每个设备一个一维 numpy 数组。返回副本列表（模拟不改动调用者的数组）。"""
+def _check_buffers(xs, name="xs", same_len=True, op=None, trace=None):
+    """
+    xs：每个设备一个一维 numpy 数组。返回副本列表（模拟不改动调用者的数组）。
+    dtype：整数或浮点（bool 会按位或、字符串会拼接、复数没有 max/min → TypeError）；浮点数据必须有限。
+    op="sum" 时先确认结果放得进这个 dtype：int8 的 100 + 100 会悄悄回绕成 −56、float16 的和会溢出成 inf。
+    不换成更宽的 dtype：账本按调用者的 dtype 记字节（和真实的 NCCL 一样），换了就和公式对不上。
+    """
+    if trace is not None and not isinstance(trace, list):
+        raise TypeError(f"trace 必须是 None 或一个列表（追加每一步的状态），收到 {type(trace).__name__}")
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{name} 必须是列表（每个设备一个 numpy 数组），收到 {type(xs).__name__}")
     if len(xs) < 1:
@@ -842,11 +873,67 @@ def _check_buffers(xs, name="xs", same_len=True):
             raise TypeError(f"{name}[{i}] 必须是 numpy 数组，收到 {type(x).__name__}")
         if x.ndim != 1:
             raise ValueError(f"{name}[{i}] 必须是一维数组（形状 (n,)），收到形状 {x.shape}")
+        if x.dtype.kind not in "iuf":
+            raise TypeError(f"{name}[{i}] 必须是整数或浮点数组，收到 dtype={x.dtype}"
+                            f"（bool 求和会变成按位或、字符串会拼接，都不是集合通信的归约）")
     if len({x.dtype for x in xs}) > 1:
         raise ValueError(f"{name} 里所有数组的 dtype 必须相同，收到 {sorted({str(x.dtype) for x in xs})}")
     if same_len and len({x.shape[0] for x in xs}) > 1:
         raise ValueError(f"{name} 里所有数组的长度必须相同，收到 {[x.shape[0] for x in xs]}")
+    _check_sim_size(name, len(xs), sum(x.nbytes for x in xs), trace)     # 先查大小，再扫描数值
+    for i, x in enumerate(xs):
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise ValueError(f"{name}[{i}] 含 NaN 或 ±inf：归约后每个设备都会是 NaN / inf")
+    if op == "sum":
+        _check_sum_fits(xs, name)
     return [x.copy() for x in xs]
+
+
+def _check_sim_size(name, p, nbytes, trace):
+    """设备数不超过 MAX_SIM_DEVICES；副本（输入、块、输出，trace 时每一步一份）放得进内存。"""
+    if p > MAX_SIM_DEVICES:
+        raise ValueError(f"{name}：模拟最多 MAX_SIM_DEVICES = {MAX_SIM_DEVICES} 个设备，收到 P = {p}"
+                         f"（更大的 P 用代价模型 cost_terms / allreduce_time，不用逐条消息模拟）")
+    copies = 4 + (2 * p if trace is not None else 0)
+    check_memory(f"{name}（P = {p}，共 {nbytes} 字节）", copies * nbytes)
+
+
+def _check_sum_fits(xs, name):
+    """求和的结果放得进 dtype 吗。整数：回绕是模运算，只要最终的和在范围里，中途回绕也得到对的结果——先用每个设备的
+    最大 / 最小值估，估不下来再用 Python 整数逐元素精确地算；浮点：任何部分和都不能溢出成 inf。"""
+    xs = [x for x in xs if x.size]
+    if not xs:
+        return
+    dt = xs[0].dtype
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        hi, lo = sum(int(x.max()) for x in xs), sum(int(x.min()) for x in xs)
+        if info.min <= lo and hi <= info.max:
+            return
+        exact = np.sum(np.stack(xs).astype(object), axis=0)
+        hi, lo = max(exact), min(exact)
+        if info.min <= lo and hi <= info.max:
+            return
+        worst = hi if hi > info.max else lo
+        raise ValueError(f"{name} 的和超出 {dt} 的范围 [{info.min}, {info.max}]（有一个元素的和是 {worst}）："
+                         f"numpy 的整数加法会悄悄回绕（int8 的 100 + 100 = −56）；换成更宽的 dtype（如 int64）")
+    big = float(np.finfo(dt).max)
+    with np.errstate(over="ignore"):
+        bound = sum(float(np.max(np.abs(x))) for x in xs)     # 任何部分和的绝对值都不超过它
+    if not bound <= big:        # 浮点不像整数那样回绕：中途溢出成 inf 就回不来了，所以按部分和的上界查
+        raise ValueError(f"{name} 的部分和可能超出 {dt} 的范围（Σ 各设备的 max|x| = {bound:.4g} > {big:.4g}）："
+                         f"会溢出成 inf；换成更宽的 dtype（如 float64）")
+
+
+def _check_bcast(x, p, root):
+    """broadcast 的输入：一个一维实数数组、1 ≤ p ≤ MAX_SIM_DEVICES、0 ≤ root < p；P 个副本放得进内存。"""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x 必须是 numpy 数组，收到 {type(x).__name__}")
+    p = check_int("p", p, lo=1, hi=MAX_SIM_DEVICES)
+    root = check_int("root", root, lo=0, hi=p - 1)
+    check_memory(f"x 的副本（p = {p} 份，每份 {x.nbytes} 字节）", 3 * p * x.nbytes)
+    (x,) = _check_buffers([x], "x")
+    return x, p, root
 
 
 def _require_pow2(p, what):

@@ -1,0 +1,58 @@
+"""坏输入测试共用的小工具：一个用例 = (标签, 调用, 期望的异常类型, 消息里必须出现的参数名)。
+
+test_bad_inputs_*.py 把每个模块的用例列成表，逐个断言：抛的是期望的异常类型，消息里写出了调用者传的那个参数。
+classify(case) 给"改之前"的试跑用：clear（对的异常、写了参数名）/ obscure（别的异常或没写参数名）/
+silent（没有报错）/ crash（MemoryError 或超时）。
+"""
+import re
+import signal
+from typing import Callable, NamedTuple
+
+import pytest
+
+
+class Case(NamedTuple):
+    label: str
+    call: Callable
+    exc: type
+    name: str
+
+
+def params(cases):
+    """pytest 参数化：每个用例一个测试，标签当 id。"""
+    labels = [c.label for c in cases]
+    assert len(set(labels)) == len(labels), "用例标签重复"
+    return pytest.mark.parametrize("case", cases, ids=labels)
+
+
+def names(message, name):
+    """消息里有没有这个参数名（整词：'n' 不算在 'operand' 里出现）。"""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
+
+
+def check_case(case):
+    with pytest.raises(case.exc) as info:
+        case.call()
+    assert names(str(info.value), case.name), (case.label, str(info.value))
+
+
+class _Timeout(Exception):
+    pass
+
+
+def classify(case, seconds=20):
+    """改之前的试跑：clear / obscure / silent / crash。"""
+    def alarm(*_):
+        raise _Timeout()
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        case.call()
+    except (MemoryError, _Timeout):
+        return "crash"
+    except Exception as e:                       # noqa: BLE001  试跑要看到一切异常
+        return "clear" if isinstance(e, case.exc) and names(str(e), case.name) else "obscure"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return "silent"
