@@ -48,7 +48,7 @@ import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
 from course_utils import figure_path, format_table, merge_identical, save_figure  # noqa: E402,F401  演示共用
-from course_utils import check_array, check_choice, check_int, check_real, fmt_bytes  # noqa: E402  参数检查
+from course_utils import check_array, check_choice, check_int, check_memory, check_real  # noqa: E402  参数检查
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
 MFU = 0.6              # 能用到的峰值算力比例（假设）
@@ -901,23 +901,11 @@ def _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes, w_bytes, kv_b
 _REQUEST_BYTES = 600       # 每个请求按 600 B 算内存：make_requests 实测约 270 B/个，模拟器再复制一份、加上 token_times
 
 
-def _machine_bytes():
-    """这台机器的物理内存（字节）；读不到时 None（就不查）。"""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _check_count(name, value, bytes_each, where="", lo=1):
-    """个数参数：check_int（≥ lo），再按每个 bytes_each 字节算要多少内存，超过这台机器的物理内存就 ValueError
-    （消息写出要多少、有多少），而不是先分配几十 GB 再崩。"""
+    """个数参数：check_int（≥ lo），再用 check_memory 按每个 bytes_each 字节算要多少内存——放不下就在分配之前
+    ValueError（消息写出要多少、有多少），而不是先分配几十 GB 再崩。"""
     value = check_int(name, value, lo=lo, where=where)
-    mem = _machine_bytes()
-    if mem is not None and value * bytes_each > mem:
-        who = f"{where}：{name}" if where else name
-        raise ValueError(f"{who} = {value:,} 要约 {fmt_bytes(value * bytes_each)} 内存，"
-                         f"这台机器只有 {fmt_bytes(mem)}")
+    check_memory(name, value * bytes_each, where=where)
     return value
 
 

@@ -64,7 +64,7 @@ import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
 from course_utils import (capture_graph, check_array, check_bool, check_choice, check_int,  # noqa: E402
-                          check_real, cuda_time, fmt_bytes, gpu_meta, load_json, ratio_errors)
+                          check_real, cuda_time, fmt_bytes, gpu_meta, load_json, machine_memory_bytes, ratio_errors)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 SKIP = 77
@@ -795,7 +795,7 @@ def _device_bytes(dev):
     """设备上的内存：CUDA 是整块卡的显存，CPU 是这台机器的物理内存（读不到时 None）。"""
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).total_memory
-    return ss._machine_bytes()
+    return machine_memory_bytes()
 
 
 def _check_room(what, need, dev, where, name):
