@@ -339,7 +339,7 @@ def _compat_cases():
         ("compat kvcache causal=0", lambda: kvc(q1, kc, vc, cache_seqlens=lens, causal=0), TypeError, "causal"),
         ("compat kvcache num_splits=-1", lambda: kvc(q1, kc, vc, cache_seqlens=lens, num_splits=-1), ValueError,
          "num_splits"),
-        ("compat kvcache num_splits str", lambda: kvc(q1, kc, vc, cache_seqlens=lens, num_splits="2"), ValueError,
+        ("compat kvcache num_splits str", lambda: kvc(q1, kc, vc, cache_seqlens=lens, num_splits="2"), TypeError,
          "num_splits"),
         ("compat kvcache num_splits=False", lambda: kvc(q1, kc, vc, cache_seqlens=lens, num_splits=False),
          TypeError, "num_splits"),
