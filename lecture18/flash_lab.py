@@ -865,8 +865,8 @@ def _check_tree(t):
 
 def _check_cells(where, nq, nk):
     if nq * nk > MAX_CELLS:
-        raise ValueError(f"{where}：nq·nk = {nq}·{nk} = {nq * nk:.3g} 个元素的掩码放不下（上限 MAX_CELLS = {MAX_CELLS}，"
-                         f"要 {nq * nk / 1e9:.3g} GB）")
+        raise ValueError(f"{where}：nq·nk = {nq}·{nk} = {nq * nk:.3g} 个元素的掩码放不下"
+                         f"（上限 MAX_CELLS = {MAX_CELLS}，要 {nq * nk / 1e9:.3g} GB）")
 
 
 def _check_layer_size(h, ffn_mult, dtype):
@@ -875,8 +875,8 @@ def _check_layer_size(h, ffn_mult, dtype):
     n = (4 + 2 * ffn_mult) * h * h                           # W_qkv 3h² + W_o h² + W_1、W_2 各 ffn_mult·h²
     need = n * torch.empty((), dtype=dtype).element_size()
     if need > MAX_LAYER_BYTES:
-        raise ValueError(f"TransformerLayer：h = {h}、ffn_mult = {ffn_mult} 的权重要 (4 + 2·ffn_mult)·h² = {n:.3g} 个元素"
-                         f" = {need / 1e9:.3g} GB，超过上限 MAX_LAYER_BYTES = {MAX_LAYER_BYTES / 1e9:g} GB")
+        raise ValueError(f"TransformerLayer：h = {h}、ffn_mult = {ffn_mult} 的权重要 (4 + 2·ffn_mult)·h² = {n:.3g} "
+                         f"个元素 = {need / 1e9:.3g} GB，超过上限 MAX_LAYER_BYTES = {MAX_LAYER_BYTES / 1e9:g} GB")
 
 
 def _check_scores(S, causal=False, i0=0, j0=0, offset=0):

@@ -8,7 +8,6 @@
   · 被掩码（看不见）的位置不是分数：那里乘出来溢出不算；整行没有可见 key 的行照旧 O = 0、LSE = −∞。
 大但不溢出的输入仍然和 float64 参考一致（max-abs 和相对误差）。numpy / torch 部分几秒；解释器部分 < 1 分钟。
 """
-import math
 
 import numpy as np
 import pytest
