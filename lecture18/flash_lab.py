@@ -758,7 +758,8 @@ def _check_block(S, V):
 
 def _check_states(*states, where="merge_states", names=None):
     """局部状态 (m, l, o)：三个浮点张量，dtype、设备相同；形状 ([...], [...], [..., dv])，几个状态之间完全相同
-    （不悄悄广播）；m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置 l = 0、o = 0（空状态）。"""
+    （不悄悄广播）；CPU 上还查取值：m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置 l = 0、o = 0（空状态）。
+    GPU 上不查取值：那要同步主机，会打断环形注意力（第 19 讲）里计算和通信的重叠。"""
     names = names or [f"states[{i}]" for i in range(len(states))]
     first = None
     for who, s in zip(names, states):
@@ -782,6 +783,8 @@ def _check_states(*states, where="merge_states", names=None):
         elif o.shape != first[3]:
             raise ValueError(f"{where}：{who} 的形状必须和 {first[0]} 完全相同（不广播），收到 o {tuple(o.shape)}、"
                              f"{first[0]} 的 o {tuple(first[3])}")
+        if m.device.type != "cpu":
+            continue
         empty = torch.isneginf(m)
         flags = torch.stack([(torch.isnan(m) | torch.isposinf(m)).any(), (~torch.isfinite(l) | (l < 0)).any(),
                              (~torch.isfinite(o)).any(), (empty & (l != 0)).any(),
@@ -881,8 +884,9 @@ def _check_layer_size(h, ffn_mult, dtype):
 
 def _check_scores(S, causal=False, i0=0, j0=0, offset=0):
     """可见的分数必须在计算用的 dtype 里有限：q、k 有限，乘出来却溢出时报错（不给 0 / −∞ 或 NaN）。
-    全部有限时只花一次 isfinite；被掩码的位置（causal 时看不见的 (q, k)）不是分数，不算。"""
-    if torch.isfinite(S).all():
+    全部有限时只花一次 isfinite；被掩码的位置（causal 时看不见的 (q, k)）不是分数，不算。只在 CPU 上查
+    （GPU 上每块都同步主机太贵；GPU 上的快路径是 Triton 内核，溢出的行给 NaN）。"""
+    if S.device.type != "cpu" or torch.isfinite(S).all():
         return
     bad = ~torch.isfinite(S)
     if causal:
@@ -893,7 +897,10 @@ def _check_scores(S, causal=False, i0=0, j0=0, offset=0):
 
 
 def _check_sdpa_scores(q, k, scale, causal):
-    """SDPA 看不到分数：先用 |S| ≤ scale·d·max|q|·max|k| 判断一定不溢出（O(N·d)）；判断不了时显式算一遍分数再查。"""
+    """SDPA 看不到分数：先用 |S| ≤ scale·d·max|q|·max|k| 判断一定不溢出（O(N·d)）；判断不了时显式算一遍分数再查。
+    和 _check_scores 一样只在 CPU 上查。"""
+    if q.device.type != "cpu":
+        return
     bound = abs(scale) * q.shape[-1] * q.abs().max().item() * k.abs().max().item()
     if bound < torch.finfo(q.dtype).max / 2:
         return
