@@ -757,7 +757,7 @@ def _check_block(S, V):
 
 
 def _check_states(*states, where="merge_states", names=None):
-    """局部状态 (m, l, o)：三个浮点张量，dtype、设备相同；形状 ([...], [...], [..., dv])，几个状态之间完全相同
+    """局部状态 (m, l, o)：三个浮点张量（dtype 可以不同：合并时按 torch 的规则提升），在同一个设备上；形状 ([...], [...], [..., dv])，几个状态之间完全相同
     （不悄悄广播）；CPU 上还查取值：m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置 l = 0、o = 0（空状态）。
     GPU 上不查取值：那要同步主机，会打断环形注意力（第 19 讲）里计算和通信的重叠。"""
     names = names or [f"states[{i}]" for i in range(len(states))]
@@ -770,19 +770,18 @@ def _check_states(*states, where="merge_states", names=None):
         for name, t in zip("mlo", s):
             if not t.is_floating_point():
                 raise TypeError(f"{where}：{who} 的 {name} 必须是浮点张量（状态不收整数 / 布尔），收到 dtype={t.dtype}")
-        if not (m.dtype == l.dtype == o.dtype) or not (m.device == l.device == o.device):
-            raise TypeError(f"{where}：{who} 的 m、l、o 的 dtype 和设备必须相同，收到 {m.dtype}/{l.dtype}/{o.dtype}")
+        if not (m.device == l.device == o.device):
+            raise TypeError(f"{where}：{who} 的 m、l、o 必须在同一个设备上，收到 {m.device}/{l.device}/{o.device}")
         if m.shape != l.shape or o.dim() != m.dim() + 1 or o.shape[:-1] != m.shape:
             raise ValueError(f"{where}：{who}：状态 (m, l, o) 的形状必须是 ([...], [...], [..., dv])，收到 "
                              f"{tuple(m.shape)}、{tuple(l.shape)}、{tuple(o.shape)}")
         if first is None:
-            first = (who, m.dtype, m.device, o.shape)
-        elif (m.dtype, m.device) != first[1:3]:
-            raise TypeError(f"{where}：{who} 的 dtype / 设备必须和 {first[0]} 相同（{first[1]}、{first[2]}），"
-                            f"收到 {m.dtype}、{m.device}")
-        elif o.shape != first[3]:
+            first = (who, m.device, o.shape)
+        elif m.device != first[1]:
+            raise TypeError(f"{where}：{who} 必须和 {first[0]} 在同一个设备上（{first[1]}），收到 {m.device}")
+        elif o.shape != first[2]:
             raise ValueError(f"{where}：{who} 的形状必须和 {first[0]} 完全相同（不广播），收到 o {tuple(o.shape)}、"
-                             f"{first[0]} 的 o {tuple(first[3])}")
+                             f"{first[0]} 的 o {tuple(first[2])}")
         if m.device.type != "cpu":
             continue
         empty = torch.isneginf(m)
