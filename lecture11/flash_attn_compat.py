@@ -22,7 +22,7 @@ flash-attn 兼容层：用 flash-attn 2 的函数名和参数（flash_attn_inter
   · flash_attn_with_kvcache：causal=True 与 flash_decode 的约定相同（n 个新 query 右下角对齐、彼此 causal）；
     causal=False 且 n > 1 时每个新 query 都看整个有效前缀：把 n 折进 query 头（[B, Hk·n·R, d]，一个新 token），
     一次 flash_decode 算完再折回来。cache_seqlens 可以是 int 或 None（= 整个缓存）。
-  · 本层不检查输入（由我们的函数检查、报错），只做映射。
+  · 本层只检查 flash-attn 自己的参数名（开关、打包的形状、max_seqlen、cache_seqlens、num_splits），其余交给我们的函数。
 运行：没有自检；测试在 tests/test_lecture11_compat.py（Triton 解释器），整套 flash-attn 测试见 bench/README.md。
 依赖 torch、triton（同 triton_flash）。
 """
@@ -35,6 +35,9 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import triton_flash as tf  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+from course_utils import check_bool, check_int  # noqa: E402
 
 # 我们没有的特性（NotImplementedError 消息里的标签，feature_of 认它们；bench/flash_attn_suite.py 按它们计数）
 UNSUPPORTED_FEATURES = (
@@ -121,6 +124,7 @@ def _with_probs(res, q, dropout_p):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out（return_attn_probs 时 (out, lse [B, Hq, Nq], S_dmask)）。"""
+    _check_flags("flash_attn_func", causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs)
     if type(window_size) is not tuple:
         window_size = _window(window_size)
     res = tf.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
@@ -132,7 +136,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """kv [B, Nk, 2, Hk, d]：k、v 是它的两个视图。"""
-    k, v = kv.unbind(2)                                          # 各 [B, Nk, Hk, d]
+    k, v = _unpack("flash_attn_kvpacked_func", "kv", kv, 5, 2, 2)  # 各 [B, Nk, Hk, d]
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs)
 
@@ -140,7 +144,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv [B, N, 3, H, d]：q、k、v 是它的三个视图。"""
-    q, k, v = qkv.unbind(2)                                      # 各 [B, N, H, d]
+    q, k, v = _unpack("flash_attn_qkvpacked_func", "qkv", qkv, 5, 2, 3)   # 各 [B, N, H, d]
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs)
 
@@ -152,6 +156,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
     """q [total_q, Hq, d]，k、v [total_k, Hk, d] → out（return_attn_probs 时 (out, lse [Hq, total_q], S_dmask)）。"""
+    _check_flags("flash_attn_varlen_func", causal=causal, deterministic=deterministic,
+                 return_attn_probs=return_attn_probs)
+    check_int("max_seqlen_q", max_seqlen_q, lo=0, where="flash_attn_varlen_func")
+    check_int("max_seqlen_k", max_seqlen_k, lo=0, where="flash_attn_varlen_func")
     if block_table is not None:
         raise unsupported("paged-kv", "block_table=")
     if type(window_size) is not tuple:
@@ -168,7 +176,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """kv [total_k, 2, Hk, d]。"""
-    k, v = kv.unbind(1)                                          # 各 [total_k, Hk, d]
+    k, v = _unpack("flash_attn_varlen_kvpacked_func", "kv", kv, 4, 1, 2)   # 各 [total_k, Hk, d]
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)
@@ -178,7 +186,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
     """qkv [total, 3, H, d]；q 和 k 共用 cu_seqlens、max_seqlen。"""
-    q, k, v = qkv.unbind(1)                                      # 各 [total, H, d]
+    q, k, v = _unpack("flash_attn_varlen_qkvpacked_func", "qkv", qkv, 4, 1, 3)   # 各 [total, H, d]
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)
@@ -238,6 +246,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q [B, n, Hq, d]，k_cache、v_cache [B, S_max, Hk, d] → out [B, n, Hq, d]。只支持"缓存已经写好、只读"的用法；
     num_splits = 0（flash-attn：自动）→ None（flash_decode 自己选），其余原样。
     """
+    _check_flags("flash_attn_with_kvcache", causal=causal, rotary_interleaved=rotary_interleaved,
+                 return_softmax_lse=return_softmax_lse)
+    if not isinstance(cache_seqlens, torch.Tensor) and cache_seqlens is not None:
+        check_int("cache_seqlens", cache_seqlens, lo=0, hi=k_cache.shape[1] if isinstance(k_cache, torch.Tensor)
+                  and k_cache.dim() == 4 else None, where="flash_attn_with_kvcache")
+    check_int("num_splits", num_splits, lo=0, where="flash_attn_with_kvcache")
+    if not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)):
+        raise TypeError(f"flash_attn_with_kvcache：softcap 必须是实数（≤ 0 = 不截），收到 {type(softcap).__name__}")
     _refuse_kvcache(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, window_size,
                     alibi_slopes, return_softmax_lse, softcap)
     lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else _cache_lengths(cache_seqlens, q, k_cache)
@@ -247,3 +263,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             or q.shape[2] % k_cache.shape[2]):
         return tf.flash_decode(q, k_cache, v_cache, lens, num_splits=splits, softmax_scale=softmax_scale)
     return _decode_all_visible(q, k_cache, v_cache, lens, splits, softmax_scale)
+
+
+# ============================================================================
+# 输入检查（只查 flash-attn 的参数名；其余由 triton_flash 的函数检查）
+# ============================================================================
+def _check_flags(where, **flags):
+    for name, value in flags.items():
+        check_bool(name, value, where=where)
+
+
+def _unpack(where, name, packed, ndim, axis, parts):
+    """打包的 kv / qkv：ndim 维张量、第 axis 维长 parts，拆成 parts 个视图。"""
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{where}：{name} 必须是 torch.Tensor，收到 {type(packed).__name__}")
+    if packed.dim() != ndim or packed.shape[axis] != parts:
+        raise ValueError(f"{where}：{name} 必须是 {ndim} 维、第 {axis} 维长 {parts} 的张量，收到形状 "
+                         f"{tuple(packed.shape)}")
+    return packed.unbind(axis)

@@ -75,7 +75,7 @@ def softmax_3pass(x):
     【参数】x [..., n]（可以含 −∞，表示被掩码的位置）
     【返回】(y, 3)：y 与 x 同形；3 = 读数据的遍数。整行都是 −∞ 的行按本模块约定输出全 0。
     """
-    x = check_array("x", x, allow_neginf=True)
+    x = _check_rows(check_array("x", x, allow_neginf=True))
     m = _safe(np.max(x, axis=-1, keepdims=True)) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))  # 第 1 遍
     e = np.exp(x - m)
     total = np.sum(e, axis=-1, keepdims=True)                                                         # 第 2 遍
@@ -94,7 +94,7 @@ def softmax_online(x, block=128):
     【参数】x [..., n]；block：每次读进的元素个数（不必整除 n）
     【返回】(y, 2)。整行 −∞ 的行输出全 0（约定同 softmax_3pass）。
     """
-    x = check_array("x", x, allow_neginf=True)
+    x = _check_rows(check_array("x", x, allow_neginf=True))
     block = check_int("block", block, lo=1)
     m = np.full(x.shape[:-1], -np.inf)
     l = np.zeros(x.shape[:-1])
@@ -117,7 +117,7 @@ def partial_state(x, v=None):
     【参数】x [..., n]（可含 −∞）；v [n, dv] 或 None
     【返回】m、l 形状 [...]；o 形状 [..., dv]。空段（n = 0）或整段 −∞：m = −∞、l = 0、o = 0（"什么也没看到"）。
     """
-    x = check_array("x", x, allow_neginf=True)
+    x = _check_rows(check_array("x", x, allow_neginf=True))
     n = x.shape[-1]
     if v is not None:
         v = check_array("v", v, ndim=2)
@@ -193,6 +193,7 @@ def _masked_scores(Q, K, scale, causal, q0=0, k0=0, offset=0):
         qpos = offset + q0 + np.arange(Q.shape[0])
         kpos = k0 + np.arange(K.shape[0])
         S = np.where(_visible(qpos, kpos), S, -np.inf)
+    _check_scores(S, causal, q0, k0, offset)
     return S
 
 
@@ -237,6 +238,7 @@ def naive_attention(Q, K, V, causal=False, scale=None):
         if n_vis <= 0:
             continue
         s = (K[:n_vis] @ Q[i]) * scale                        # [n_vis]
+        _check_scores(s)
         w = np.exp(s - s.max())
         O[i] = (w @ V[:n_vis]) / w.sum()
         L[i] = s.max() + math.log(w.sum())
@@ -512,6 +514,7 @@ def live_tiles(N, Nk, Br, Bc, causal=True):
     N, Nk = check_int("N", N, lo=1), check_int("Nk", Nk, lo=1)
     Br, Bc = check_int("Br", Br, lo=1), check_int("Bc", Bc, lo=1)
     causal = check_bool("causal", causal)
+    _check_cells("live_tiles", N, Nk, "N", "Nk")
     if not causal:
         return np.ones((math.ceil(N / Br), math.ceil(Nk / Bc)), dtype=bool)
     visible = np.arange(Nk)[None, :] <= (Nk - N) + np.arange(N)[:, None]          # [N, Nk]
@@ -572,6 +575,9 @@ def attention_flops(batch, heads, n, d, causal, mode="fwd"):
     矩阵乘都不算：同一个 FLOP 数下比时间）。
     """
     mode = check_choice("mode", mode, ("fwd", "bwd"), where="attention_flops")
+    batch, heads, n, d = (check_int(k, v, lo=1, where="attention_flops")
+                          for k, v in (("batch", batch), ("heads", heads), ("n", n), ("d", d)))
+    causal = check_bool("causal", causal, where="attention_flops")
     f = 4.0 * batch * heads * n * n * d / (2 if causal else 1)
     return f * (2.5 if mode == "bwd" else 1.0)
 
@@ -597,13 +603,14 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
     【返回】(o [R, dv], lse [R], parts)，parts 是非空段的 [(o_s, lse_s), ...]。
     """
     q, K, V, scale = _attention_inputs(q, K, V, scale, names=("q", "K", "V"))
-    n_splits = check_int("n_splits", n_splits, lo=1)
+    n_splits = min(check_int("n_splits", n_splits, lo=1), K.shape[0])   # 多于 key 数的段都是空的
     bounds = _even_bounds(K.shape[0], n_splits)
     parts = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
         s = (q @ K[a:b].T) * scale                            # [R, b − a]
+        _check_scores(s)
         m = s.max(axis=1)
         p = np.exp(s - m[:, None])
         l = p.sum(axis=1)
@@ -635,6 +642,12 @@ class DecodeGPU:
     tc_eff: float = 0.7
     sm_bw_cap: float = 80e9
     launch: float = 5e-6
+
+    def __post_init__(self):      # 模块级的实例在文件末尾的 _check_* 之前就建好：这里直接用 check_*
+        check_int("n_sm", self.n_sm, lo=1, where="DecodeGPU")
+        for f in ("tc_flops", "hbm", "sm_bw_cap", "tc_eff"):
+            check_real(f, getattr(self, f), lo=0.0, lo_open=True, hi=1.0 if f == "tc_eff" else None, where="DecodeGPU")
+        check_real("launch", self.launch, lo=0.0, where="DecodeGPU")
 
 
 A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB [S1]（hw_specs 里没有 A100）
@@ -717,7 +730,7 @@ def best_splits(B, Hq, Hkv, S, d, gpu=A100_DEC, candidates=(1, 2, 4, 8, 16, 32, 
     B, Hkv, S = check_int("B", B, lo=1), check_int("Hkv", Hkv, lo=1), check_int("S", S, lo=1)
     if not isinstance(gpu, DecodeGPU):
         raise TypeError(f"gpu 必须是 DecodeGPU（如 A100_DEC / H100_DEC / H200_DEC），收到 {type(gpu).__name__}")
-    cands = sorted({check_int("candidates 的元素", c, lo=1) for c in candidates} | {1})
+    cands = sorted({check_int("candidates 的元素", c, lo=1) for c in _check_iterable("candidates", candidates)} | {1})
     keep = [c for c in cands if c <= S and (c == 1 or B * Hkv * c <= 4 * gpu.n_sm)]
     res = [(c, decode_attention_time(B, Hq, Hkv, S, d, "fd", gpu, splits=c)) for c in keep]
     fastest = min(r["t"] for _, r in res)
@@ -736,9 +749,7 @@ def fit_decode_gpu(points, gpu=H200_DEC, caps=None, launches=None):
     """
     if not isinstance(gpu, DecodeGPU):
         raise TypeError(f"gpu 必须是 DecodeGPU，收到 {type(gpu).__name__}")
-    points = list(points)
-    if not points:
-        raise ValueError("points 不能是空的")
+    points = _check_points(points)
     caps = np.geomspace(10e9, 300e9, 241) if caps is None else check_array("caps", caps, ndim=1)
     launches = np.arange(0, 20.001e-6, 0.05e-6) if launches is None else check_array("launches", launches, ndim=1)
     if caps.size == 0 or launches.size == 0 or caps.min() <= 0 or launches.min() < 0:
@@ -778,6 +789,10 @@ class Op:
     name: str
     bytes: float
     ctas: int
+
+    def __post_init__(self):
+        check_real("bytes", self.bytes, lo=0.0, where="Op")
+        check_int("ctas", self.ctas, lo=0, where="Op")
 
 
 # Llama-3.2-1B：就是 lecture01/llm_math.py 的 LLAMA32_1B（ModelConfig：d_model、n_layers、n_heads、n_kv_heads、
@@ -876,6 +891,13 @@ class TimelineParams:
     instr_overhead: float = 0.5e-6
     smem_buf: float = 13 * 16 * 1024
 
+    def __post_init__(self):
+        check_int("n_sm", self.n_sm, lo=1, where="TimelineParams")
+        check_real("hbm", self.hbm, lo=0.0, lo_open=True, where="TimelineParams")
+        check_real("eff", self.eff, lo=0.0, hi=1.0, lo_open=True, where="TimelineParams")
+        for f in ("launch", "ramp", "small", "sync", "instr_overhead", "smem_buf"):
+            check_real(f, getattr(self, f), lo=0.0, where="TimelineParams")
+
 
 # 实测校准的 H200 时间线参数（不是假设；07_decode_bench.py 第 6 部分，2026-12-01，torch 2.11.0+cu130）：
 #   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.73 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
@@ -955,7 +977,7 @@ def timeline(ops, mode, p=TimelineParams()):
     mode = check_choice("mode", mode, TIMELINE_MODES)
     if not isinstance(p, TimelineParams):
         raise TypeError(f"p 必须是 TimelineParams，收到 {type(p).__name__}")
-    ops = list(ops)
+    ops = list(_check_iterable("ops", ops))
     if not ops or not all(isinstance(o, Op) for o in ops):
         raise ValueError("ops 必须是非空的 Op 列表（如 llama_1b_ops() 的结果）")
     bw_sm = p.hbm * p.eff / p.n_sm
@@ -974,8 +996,10 @@ def pad_ops(ops, n_kernels):
     RoPE、残差、类型转换拆成更多的小内核（Llama-3.2-1B 一次 decode 实测 632 个，"12" 的划分是 194 个）；
     它们读写的几 KB 按本模型的约定不计字节。
     """
-    ops = list(ops)
-    n_kernels = check_int("n_kernels", n_kernels, lo=len(ops))
+    ops = list(_check_iterable("ops", ops))
+    if not all(isinstance(o, Op) for o in ops):
+        raise ValueError("pad_ops：ops 必须是 Op 的列表（如 llama_1b_ops() 的结果）")
+    n_kernels = check_int("n_kernels", n_kernels, lo=len(ops), hi=MAX_LIST_ITEMS, where="pad_ops")
     return ops + [Op("extra small kernel", 0, 0)] * (n_kernels - len(ops))
 
 
@@ -991,10 +1015,12 @@ def fit_timeline(points, p, param, grid=None):
     param = check_choice("param", param, ("small", "launch"))
     if not isinstance(p, TimelineParams):
         raise TypeError(f"p 必须是 TimelineParams，收到 {type(p).__name__}")
-    points = [(list(ops), check_real("实测秒数", t, lo=0.0, lo_open=True)) for ops, t in points]
+    points = [(list(ops), check_real("实测秒数", t, lo=0.0, lo_open=True)) for ops, t in _check_pairs(points)]
     if not points:
         raise ValueError("points 不能是空的")
     grid = np.arange(0, 20.0005e-6, 0.01e-6) if grid is None else check_array("grid", grid, ndim=1)
+    if grid.size == 0 or grid.min() < 0:
+        raise ValueError(f"fit_timeline：grid 必须非空且每个值 ≥ 0（秒），收到 {grid.size} 个值")
     zero = replace(p, **{param: 0.0})
     base = np.array([timeline(ops, "kernels", zero)["t"] for ops, _ in points])
     unit = replace(p, **{param: 1e-6})
@@ -1012,22 +1038,113 @@ def fit_timeline(points, p, param, grid=None):
 # 输入检查：一个头的 Q、K、V（单个参数用 course_utils 的 check_*）
 # =============================================================================
 def _check_merge(a, b):
-    """merge_states 的输入检查：返回 float64 的 ((m_a, l_a, o_a), (m_b, l_b, o_b))；形状不配就报错（不悄悄广播）。"""
-    if len(a) != 3 or len(b) != 3:
-        raise ValueError("a、b 都必须是 (m, l, o) 三元组")
-    (ma, la, oa), (mb, lb, ob) = a, b
+    """merge_states 的输入检查：返回 float64 的 ((m_a, l_a, o_a), (m_b, l_b, o_b))。形状必须完全相同（不悄悄广播）；
+    m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置必须 l = 0、o = 0（空状态：什么也没看到）。"""
+    (ma, la, oa), (mb, lb, ob) = (_check_state(who, s) for who, s in (("a", a), ("b", b)))
     if (oa is None) != (ob is None):
-        raise ValueError("a 与 b 的 o 必须同为 None 或同为数组")
-    ma, la, mb, lb = (np.asarray(x, dtype=np.float64) for x in (ma, la, mb, lb))
-    if not (ma.shape == la.shape == mb.shape == lb.shape):       # 不让 numpy 悄悄广播成别的形状
-        raise ValueError(f"merge_states：m_a、l_a、m_b、l_b 的形状必须相同，收到 {ma.shape}、{la.shape}、"
-                         f"{mb.shape}、{lb.shape}")
-    if oa is not None:
-        oa, ob = np.asarray(oa, dtype=np.float64), np.asarray(ob, dtype=np.float64)
-        if oa.shape != ob.shape or oa.shape[:-1] != ma.shape:
-            raise ValueError(f"merge_states：o_a、o_b 的形状必须是 m 的形状 {ma.shape} + [dv]，"
-                             f"收到 {oa.shape}、{ob.shape}")
+        raise ValueError("merge_states：a 与 b 的 o 必须同为 None 或同为数组")
+    if ma.shape != mb.shape or (oa is not None and oa.shape != ob.shape):
+        raise ValueError(f"merge_states：a、b 的形状必须相同（不广播），收到 m {ma.shape} 与 {mb.shape}、"
+                         f"o {None if oa is None else oa.shape} 与 {None if ob is None else ob.shape}")
     return (ma, la, oa), (mb, lb, ob)
+
+
+def _check_state(who, state):
+    """一个局部状态 (m, l, o)：先查 dtype（实数；bool、字符串、复数不收），再转 float64、查取值和形状。"""
+    if not isinstance(state, (tuple, list)):
+        raise TypeError(f"merge_states：{who} 必须是 (m, l, o) 三元组，收到 {type(state).__name__}")
+    if len(state) != 3:
+        raise ValueError(f"merge_states：{who} 必须是 (m, l, o) 三元组，收到 {len(state)} 个元素")
+    out = []
+    for name, x in zip("mlo", state):
+        if name == "o" and x is None:
+            out.append(None)
+            continue
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "iuf":
+            raise TypeError(f"merge_states：{who} 的 {name} 必须是实数（整数或浮点）数组，收到 dtype={arr.dtype}")
+        out.append(arr.astype(np.float64, copy=False))
+    m, l, o = out
+    if np.isnan(m).any() or (m == np.inf).any():
+        raise ValueError(f"merge_states：{who} 的 m 只能含有限值或 −∞（空状态），发现了 NaN 或 +∞")
+    if not np.isfinite(l).all() or (l < 0).any():
+        raise ValueError(f"merge_states：{who} 的 l 必须有限且 ≥ 0，发现了 NaN、∞ 或负数")
+    if l.shape != m.shape or (o is not None and o.shape[:-1] != m.shape) or (o is not None and o.ndim < 1):
+        raise ValueError(f"merge_states：{who} 的形状必须是 m [...]、l [...]、o [..., dv]，收到 {m.shape}、"
+                         f"{l.shape}、{None if o is None else o.shape}")
+    empty = np.isneginf(m)
+    if o is not None and not np.isfinite(o).all():
+        raise ValueError(f"merge_states：{who} 的 o 只能含有限值，发现了 NaN 或 ∞")
+    if (l[empty] != 0).any():
+        raise ValueError(f"merge_states：{who} 里 m = −∞ 的位置 l 必须是 0（空状态），收到 l > 0")
+    if o is not None and (o[empty] != 0).any():
+        raise ValueError(f"merge_states：{who} 里 m = −∞ 的位置 o 必须是 0（空状态）")
+    return m, l, o
+
+
+def _check_rows(x, name="x"):
+    """分数数组至少 1 维 [..., n]（softmax 沿最后一维做）。"""
+    if x.ndim < 1:
+        raise ValueError(f"{name} 必须至少是 1 维数组 [..., n]，收到标量 {x!r}")
+    return x
+
+
+def _check_scores(S, causal=False, q0=0, k0=0, offset=0):
+    """可见的分数必须在 float64 里有限：Q、K 都有限，乘出来却溢出时报错（而不是给出 0 / −∞ 或 NaN）。
+    全部有限时只花一次 isfinite；被掩码的位置（causal 时看不见的 (q, k)）不是分数，不算。"""
+    if np.isfinite(S).all():
+        return
+    bad = ~np.isfinite(S)
+    if causal and S.ndim == 2:
+        bad &= _visible(offset + q0 + np.arange(S.shape[0]), k0 + np.arange(S.shape[1]))
+    if bad.any():
+        raise ValueError(f"注意力分数溢出 float64：Q·Kᵀ·scale 有 {int(bad.sum())} 个可见的分数超出可表示范围"
+                         f"（±{np.finfo(np.float64).max:.3g}），请缩小 Q 或 K（或 scale）的量级")
+
+
+MAX_CELLS = 1 << 31            # live_tiles 的 [N, Nk] 布尔表最多这么多个元素（2 GB）
+MAX_LIST_ITEMS = 10 ** 8       # pad_ops 的算子表最多这么长（每项一个 8 字节的引用：0.8 GB）
+
+
+def _check_cells(where, n, nk, name_n, name_nk):
+    """[n, nk] 的表放不下时报错，写出它要多少个元素。"""
+    if n * nk > MAX_CELLS:
+        raise ValueError(f"{where}：{name_n}·{name_nk} = {n}·{nk} = {n * nk:.3g} 个元素的表放不下"
+                         f"（上限 MAX_CELLS = {MAX_CELLS}，约 {n * nk / 1e9:.3g} GB）")
+
+
+def _check_iterable(name, value):
+    """可迭代的参数（列表、元组、生成器……）；字符串以外的标量、None 报 TypeError。"""
+    try:
+        return iter(value)
+    except TypeError:
+        raise TypeError(f"{name} 必须是可迭代的（列表、元组……），收到 {type(value).__name__}") from None
+
+
+_POINT_KEYS = ("B", "Hq", "Hkv", "S", "d", "method", "t")
+
+
+def _check_points(points):
+    """fit_decode_gpu 的 points：非空的 dict 列表，每个都有 _POINT_KEYS。"""
+    points = list(_check_iterable("points", points))
+    if not points:
+        raise ValueError("points 不能是空的")
+    for i, p in enumerate(points):
+        if not isinstance(p, dict):
+            raise TypeError(f"fit_decode_gpu：points[{i}] 必须是 dict，收到 {type(p).__name__}")
+        missing = [k for k in _POINT_KEYS if k not in p]
+        if missing:
+            raise ValueError(f"fit_decode_gpu：points[{i}] 缺少键 {missing}（要有 {', '.join(_POINT_KEYS)}）")
+    return points
+
+
+def _check_pairs(points):
+    """fit_timeline 的 points：(ops, 实测秒数) 的列表。"""
+    points = list(_check_iterable("points", points))
+    for i, p in enumerate(points):
+        if not isinstance(p, (tuple, list)) or len(p) != 2:
+            raise ValueError(f"fit_timeline：points[{i}] 必须是 (ops, 实测秒数) 二元组，收到 {type(p).__name__}")
+    return points
 
 
 def _attention_inputs(Q, K, V, scale, names=("Q", "K", "V")):

@@ -1224,6 +1224,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     然后才加 ALiBi / bias、做掩码。为什么：tanh 把 q kᵀ 这一项关在 (−c, c) 里，q、k 再大 logit 也有界，训练更稳
     （Gemma-2 的注意力层用 c = 50）；反向乘上 1 − tanh²(x/c)。softcap = 0（默认）= 不截，走原来的内核。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
+    分数溢出（q、k 有限，某个可见的 q kᵀ·scale 在 fp32 里成了 +∞）时内核不同步主机就没法报错：受影响的
+    query 行的 out、lse 及其梯度写成 NaN，别的行照常（主机上的参考实现报 ValueError）。
     """
     raw_key = _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
                          return_encoded_softmax, enable_profiling, launch, deterministic, softcap)

@@ -94,7 +94,7 @@ def merge_states(a, b):
     【参数】a、b：(m, l, o) 三元组，形状一致（或可广播）
     【返回】(m, l, o)
     """
-    _check_states(a, b)
+    _check_states(a, b, where="merge_states", names=("a", "b"))
     return _merge(a, b)
 
 
@@ -103,7 +103,7 @@ def finalize(state):
     把局部状态归一化成注意力输出：O = o / l，lse = m + log l（每行一个数，反向传播只需要它）。
     【返回】(O [..., nq, dv], lse [..., nq])；l = 0 的行（什么也没看到）给 O = 0、lse = −∞。
     """
-    _check_states(state)
+    _check_states(state, where="finalize", names=("state",))
     return _finalize(state)
 
 
@@ -142,10 +142,10 @@ def merge_tree(states, tree=None):
     None 表示从左到右依次合并 (((0·1)·2)·3)。每个下标恰好出现一次。结合律 + 交换律保证：任何一棵树结果都一样
     （在舍入误差内）——这是分块、切段（flash-decoding）、环形注意力能随意安排顺序的原因。
     """
-    states = list(states)
+    states = _check_list("states", states, "merge_tree")
     if not states:
         raise ValueError("merge_tree：states 不能为空")
-    _check_states(*states)
+    _check_states(*states, where="merge_tree", names=[f"states[{i}]" for i in range(len(states))])
     if tree is None:
         tree = chain_tree(len(states))
     leaves = []
@@ -158,7 +158,7 @@ def merge_tree(states, tree=None):
 # 合并树（嵌套二元组，叶子是下标 0 … n−1）：演示和测试用它们排各种合并顺序
 def chain_tree(n):
     """从左到右：(((0·1)·2)·…)，n − 1 层（flash 的逐块循环、环形注意力的逐轮合并）。n ≥ 1。"""
-    n = check_int("n", n, lo=1, where="chain_tree")
+    n = check_int("n", n, lo=1, hi=MAX_TREE_LEAVES, where="chain_tree")
     tree = 0
     for i in range(1, n):
         tree = (tree, i)
@@ -167,7 +167,7 @@ def chain_tree(n):
 
 def reverse_chain_tree(n):
     """从右到左：(0·(1·(…·(n−2·n−1))))。n ≥ 1。"""
-    n = check_int("n", n, lo=1, where="reverse_chain_tree")
+    n = check_int("n", n, lo=1, hi=MAX_TREE_LEAVES, where="reverse_chain_tree")
     tree = n - 1
     for i in range(n - 2, -1, -1):
         tree = (i, tree)
@@ -176,7 +176,7 @@ def reverse_chain_tree(n):
 
 def pair_tree(n):
     """相邻两两合并，⌈log₂ n⌉ 层（all-reduce 的归约树）。n ≥ 1。"""
-    level = list(range(check_int("n", n, lo=1, where="pair_tree")))
+    level = list(range(check_int("n", n, lo=1, hi=MAX_TREE_LEAVES, where="pair_tree")))
     while len(level) > 1:
         level = [(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
     return level[0]
@@ -184,7 +184,9 @@ def pair_tree(n):
 
 def random_tree(n, rng):
     """随机二叉树：随便挑两棵子树合并（左右也随机），直到只剩一棵。n ≥ 1；rng：random.Random。"""
-    items = list(range(check_int("n", n, lo=1, where="random_tree")))
+    items = list(range(check_int("n", n, lo=1, hi=MAX_TREE_LEAVES, where="random_tree")))
+    if not callable(getattr(rng, "sample", None)):
+        raise TypeError(f"random_tree：rng 必须是 random.Random（要用它的 sample），收到 {type(rng).__name__}")
     while len(items) > 1:
         a, b = rng.sample(range(len(items)), 2)
         items = [it for i, it in enumerate(items) if i not in (a, b)] + [(items[a], items[b])]
@@ -192,18 +194,33 @@ def random_tree(n, rng):
 
 
 def tree_depth(tree):
-    """合并树的层数（叶子 0 层）：并行合并时的关键路径长度。"""
-    return 0 if not isinstance(tree, tuple) else 1 + max(tree_depth(t) for t in tree)
+    """合并树的层数（叶子 0 层）：并行合并时的关键路径长度。树很深（几千层的链）也不递归。"""
+    depth, stack = 0, [(_check_tree(tree), 0)]
+    while stack:
+        t, level = stack.pop()
+        if isinstance(t, tuple):
+            stack.extend((_check_tree(c), level + 1) for c in t)
+        depth = max(depth, level)
+    return depth
 
 
 def _merge_tree(states, tree, leaves):
-    if isinstance(tree, tuple):
-        if len(tree) != 2:
-            raise ValueError(f"merge_tree：树的每个内部结点必须是二元组，收到 {tree!r}")
-        return _merge(_merge_tree(states, tree[0], leaves), _merge_tree(states, tree[1], leaves))
-    i = check_int("tree 的叶子", tree, lo=0, hi=len(states) - 1, where="merge_tree")
-    leaves.append(i)
-    return states[i]
+    """后序遍历（显式的栈，不递归：几千层的链也不爆栈）：先算左右子树，再合并。"""
+    stack, done = [(tree, False)], []
+    while stack:
+        t, expanded = stack.pop()
+        if not isinstance(t, tuple):
+            i = check_int("tree 的叶子", t, lo=0, hi=len(states) - 1, where="merge_tree")
+            leaves.append(i)
+            done.append(states[i])
+        elif expanded:
+            right, left = done.pop(), done.pop()
+            done.append(_merge(left, right))
+        else:
+            if len(t) != 2:
+                raise ValueError(f"merge_tree：树的每个内部结点必须是二元组，收到 {t!r}")
+            stack += [(t, True), (t[1], False), (t[0], False)]
+    return done[0]
 
 
 # =============================================================================
@@ -220,6 +237,7 @@ def causal_mask(nq, nk, device=None):
     """右下角对齐的因果掩码 [nq, nk]（True = 可见）：query i 位于 nk − nq + i，看得见位置 ≤ 它的 key。"""
     nq = check_int("nq", nq, lo=1, where="causal_mask")
     nk = check_int("nk", nk, lo=1, where="causal_mask")
+    _check_cells("causal_mask", nq, nk)
     return _block_mask(0, nq, 0, nk, nk - nq, device)
 
 
@@ -240,6 +258,7 @@ def vanilla_attention(q, k, v, causal=False, scale=None, return_lse=False):
 def _vanilla(q, k, v, causal, scale, return_lse=True):
     N, Nk = q.shape[-2], k.shape[-2]
     S = (q @ k.transpose(-2, -1)) * scale                     # [..., N, Nk]
+    _check_scores(S, causal, 0, 0, Nk - N)
     has_key = None
     if causal:
         visible = causal_mask(N, Nk, q.device)                # [N, Nk]
@@ -268,6 +287,7 @@ def sdpa_attention(q, k, v, causal=False, scale=None):
     """
     scale, causal = _check_attention(q, k, v, causal, scale, "sdpa_attention")
     N, Nk = q.shape[-2], k.shape[-2]
+    _check_sdpa_scores(q, k, scale, causal)
     if not causal:
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     if N == Nk:
@@ -296,6 +316,7 @@ def _block_scores(qi, kj, scale, causal, i0, j0, offset):
     j1 = j0 + kj.shape[-2]
     if causal and offset + i0 < j1 - 1:                       # 最早的 query 早于最晚的 key：块里有看不见的对
         S = S.masked_fill(~_block_mask(i0, i0 + qi.shape[-2], j0, j1, offset, S.device), NEG_INF)
+    _check_scores(S, causal, i0, j0, offset)
     return S
 
 
@@ -420,6 +441,8 @@ def blockwise_attention(q, k, v, block_q=64, block_k=64, causal=False, scale=Non
 
 def triton_available(q=None):
     """有 CUDA、装了 triton（Linux），且（给了 q 时）q 在 GPU 上：flash_attention 才走第 11 讲的 Triton 内核。"""
+    if q is not None and not isinstance(q, torch.Tensor):
+        raise TypeError(f"triton_available：q 必须是 torch.Tensor 或 None，收到 {type(q).__name__}")
     if not torch.cuda.is_available() or (q is not None and not q.is_cuda):
         return False
     return importlib.util.find_spec("triton") is not None
@@ -481,10 +504,11 @@ class TransformerLayer(nn.Module):
         h = check_int("h", h, lo=1, where="TransformerLayer")
         n_heads = check_int("n_heads", n_heads, lo=1, where="TransformerLayer")
         ffn_mult = check_int("ffn_mult", ffn_mult, lo=1, where="TransformerLayer")
+        _check_layer_size(h, ffn_mult, dtype)
         if h % n_heads:
             raise ValueError(f"TransformerLayer：h 必须是 n_heads 的倍数，收到 h = {h}、n_heads = {n_heads}")
         self.h, self.n_heads, self.dh = h, n_heads, h // n_heads
-        g = torch.Generator().manual_seed(check_int("seed", seed, lo=0, where="TransformerLayer"))
+        g = torch.Generator().manual_seed(check_int("seed", seed, lo=0, hi=2**63 - 1, where="TransformerLayer"))
 
         def weight(fan_in, fan_out):
             return nn.Parameter(torch.randn(fan_in, fan_out, generator=g, dtype=dtype) / math.sqrt(fan_in))
@@ -719,20 +743,57 @@ def _check_block(S, V):
     if S.shape[-1] != V.shape[-2]:
         raise ValueError(f"block_state：S [..., nq, nk] 的 nk 必须等于 V [..., nk, dv] 的 nk，"
                          f"收到 S {tuple(S.shape)}、V {tuple(V.shape)}")
+    if S.dtype != V.dtype or S.device != V.device:
+        raise TypeError(f"block_state：S、V 的 dtype 和设备必须相同，收到 {S.dtype}/{V.dtype}、{S.device}/{V.device}")
+    try:
+        torch.broadcast_shapes(S.shape[:-2], V.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"block_state：V 前面的维度必须能和 S 的广播，收到 S {tuple(S.shape)}、V {tuple(V.shape)}") \
+            from None
     if torch.isnan(S).any() or torch.isposinf(S).any():
         raise ValueError("block_state：S 只能含有限值或 −∞（被掩码的位置），发现了 NaN 或 +∞")
     if not torch.isfinite(V).all():
         raise ValueError("block_state：V 只能含有限值，发现了 NaN 或 ∞")
 
 
-def _check_states(*states):
-    for s in states:
+def _check_states(*states, where="merge_states", names=None):
+    """局部状态 (m, l, o)：三个浮点张量（dtype 可以不同：合并时按 torch 的规则提升），在同一个设备上；形状 ([...], [...], [..., dv])，几个状态之间完全相同
+    （不悄悄广播）；CPU 上还查取值：m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置 l = 0、o = 0（空状态）。
+    GPU 上不查取值：那要同步主机，会打断环形注意力（第 19 讲）里计算和通信的重叠。"""
+    names = names or [f"states[{i}]" for i in range(len(states))]
+    first = None
+    for who, s in zip(names, states):
         if not isinstance(s, (tuple, list)) or len(s) != 3 or not all(isinstance(t, torch.Tensor) for t in s):
-            raise TypeError("状态必须是 (m, l, o) 三个 torch.Tensor 组成的三元组（block_state 的返回值）")
+            raise TypeError(f"{where}：{who} 必须是 (m, l, o) 三个 torch.Tensor 组成的三元组（block_state 的返回值，"
+                            f"状态），收到 {type(s).__name__}")
         m, l, o = s
-        if m.shape != l.shape or o.shape[:-1] != m.shape:
-            raise ValueError(f"状态 (m, l, o) 的形状必须是 ([...], [...], [..., dv])，收到 "
+        for name, t in zip("mlo", s):
+            if not t.is_floating_point():
+                raise TypeError(f"{where}：{who} 的 {name} 必须是浮点张量（状态不收整数 / 布尔），收到 dtype={t.dtype}")
+        if not (m.device == l.device == o.device):
+            raise TypeError(f"{where}：{who} 的 m、l、o 必须在同一个设备上，收到 {m.device}/{l.device}/{o.device}")
+        if m.shape != l.shape or o.dim() != m.dim() + 1 or o.shape[:-1] != m.shape:
+            raise ValueError(f"{where}：{who}：状态 (m, l, o) 的形状必须是 ([...], [...], [..., dv])，收到 "
                              f"{tuple(m.shape)}、{tuple(l.shape)}、{tuple(o.shape)}")
+        if first is None:
+            first = (who, m.device, o.shape)
+        elif m.device != first[1]:
+            raise TypeError(f"{where}：{who} 必须和 {first[0]} 在同一个设备上（{first[1]}），收到 {m.device}")
+        elif o.shape != first[2]:
+            raise ValueError(f"{where}：{who} 的形状必须和 {first[0]} 完全相同（不广播），收到 o {tuple(o.shape)}、"
+                             f"{first[0]} 的 o {tuple(first[2])}")
+        if m.device.type != "cpu":
+            continue
+        empty = torch.isneginf(m)
+        flags = torch.stack([(torch.isnan(m) | torch.isposinf(m)).any(), (~torch.isfinite(l) | (l < 0)).any(),
+                             (~torch.isfinite(o)).any(), (empty & (l != 0)).any(),
+                             (empty.unsqueeze(-1) & (o != 0)).any()]).tolist()       # 一次同步
+        for bad, text in zip(flags, ("m 只能含有限值或 −∞（空状态），发现了 NaN 或 +∞",
+                                     "l 必须有限且 ≥ 0，发现了 NaN、∞ 或负数", "o 只能含有限值，发现了 NaN 或 ∞",
+                                     "l 在 m = −∞ 的位置必须是 0（空状态 (−∞, 0, 0)）",
+                                     "o 在 m = −∞ 的位置必须是 0（空状态 (−∞, 0, 0)）")):
+            if bad:
+                raise ValueError(f"{where}：{who} 的 {text}")
 
 
 def _check_attention(q, k, v, causal, scale, where, block_q=None, block_k=None):
@@ -780,6 +841,69 @@ def _check_saved(q, v, O, lse, dO, dlse=None):
     if not (torch.isfinite(O).all() and torch.isfinite(dO).all()) or torch.isnan(lse).any() \
             or torch.isposinf(lse).any():
         raise ValueError("blockwise_attention_bwd：O、dO 只能含有限值，lse 只能含有限值或 −∞")
+
+
+MAX_TREE_LEAVES = 10 ** 6     # 合并树最多这么多个叶子（每个叶子是一个局部状态）
+MAX_CELLS = 1 << 31           # causal_mask 的 [nq, nk] 布尔表最多这么多个元素（2 GB）
+MAX_LAYER_BYTES = 8e9         # TransformerLayer 的权重最多这么多字节
+
+
+def _check_list(name, value, where):
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{where}：{name} 必须是可迭代的（列表、元组……），收到 {type(value).__name__}") from None
+
+
+def _check_tree(t):
+    """合并树的结点：二元组或叶子下标（非负整数）。"""
+    if isinstance(t, tuple):
+        if len(t) != 2:
+            raise ValueError(f"tree_depth：tree 的每个内部结点必须是二元组，收到 {t!r}")
+        return t
+    check_int("tree 的叶子", t, lo=0, where="tree_depth")
+    return t
+
+
+def _check_cells(where, nq, nk):
+    if nq * nk > MAX_CELLS:
+        raise ValueError(f"{where}：nq·nk = {nq}·{nk} = {nq * nk:.3g} 个元素的掩码放不下"
+                         f"（上限 MAX_CELLS = {MAX_CELLS}，要 {nq * nk / 1e9:.3g} GB）")
+
+
+def _check_layer_size(h, ffn_mult, dtype):
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"TransformerLayer：dtype 只能是 torch.float16 / bfloat16 / float32 / float64，收到 {dtype!r}")
+    n = (4 + 2 * ffn_mult) * h * h                           # W_qkv 3h² + W_o h² + W_1、W_2 各 ffn_mult·h²
+    need = n * torch.empty((), dtype=dtype).element_size()
+    if need > MAX_LAYER_BYTES:
+        raise ValueError(f"TransformerLayer：h = {h}、ffn_mult = {ffn_mult} 的权重要 (4 + 2·ffn_mult)·h² = {n:.3g} "
+                         f"个元素 = {need / 1e9:.3g} GB，超过上限 MAX_LAYER_BYTES = {MAX_LAYER_BYTES / 1e9:g} GB")
+
+
+def _check_scores(S, causal=False, i0=0, j0=0, offset=0):
+    """可见的分数必须在计算用的 dtype 里有限：q、k 有限，乘出来却溢出时报错（不给 0 / −∞ 或 NaN）。
+    全部有限时只花一次 isfinite；被掩码的位置（causal 时看不见的 (q, k)）不是分数，不算。只在 CPU 上查
+    （GPU 上每块都同步主机太贵；GPU 上的快路径是 Triton 内核，溢出的行给 NaN）。"""
+    if S.device.type != "cpu" or torch.isfinite(S).all():
+        return
+    bad = ~torch.isfinite(S)
+    if causal:
+        bad &= _block_mask(i0, i0 + S.shape[-2], j0, j0 + S.shape[-1], offset, S.device)
+    if bad.any():
+        raise ValueError(f"注意力分数溢出 {S.dtype}：q·kᵀ·scale 有 {int(bad.sum())} 个可见的分数超出可表示范围"
+                         f"（±{torch.finfo(S.dtype).max:.3g}），请缩小 q 或 k（或 scale）的量级")
+
+
+def _check_sdpa_scores(q, k, scale, causal):
+    """SDPA 看不到分数：先用 |S| ≤ scale·d·max|q|·max|k| 判断一定不溢出（O(N·d)）；判断不了时显式算一遍分数再查。
+    和 _check_scores 一样只在 CPU 上查。"""
+    if q.device.type != "cpu":
+        return
+    bound = abs(scale) * q.shape[-1] * q.abs().max().item() * k.abs().max().item()
+    if bound < torch.finfo(q.dtype).max / 2:
+        return
+    _check_scores((q @ k.transpose(-2, -1)) * scale, causal, 0, 0, k.shape[-2] - q.shape[-2])
 
 
 # =============================================================================
