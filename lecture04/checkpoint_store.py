@@ -261,15 +261,19 @@ class ResultCache:
         return item["value"]
 
     def put(self, key, value, label=""):
+        """value 是字典：和已有的（seal 对得上的）值合并，别的进程刚写进去的格子不丢。"""
         _finite_numbers(value, "ResultCache.put 的 value")
         d = digest(key)
-        item = {"key": canon(key), "value": canon(value), "seal": digest({"key": d, "value": value}), "label": label}
 
         def change(c):
             if c.get("format") != FORMAT or not isinstance(c.get("results"), dict):
                 c.clear()
                 c.update(format=FORMAT, results={})
-            c["results"][d] = item
+            old = c["results"].get(d)
+            ok = isinstance(old, dict) and old.get("seal") == digest({"key": d, "value": old.get("value")})
+            merged = canon(dict(old["value"], **value) if ok else value)
+            c["results"][d] = {"key": canon(key), "value": merged, "seal": digest({"key": d, "value": merged}),
+                               "label": label}
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         update_json(self.path, change)
 
