@@ -668,6 +668,8 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
     """
     quick = check_bool("quick", quick, where="get_model")
     _check_cfg_keys("get_model", cfg, MODEL_KEYS)
+    _check_train_args(steps, T, batch, lr, warmup, curriculum)     # steps = 0 在这里就拒绝：不训练、不写 manifest
+    check_int("data_offset", data_offset, lo=0, where="get_model")
     parent = init_from[1] if init_from else None
     full_cfg = dict(cfg, steps=steps, T=T, lr=lr, data_offset=data_offset, curriculum=curriculum,
                     zone=list(zone), warmup=warmup, init=parent)
