@@ -36,8 +36,10 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
 【依赖】torch；lecture04/modern_lm.py（RMSNorm、SwiGLU、RoPE），lecture18/flash_lab.py（分块状态的合并）。
 """
 
+import bisect
 import copy
 import functools
+import itertools
 import json
 import math
 import os
@@ -141,6 +143,10 @@ class NeedleTask:
             succ = chain.sample(range(n_filler), 4)
             weights = [chain.random() + 0.2 for _ in succ]
             self.next_fill.append((succ, weights))
+        # 累计权重先算好：_haystack 每走一步只抽一个均匀数再二分（和 rng.choices(succ, weights) 逐位相同）
+        self._cum = [(list(succ), list(itertools.accumulate(w)), sum(w) + 0.0) for succ, w in self.next_fill]
+        for succ, cw, _total in self._cum:
+            succ[:] = [x + self.fil0 for x in succ]                       # 直接存 token 编号
 
     def names(self):
         """每个编号的可读名字（打印例子用）。"""
@@ -152,12 +158,13 @@ class NeedleTask:
         return 1 + 3 * max_needles + 3 * q_per_needle * max_needles
 
     def _haystack(self, rng, length):
-        """length 个填充词：从随机的一个出发，沿马尔可夫链走。"""
-        state, words = rng.randrange(self.n_filler), []
-        while len(words) < length:
-            words.append(state + self.fil0)
-            nxt, wts = self.next_fill[state]
-            state = rng.choices(nxt, weights=wts)[0]
+        """length 个填充词：从随机的一个出发，沿马尔可夫链走（每步 = rng.choices(后继, 权重)，写成一次二分）。"""
+        state = rng.randrange(self.n_filler)
+        word, words, cum, uniform = state + self.fil0, [], self._cum, rng.random
+        for _i in range(length):
+            words.append(word)
+            succ, cw, total = cum[word - self.fil0]
+            word = succ[bisect.bisect(cw, uniform() * total, 0, 3)]
         return words
 
     def _draw_needles(self, rng, n):
@@ -177,8 +184,7 @@ class NeedleTask:
                     zone=(0.0, 1.0)):
         self._check_train(B, T, min_needles, max_needles, hay, q_per_needle, zone)
         gen = random.Random(gen_seed)
-        ids = torch.full((B, T), fill_value=self.PAD, dtype=torch.long)
-        tgt = torch.full_like(ids, -100)                    # −100 = 不计损失
+        rows, at, answers = [], [], []                      # 每行的 token；答案的 (行, 列) 与值，最后一次写进张量
         for row in range(B):
             n_needles = gen.randint(min_needles, max_needles)
             keys, vals = self._draw_needles(gen, n_needles)
@@ -194,10 +200,14 @@ class NeedleTask:
                 which = gen.randrange(n_needles)            # 有放回：同一根针可能被问好几次
                 answer = self.val0 + vals[which]
                 seq.extend((self.Q, self.key0 + keys[which]))
-                tgt[row, len(seq) - 1] = answer             # 读到 "Q k" 的 k 时，下一个 token 应是 v
+                at.append(row * T + len(seq) - 1)           # 读到 "Q k" 的 k 时，下一个 token 应是 v
+                answers.append(answer)
                 seq.append(answer)
-            ids[row, :len(seq)] = torch.tensor(seq)        # hay=False 时序列较短，后面是 <pad>（不计损失）
-        return ids, tgt
+            rows.append(seq + [self.PAD] * (T - len(seq)))  # hay=False 时序列较短，后面是 <pad>（不计损失）
+        ids = torch.tensor(rows, dtype=torch.long)
+        tgt = torch.full((B * T,), -100, dtype=torch.long)  # −100 = 不计损失
+        tgt[torch.tensor(at, dtype=torch.long)] = torch.tensor(answers, dtype=torch.long)
+        return ids, tgt.view(B, T)
 
     def needle_batch(self, gen_seed, B, T, depth, n_distractors=3):
         self._check_needle(B, T, depth, n_distractors)
