@@ -9,7 +9,7 @@ CS349E 第 4 讲 · checkpoint_store.py：入库的检查点怎样存、怎样�
 【主要内容】
     CheckpointStore        一个文件夹：<名字>.pt（纯 state_dict，torch.load(weights_only=True) 可读）+ manifest.json
         .save / .verify    存盘（拒收 steps < 1 与非有限的数字）/ 核对（配置逐项比、SHA-256、装得进模型、数值有限）
-        .save_resume / .load_resume / .drop_resume   续训文件 <名字>.resume.pt（不入库）
+        .save_resume / .load_resume / .drop_resume / for_resume   续训文件 <名字>.resume.pt（不入库）
     ResultCache            量出来的结果（如 NIAH 表）的缓存：键 = 决定结果的一切（权重、设置、评测参数）的摘要
     stop_on_ctrl_c / interrupted   Ctrl-C 只在两步之间生效：存好续训状态，一行话退出
     digest / config_diff / state_digest   规范 JSON 的 SHA-256、配置差异（"lr: 0.001 → 0.0005"）、权重的摘要
@@ -204,6 +204,14 @@ class CheckpointStore:
         return model.eval(), "ok"
 
     # ---- 续训 ----
+    @classmethod
+    def for_resume(cls, resume_path, where):
+        """续训文件的路径 → (store, name)；路径必须以 .resume.pt 结尾（别的名字会被误当成检查点）。"""
+        if not isinstance(resume_path, (str, os.PathLike)) or not os.fspath(resume_path).endswith(".resume.pt"):
+            raise ValueError(f"{where}：resume_path 必须是以 .resume.pt 结尾的路径，收到 {resume_path!r}")
+        path = os.path.abspath(os.fspath(resume_path))
+        return cls(os.path.dirname(path)), os.path.basename(path)[:-len(".resume.pt")]
+
     def save_resume(self, name, model, opt, step, config, meta):
         """续训文件：模型、优化器、已完成的步数、config 与 meta（曲线、已用秒数……，JSON 文本）。"""
         os.makedirs(self.folder, exist_ok=True)

@@ -698,8 +698,7 @@ def _train(cfg, tc, lang, progress, resume_path, desc, log):
     start, curve, before = 0, [], 0.0
     store = name = None
     if resume_path:
-        store = CheckpointStore(os.path.dirname(os.path.abspath(resume_path)))
-        name = os.path.basename(resume_path)[:-len(".resume.pt")] if resume_path.endswith(".resume.pt") else None
+        store, name = CheckpointStore.for_resume(resume_path, "train_model")
     run_cfg = {"model": cfg.to_dict(), "train": tc.to_dict()}
     if name:
         start, meta = store.load_resume(name, model, opt, run_cfg, log=log)

@@ -503,8 +503,7 @@ def _needle_loop(model, task, steps, T, batch, lr, seed, log, log_every, warmup,
                "start_weights": state_digest(model.state_dict())}        # 起点权重（种子、父模型）也要相同
     store = name = None
     if resume_path:
-        store = CheckpointStore(os.path.dirname(os.path.abspath(resume_path)))
-        name = os.path.basename(resume_path).removesuffix(".resume.pt")
+        store, name = CheckpointStore.for_resume(resume_path, "train_needle")
         start, meta = store.load_resume(name, model, opt, run_cfg, log=log)
         if meta is not None:
             curve, run, before = [tuple(c) for c in meta["curve"]], meta["run"], float(meta["seconds"])

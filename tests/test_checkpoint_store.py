@@ -112,6 +112,12 @@ def test_lecture04_edited_number_is_not_printed_as_measured(trained):
     assert info["final_eval_loss"] == true_loss
 
 
+def test_resume_path_must_name_a_resume_file(tmp_path):
+    with pytest.raises(ValueError, match="resume_path"):
+        ml.train_model(ml.CHECKPOINTS["modern"], TINY, ml.language(), progress=False,
+                       resume_path=str(tmp_path / "modern.pt"))          # 会被当成检查点的名字：拒绝
+
+
 def test_lecture04_flags_are_checked():
     with pytest.raises(TypeError, match="quick"):
         ml.load_or_train("modern", quick="yes")
