@@ -131,7 +131,7 @@ class CheckpointStore:
         return man["models"], None
 
     def save(self, name, state, config, record, extra_files=()):
-        """存 <name>.pt（纯 state_dict）并在 manifest 里记一项；extra_files：同名字的附属文件（曲线 csv），一起记 SHA-256。"""
+        """存 <name>.pt（纯 state_dict），在 manifest 里记一项；extra_files：附属文件（曲线 csv），一起记 SHA-256。"""
         check_int("record['steps']", record.get("steps"), lo=1, where=f"CheckpointStore.save（{name}）")
         _finite_numbers(record, f"{name} 的 record")
         os.makedirs(self.folder, exist_ok=True)
@@ -237,7 +237,8 @@ class CheckpointStore:
         except Exception as e:     # noqa: BLE001  任何读不了的情况都是"从头训"
             model.load_state_dict(keep_m)
             opt.load_state_dict(keep_o)
-            warnings.warn(f"续训文件 {os.path.basename(path)} 用不了（{type(e).__name__}: {e}），从头训练", stacklevel=2)
+            warnings.warn(f"续训文件 {os.path.basename(path)} 用不了（{type(e).__name__}: {e}），从头训练",
+                          stacklevel=2)
             return 0, None
         if log:
             log(f"  从 {os.path.basename(path)} 的第 {step} 步接着训练")

@@ -36,7 +36,6 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
 
 import csv
 import dataclasses
-import json
 import math
 import os
 import sys

@@ -145,7 +145,7 @@ class NeedleTask:
             self.next_fill.append((succ, weights))
         # 累计权重先算好：_haystack 每走一步只抽一个均匀数再二分（和 rng.choices(succ, weights) 逐位相同）
         self._cum = [(list(succ), list(itertools.accumulate(w)), sum(w) + 0.0) for succ, w in self.next_fill]
-        for succ, cw, _total in self._cum:
+        for succ, _cw, _total in self._cum:
             succ[:] = [x + self.fil0 for x in succ]                       # 直接存 token 编号
 
     def names(self):
@@ -622,7 +622,7 @@ def _store(folder):
 
 
 def read_manifest(folder=None):
-    """checkpoints/manifest.json 里的各项：名字 → {config, files: {文件: SHA-256}, record, seal}（格式见 checkpoint_store）。"""
+    """checkpoints/manifest.json 里的各项：名字 → {config, files: {文件: SHA-256}, record, seal}。"""
     return _store(folder).read()[0]
 
 
