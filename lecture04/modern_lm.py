@@ -20,7 +20,7 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
     loss_breakdown / loss_by_position            按 token 类别（块标记、新块字母、复制）/ 按位置拆开的损失，与最优并排
     CHECKPOINTS / train_config / load_or_train / verify_checkpoint
                                                  入库的检查点（12 个：消融的每个变体 + 同一配置的 3 个种子）与
-                                                 manifest.json（配置、步数、损失、秒数、种子、SHA-256）
+                                                 manifest.json（格式、SHA-256 与 seal 的核对、续训：checkpoint_store.py）
 
 【约定】
     形状：token [B, T]；激活 [B, T, d]；注意力里 q [B, H, T, dh]、k/v [B, G, S, dh]（G = n_kv_heads，
