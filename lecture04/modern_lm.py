@@ -20,7 +20,7 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
     loss_breakdown / loss_by_position            按 token 类别（块标记、新块字母、复制）/ 按位置拆开的损失，与最优并排
     CHECKPOINTS / train_config / load_or_train / verify_checkpoint
                                                  入库的检查点（12 个：消融的每个变体 + 同一配置的 3 个种子）与
-                                                 manifest.json（配置、步数、损失、秒数、种子、SHA-256）
+                                                 manifest.json（格式、SHA-256 与 seal 的核对、续训：checkpoint_store.py）
 
 【约定】
     形状：token [B, T]；激活 [B, T, d]；注意力里 q [B, H, T, dh]、k/v [B, G, S, dh]（G = n_kv_heads，
@@ -36,7 +36,6 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
 
 import csv
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -55,6 +54,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from course_utils import (check_bool, check_choice, check_int, check_real, format_table,  # noqa: E402,F401
                           read_json_dict, sha256_file, update_json)
 from llm_math import ModelConfig  # noqa: E402
+
+sys.path.insert(0, HERE)
+from checkpoint_store import CheckpointStore, interrupted, stop_on_ctrl_c  # noqa: E402
 
 NORMS = ("rms", "layer")
 NORM_PLACES = ("pre", "post")
@@ -677,39 +679,63 @@ def loss_breakdown(model, lang, seq, batch=64, seed=777):
 def train_model(cfg, tc, lang, progress=True, resume_path=None, desc=None, log=print):
     """
     训练一个模型，返回 (model, curve)；curve 是 [(step, train_loss, eval_loss 或 None, lr)] 的列表。
-    resume_path：每次评估时把 (模型, 优化器, 步数, 曲线) 存到这里；文件存在且配置一致就从那里接着训。
+    resume_path：每次评估时（以及 Ctrl-C 时，在两步之间）把 (模型, 优化器, 步数, 曲线) 存到这里；
+        文件存在且配置一致就从那里接着训。Ctrl-C：存好续训文件，一行话退出（SystemExit）。
     progress：tqdm 进度条（tokens/s、ETA）。
     种子：torch.manual_seed(tc.seed) 决定初始化，数据第 s 步的种子见 TrainConfig。
     """
+    model, curve, _session = _train(cfg, tc, lang, progress, resume_path, desc, log)
+    return model, curve
+
+
+def _train(cfg, tc, lang, progress, resume_path, desc, log):
+    """train_model 的实体；另返回这一段的 {start, seconds, seconds_before}（tokens/s 只按这一段算）。"""
     _check_train_args(cfg, tc, lang, progress)
     torch.manual_seed(tc.seed)
     model = ModernLM(cfg)
     opt = make_optimizer(model, tc)
-    start, curve = 0, []
-    if resume_path and os.path.exists(resume_path):
-        start, curve = _try_resume(resume_path, model, opt, cfg, tc, log)
+    start, curve, before = 0, [], 0.0
+    store = name = None
+    if resume_path:
+        store, name = CheckpointStore.for_resume(resume_path, "train_model")
+    run_cfg = {"model": cfg.to_dict(), "train": tc.to_dict()}
+    if name:
+        start, meta = store.load_resume(name, model, opt, run_cfg, log=log)
+        if meta is not None:
+            curve, before = [tuple(r) for r in meta["curve"]], float(meta["seconds"])
     bar = _progress(tc.steps, start, tc.batch * tc.seq, desc or cfg.name, progress)
+    t0 = time.perf_counter()
+
+    def save(step):
+        if name:
+            store.save_resume(name, model, opt, step, run_cfg,
+                              {"curve": curve, "seconds": before + time.perf_counter() - t0})
     model.train()
-    for step in range(start, tc.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, tc)
-        tokens, _ = lang.sample(tc.batch, tc.seq, tc.seed * 1_000_000 + step)
-        loss = lm_loss(model, tokens)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip)
-        opt.step()
-        row = (step + 1, loss.item(), None, lr_at(step, tc))          # (步数, train 损失, eval 损失, 学习率)
-        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
-            row = row[:2] + (evaluate(model, lang, tc.seq, tc.eval_batches)[0],) + row[3:]
-            if resume_path:
-                _save_resume(resume_path, model, opt, step + 1, curve + [row], cfg, tc)
-        curve.append(row)
-        bar.update(1)
-        bar.set_postfix(loss=f"{row[1]:.3f}", **({"eval": f"{row[2]:.3f}"} if row[2] is not None else {}))
+    with stop_on_ctrl_c() as stop:
+        for step in range(start, tc.steps):
+            if stop.requested:
+                save(step)
+                bar.close()
+                raise interrupted(desc or cfg.name, step, tc.steps, resume_path or "（没有续训文件）")
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, tc)
+            tokens, _ = lang.sample(tc.batch, tc.seq, tc.seed * 1_000_000 + step)
+            loss = lm_loss(model, tokens)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip)
+            opt.step()
+            row = (step + 1, loss.item(), None, lr_at(step, tc))          # (步数, train 损失, eval 损失, 学习率)
+            if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
+                row = row[:2] + (evaluate(model, lang, tc.seq, tc.eval_batches)[0],) + row[3:]
+            curve.append(row)
+            if row[2] is not None:
+                save(step + 1)
+            bar.update(1)
+            bar.set_postfix(loss=f"{row[1]:.3f}", **({"eval": f"{row[2]:.3f}"} if row[2] is not None else {}))
     bar.close()
     model.eval()
-    return model, curve
+    return model, curve, {"start": start, "seconds": time.perf_counter() - t0, "seconds_before": before}
 
 
 def _progress(total, start, tokens_per_step, desc, enabled):
@@ -736,33 +762,6 @@ class _StepBar:
 
     def close(self):
         self.bar.close()
-
-
-def _save_resume(path, model, opt, step, curve, cfg, tc):
-    blob = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-            "meta": json.dumps({"config": cfg.to_dict(), "train": tc.to_dict(), "curve": curve})}
-    tmp = path + ".tmp"
-    torch.save(blob, tmp)
-    os.replace(tmp, path)
-
-
-def _try_resume(path, model, opt, cfg, tc, log):
-    """读续训文件；配置不符或文件坏了就警告并从头训（绝不崩溃）。"""
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        meta = json.loads(blob["meta"])
-        if meta["config"] != cfg.to_dict() or meta["train"] != tc.to_dict():
-            raise ValueError("续训文件的配置与现在的不同")
-        model.load_state_dict(blob["model"])
-        opt.load_state_dict(blob["opt"])
-        log(f"从 {os.path.basename(path)} 的第 {blob['step']} 步接着训练")
-        return int(blob["step"]), [tuple(r) for r in meta["curve"]]
-    except Exception as e:     # noqa: BLE001  任何读不了的情况都是"从头训"
-        warnings.warn(f"续训文件 {path} 用不了（{type(e).__name__}: {e}），从头训练", stacklevel=2)
-        torch.manual_seed(tc.seed)
-        fresh = ModernLM(cfg)
-        model.load_state_dict(fresh.state_dict())
-        return 0, []
 
 
 # =============================================================================
@@ -962,38 +961,35 @@ def language():
     return ChunkCopyLanguage(**LANG)
 
 
+def _store(ckpt_dir):
+    return CheckpointStore(ckpt_dir, "python3 lecture04/train_checkpoints.py")
+
+
+def _run_config(name, tc):
+    """决定一个检查点的一切：模型配置、训练设置、语言。manifest 里记它，核对时逐项比。"""
+    return {"model": CHECKPOINTS[name].to_dict(), "train": tc.to_dict(), "lang": LANG}
+
+
 def read_manifest(ckpt_dir=CKPT_DIR):
-    """checkpoints/manifest.json：{"models": {名字: {config, train, files: {文件: SHA-256}}}}；坏了就当空的。"""
+    """checkpoints/manifest.json：{"format", "models": {名字: {config, files, record, seal}}}；不存在或坏了就当空的。"""
     man = read_json_dict(os.path.join(ckpt_dir, "manifest.json"))
     return man if isinstance(man.get("models"), dict) else {"models": {}}
 
 
 def verify_checkpoint(name, ckpt_dir=CKPT_DIR, tc=None):
     """
-    检查一个入库的检查点能不能用，返回 (model 或 None, 原因)。
-    要求：manifest 里有它、配置和训练设置与代码里的一致、每个文件的 SHA-256 对得上、state_dict 装得进模型。
+    检查一个入库的检查点能不能用，返回 (model 或 None, 原因)；原因以 "ok" 开头就能用。
+    要求：配置、训练设置、语言与代码里的逐项相同（不同时原因里写出哪几项，旧 → 新）、每个文件的 SHA-256
+    对得上、state_dict 装得进模型。manifest 缺失或坏了：只核对文件本身（原因写明，没有训练记录）。
     """
+    model, why, _record = _verify(name, ckpt_dir, tc)
+    return model, why
+
+
+def _verify(name, ckpt_dir, tc):
     cfg = CHECKPOINTS[check_choice("name", name, tuple(CHECKPOINTS), where="verify_checkpoint")]
     tc = train_config(name) if tc is None else tc
-    entry = read_manifest(ckpt_dir)["models"].get(name)
-    if entry is None:
-        return None, "manifest.json 里没有它"
-    if entry.get("config") != cfg.to_dict() or entry.get("train") != tc.to_dict() or entry.get("lang") != LANG:
-        return None, "配置与代码里的不一致"
-    for fn, digest in entry.get("files", {}).items():
-        path = os.path.join(ckpt_dir, fn)
-        if not os.path.exists(path):
-            return None, f"缺文件 {fn}"
-        if sha256_file(path) != digest:
-            return None, f"{fn} 的 SHA-256 对不上（文件损坏或被改过）"
-    try:
-        state = torch.load(os.path.join(ckpt_dir, f"{name}.pt"), map_location="cpu", weights_only=True)
-        model = ModernLM(cfg)
-        model.load_state_dict(state)
-    except Exception as e:     # noqa: BLE001  读不了的文件一律当作"需要重训"
-        return None, f"装不进模型（{type(e).__name__}: {e}）"
-    model.eval()
-    return model, "ok"
+    return _store(ckpt_dir).verify(name, _run_config(name, tc), lambda: ModernLM(cfg))
 
 
 def read_curve(name, ckpt_dir=CKPT_DIR):
@@ -1007,69 +1003,60 @@ def read_curve(name, ckpt_dir=CKPT_DIR):
 
 
 def train_and_save(name, ckpt_dir=CKPT_DIR, tc=None, progress=True, log=print):
-    """训练一个检查点并写入 ckpt_dir：<name>.pt（纯 state_dict）、<name>_curve.csv、manifest.json 里的一项。"""
+    """
+    训练一个检查点并写入 ckpt_dir：<name>.pt（纯 state_dict）、<name>_curve.csv、manifest.json 里的一项。
+    中断过的（<name>.resume.pt）接着训；seconds 是累计训练秒数，tokens_per_s 只按这一次运行实际跑的步数算。
+    """
     progress = check_bool("progress", progress, where="train_and_save")
     cfg = CHECKPOINTS[check_choice("name", name, tuple(CHECKPOINTS), where="train_and_save")]
     tc = train_config(name) if tc is None else tc
     os.makedirs(ckpt_dir, exist_ok=True)
-    lang = language()
-    resume = os.path.join(ckpt_dir, f"{name}.resume.pt")
-    t0 = time.perf_counter()
-    model, curve = train_model(cfg, tc, lang, progress=progress, resume_path=resume, desc=name, log=log)
-    seconds = time.perf_counter() - t0
+    store, lang = _store(ckpt_dir), language()
+    resume = store.path(name, ".resume.pt")
+    model, curve, session = _train(cfg, tc, lang, progress, resume, name, log)
     ev, opt = evaluate(model, lang, tc.seq, n_batches=8)
-    pt, csv_path = os.path.join(ckpt_dir, f"{name}.pt"), os.path.join(ckpt_dir, f"{name}_curve.csv")
-    torch.save(model.state_dict(), pt)
+    csv_path = os.path.join(ckpt_dir, f"{name}_curve.csv")
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["step", "train_loss", "eval_loss", "lr"])
         for step, tl_, el, lr in curve:
             w.writerow([step, f"{tl_:.5f}", "" if el is None else f"{el:.5f}", f"{lr:.3e}"])
     tail = [r[1] for r in curve[-50:]]
-    entry = {"config": cfg.to_dict(), "train": tc.to_dict(), "lang": LANG, "steps": tc.steps,
-             "final_train_loss": round(float(np.mean(tail)), 5), "final_eval_loss": round(ev, 5),
-             "optimal_loss": round(opt, 5), "seconds": round(seconds, 1),
-             "tokens_per_s": round(tc.steps * tc.batch * tc.seq / max(seconds, 1e-9)), "seed": tc.seed,
-             "n_params": model.n_params(), "torch": torch.__version__,
-             "files": {os.path.basename(pt): sha256_file(pt), os.path.basename(csv_path): sha256_file(csv_path)}}
-    _update_manifest(ckpt_dir, name, entry)
-    if os.path.exists(resume):
-        os.remove(resume)
-    return model, entry
-
-
-def _update_manifest(ckpt_dir, name, entry):
-    """manifest.json 里写一项（加锁的读-改-写：两个训练进程可以并行训不同的模型）。"""
-    def change(man):
-        if not isinstance(man.get("models"), dict):
-            man["models"] = {}
-        man["models"][name] = entry
-        man["torch"] = torch.__version__
-        man["note"] = "python3 lecture04/train_checkpoints.py 生成；演示核对 SHA-256 与配置，不符就重训"
-    update_json(os.path.join(ckpt_dir, "manifest.json"), change)
+    ran = tc.steps - session["start"]                     # 这一次运行实际跑的步数
+    record = {"steps": tc.steps, "final_train_loss": round(float(np.mean(tail)), 5), "final_eval_loss": round(ev, 5),
+              "optimal_loss": round(opt, 5), "seconds": round(session["seconds_before"] + session["seconds"], 1),
+              "tokens_per_s": round(ran * tc.batch * tc.seq / max(session["seconds"], 1e-9)), "seed": tc.seed,
+              "n_params": model.n_params()}
+    store.save(name, model.state_dict(), _run_config(name, tc), record, extra_files=[csv_path])
+    store.drop_resume(name)
+    return model, record
 
 
 def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, progress=True):
     """
     演示用：入库的检查点能用就装载（并说一声）；缺失、损坏或配置不符时警告并重训（tqdm 进度条）。
     quick=True：检查点能用照样装载（只读）；不能用时只在内存里训 QUICK_TRAIN 的几十步，从不写 checkpoints/。
-    返回 (model, info)；info 有 "source"（"checkpoint" / "retrained" / "quick"）和 manifest 里的数字。
+    返回 (model, info)；info 有 "source"（"checkpoint" / "retrained" / "quick"）、"steps" 和训练记录里的数字
+    （只有 seal 对得上的；manifest 缺失或数字被改过时没有，steps 为 None）。
     """
     quick = check_bool("quick", quick, where="load_or_train")
     progress = check_bool("progress", progress, where="load_or_train")
-    model, why = verify_checkpoint(name, ckpt_dir, tc)
+    model, why, record = _verify(name, ckpt_dir, tc)
     if model is not None:
-        entry = read_manifest(ckpt_dir)["models"][name]
-        log(f"  装载检查点 {name}.pt（{entry['steps']} 步，eval 损失 {entry['final_eval_loss']:.3f}，SHA-256 已核对）")
-        return model, dict(entry, source="checkpoint")
+        if record is not None:
+            log(f"  装载检查点 {name}.pt（{record['steps']} 步，eval 损失 {record['final_eval_loss']:.3f}，"
+                f"配置与 SHA-256 已核对）")
+            return model, dict(record, source="checkpoint")
+        log(f"  装载检查点 {name}.pt（{why}）")
+        return model, {"source": "checkpoint", "steps": None}
     if quick:
         log(f"  [--quick] 检查点 {name} 不可用（{why}）：只在内存里训 {QUICK_TRAIN.steps} 步，不写文件")
         quick_tc = dataclasses.replace(QUICK_TRAIN, seed=train_config(name).seed)
         model, curve = train_model(CHECKPOINTS[name], quick_tc, language(), progress=False)
         return model, {"source": "quick", "steps": QUICK_TRAIN.steps, "curve": curve}
     warnings.warn(f"检查点 {name} 不可用（{why}）：重新训练（2 核 CPU 上约 2–5 分钟）", stacklevel=2)
-    model, entry = train_and_save(name, ckpt_dir, tc, progress=progress, log=log)
-    return model, dict(entry, source="retrained")
+    model, record = train_and_save(name, ckpt_dir, tc, progress=progress, log=log)
+    return model, dict(record, source="retrained")
 
 
 # =============================================================================

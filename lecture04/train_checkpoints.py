@@ -5,7 +5,8 @@
 写到 lecture04/checkpoints/：<名字>.pt（纯 state_dict，torch.load(weights_only=True) 可读）、
 <名字>_curve.csv（损失曲线）、manifest.json（配置、步数、最终 train / eval 损失、最优损失、秒数、
 tokens/s、种子、torch 版本、每个文件的 SHA-256）。已经核对通过的检查点默认跳过（--force 重训）。
-训练中途每次评估都存一个续训文件（<名字>.resume.pt，不入库），中断后再运行就从那里接着训。
+训练中途每次评估都存一个续训文件（<名字>.resume.pt，不入库）；Ctrl-C 在两步之间停下、存好续训文件、
+一行话退出，再运行就从那里接着训（tokens/s 只算这一次跑的步数）。格式与核对见 checkpoint_store.py。
 
 运行：python3 lecture04/train_checkpoints.py [--only modern baseline] [--force] [--threads N] [--quick] [--bench]
       --quick：每个模型只训几十步，写到临时文件夹并核对一遍（检查流程用，从不写 checkpoints/）。
@@ -78,9 +79,8 @@ def main():
         tc = ml.train_config(name)
         if args.quick:                     # 几十步的小设置，种子照旧
             tc = dataclasses.replace(ml.QUICK_TRAIN, seed=tc.seed)
-        model, why = ml.verify_checkpoint(name, ckpt_dir, tc)
-        if model is not None and not args.force:
-            entry = ml.read_manifest(ckpt_dir)["models"][name]
+        model, why, entry = ml._verify(name, ckpt_dir, tc)
+        if entry is not None and not args.force:        # 只有核对通过、带着完整训练记录的才跳过
             print(f"{name}: 检查点已核对通过，跳过（--force 重训）")
         else:
             print(f"{name}: 训练（{why}）；初始化种子 {tc.seed}，数据种子 {tc.seed}·10⁶ + 步数")

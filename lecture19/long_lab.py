@@ -36,9 +36,10 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
 【依赖】torch；lecture04/modern_lm.py（RMSNorm、SwiGLU、RoPE），lecture18/flash_lab.py（分块状态的合并）。
 """
 
+import bisect
 import copy
-import datetime
 import functools
+import itertools
 import json
 import math
 import os
@@ -80,9 +81,11 @@ def _import_lecture18_flash_lab():
 
 _fl18 = _import_lecture18_flash_lab()
 block_state, merge_states, finalize = _fl18.block_state, _fl18.merge_states, _fl18.finalize
-from course_utils import (check_bool, check_choice, check_int, check_real, format_table, read_json_dict,  # noqa: E402
+from course_utils import (check_bool, check_choice, check_int, check_real, format_table, read_json_dict,  # noqa: E402,F401
                           sha256_file, update_json)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
+from checkpoint_store import (CheckpointStore, ResultCache, canon, interrupted, state_digest,  # noqa: E402
+                              stop_on_ctrl_c)
 
 CKPT = os.path.join(HERE, "checkpoints")
 MANIFEST = "manifest.json"
@@ -140,6 +143,10 @@ class NeedleTask:
             succ = chain.sample(range(n_filler), 4)
             weights = [chain.random() + 0.2 for _ in succ]
             self.next_fill.append((succ, weights))
+        # 累计权重先算好：_haystack 每走一步只抽一个均匀数再二分（和 rng.choices(succ, weights) 逐位相同）
+        self._cum = [(list(succ), list(itertools.accumulate(w)), sum(w) + 0.0) for succ, w in self.next_fill]
+        for succ, _cw, _total in self._cum:
+            succ[:] = [x + self.fil0 for x in succ]                       # 直接存 token 编号
 
     def names(self):
         """每个编号的可读名字（打印例子用）。"""
@@ -151,12 +158,13 @@ class NeedleTask:
         return 1 + 3 * max_needles + 3 * q_per_needle * max_needles
 
     def _haystack(self, rng, length):
-        """length 个填充词：从随机的一个出发，沿马尔可夫链走。"""
-        state, words = rng.randrange(self.n_filler), []
-        while len(words) < length:
-            words.append(state + self.fil0)
-            nxt, wts = self.next_fill[state]
-            state = rng.choices(nxt, weights=wts)[0]
+        """length 个填充词：从随机的一个出发，沿马尔可夫链走（每步 = rng.choices(后继, 权重)，写成一次二分）。"""
+        state = rng.randrange(self.n_filler)
+        word, words, cum, uniform = state + self.fil0, [], self._cum, rng.random
+        for _i in range(length):
+            words.append(word)
+            succ, cw, total = cum[word - self.fil0]
+            word = succ[bisect.bisect(cw, uniform() * total, 0, 3)]
         return words
 
     def _draw_needles(self, rng, n):
@@ -176,8 +184,7 @@ class NeedleTask:
                     zone=(0.0, 1.0)):
         self._check_train(B, T, min_needles, max_needles, hay, q_per_needle, zone)
         gen = random.Random(gen_seed)
-        ids = torch.full((B, T), fill_value=self.PAD, dtype=torch.long)
-        tgt = torch.full_like(ids, -100)                    # −100 = 不计损失
+        rows, at, answers = [], [], []                      # 每行的 token；答案的 (行, 列) 与值，最后一次写进张量
         for row in range(B):
             n_needles = gen.randint(min_needles, max_needles)
             keys, vals = self._draw_needles(gen, n_needles)
@@ -193,10 +200,14 @@ class NeedleTask:
                 which = gen.randrange(n_needles)            # 有放回：同一根针可能被问好几次
                 answer = self.val0 + vals[which]
                 seq.extend((self.Q, self.key0 + keys[which]))
-                tgt[row, len(seq) - 1] = answer             # 读到 "Q k" 的 k 时，下一个 token 应是 v
+                at.append(row * T + len(seq) - 1)           # 读到 "Q k" 的 k 时，下一个 token 应是 v
+                answers.append(answer)
                 seq.append(answer)
-            ids[row, :len(seq)] = torch.tensor(seq)        # hay=False 时序列较短，后面是 <pad>（不计损失）
-        return ids, tgt
+            rows.append(seq + [self.PAD] * (T - len(seq)))  # hay=False 时序列较短，后面是 <pad>（不计损失）
+        ids = torch.tensor(rows, dtype=torch.long)
+        tgt = torch.full((B * T,), -100, dtype=torch.long)  # −100 = 不计损失
+        tgt[torch.tensor(at, dtype=torch.long)] = torch.tensor(answers, dtype=torch.long)
+        return ids, tgt.view(B, T)
 
     def needle_batch(self, gen_seed, B, T, depth, n_distractors=3):
         self._check_needle(B, T, depth, n_distractors)
@@ -457,7 +468,7 @@ def lr_at(step, steps, warmup, lr):
 
 
 def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=DATA_SEED, log=None, log_every=0, warmup=100,
-                 data_offset=0, curriculum=0, zone=(0.0, 1.0), progress=False):
+                 data_offset=0, curriculum=0, zone=(0.0, 1.0), progress=False, resume_path=None):
     """
     在大海捞针的数据上训练（每步现造一批新数据；只在答案处计损失）。
     【参数】steps、T（训练长度）、batch、lr（AdamW，线性预热 + 余弦衰减到 10%）、seed（数据种子）、
@@ -467,6 +478,8 @@ def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=DATA_SEED, log=N
         "比对键"这条电路拿到的信号太弱，模型停在"随便抄一根针的值"（准确率 ≈ 1/针数）。没有草堆时
         几百步就学会比对；学会之后再放进草堆，准确率保持得住。
         log / log_every：每 log_every 步记一个点（并调用 log 打印）；progress=True 显示 tqdm 进度条（tokens/s、ETA）。
+        resume_path：每 log_every 步（没有就每 50 步）存续训文件；它在、设置和起点权重都相同就接着训。
+        Ctrl-C 在两步之间停下：存好续训文件，一行话退出（SystemExit，没有 traceback）。
     【返回】[(step, 这段的平均损失, 这段的答案准确率), ...]
     """
     _check_train_args(steps, T, batch, lr, warmup, curriculum)
@@ -475,35 +488,67 @@ def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=DATA_SEED, log=N
     check_int("data_offset", data_offset, lo=0, where="train_needle")
     check_int("log_every", log_every, lo=0, where="train_needle")
     progress = check_bool("progress", progress, where="train_needle")
+    curve, _session = _needle_loop(model, task, steps, T, batch, lr, seed, log, log_every, warmup, data_offset,
+                                   curriculum, zone, progress, resume_path)
+    return curve
+
+
+def _needle_loop(model, task, steps, T, batch, lr, seed, log, log_every, warmup, data_offset, curriculum, zone,
+                 progress, resume_path):
+    """train_needle 的循环；另返回这一段的 {start, seconds, seconds_before, tokens}（tokens/s 只按这一段算）。"""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
-    curve, run = [], [0.0, 0.0, 0]
-    bar = _progress(steps, progress)
+    curve, run, start, before = [], [0.0, 0.0, 0], 0, 0.0
+    run_cfg = {"train": dict(steps=steps, T=T, batch=batch, lr=lr, seed=seed, warmup=warmup, data_offset=data_offset,
+                             curriculum=curriculum, zone=list(zone), log_every=log_every),
+               "start_weights": state_digest(model.state_dict())}        # 起点权重（种子、父模型）也要相同
+    store = name = None
+    if resume_path:
+        store, name = CheckpointStore.for_resume(resume_path, "train_needle")
+        start, meta = store.load_resume(name, model, opt, run_cfg, log=log)
+        if meta is not None:
+            curve, run, before = [tuple(c) for c in meta["curve"]], meta["run"], float(meta["seconds"])
+    bar = _progress(steps, progress, start)
+    t0, tokens = time.time(), 0
+
+    def save(done):
+        if store is not None:
+            store.save_resume(name, model, opt, done, run_cfg,
+                              {"curve": curve, "run": run, "seconds": before + time.time() - t0})
     model.train()
-    step = 0
-    while step < steps:
-        step += 1
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, warmup, lr)
-        easy = step <= curriculum
-        ids, tgt = task.train_batch(seed * 10_000_019 + data_offset + step, batch, CURRICULUM_T if easy else T,
-                                    hay=not easy, zone=zone)
-        loss, acc = _train_step(model, opt, ids, tgt)
-        run[0] += loss
-        run[1] += acc
-        run[2] += 1
-        if bar is not None:
-            bar.update(1)
-            rate = bar.format_dict["rate"] or 0.0                      # 步/秒（tqdm 的平滑估计）
-            bar.set_postfix_str(f"损失 {loss:.3f} 准确率 {acc:.2f} {rate * ids.numel():,.0f} tok/s", refresh=False)
-        if log_every > 0 and step % log_every == 0:
-            curve.append((step, run[0] / run[2], run[1] / run[2]))
-            if log:
-                log(f"    step {step:5d}  损失 {curve[-1][1]:.3f}  答案准确率 {curve[-1][2]:.3f}")
-            run = [0.0, 0.0, 0]
+    step = start
+    with stop_on_ctrl_c() as stop:
+        while step < steps:
+            if stop.requested:
+                save(step)
+                if bar is not None:
+                    bar.close()
+                raise interrupted(name or "train_needle", step, steps, resume_path or "（没有续训文件）")
+            step += 1
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, steps, warmup, lr)
+            easy = step <= curriculum
+            ids, tgt = task.train_batch(seed * 10_000_019 + data_offset + step, batch, CURRICULUM_T if easy else T,
+                                        hay=not easy, zone=zone)
+            loss, acc = _train_step(model, opt, ids, tgt)
+            tokens += ids.numel()
+            run[0] += loss
+            run[1] += acc
+            run[2] += 1
+            if bar is not None:
+                bar.update(1)
+                rate = bar.format_dict["rate"] or 0.0                      # 步/秒（tqdm 的平滑估计，只算这一段）
+                bar.set_postfix_str(f"损失 {loss:.3f} 准确率 {acc:.2f} {rate * ids.numel():,.0f} tok/s", refresh=False)
+            if log_every > 0 and step % log_every == 0:
+                curve.append((step, run[0] / run[2], run[1] / run[2]))
+                if log:
+                    log(f"    step {step:5d}  损失 {curve[-1][1]:.3f}  答案准确率 {curve[-1][2]:.3f}")
+                run = [0.0, 0.0, 0]
+            if step % (log_every or 50) == 0 and step < steps:
+                save(step)
     if bar is not None:
         bar.close()
     model.eval()
-    return curve
+    return curve, {"start": start, "seconds": time.time() - t0, "seconds_before": before, "tokens": tokens}
 
 
 def _train_step(model, opt, ids, tgt):
@@ -520,11 +565,11 @@ def _train_step(model, opt, ids, tgt):
     return loss.item(), acc
 
 
-def _progress(steps, on):
+def _progress(steps, on, start=0):
     if not on:
         return None
     from tqdm import tqdm
-    return tqdm(total=steps, unit="step", dynamic_ncols=True, mininterval=1.0)
+    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, mininterval=1.0)
 
 
 def _check_train_args(steps, T, batch, lr, warmup, curriculum):
@@ -569,17 +614,21 @@ def niah_grid(model, task, lengths, depths, n=64, seed=EVAL_SEED, batch=64):
 # =====================================================================
 def _canon(cfg):
     """配置 → 可比较的 JSON 形式（元组变列表），缓存按它匹配。"""
-    return json.loads(json.dumps(cfg, sort_keys=True))
+    return canon(cfg)
+
+
+def _store(folder):
+    return CheckpointStore(folder or CKPT, "python3 lecture19/train_checkpoints.py")
 
 
 def read_manifest(folder=None):
-    """checkpoints/manifest.json 的内容：名字 → {config, curve, niah, seconds, seed, torch, sha256, ...}。"""
-    return read_json_dict(os.path.join(folder or CKPT, MANIFEST))
+    """checkpoints/manifest.json 里的各项：名字 → {config, files: {文件: SHA-256}, record, seal}。"""
+    return _store(folder).read()[0]
 
 
 @torch.no_grad()
 def _round_to_storage(model):
-    """把权重舍入到存盘的精度（FP16 再转回 FP32）：manifest 里的 NIAH 表就是读回来的模型会得到的数。"""
+    """把权重舍入到存盘的精度（FP16 再转回 FP32）：之后量的 NIAH 表就是读回来的模型会得到的数。"""
     for t in model.state_dict().values():
         if t.is_floating_point():
             t.copy_(t.to(STORE_DTYPE).float())
@@ -587,47 +636,28 @@ def _round_to_storage(model):
 
 def save_model(model, name, cfg, extra=None, folder=None):
     """
-    存 checkpoints/<name>.pt：{"cfg_json": 配置的 JSON 文本, "state": state_dict}（只有张量和字符串，
-    torch.load(weights_only=True) 在 torch ≥ 2.4 上都能读）；同时在 manifest.json 里记下配置、extra（训练曲线、
-    NIAH 表、秒数……）、torch 版本和文件的 SHA-256。
-    权重按 STORE_DTYPE（FP16）存：一个模型 0.84 MB，全部检查点才放得进 12 MB；读的时候转回 FP32。
+    存 checkpoints/<name>.pt：纯 state_dict，张量按 STORE_DTYPE（FP16）存（一个模型 0.84 MB，全部检查点才放得进
+    12 MB；读的时候转回 FP32；torch.load(weights_only=True) 可读）。manifest.json 里记下配置、extra（训练曲线、
+    步数、秒数……，必须有 steps ≥ 1）、文件的 SHA-256 和把它们封在一起的 seal。
     """
-    folder = folder or CKPT
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.pt")
-    state = {k: v.detach().cpu().to(STORE_DTYPE).contiguous() for k, v in model.state_dict().items()}
-    torch.save({"cfg_json": json.dumps(_canon(cfg), sort_keys=True), "state": state}, path)
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    entry = dict(_canon(extra or {}), config=_canon(cfg), file=f"{name}.pt", sha256=sha256_file(path),
-                 torch=torch.__version__, saved=now)
-    update_json(os.path.join(folder, MANIFEST), lambda man: man.update({name: entry}))
-    return path
+    state = {k: v.detach().cpu().to(STORE_DTYPE) if v.is_floating_point() else v.detach().cpu()
+             for k, v in model.state_dict().items()}
+    store = _store(folder)
+    store.save(name, state, cfg, dict(extra or {}))
+    return store.path(name)
 
 
 def load_model(task, name, cfg, folder=None, log=None):
     """
-    读缓存。返回 (model, extra)；不存在、配置不同、SHA-256 对不上或文件读不出来时返回 (None, None)，
-    并通过 log 说明原因（损坏是警告，调用方会重新训练）。
+    读缓存。返回 (model, extra)；不存在、配置不同（警告里写出哪几项，旧 → 新）、SHA-256 对不上或读不出来时返回
+    (None, None)。manifest 缺失 / 坏了 / 数字被改过：模型照读（文件本身核对过），extra 里没有训练记录，只有 "why"。
     """
-    folder = folder or CKPT
-    path = os.path.join(folder, name + ".pt")
-    if not os.path.isfile(path):
+    store = _store(folder)
+    if not os.path.isfile(store.path(name)):
         return None, None
-    entry = read_manifest(folder).get(name, {})
-    why = None
-    if entry.get("sha256") and entry["sha256"] != sha256_file(path):
-        why = "SHA-256 和 manifest.json 不符（文件损坏或被改过）"
-    else:
-        try:
-            blob = torch.load(path, map_location="cpu", weights_only=True)
-            if json.loads(blob["cfg_json"]) != _canon(cfg):
-                why = "配置和要求的不同"
-            else:
-                model = build_model(task, cfg).eval()
-                model.load_state_dict({k: v.float() for k, v in blob["state"].items()}, strict=True)
-                return model, {k: v for k, v in entry.items() if k not in ("config", "file", "sha256")}
-        except Exception as e:            # noqa: BLE001 —— 任何读不出来的情况都当作"没有缓存"
-            why = f"读不出来（{type(e).__name__}: {str(e)[:80]}）"
+    model, why, record = store.verify(name, _canon(cfg), lambda: build_model(task, cfg))
+    if model is not None:
+        return model, (dict(record, why=why) if record is not None else {"why": why})
     warnings.warn(f"checkpoints/{name}.pt {why}：将重新训练", stacklevel=2)
     if log:
         log(f"  警告：checkpoints/{name}.pt {why}，重新训练")
@@ -637,21 +667,24 @@ def load_model(task, name, cfg, folder=None, log=None):
 def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None, lr=1e-3, data_offset=0,
               setup=None, curriculum=0, zone=(0.0, 1.0), warmup=100, folder=None, eval_fn=None, batch=32):
     """
-    有缓存就读，没有（或损坏、配置不符）就训练并缓存。
+    有缓存就读，没有（或损坏、配置不符）就训练并缓存；中断过的训练（<name>.resume.pt）接着训。
     【参数】init_from=(model 或 返回 model 的函数, 它的名字)：从这个模型的权重继续训练（扩展上下文）；
         setup(model)：训练前（以及读缓存后）对模型做的修改，例如改 RoPE 的 base 或插值倍数；
         quick=True：缓存能用就只读它（不到一秒：--quick 从不比完整版慢）；用不了时只在内存里训练 20 步、每批 4 条、
             长度最多 CURRICULUM_T（课程最多 10 步），不写任何文件（冒烟测试）；
-        eval_fn(model) -> dict：训练完后算一些数（如 NIAH 表），一起记进 manifest。
+        eval_fn(model) -> dict：训练完后算一些数，一起记进 manifest（和权重封在一起）。
     【返回】(model, 训练曲线)
     """
     quick = check_bool("quick", quick, where="get_model")
     _check_cfg_keys("get_model", cfg, MODEL_KEYS)
+    _check_train_args(steps, T, batch, lr, warmup, curriculum)     # steps = 0 在这里就拒绝：不训练、不写 manifest
+    check_int("data_offset", data_offset, lo=0, where="get_model")
     parent = init_from[1] if init_from else None
     full_cfg = dict(cfg, steps=steps, T=T, lr=lr, data_offset=data_offset, curriculum=curriculum,
                     zone=list(zone), warmup=warmup, init=parent)
     if batch != 32:                                     # 只有不是默认值时才进配置（老检查点的配置里没有这一项）
         full_cfg["batch"] = batch
+    store = _store(folder)
     with warnings.catch_warnings():
         if quick:                                       # quick 用不了缓存时不重训、不存盘：那些"将重新训练"的警告不适用
             warnings.simplefilter("ignore")
@@ -659,38 +692,42 @@ def get_model(task, name, cfg, steps, T, quick=False, log=print, init_from=None,
     if model is not None:
         if setup:
             setup(model)
-        if log:
-            log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra.get('steps', steps)} 步，"
-                f"训练用了 {extra.get('seconds', 0):.0f} s）")
+        if log and "steps" in extra:
+            log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra['steps']} 步，训练用了 {extra['seconds']:.0f} s；"
+                f"配置与 SHA-256 已核对）")
+        elif log:
+            log(f"  （读取缓存的模型：checkpoints/{name}.pt，{extra['why']}）")
         return model, [tuple(c) for c in extra.get("curve", [])]
     if quick and log:
         log(f"  （--quick：checkpoints/{name}.pt 用不了，只在内存里训练 20 步）")
     if not quick:
-        if not os.path.isfile(os.path.join(folder or CKPT, name + ".pt")):
+        if not os.path.isfile(store.path(name)):
             warnings.warn(f"checkpoints/{name}.pt 不存在：将重新训练（几分钟）", stacklevel=2)
         if log:
-            log(f"  训练 {name}（{steps} 步，T = {T}，种子 {cfg.get('seed', 1)}）……")
+            log(f"  训练 {name}（{steps} 步，T = {T}，种子 {cfg.get('seed', MODEL_SEED)}）……")
     model = build_model(task, cfg)
     if parent is not None:                              # 继续训练：从父模型的权重出发
         src = init_from[0]() if callable(init_from[0]) else init_from[0]   # 可以给函数：用到时才去取父模型
         model.load_state_dict(src.state_dict())
     if setup:
         setup(model)
-    t0 = time.time()
     if quick:                                           # 冒烟测试：20 步、每批 4 条、长度最多 CURRICULUM_T
         steps, curriculum, warmup, T = 20, min(curriculum, 10), min(warmup, 20), min(T, CURRICULUM_T)
-    curve = train_needle(model, task, steps, T, batch=4 if quick else batch, lr=lr, data_offset=data_offset,
-                         curriculum=curriculum, zone=zone, warmup=warmup,
-                         log_every=0 if quick else max(1, steps // 10), log=log, progress=not quick)
+    curve, session = _needle_loop(model, task, steps, T, 4 if quick else batch, lr, DATA_SEED, log,
+                                  0 if quick else max(1, steps // 10), warmup, data_offset, curriculum, zone,
+                                  not quick, None if quick else store.path(name, ".resume.pt"))
     if not quick:
         _round_to_storage(model)                        # 之后的评测用的就是存盘后读回来的那份权重
-        extra = {"curve": curve, "steps": steps, "seconds": round(time.time() - t0, 1),
+        extra = {"curve": curve, "steps": steps, "seconds": round(session["seconds_before"] + session["seconds"], 1),
+                 "tokens_per_s": round(session["tokens"] / max(session["seconds"], 1e-9)),   # 只算这一次跑的步数
                  "seed": cfg.get("seed", MODEL_SEED)}
         if eval_fn is not None:
             extra.update(eval_fn(model))
         save_model(model, name, full_cfg, extra, folder=folder)
+        store.drop_resume(name)
         if log:
-            log(f"  （存到了 checkpoints/{name}.pt，{extra['seconds']:.0f} s）")
+            log(f"  （存到了 checkpoints/{name}.pt，累计训练 {extra['seconds']:.0f} s，"
+                f"这次 {extra['tokens_per_s']:,} tokens/s）")
     return model, curve
 
 
@@ -717,7 +754,7 @@ CHECKPOINTS = {
 
 def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS):
     """
-    按 CHECKPOINTS[name] 取模型（有缓存就读，否则训练并存盘，把 NIAH 表记进 manifest）。
+    按 CHECKPOINTS[name] 取模型（有缓存就读，否则训练并存盘，顺手把 NIAH 表算进 grids.json）。
     quick=True：缓存能用就只读；用不了时每个模型只在内存里训练 20 步、不写缓存（演示的 --quick 用）。
     返回 (model, curve)。
     """
@@ -729,6 +766,7 @@ def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS
     spec = dict(CHECKPOINTS[name])
     init = spec.pop("init", None)
     lengths = spec.pop("eval", eval_lengths)
+
     def parent():                                        # 只有真要训练时才去取父模型
         return get_checkpoint(task, init, quick, log, eval_lengths)[0]
 
@@ -736,8 +774,8 @@ def get_checkpoint(task, name, quick=False, log=print, eval_lengths=NIAH_LENGTHS
 
     def eval_fn(model):
         t0 = time.time()
-        grid = niah_grid(model, task, lengths, NIAH_DEPTHS)
-        return {"niah": {f"{T}@{d}": a for (T, d), a in grid.items()}, "niah_seconds": round(time.time() - t0, 1)}
+        cached_grid(task, name, model, lengths, NIAH_DEPTHS, log=log)
+        return {"niah_seconds": round(time.time() - t0, 1)}
 
     model, curve = get_model(task, name, spec.pop("cfg"), quick=quick, log=log, init_from=init_from,
                              eval_fn=eval_fn, **spec)
@@ -750,38 +788,49 @@ _QUICK_MODELS = {}
 
 
 GRIDS = "grids.json"
+GRID_BATCH = 64          # niah_grid 的 batch：n > batch 时它也决定题目（种子里有 start），所以进缓存键
+
+
+def _model_key(model):
+    """决定一个模型答题结果的一切：权重的摘要 + 每层注意力的设置（位置编码、base、插值倍数、掩码）。"""
+    attn = [[b.attn.pos, b.attn.base, b.attn.scale, b.attn.mask_kind, b.attn.mask_kw] for b in model.blocks]
+    return {"weights": state_digest(model.state_dict()), "attn": attn}
+
+
+def _task_key(task):
+    return {"sizes": [task.n_keys, task.n_values, task.n_filler], "chain": task.next_fill}
+
+
+def grid_key(task, model, depths, n=64, seed=EVAL_SEED):
+    """cached_grid 的缓存键：模型（权重 + RoPE / 掩码设置）、任务、深度表（第 k 个深度的题目种子含 k）、n、种子。"""
+    return {"what": "niah_grid", "model": _model_key(model), "task": _task_key(task),
+            "depths": [float(d) for d in depths], "n": n, "seed": seed, "batch": GRID_BATCH}
 
 
 def cached_grid(task, name, model, lengths, depths, n=64, seed=EVAL_SEED, variant="", quick=False, log=None,
                 folder=None):
     """
-    niah_grid 加一层缓存（checkpoints/grids.json）：键 = 检查点名字 + 变体（如 "pi4"）+ 检查点文件的 SHA-256 前 12 位
-    + n + seed，只算还没有的格子。长序列的格子在 2 核 CPU 上要几秒一个，演示反复运行时不必重算。
-    quick=True 时不读也不写缓存；检查点换了（SHA 不同），旧格子自然不再命中。
-    variant 为空（原样的检查点）、n = 64、seed = EVAL_SEED 时，manifest 里训练后算好的 NIAH 表也直接用。
+    niah_grid 加一层缓存（checkpoints/grids.json）：键 = grid_key（模型权重的摘要和它此刻的 RoPE / 掩码设置、
+    任务、深度表、n、种子）——决定结果的一切；name、variant 只是标签。set_rope 改过的模型、换过的权重都不会命中
+    旧的格子；手改过的格子 seal 对不上，当作没有、重算。只算还没有的长度。quick=True 时不读也不写缓存。
     """
     quick = check_bool("quick", quick, where="cached_grid")
     check_int("n", n, lo=1, where="cached_grid")
-    folder = folder or CKPT
-    entry = read_manifest(folder).get(name, {})
-    key = f"{name}|{variant}|{entry.get('sha256', 'none')[:12]}|n={n}|seed={seed}"
-    path = os.path.join(folder, GRIDS)
-    cells = {} if quick else read_json_dict(path).get(key, {})
-    if not quick and not variant and n == 64 and seed == EVAL_SEED:
-        cells = dict(entry.get("niah", {}), **cells)     # 训练完存盘时已经算过的表（同样的 n、种子、深度）
-    todo = [T for T in lengths if any(f"{T}@{d}" not in cells for d in depths)]
+    cache = ResultCache(os.path.join(folder or CKPT, GRIDS))
+    key = grid_key(task, model, depths, n, seed) if not quick else None
+    cells = {} if quick else dict(cache.get(key) or {})     # {"T": [每个深度的准确率]}
+    todo = [T for T in lengths if str(T) not in cells]
     if todo:
         t0 = time.time()
-        got = niah_grid(model, task, todo, depths, n=n, seed=seed)
-        cells.update({f"{T}@{d}": a for (T, d), a in got.items()})
+        got = niah_grid(model, task, todo, depths, n=n, seed=seed, batch=GRID_BATCH)
+        new = {str(T): [got[(T, d)] for d in depths] for T in todo}
+        cells.update(new)
         if log:
             what = name + (f" {variant}" if variant else "")
             log(f"  （{what}：新算了 {len(todo)} 个长度 × {len(depths)} 个深度，{time.time() - t0:.0f} s）")
         if not quick:
-            os.makedirs(folder, exist_ok=True)
-            # 别的进程可能刚写过：在锁里重读再合并
-            update_json(path, lambda cache: cache.update({key: dict(cache.get(key, {}), **cells)}))
-    return {(T, d): cells[f"{T}@{d}"] for T in lengths for d in depths}
+            cache.put(key, new, label=name + (f"|{variant}" if variant else ""))
+    return {(T, d): cells[str(T)][k] for T in lengths for k, d in enumerate(depths)}
 
 
 def niah_heatmap(ax, grid, lengths, depths):

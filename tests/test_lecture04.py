@@ -274,9 +274,10 @@ def test_bad_checkpoints_are_retrained(tmp_path):
     assert "配置" in ml.verify_checkpoint("modern_mqa", d, ml.TrainConfig(steps=4))[1]   # 训练设置不同
     man_path = os.path.join(d, "manifest.json")
     man = json.load(open(man_path, encoding="utf-8"))
-    man["models"]["modern_mqa"]["config"]["d_ff"] += 1                                   # 配置不同
+    man["models"]["modern_mqa"]["config"]["model"]["d_ff"] += 1                          # 配置不同
     json.dump(man, open(man_path, "w", encoding="utf-8"))
-    assert "配置" in ml.verify_checkpoint("modern_mqa", d, tc)[1]
+    why = ml.verify_checkpoint("modern_mqa", d, tc)[1]
+    assert "model.d_ff: 173 → 172" in why, why                                          # 写出哪一项、旧 → 新
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, info = ml.load_or_train("modern_mqa", ckpt_dir=d, tc=tc, log=lambda *_: None)
@@ -299,8 +300,10 @@ def test_committed_checkpoints_verify():
     for name in ml.CHECKPOINTS:
         model, why = ml.verify_checkpoint(name)
         assert why == "ok", (name, why)
-        entry = man["models"][name]
+        entry = man["models"][name]["record"]
         assert entry["final_eval_loss"] > entry["optimal_loss"] - 0.03
+        plain = torch.load(os.path.join(ml.CKPT_DIR, f"{name}.pt"), weights_only=True)     # 纯 state_dict
+        assert plain.keys() == model.state_dict().keys()
 
 
 # ---------------------------------------------------------------------------

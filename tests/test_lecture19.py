@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import signal
 
 import pytest
 import torch
@@ -162,11 +163,9 @@ def test_committed_checkpoints_load_and_match_manifest():
     man = _committed()
     for name in L.CHECKPOINTS:
         path = os.path.join(L.CKPT, f"{name}.pt")
-        if not os.path.exists(path):
-            continue
-        assert man[name]["sha256"] == L.sha256_file(path)
-        blob = torch.load(path, weights_only=True)          # 只有张量和字符串：torch ≥ 2.4 的安全读取
-        assert json.loads(blob["cfg_json"]) == man[name]["config"]
+        assert man[name]["files"][f"{name}.pt"] == L.sha256_file(path)
+        state = torch.load(path, weights_only=True)          # 纯 state_dict：torch ≥ 2.4 的安全读取
+        assert all(torch.is_tensor(v) for v in state.values())
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.dirname(L.CKPT)) for f in fs
                 if "__pycache__" not in dp and "figures" not in dp)
     assert total <= 12 * 2 ** 20
@@ -188,22 +187,86 @@ def test_corrupt_or_mismatched_checkpoint_is_retrained(tmp_path):
     with pytest.warns(UserWarning, match="不存在"):
         m1, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                   # 没有缓存：带警告训练
     path = tmp_path / "tiny.pt"
-    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L.sha256_file(str(path))
+    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["files"]["tiny.pt"] == L.sha256_file(str(path))
     m2, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                       # 命中缓存：同样的权重
     assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
     path.write_bytes(path.read_bytes()[:100])                                   # 截断 = 损坏
     with pytest.warns(UserWarning, match="SHA-256"):
         m3, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)
-    assert L.read_manifest(str(tmp_path))["tiny"]["sha256"] == L.sha256_file(str(path))
-    man = json.loads((tmp_path / "manifest.json").read_text())
-    man["tiny"].pop("sha256")
-    (tmp_path / "manifest.json").write_text(json.dumps(man))
-    path.write_bytes(b"not a checkpoint")                                       # 没有 SHA 可比时：读不出来
+    assert L.read_manifest(str(tmp_path))["tiny"]["files"]["tiny.pt"] == L.sha256_file(str(path))
+    with pytest.warns(UserWarning, match=r"配置.*lr: 0\.001 → 0\.0005"):     # 配置不同：写出哪一项、旧 → 新
+        L.get_model(task, "tiny", {"seed": 3}, **dict(kw, lr=5e-4))
+    (tmp_path / "manifest.json").unlink()
+    path.write_bytes(b"not a checkpoint")                                       # 没有 manifest 可比时：读不出来
     with pytest.warns(UserWarning, match="读不出来"):
         L.get_model(task, "tiny", {"seed": 3}, **kw)
-    with pytest.warns(UserWarning, match="配置"):
-        L.get_model(task, "tiny", {"seed": 3}, **dict(kw, lr=5e-4))            # 配置不同
     shutil.rmtree(tmp_path)
+
+
+def test_missing_manifest_checks_each_file(tmp_path):
+    """manifest 不见了：文件照读（装得进模型），不打印"训练用了 0 s"之类没有来源的数字。"""
+    task = L.NeedleTask()
+    kw = dict(steps=3, T=64, warmup=1, folder=str(tmp_path))
+    with pytest.warns(UserWarning):
+        m1, _ = L.get_model(task, "tiny", {"seed": 3}, log=None, **kw)
+    (tmp_path / "manifest.json").unlink()
+    logs = []
+    m2, curve = L.get_model(task, "tiny", {"seed": 3}, log=logs.append, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    assert curve == [] and "不存在" in logs[-1] and "只核对了文件本身" in logs[-1]
+    assert not any("训练用了" in s for s in logs)
+
+
+def test_cached_grid_is_keyed_on_the_model(tmp_path):
+    """set_rope 改过的模型不会拿到原样模型的格子；手改的格子 seal 对不上，重算。"""
+    task = L.NeedleTask()
+    torch.manual_seed(0)
+    model = L.build_model(task, {"seed": 2, "d_model": 32, "n_layers": 1})
+    kw = dict(n=4, folder=str(tmp_path))
+    g1 = L.cached_grid(task, "m", model, [64], [0.0, 1.0], **kw)
+    assert g1 == L.niah_grid(model, task, [64], [0.0, 1.0], n=4)
+    model.set_rope(scale=4.0)
+    logs = []
+    g2 = L.cached_grid(task, "m", model, [64], [0.0, 1.0], log=logs.append, **kw)
+    assert logs and g2 == L.niah_grid(model, task, [64], [0.0, 1.0], n=4)     # 新算，不是 g1
+    model.set_rope(scale=1.0)
+    logs = []
+    assert L.cached_grid(task, "m", model, [64], [0.0, 1.0], log=logs.append, **kw) == g1 and not logs   # 命中
+    path = tmp_path / L.GRIDS
+    c = json.loads(path.read_text())
+    for item in c["results"].values():
+        item["value"]["64"] = [0.123, 0.456]                                   # 手改
+    path.write_text(json.dumps(c))
+    logs = []
+    assert L.cached_grid(task, "m", model, [64], [0.0, 1.0], log=logs.append, **kw) == g1 and logs
+
+
+def test_train_needle_resumes_bit_exactly(tmp_path, monkeypatch):
+    """中途停下（Ctrl-C 在两步之间生效）再接着训，和一口气训完的权重逐位相同。"""
+    task = L.NeedleTask()
+    kw = dict(steps=6, T=64, batch=2, warmup=2, log_every=2)
+    straight = L.build_model(task, {"seed": 4, "d_model": 32, "n_layers": 1})
+    L.train_needle(straight, task, **kw)
+    path = str(tmp_path / "m.resume.pt")
+    real = task.train_batch
+    calls = []
+
+    def flaky(gen_seed, *a, **k):                 # 第 5 步的数据取出来时按下 Ctrl-C
+        calls.append(gen_seed)
+        if len(calls) == 5:
+            signal.raise_signal(signal.SIGINT)
+        return real(gen_seed, *a, **k)
+    monkeypatch.setattr(task, "train_batch", flaky)
+    first = L.build_model(task, {"seed": 4, "d_model": 32, "n_layers": 1})
+    with pytest.raises(SystemExit, match="第 5/6 步"):
+        L.train_needle(first, task, resume_path=path, **kw)
+    monkeypatch.setattr(task, "train_batch", real)
+    again = L.build_model(task, {"seed": 4, "d_model": 32, "n_layers": 1})
+    logs = []
+    curve = L.train_needle(again, task, resume_path=path, log=logs.append, **kw)
+    assert any("第 5 步" in s for s in logs) and [c[0] for c in curve] == [2, 4, 6]
+    for (k, a), b in zip(straight.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
 
 
 def test_quick_never_touches_cache(tmp_path):
