@@ -183,7 +183,7 @@ def half_to_interleaved(dim):
 
 def sinusoidal_table(n_pos, d):
     """原始 Transformer 的正弦位置表 [n_pos, d]：第 i 对分量是 (sin, cos)(p · 10000^(−2i/d))，不需要训练。"""
-    d = _check_rope_dim(d, "sinusoidal_table")
+    d = _check_rope_dim(d, "sinusoidal_table", "d")
     n_pos = check_int("n_pos", n_pos, lo=0, where="sinusoidal_table")
     _check_fits("sinusoidal_table", f"n_pos × d = {n_pos} × {d} 的表（float64 角度 + 几份中间结果）", 6 * 8 * n_pos * d)
     cos, sin = rope_angles(torch.arange(n_pos), d)                    # [n_pos, d/2]
@@ -882,7 +882,7 @@ def _check_train_args(cfg, tc, lang, progress, resume_path, desc, log):
         raise TypeError(f"train_model：desc 必须是 str 或 None，收到 {type(desc).__name__}")
     if not callable(log):
         raise TypeError(f"train_model：log 必须是可调用的（如 print），收到 {type(log).__name__}")
-    _check_model_fits("train_model", cfg)
+    _check_model_fits("train_model", cfg, copies=4)
     _check_forward_fits("train_model", "[tc.batch, tc.seq]", cfg, tc.batch, tc.seq, tc.seq, False, 4, train=True)
 
 
@@ -955,10 +955,11 @@ def _n_params(cfg):
         cfg.n_layers * per_layer + 2 * d
 
 
-def _check_model_fits(where, cfg):
+def _check_model_fits(where, cfg, copies=1):
+    """copies = 4：训练时参数、梯度和 AdamW 的两份状态。"""
     n = _n_params(cfg)
     _check_fits(where, f"cfg（vocab={cfg.vocab}、d_model={cfg.d_model}、n_layers={cfg.n_layers}、d_ff={cfg.d_ff}）"
-                f"的 {n:,} 个参数（float32）", 4 * n)
+                f"的 {n:,} 个参数（float32{'，× 4：参数、梯度、AdamW 的两份状态' if copies == 4 else ''}）", 4 * n * copies)
 
 
 def _elem(model):
@@ -1073,7 +1074,7 @@ def _check_length(cfg, total):
 def _check_last_dim(x, d, where):
     if not torch.is_tensor(x) or x.ndim < 1 or x.shape[-1] != d:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        raise ValueError(f"{where}：输入的最后一维必须是 {d}，收到 {shape}")
+        raise ValueError(f"{where}：输入 x 的最后一维必须是 {d}，收到 {shape}")
 
 
 def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
@@ -1087,18 +1088,24 @@ def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
         raise TypeError(f"{where}：slopes 必须是 None 或一维浮点张量 [H]")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{where}：dtype 必须是浮点 dtype，收到 {dtype!r}")
+    T, S, H = q_pos.numel(), k_pos.numel(), 1 if slopes is None else slopes.numel()
+    _check_fits(where, f"q_pos × k_pos = {T} × {S} 对（int64 距离、布尔掩码、{H} 份偏置）",
+                T * S * (8 + 2 + 2 * H * torch.empty(0, dtype=dtype).element_size()))
     return window
 
 
-def _check_rope_dim(dim, where):
-    dim = check_int("dim", dim, lo=2, where=where)
+def _check_rope_dim(dim, where, name="dim"):
+    dim = check_int(name, dim, lo=2, where=where)
     if dim % 2:
-        raise ValueError(f"{where}：dim（每个头的维度）必须是偶数——RoPE 把分量两两配成平面向量旋转，收到 {dim}")
+        raise ValueError(f"{where}：{name}（每个头的维度）必须是偶数——RoPE 把分量两两配成平面向量旋转，收到 {dim}")
     return dim
 
 
 def _check_positions(positions):
-    pos = torch.as_tensor(positions)
+    try:
+        pos = torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"rope_angles：positions 必须是一维的实数位置（张量或数的列表），收到 {positions!r:.80}") from None
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {tuple(pos.shape)}")
     if pos.dtype == torch.bool or pos.is_complex():
