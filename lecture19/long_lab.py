@@ -277,7 +277,6 @@ def attention_mask(kind, T, window=16, stride=8, segments=((8, 1), (32, 4), (128
 
 def pattern_pairs(kind, T, **kw):
     """一种模式要计算的 (查询, 键) 对数 = 掩码里 True 的个数；注意力的计算量和分数矩阵的显存都正比于它。"""
-    _check_cfg_keys("pattern_pairs：kw", kw, MASK_KW)
     allowed = attention_mask(kind, T, **kw)
     return int(allowed.sum())
 
@@ -1339,7 +1338,8 @@ def _check_sizes(where, d_model, n_heads, d_ff, n_layers, vocab=0):
     check_int("n_heads", n_heads, lo=1, where=where)
     d_ff = check_int("d_ff", d_ff, lo=1, where=where)
     n = n_layers * (4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model) + 2 * vocab * d_model + d_model
-    _check_fits(where, f"d_model={d_model}、d_ff={d_ff}、{n_layers} 层、词表 {vocab} 的 {n:,} 个参数（float32）", 4 * n)
+    what = f"d_model={d_model}、d_ff={d_ff}、n_layers={n_layers}" + (f"、vocab_size={vocab}" if vocab else "")
+    _check_fits(where, f"{what} 的 {n:,} 个参数（float32）", 4 * n)
 
 
 def _check_activations(where, what, B, T, d, V, attns, d_ff=0, train=0):
