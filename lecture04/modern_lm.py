@@ -1097,7 +1097,8 @@ def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
 def _check_rope_dim(dim, where, name="dim"):
     dim = check_int(name, dim, lo=2, where=where)
     if dim % 2:
-        raise ValueError(f"{where}：{name}（每个头的维度）必须是偶数——RoPE 把分量两两配成平面向量旋转，收到 {dim}")
+        what = "每个头的维度 dim" if name == "dim" else "表的宽度，即 dim"
+        raise ValueError(f"{where}：{name}（{what}）必须是偶数——分量两两配对（RoPE 旋转 / sin、cos 成对），收到 {dim}")
     return dim
 
 
