@@ -139,7 +139,7 @@ def rope_angles(positions, dim, base=10000.0):
     dim = _check_rope_dim(dim, "rope_angles")
     base = check_real("base", base, lo=1.0, lo_open=True, where="rope_angles")
     pos = _check_positions(positions)
-    _check_fits("rope_angles", f"positions 的 {pos.numel()} 个位置 × dim/2 = {dim // 2} 个角度（float64，cos、sin 各一份）",
+    _check_fits("rope_angles", f"positions 的 {pos.numel()} 个位置 × dim/2 = {dim // 2} 个角度（float64，cos、sin）",
                 4 * 8 * pos.numel() * (dim // 2) + 8 * dim)
     out_dtype = pos.dtype if pos.is_floating_point() else torch.get_default_dtype()
     inv_freq = base ** (-torch.arange(dim // 2, dtype=torch.float64) * 2.0 / dim)   # [dim/2]
@@ -549,7 +549,7 @@ class ChunkCopyLanguage:
         n = check_int("n", n, lo=1, where="ChunkCopyLanguage.sample")
         length = check_int("length", length, lo=1, where="ChunkCopyLanguage.sample")
         seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage.sample")
-        _check_fits("ChunkCopyLanguage.sample", f"n × (length + 1) = {n} × {length + 1} 个 token（int64 + float64 + 中间结果）",
+        _check_fits("ChunkCopyLanguage.sample", f"n × (length + 1) = {n} × {length + 1} 个 token（连同概率与中间结果）",
                     64 * n * (length + 1))
         rng = np.random.default_rng(seed)
         L, c = length + 1, self.chunk
@@ -931,7 +931,8 @@ def _check_width(name, value, lo, where, bytes_per=4):
 def _check_mlp_sizes(d_model, d_ff, n_mats, where):
     d_model = check_int("d_model", d_model, lo=1, where=where)
     d_ff = check_int("d_ff", d_ff, lo=1, where=where)
-    _check_fits(where, f"{n_mats} 个 d_model × d_ff = {d_model} × {d_ff} 的矩阵（float32）", 4 * n_mats * d_model * d_ff)
+    _check_fits(where, f"{n_mats} 个 d_model × d_ff = {d_model} × {d_ff} 的矩阵（float32）",
+                4 * n_mats * d_model * d_ff)
     return d_model, d_ff
 
 
@@ -959,7 +960,8 @@ def _check_model_fits(where, cfg, copies=1):
     """copies = 4：训练时参数、梯度和 AdamW 的两份状态。"""
     n = _n_params(cfg)
     _check_fits(where, f"cfg（vocab={cfg.vocab}、d_model={cfg.d_model}、n_layers={cfg.n_layers}、d_ff={cfg.d_ff}）"
-                f"的 {n:,} 个参数（float32{'，× 4：参数、梯度、AdamW 的两份状态' if copies == 4 else ''}）", 4 * n * copies)
+                f"的 {n:,} 个参数（float32{'，× 4：参数、梯度、AdamW 的两份状态' if copies == 4 else ''}）",
+                4 * n * copies)
 
 
 def _elem(model):
@@ -1002,7 +1004,7 @@ def _check_generate_fits(cfg, prompt, n_new, use_cache):
     B, P = prompt.shape
     total = P + n_new
     if cfg.pos == "learned" and n_new and total - 1 > cfg.max_seq:
-        raise ValueError(f"generate：prompt 长 {P}、n_new={n_new}：最后一步要读 {total - 1} 个位置，超过学出来的位置表的 "
+        raise ValueError(f"generate：prompt 长 {P}、n_new={n_new}：最后一步要读 {total - 1} 个位置，超过位置表的 "
                          f"max_seq={cfg.max_seq} 行（n_new ≤ {cfg.max_seq - P + 1}）")
     kept = min(total, cfg.window) if cfg.window else total
     n = 4 * n_new * B * cfg.vocab + 8 * B * total + 2 * 4 * cfg.n_layers * B * cfg.n_kv_heads * cfg.d_head * kept
@@ -1048,7 +1050,8 @@ def _check_lecture02(params, cfg02):
         want.append(("lm_head", params.get("lm_head"), (d, V)))
     layers = params.get("layers")
     if not isinstance(layers, (list, tuple)) or len(layers) != cfg02.n_layers:
-        raise ValueError(f"{w}：params['layers'] 必须是 n_layers={cfg02.n_layers} 个 dict 的列表，收到 {type(layers).__name__}"
+        raise ValueError(f"{w}：params['layers'] 必须是 n_layers={cfg02.n_layers} 个 dict 的列表，"
+                         f"收到 {type(layers).__name__}"
                          + (f"（{len(layers)} 个）" if isinstance(layers, (list, tuple)) else ""))
     shapes = dict(attn_norm=(d,), mlp_norm=(d,), wq=(d, H * dh), wk=(d, G * dh), wv=(d, G * dh), wo=(H * dh, d),
                   w_gate=(d, ff), w_up=(d, ff), w_down=(ff, d))
@@ -1106,7 +1109,8 @@ def _check_positions(positions):
     try:
         pos = torch.as_tensor(positions)
     except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"rope_angles：positions 必须是一维的实数位置（张量或数的列表），收到 {positions!r:.80}") from None
+        raise TypeError(f"rope_angles：positions 必须是一维的实数位置（张量或数的列表），"
+                        f"收到 {positions!r:.80}") from None
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {tuple(pos.shape)}")
     if pos.dtype == torch.bool or pos.is_complex():
