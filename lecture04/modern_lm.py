@@ -375,6 +375,12 @@ class ModernLM(nn.Module):
         _check_length(self.cfg, pos0 + T)
         _check_forward_fits("ModernLM.forward", "ids 的 [B, T]", self.cfg, ids.shape[0], T, pos0 + T,
                             cache is not None, self.tok.weight.element_size())
+        return self._forward(ids, cache)
+
+    def _forward(self, ids, cache):
+        """不查参数的前向：generate、lm_loss 在入口查过一次之后用它（每步不再对 ids 做 min / max）。"""
+        T = ids.shape[1]
+        pos0 = 0 if cache is None else cache.length
         x = self.tok(ids)                                             # [B, T, d]
         if self.cfg.pos == "learned":
             x = x + self.pos_emb(torch.arange(pos0, pos0 + T))
@@ -435,7 +441,7 @@ def generate(model, prompt, n_new, use_cache=True):
     cache = KVCache(model.cfg) if use_cache else None
     steps, feed = [], prompt
     for _ in range(n_new):
-        logits = model(feed, cache)[:, -1]                            # [B, vocab]
+        logits = model._forward(feed, cache)[:, -1]                   # [B, vocab]：入口已查过 prompt 和长度
         nxt = logits.argmax(-1, keepdim=True)                          # [B, 1]
         steps.append(logits)
         ids = torch.cat((ids, nxt), dim=1)
@@ -659,7 +665,10 @@ def lm_loss(model, tokens):
     if not isinstance(model, ModernLM):
         raise TypeError(f"lm_loss：model 必须是 ModernLM，收到 {type(model).__name__}")
     _check_tokens(tokens, model.cfg.vocab, "lm_loss", min_len=2)
-    logits = model(tokens[:, :-1])                                    # [B, T, vocab]
+    _check_length(model.cfg, tokens.shape[1] - 1)
+    _check_forward_fits("lm_loss", "tokens 的 [n, L − 1]", model.cfg, tokens.shape[0], tokens.shape[1] - 1,
+                        tokens.shape[1] - 1, False, _elem(model))
+    logits = model._forward(tokens[:, :-1], None)                     # [B, T, vocab]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
@@ -860,7 +869,7 @@ def _check_train_config(tc):
     where = "TrainConfig"
     for f, lo in (("steps", 1), ("batch", 1), ("seq", 1), ("warmup", 0), ("eval_every", 1), ("eval_batches", 1)):
         object.__setattr__(tc, f, check_int(f, getattr(tc, f), lo=lo, where=where))
-    object.__setattr__(tc, "seed", check_int("seed", tc.seed, lo=0, hi=TORCH_SEED_MAX, where=where))
+    object.__setattr__(tc, "seed", check_int("seed", tc.seed, lo=0, hi=_TORCH_SEED_MAX, where=where))
     for f in ("lr", "clip"):       # clip = 0 会把每步的梯度都裁成 0：模型一步也不动
         object.__setattr__(tc, f, check_real(f, getattr(tc, f), lo=0.0, lo_open=True, where=where))
     object.__setattr__(tc, "min_lr_frac", check_real("min_lr_frac", tc.min_lr_frac, lo=0.0, hi=1.0, where=where))
@@ -900,7 +909,7 @@ def _check_eval_args(where, model, lang, seq, batch, seed, n_batches=1):
     _check_forward_fits(where, "[batch, seq]", model.cfg, batch, seq, seq, False, _elem(model))
 
 
-TORCH_SEED_MAX = 2 ** 64 - 1     # torch.manual_seed 收得下的最大种子；种子一律是 0 … 这个数的整数（numpy 的不设上限）
+_TORCH_SEED_MAX = 2 ** 64 - 1     # torch.manual_seed 收得下的最大种子；种子一律是 0 … 这个数的整数（numpy 的不设上限）
 
 
 def _memory_bytes():
@@ -911,14 +920,14 @@ def _memory_bytes():
         return 64 * 2 ** 30
 
 
-MEMORY_BYTES = _memory_bytes()
+_MEMORY_BYTES = _memory_bytes()
 
 
 def _check_fits(where, what, nbytes):
     """what 要 nbytes 字节：超过本机内存就报 ValueError（不让 torch 去试着分配几 TB、把机器拖死）。"""
-    if nbytes > MEMORY_BYTES:
+    if nbytes > _MEMORY_BYTES:
         raise ValueError(f"{where}：{what} 需要约 {fmt_bytes(nbytes)}（{int(nbytes):,} 字节），"
-                         f"超过本机内存 {fmt_bytes(MEMORY_BYTES)}")
+                         f"超过本机内存 {fmt_bytes(_MEMORY_BYTES)}")
 
 
 def _check_width(name, value, lo, where, bytes_per=4):

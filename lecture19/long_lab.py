@@ -83,7 +83,7 @@ block_state, merge_states, finalize = _fl18.block_state, _fl18.merge_states, _fl
 from course_utils import (check_bool, check_choice, check_int, check_real, format_table, read_json_dict,  # noqa: E402
                           sha256_file, update_json)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
-from modern_lm import TORCH_SEED_MAX, _check_fits  # noqa: E402  （内存上限的检查：和第 4 讲同一份）
+from modern_lm import _TORCH_SEED_MAX, _check_fits  # noqa: E402  （内存上限的检查：和第 4 讲同一份）
 
 CKPT = os.path.join(HERE, "checkpoints")
 MANIFEST = "manifest.json"
@@ -460,7 +460,7 @@ def build_model(task, cfg):
     if not isinstance(task, NeedleTask):
         raise TypeError(f"build_model：task 必须是 NeedleTask，收到 {type(task).__name__}")
     get = cfg.get
-    torch.manual_seed(check_int("seed", get("seed", MODEL_SEED), lo=0, hi=TORCH_SEED_MAX, where="build_model"))
+    torch.manual_seed(check_int("seed", get("seed", MODEL_SEED), lo=0, hi=_TORCH_SEED_MAX, where="build_model"))
     attn_kw = dict(pos=get("pos", "rope"), base=get("base", 10000.0), mask_kind=get("mask", "full"),
                    mask_kw=get("mask_kw"))
     model = LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),

@@ -223,6 +223,7 @@ BAD = [
     ("lm_loss OOV", lambda: ml.lm_loss(LM, TOK + 19), ValueError, "tokens"),
     ("lm_loss model None", lambda: ml.lm_loss(None, TOK), TypeError, "model"),
     ("lm_loss 1-D", lambda: ml.lm_loss(LM, TOK[0]), TypeError, "tokens"),
+    ("lm_loss learned past max_seq", lambda: ml.lm_loss(LEARNED, TOK % 19), ValueError, "max_seq"),
     ("evaluate seed=-1", lambda: ml.evaluate(ml.ModernLM(ml.MODERN), LANG, 8, seed=-1), ValueError, "seed"),
     ("evaluate huge batch×seq", lambda: ml.evaluate(ml.ModernLM(ml.MODERN), LANG, 10 ** 6, batch=10 ** 6), ValueError,
      "batch"),
