@@ -20,7 +20,7 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
     loss_breakdown / loss_by_position            按 token 类别（块标记、新块字母、复制）/ 按位置拆开的损失，与最优并排
     CHECKPOINTS / train_config / load_or_train / verify_checkpoint
                                                  入库的检查点（12 个：消融的每个变体 + 同一配置的 3 个种子）与
-                                                 manifest.json（格式、SHA-256 与 seal 的核对、续训：checkpoint_store.py）
+                                                 manifest.json（格式、SHA-256、seal、续训：checkpoint_store.py）
 
 【约定】
     形状：token [B, T]；激活 [B, T, d]；注意力里 q [B, H, T, dh]、k/v [B, G, S, dh]（G = n_kv_heads，
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from course_utils import (check_bool, check_choice, check_int, check_real, format_table,  # noqa: E402,F401
+from course_utils import (check_bool, check_choice, check_int, check_real, fmt_bytes, format_table,  # noqa: E402,F401
                           read_json_dict, sha256_file, update_json)
 from llm_math import ModelConfig  # noqa: E402
 
@@ -73,12 +73,12 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d, eps=1e-5):
         super().__init__()
-        self.d = check_int("d", d, lo=1, where="RMSNorm")
+        self.d = _check_width("d", d, 1, "RMSNorm")
         self.eps = check_real("eps", eps, lo=0.0, lo_open=True, where="RMSNorm")
         self.weight = nn.Parameter(torch.ones(self.d))
 
     def forward(self, x):
-        _check_last_dim(x, self.d, "RMSNorm")
+        _check_features(x, self.d, "RMSNorm")
         xf = x.to(torch.promote_types(x.dtype, torch.float32))   # fp16 里 300² 就溢出成 inf：规约在 float32 里做
         inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)   # [..., 1]
         return (xf * inv_rms).to(x.dtype) * self.weight
@@ -87,6 +87,8 @@ class RMSNorm(nn.Module):
 def make_norm(kind, d, eps=1e-5):
     """kind = "rms" → RMSNorm；"layer" → LayerNorm（减均值、除标准差、增益 + 偏置）。"""
     check_choice("norm", kind, NORMS, where="make_norm")
+    d = _check_width("d", d, 1, "make_norm")
+    eps = check_real("eps", eps, lo=0.0, lo_open=True, where="make_norm")
     return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps)
 
 
@@ -95,13 +97,13 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model, d_ff):
         super().__init__()
-        d_model = check_int("d_model", d_model, lo=1, where="SwiGLU")
-        d_ff = check_int("d_ff", d_ff, lo=1, where="SwiGLU")
+        self.d_model, d_ff = _check_mlp_sizes(d_model, d_ff, 3, "SwiGLU")
         self.w_gate = nn.Linear(d_model, d_ff, bias=False)
         self.w_up = nn.Linear(d_model, d_ff, bias=False)
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x):
+        _check_features(x, self.d_model, "SwiGLU")
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
@@ -111,12 +113,12 @@ class GeluMLP(nn.Module):
 
     def __init__(self, d_model, d_ff):
         super().__init__()
-        d_model = check_int("d_model", d_model, lo=1, where="GeluMLP")
-        d_ff = check_int("d_ff", d_ff, lo=1, where="GeluMLP")
+        self.d_model, d_ff = _check_mlp_sizes(d_model, d_ff, 2, "GeluMLP")
         self.w_up = nn.Linear(d_model, d_ff, bias=False)
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x):
+        _check_features(x, self.d_model, "GeluMLP")
         return self.w_down(F.gelu(self.w_up(x)))
 
 
@@ -139,6 +141,8 @@ def rope_angles(positions, dim, base=10000.0):
     dim = _check_rope_dim(dim, "rope_angles")
     base = check_real("base", base, lo=1.0, lo_open=True, where="rope_angles")
     pos = _check_positions(positions)
+    _check_fits("rope_angles", f"positions 的 {pos.numel()} 个位置 × dim/2 = {dim // 2} 个角度（float64，cos、sin）",
+                4 * 8 * pos.numel() * (dim // 2) + 8 * dim)
     out_dtype = pos.dtype if pos.is_floating_point() else torch.get_default_dtype()
     inv_freq = base ** (-torch.arange(dim // 2, dtype=torch.float64) * 2.0 / dim)   # [dim/2]
     angles = torch.outer(pos.to(torch.float64), inv_freq)                           # [T, dim/2]
@@ -175,13 +179,15 @@ def half_to_interleaved(dim):
     q·k 对两边做同一个排列不变，所以把 Wq、Wk 的输出列（每个头内部）按 perm 重排，模型就从一种写法换成另一种。
     """
     dim = _check_rope_dim(dim, "half_to_interleaved")
+    _check_fits("half_to_interleaved", f"dim={dim} 的排列（int64，两份）", 16 * dim)
     return torch.cat((torch.arange(0, dim, 2), torch.arange(1, dim, 2)))
 
 
 def sinusoidal_table(n_pos, d):
     """原始 Transformer 的正弦位置表 [n_pos, d]：第 i 对分量是 (sin, cos)(p · 10000^(−2i/d))，不需要训练。"""
-    d = _check_rope_dim(d, "sinusoidal_table")
+    d = _check_rope_dim(d, "sinusoidal_table", "d")
     n_pos = check_int("n_pos", n_pos, lo=0, where="sinusoidal_table")
+    _check_fits("sinusoidal_table", f"n_pos × d = {n_pos} × {d} 的表（float64 角度 + 几份中间结果）", 6 * 8 * n_pos * d)
     cos, sin = rope_angles(torch.arange(n_pos), d)                    # [n_pos, d/2]
     return torch.stack((sin, cos), dim=-1).flatten(-2)                # [n_pos, d]
 
@@ -189,6 +195,7 @@ def sinusoidal_table(n_pos, d):
 def alibi_slopes(n_heads):
     """ALiBi 每个头的斜率：2^(−8/H), 2^(−16/H), …（头数为 2 的幂时与论文相同；否则按论文的插补规则）。"""
     n_heads = check_int("n_heads", n_heads, lo=1, where="alibi_slopes")
+    _check_fits("alibi_slopes", f"n_heads={n_heads} 个斜率（先是 Python 列表，每个约 32 字节）", 40 * n_heads)
     p = 2 ** math.floor(math.log2(n_heads))
     slopes = [2 ** (-8 * (i + 1) / p) for i in range(p)]
     extra = [2 ** (-4 * (2 * i + 1) / p) for i in range(n_heads - p)]   # 非 2 的幂：从 2p 个头的序列里隔一个取
@@ -269,6 +276,7 @@ class Attention(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
+        _check_cfg_type("Attention", cfg)
         self.cfg = cfg
         H, G, dh, d = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
         self.wq = nn.Linear(d, H * dh, bias=False)
@@ -278,6 +286,11 @@ class Attention(nn.Module):
         self.register_buffer("slopes", alibi_slopes(H) if cfg.pos == "alibi" else None, persistent=False)
 
     def forward(self, x, pos0=0, cache=None, layer=0):
+        """x [B, T, d_model]（浮点）；pos0：x 第一个位置的绝对位置；cache：KVCache 或 None；layer：cache 里的第几层。"""
+        pos0 = _check_block_args("Attention", x, pos0, cache, layer, self.cfg)
+        return self._attend(x, pos0, cache, layer)
+
+    def _attend(self, x, pos0, cache, layer):
         cfg = self.cfg
         B, T, _ = x.shape
         H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
@@ -291,7 +304,7 @@ class Attention(nn.Module):
             q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
         k_pos = q_pos
         if cache is not None:
-            k, v, k_pos = cache.update(layer, k, v, q_pos)            # [B, G, S, dh]：旧键在前
+            k, v, k_pos = cache._append(layer, k, v, q_pos)            # [B, G, S, dh]：旧键在前
         k = k.repeat_interleave(H // G, dim=1)                        # [B, H, S, dh]：头 h 用第 h // (H/G) 组
         v = v.repeat_interleave(H // G, dim=1)
         if cfg.window or cfg.pos == "alibi" or cache is not None:
@@ -307,6 +320,8 @@ class Block(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
+        _check_cfg_type("Block", cfg)
+        self.cfg = cfg
         self.pre = cfg.norm_place == "pre"
         self.norm1 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
@@ -314,10 +329,15 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.d_ff) if cfg.mlp == "swiglu" else GeluMLP(cfg.d_model, cfg.d_ff)
 
     def forward(self, x, pos0=0, cache=None, layer=0):
+        """参数同 Attention.forward。"""
+        pos0 = _check_block_args("Block", x, pos0, cache, layer, self.cfg)
+        return self._run(x, pos0, cache, layer)
+
+    def _run(self, x, pos0, cache, layer):
         if self.pre:
-            x = x + self.attn(self.norm1(x), pos0, cache, layer)
+            x = x + self.attn._attend(self.norm1(x), pos0, cache, layer)
             return x + self.mlp(self.norm2(x))
-        x = self.norm1(x + self.attn(x, pos0, cache, layer))
+        x = self.norm1(x + self.attn._attend(x, pos0, cache, layer))
         return self.norm2(x + self.mlp(x))
 
 
@@ -330,8 +350,8 @@ class ModernLM(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        if not isinstance(cfg, LMConfig):
-            raise TypeError(f"ModernLM 需要 LMConfig，收到 {type(cfg).__name__}")
+        _check_cfg_type("ModernLM", cfg)
+        _check_model_fits("ModernLM", cfg)
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq, cfg.d_model) if cfg.pos == "learned" else None
@@ -355,13 +375,21 @@ class ModernLM(nn.Module):
         T = ids.shape[1]
         pos0 = 0 if cache is None else cache.length
         _check_length(self.cfg, pos0 + T)
+        _check_forward_fits("ModernLM.forward", "ids 的 [B, T]", self.cfg, ids.shape[0], T, pos0 + T,
+                            cache is not None, self.tok.weight.element_size())
+        return self._forward(ids, cache)
+
+    def _forward(self, ids, cache):
+        """不查参数的前向：generate、lm_loss 在入口查过一次之后用它（每步不再对 ids 做 min / max）。"""
+        T = ids.shape[1]
+        pos0 = 0 if cache is None else cache.length
         x = self.tok(ids)                                             # [B, T, d]
         if self.cfg.pos == "learned":
             x = x + self.pos_emb(torch.arange(pos0, pos0 + T))
         elif self.cfg.pos == "sinusoidal":
             x = x + sinusoidal_table(pos0 + T, self.cfg.d_model)[pos0:].to(x.dtype)
         for li, blk in enumerate(self.blocks):
-            x = blk(x, pos0, cache, li)
+            x = blk._run(x, pos0, cache, li)
         if cache is not None:
             cache.length = pos0 + T
         return self.head(self.norm(x))                                # [B, T, vocab]
@@ -377,13 +405,13 @@ class KVCache:
     """
 
     def __init__(self, cfg):
-        if not isinstance(cfg, LMConfig):
-            raise TypeError(f"KVCache 需要 LMConfig，收到 {type(cfg).__name__}")
+        _check_cfg_type("KVCache", cfg)
+        _check_model_fits("KVCache", cfg)
         self.cfg, self.length = cfg, 0
         self.k, self.v, self.pos = [None] * cfg.n_layers, [None] * cfg.n_layers, [None] * cfg.n_layers
 
-    def update(self, layer, k_new, v_new, pos_new):
-        """接上第 layer 层的新 K、V，返回这次注意力要用的全部 (k, v, 键位置)。"""
+    def _append(self, layer, k_new, v_new, pos_new):
+        """接上第 layer 层的新 K、V，返回这次注意力要用的全部 (k, v, 键位置)。只由 Attention 调用（已查过形状）。"""
         if self.k[layer] is not None:
             k_new = torch.cat((self.k[layer], k_new), dim=2)         # [B, G, S_old + T, dh]
             v_new = torch.cat((self.v[layer], v_new), dim=2)
@@ -410,11 +438,12 @@ def generate(model, prompt, n_new, use_cache=True):
     if not isinstance(model, ModernLM):
         raise TypeError(f"generate：model 必须是 ModernLM，收到 {type(model).__name__}")
     _check_ids(prompt, model.cfg, "prompt")
+    _check_generate_fits(model.cfg, prompt, n_new, use_cache)
     ids = prompt
     cache = KVCache(model.cfg) if use_cache else None
     steps, feed = [], prompt
     for _ in range(n_new):
-        logits = model(feed, cache)[:, -1]                            # [B, vocab]
+        logits = model._forward(feed, cache)[:, -1]                   # [B, vocab]：入口已查过 prompt 和长度
         nxt = logits.argmax(-1, keepdim=True)                          # [B, 1]
         steps.append(logits)
         ids = torch.cat((ids, nxt), dim=1)
@@ -432,6 +461,7 @@ def from_lecture02(params, cfg02):
     · 第 2 讲的 RoPE 是交错配对，我们是半对半：每个头内部把 Wq、Wk 的输出行按 half_to_interleaved 重排
       （q·k 对 q、k 做同一排列不变，所以注意力分数不变；Wv、Wo 不用动）。
     """
+    _check_lecture02(params, cfg02)
     cfg = LMConfig(vocab=cfg02.vocab, d_model=cfg02.d_model, n_layers=cfg02.n_layers, n_heads=cfg02.n_heads,
                    n_kv_heads=cfg02.n_kv_heads, d_head=cfg02.d_head, d_ff=cfg02.d_ff, max_seq=cfg02.max_seq,
                    rope_base=float(cfg02.rope_theta), norm_eps=float(cfg02.norm_eps), tied=bool(cfg02.tied),
@@ -503,6 +533,7 @@ class ChunkCopyLanguage:
     def __init__(self, n_letters=32, chunk=8, max_back=4, p_copy=0.5, n_succ=4, seed=1234):
         seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage")
         self.n_letters = check_int("n_letters", n_letters, lo=2, where="ChunkCopyLanguage")
+        _check_fits("ChunkCopyLanguage", f"n_letters² = {n_letters}² 的转移矩阵（float64）", 8 * n_letters ** 2)
         self.chunk = check_int("chunk", chunk, lo=2, where="ChunkCopyLanguage")
         self.max_back = check_int("max_back", max_back, lo=1, where="ChunkCopyLanguage")
         self.p_copy = check_real("p_copy", p_copy, lo=0.0, hi=1.0, where="ChunkCopyLanguage")
@@ -526,6 +557,8 @@ class ChunkCopyLanguage:
         n = check_int("n", n, lo=1, where="ChunkCopyLanguage.sample")
         length = check_int("length", length, lo=1, where="ChunkCopyLanguage.sample")
         seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage.sample")
+        _check_fits("ChunkCopyLanguage.sample", f"n × (length + 1) = {n} × {length + 1} 个 token（连同概率与中间结果）",
+                    64 * n * (length + 1))
         rng = np.random.default_rng(seed)
         L, c = length + 1, self.chunk
         tok = np.zeros((n, L), dtype=np.int64)
@@ -558,6 +591,7 @@ class ChunkCopyLanguage:
 
     def token_kinds(self, tokens):
         """每个预测目标（tokens[:, 1:]）属于哪一类（kind_names 的下标），[n, length]：只看 token 本身就能定。"""
+        _check_tokens(tokens, self.vocab, "ChunkCopyLanguage.token_kinds", min_len=1)
         tgt_pos = torch.arange(1, tokens.shape[1])                    # 目标在序列里的位置
         j = tgt_pos % self.chunk                                       # 在块里的第几个
         marker = tokens[:, tgt_pos - j]                                # [n, length]：这个目标所在块的标记
@@ -608,7 +642,9 @@ class TrainConfig:
 
 
 def lr_at(step, tc):
-    """线性预热 warmup 步，然后余弦从 lr 降到 lr·min_lr_frac。"""
+    """线性预热 warmup 步，然后余弦从 lr 降到 lr·min_lr_frac。step 从 0 数（≥ steps 时停在 lr·min_lr_frac）。"""
+    _check_tc("lr_at", tc)
+    step = check_int("step", step, lo=0, where="lr_at")
     if step < tc.warmup:
         return tc.lr * (step + 1) / tc.warmup
     frac = (step - tc.warmup) / max(tc.steps - tc.warmup, 1)
@@ -617,6 +653,9 @@ def lr_at(step, tc):
 
 def make_optimizer(model, tc):
     """AdamW；二维权重做 weight decay，增益 / 偏置 / 位置表之外的一维参数不做（惯例）。"""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"make_optimizer：model 必须是 torch.nn.Module（如 ModernLM），收到 {type(model).__name__}")
+    _check_tc("make_optimizer", tc)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": rest, "weight_decay": 0.0}]
@@ -625,7 +664,13 @@ def make_optimizer(model, tc):
 
 def lm_loss(model, tokens):
     """下一个 token 的交叉熵（nats / token）：输入 tokens[:, :-1]，目标 tokens[:, 1:]。"""
-    logits = model(tokens[:, :-1])                                    # [B, T, vocab]
+    if not isinstance(model, ModernLM):
+        raise TypeError(f"lm_loss：model 必须是 ModernLM，收到 {type(model).__name__}")
+    _check_tokens(tokens, model.cfg.vocab, "lm_loss", min_len=2)
+    _check_length(model.cfg, tokens.shape[1] - 1)
+    _check_forward_fits("lm_loss", "tokens 的 [n, L − 1]", model.cfg, tokens.shape[0], tokens.shape[1] - 1,
+                        tokens.shape[1] - 1, False, _elem(model))
+    logits = model._forward(tokens[:, :-1], None)                     # [B, T, vocab]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
@@ -690,7 +735,7 @@ def train_model(cfg, tc, lang, progress=True, resume_path=None, desc=None, log=p
 
 def _train(cfg, tc, lang, progress, resume_path, desc, log):
     """train_model 的实体；另返回这一段的 {start, seconds, seconds_before}（tokens/s 只按这一段算）。"""
-    _check_train_args(cfg, tc, lang, progress)
+    _check_train_args(cfg, tc, lang, progress, resume_path, desc, log)
     torch.manual_seed(tc.seed)
     model = ModernLM(cfg)
     opt = make_optimizer(model, tc)
@@ -821,25 +866,32 @@ def _check_keys(where, given, dataclass_type):
 
 def _check_train_config(tc):
     where = "TrainConfig"
-    for f, lo in (("steps", 1), ("batch", 1), ("seq", 1), ("warmup", 0), ("eval_every", 1), ("eval_batches", 1),
-                  ("seed", 0)):
+    for f, lo in (("steps", 1), ("batch", 1), ("seq", 1), ("warmup", 0), ("eval_every", 1), ("eval_batches", 1)):
         object.__setattr__(tc, f, check_int(f, getattr(tc, f), lo=lo, where=where))
+    object.__setattr__(tc, "seed", check_int("seed", tc.seed, lo=0, hi=_TORCH_SEED_MAX, where=where))
     for f in ("lr", "clip"):       # clip = 0 会把每步的梯度都裁成 0：模型一步也不动
         object.__setattr__(tc, f, check_real(f, getattr(tc, f), lo=0.0, lo_open=True, where=where))
     object.__setattr__(tc, "min_lr_frac", check_real("min_lr_frac", tc.min_lr_frac, lo=0.0, hi=1.0, where=where))
     object.__setattr__(tc, "weight_decay", check_real("weight_decay", tc.weight_decay, lo=0.0, where=where))
 
 
-def _check_train_args(cfg, tc, lang, progress):
+def _check_train_args(cfg, tc, lang, progress, resume_path, desc, log):
     if not isinstance(cfg, LMConfig):
         raise TypeError(f"train_model：cfg 必须是 LMConfig，收到 {type(cfg).__name__}")
-    if not isinstance(tc, TrainConfig):
-        raise TypeError(f"train_model：tc 必须是 TrainConfig，收到 {type(tc).__name__}")
+    _check_tc("train_model", tc)
     if not isinstance(lang, ChunkCopyLanguage):
         raise TypeError(f"train_model：lang 必须是 ChunkCopyLanguage，收到 {type(lang).__name__}")
     if lang.vocab > cfg.vocab:
         raise ValueError(f"train_model：语言的词表 {lang.vocab} 大于模型的 cfg.vocab={cfg.vocab}")
     check_bool("progress", progress, where="train_model")
+    if resume_path is not None and not isinstance(resume_path, (str, os.PathLike)):   # 整数会被 os.path 当成文件描述符
+        raise TypeError(f"train_model：resume_path 必须是路径（str）或 None，收到 {type(resume_path).__name__}")
+    if desc is not None and not isinstance(desc, str):
+        raise TypeError(f"train_model：desc 必须是 str 或 None，收到 {type(desc).__name__}")
+    if not callable(log):
+        raise TypeError(f"train_model：log 必须是可调用的（如 print），收到 {type(log).__name__}")
+    _check_model_fits("train_model", cfg, copies=4)
+    _check_forward_fits("train_model", "[tc.batch, tc.seq]", cfg, tc.batch, tc.seq, tc.seq, False, 4, train=True)
 
 
 def _check_eval_args(where, model, lang, seq, batch, seed, n_batches=1):
@@ -853,6 +905,175 @@ def _check_eval_args(where, model, lang, seq, batch, seed, n_batches=1):
     check_int("seed", seed, lo=0, where=where)
     if lang.vocab > model.cfg.vocab:
         raise ValueError(f"{where}：语言的词表 {lang.vocab} 大于模型的 vocab={model.cfg.vocab}")
+    _check_forward_fits(where, "[batch, seq]", model.cfg, batch, seq, seq, False, _elem(model))
+
+
+_TORCH_SEED_MAX = 2 ** 64 - 1     # torch.manual_seed 收得下的最大种子；种子一律是 0 … 这个数的整数（numpy 的不设上限）
+
+
+def _memory_bytes():
+    """本机的物理内存（字节）；读不到时按 64 GiB 算。"""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 * 2 ** 30
+
+
+_MEMORY_BYTES = _memory_bytes()
+
+
+def _check_fits(where, what, nbytes):
+    """what 要 nbytes 字节：超过本机内存就报 ValueError（不让 torch 去试着分配几 TB、把机器拖死）。"""
+    if nbytes > _MEMORY_BYTES:
+        raise ValueError(f"{where}：{what} 需要约 {fmt_bytes(nbytes)}（{int(nbytes):,} 字节），"
+                         f"超过本机内存 {fmt_bytes(_MEMORY_BYTES)}")
+
+
+def _check_width(name, value, lo, where, bytes_per=4):
+    """一维的宽度（d、d_model …）：整数 ≥ lo，而且 bytes_per·value 字节放得进内存。"""
+    value = check_int(name, value, lo=lo, where=where)
+    _check_fits(where, f"{name}={value}", bytes_per * value)
+    return value
+
+
+def _check_mlp_sizes(d_model, d_ff, n_mats, where):
+    d_model = check_int("d_model", d_model, lo=1, where=where)
+    d_ff = check_int("d_ff", d_ff, lo=1, where=where)
+    _check_fits(where, f"{n_mats} 个 d_model × d_ff = {d_model} × {d_ff} 的矩阵（float32）",
+                4 * n_mats * d_model * d_ff)
+    return d_model, d_ff
+
+
+def _check_features(x, d, where):
+    """模块前向的输入：浮点张量、最后一维 = d（整数张量进 RMSNorm 会被截断回整数，进 Linear 是 torch 深处的报错）。"""
+    _check_last_dim(x, d, where)
+    if not x.is_floating_point():
+        raise TypeError(f"{where}：输入 x 必须是浮点张量，收到 dtype={x.dtype}")
+
+
+def _check_cfg_type(where, cfg):
+    if not isinstance(cfg, LMConfig):
+        raise TypeError(f"{where} 需要 LMConfig，收到 {type(cfg).__name__}")
+
+
+def _n_params(cfg):
+    d, dh = cfg.d_model, cfg.d_head
+    per_layer = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * dh + cfg.n_heads * dh * d + \
+        (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff + 4 * d
+    return cfg.vocab * d * (1 if cfg.tied else 2) + (cfg.max_seq * d if cfg.pos == "learned" else 0) + \
+        cfg.n_layers * per_layer + 2 * d
+
+
+def _check_model_fits(where, cfg, copies=1):
+    """copies = 4：训练时参数、梯度和 AdamW 的两份状态。"""
+    n = _n_params(cfg)
+    _check_fits(where, f"cfg（vocab={cfg.vocab}、d_model={cfg.d_model}、n_layers={cfg.n_layers}、d_ff={cfg.d_ff}）"
+                f"的 {n:,} 个参数（float32{'，× 4：参数、梯度、AdamW 的两份状态' if copies == 4 else ''}）",
+                4 * n * copies)
+
+
+def _elem(model):
+    return next(model.parameters()).element_size()
+
+
+def _check_forward_fits(where, what, cfg, B, T, S, cached, elem, train=False):
+    """一次前向的激活（[B, T, ·] 的几份）加上显式的注意力偏置 / 分数（[H, T, S]：窗口、ALiBi、带 cache 时）。"""
+    H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    per_token = 2 * cfg.d_model + (H + 4 * G) * dh + 3 * cfg.d_ff + 2 * cfg.vocab
+    n = B * T * per_token * elem * (cfg.n_layers + 1 if train else 2)
+    if cfg.window or cfg.pos == "alibi" or cached:
+        n += T * S * (8 + 2 * elem * (H if cfg.pos == "alibi" else 1)) + 2 * B * H * T * S * elem
+    _check_fits(where, f"{what} = [{B}, {T}]（键 {S} 个）的激活与注意力分数", n)
+
+
+def _check_block_args(where, x, pos0, cache, layer, cfg):
+    _check_features(x, cfg.d_model, where)
+    if x.ndim != 3:
+        raise ValueError(f"{where}：x 必须是 [B, T, d_model] 的三维张量，收到形状 {tuple(x.shape)}")
+    pos0 = check_int("pos0", pos0, lo=0, where=where)
+    check_int("layer", layer, lo=0, hi=cfg.n_layers - 1, where=where)
+    if cache is not None:
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"{where}：cache 必须是 KVCache 或 None，收到 {type(cache).__name__}")
+        if cache.cfg != cfg:
+            raise ValueError(f"{where}：cache 是为另一个配置建的（KVCache(model.cfg)）")
+        have = cache.pos[layer]
+        want = cache.length if have is None else int(have[-1]) + 1 if have.numel() else cache.length
+        if pos0 != want:
+            raise ValueError(f"{where}：pos0={pos0} 必须接在 cache 第 {layer} 层已有的位置之后，即 pos0={want}")
+        if cache.k[layer] is not None and cache.k[layer].shape[0] != x.shape[0]:
+            raise ValueError(f"{where}：x 的批大小 {x.shape[0]} 与 cache 里的 {cache.k[layer].shape[0]} 不同")
+    _check_forward_fits(where, "x 的 [B, T]", cfg, x.shape[0], x.shape[1], pos0 + x.shape[1], cache is not None,
+                        x.element_size())
+    return pos0
+
+
+def _check_generate_fits(cfg, prompt, n_new, use_cache):
+    B, P = prompt.shape
+    total = P + n_new
+    if cfg.pos == "learned" and n_new and total - 1 > cfg.max_seq:
+        raise ValueError(f"generate：prompt 长 {P}、n_new={n_new}：最后一步要读 {total - 1} 个位置，超过位置表的 "
+                         f"max_seq={cfg.max_seq} 行（n_new ≤ {cfg.max_seq - P + 1}）")
+    kept = min(total, cfg.window) if cfg.window else total
+    n = 4 * n_new * B * cfg.vocab + 8 * B * total + 2 * 4 * cfg.n_layers * B * cfg.n_kv_heads * cfg.d_head * kept
+    _check_fits("generate", f"prompt [B, P] = [{B}, {P}]、n_new={n_new} 的逐步 logits 与 KV cache", n)
+    if n_new:
+        T = 1 if use_cache else total - 1
+        _check_forward_fits("generate", "prompt + n_new 的 [B, T]", cfg, B, T, total - 1, use_cache, 4)
+
+
+def _check_tc(where, tc):
+    if not isinstance(tc, TrainConfig):
+        raise TypeError(f"{where}：tc 必须是 TrainConfig，收到 {type(tc).__name__}")
+
+
+def _check_tokens(tokens, vocab, where, min_len):
+    """[n, L] 的整数 token（L ≥ min_len），id 在 [0, vocab) 里。"""
+    if not torch.is_tensor(tokens) or tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        what = f"{tuple(tokens.shape)} {tokens.dtype}" if torch.is_tensor(tokens) else type(tokens).__name__
+        raise TypeError(f"{where}：tokens 必须是 [n, L] 的整数张量（int64 / int32），收到 {what}")
+    if tokens.shape[0] < 1 or tokens.shape[1] < min_len:
+        raise ValueError(f"{where}：tokens 至少要 1 行、{min_len} 列，收到形状 {tuple(tokens.shape)}")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{where}：tokens 的 id 必须在 [0, vocab={vocab}) 内，收到最小 {lo}、最大 {hi}")
+
+
+_L02_FIELDS = ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_ff", "max_seq", "rope_theta",
+               "norm_eps", "tied")
+
+
+def _check_lecture02(params, cfg02):
+    """第 2 讲的 (params, cfg)：字段齐全、每个数组的形状对得上、全是有限浮点数（否则 copy_ 在 torch 深处报错）。"""
+    w = "from_lecture02"
+    missing = [f for f in _L02_FIELDS if not hasattr(cfg02, f)]
+    if missing:
+        raise TypeError(f"{w}：cfg02 需要 transformer_lab.Config 的字段，{type(cfg02).__name__} 缺少 {missing}")
+    check_bool("cfg02.tied", cfg02.tied, where=w)
+    if not isinstance(params, dict):
+        raise TypeError(f"{w}：params 必须是 transformer_lab.init_params 的 dict，收到 {type(params).__name__}")
+    d, V, dh, H, G, ff = cfg02.d_model, cfg02.vocab, cfg02.d_head, cfg02.n_heads, cfg02.n_kv_heads, cfg02.d_ff
+    want = [("embed", params.get("embed"), (V, d)), ("final_norm", params.get("final_norm"), (d,))]
+    if not cfg02.tied:
+        want.append(("lm_head", params.get("lm_head"), (d, V)))
+    layers = params.get("layers")
+    if not isinstance(layers, (list, tuple)) or len(layers) != cfg02.n_layers:
+        raise ValueError(f"{w}：params['layers'] 必须是 n_layers={cfg02.n_layers} 个 dict 的列表，"
+                         f"收到 {type(layers).__name__}"
+                         + (f"（{len(layers)} 个）" if isinstance(layers, (list, tuple)) else ""))
+    shapes = dict(attn_norm=(d,), mlp_norm=(d,), wq=(d, H * dh), wk=(d, G * dh), wv=(d, G * dh), wo=(H * dh, d),
+                  w_gate=(d, ff), w_up=(d, ff), w_down=(ff, d))
+    for i, lp in enumerate(layers):
+        if not isinstance(lp, dict):
+            raise TypeError(f"{w}：params['layers'][{i}] 必须是 dict，收到 {type(lp).__name__}")
+        want += [(f"layers'][{i}]['{k}", lp.get(k), shape) for k, shape in shapes.items()]
+    for key, a, shape in want:
+        arr = np.asarray(a) if a is not None else None
+        if arr is None or arr.dtype.kind != "f" or arr.shape != shape:
+            got = "缺失" if arr is None else f"形状 {arr.shape}、dtype={arr.dtype}"
+            raise ValueError(f"{w}：params['{key}'] 必须是形状 {shape} 的浮点数组，收到 {got}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{w}：params['{key}'] 含 NaN 或 ∞")
 
 
 def _check_length(cfg, total):
@@ -864,7 +1085,7 @@ def _check_length(cfg, total):
 def _check_last_dim(x, d, where):
     if not torch.is_tensor(x) or x.ndim < 1 or x.shape[-1] != d:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        raise ValueError(f"{where}：输入的最后一维必须是 {d}，收到 {shape}")
+        raise ValueError(f"{where}：输入 x 的最后一维必须是 {d}，收到 {shape}")
 
 
 def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
@@ -878,18 +1099,26 @@ def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
         raise TypeError(f"{where}：slopes 必须是 None 或一维浮点张量 [H]")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{where}：dtype 必须是浮点 dtype，收到 {dtype!r}")
+    T, S, H = q_pos.numel(), k_pos.numel(), 1 if slopes is None else slopes.numel()
+    _check_fits(where, f"q_pos × k_pos = {T} × {S} 对（int64 距离、布尔掩码、{H} 份偏置）",
+                T * S * (8 + 2 + 2 * H * torch.empty(0, dtype=dtype).element_size()))
     return window
 
 
-def _check_rope_dim(dim, where):
-    dim = check_int("dim", dim, lo=2, where=where)
+def _check_rope_dim(dim, where, name="dim"):
+    dim = check_int(name, dim, lo=2, where=where)
     if dim % 2:
-        raise ValueError(f"{where}：dim（每个头的维度）必须是偶数——RoPE 把分量两两配成平面向量旋转，收到 {dim}")
+        what = "每个头的维度 dim" if name == "dim" else "表的宽度，即 dim"
+        raise ValueError(f"{where}：{name}（{what}）必须是偶数——分量两两配对（RoPE 旋转 / sin、cos 成对），收到 {dim}")
     return dim
 
 
 def _check_positions(positions):
-    pos = torch.as_tensor(positions)
+    try:
+        pos = torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"rope_angles：positions 必须是一维的实数位置（张量或数的列表），"
+                        f"收到 {positions!r:.80}") from None
     if pos.ndim != 1:
         raise ValueError(f"rope_angles：positions 必须是一维的位置序列，收到形状 {tuple(pos.shape)}")
     if pos.dtype == torch.bool or pos.is_complex():

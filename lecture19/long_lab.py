@@ -86,6 +86,7 @@ from course_utils import (check_bool, check_choice, check_int, check_real, forma
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 from checkpoint_store import (CheckpointStore, ResultCache, canon, interrupted, state_digest,  # noqa: E402
                               stop_on_ctrl_c)
+from modern_lm import _TORCH_SEED_MAX, _check_fits  # noqa: E402  （内存上限的检查：和第 4 讲同一份）
 
 CKPT = os.path.join(HERE, "checkpoints")
 MANIFEST = "manifest.json"
@@ -295,6 +296,7 @@ def _check_mask_args(kind, T, window, stride, segments):
     w = "attention_mask"
     check_choice("kind", kind, MASK_KINDS, where=w)
     check_int("T", T, lo=1, where=w)
+    _check_fits(w, f"T × T = {T} × {T} 的掩码（int64 的距离 + 几份布尔中间结果）", 26 * T * T)
     check_int("window", window, lo=1, where=w)
     check_int("stride", stride, lo=1, where=w)
     if not isinstance(segments, (tuple, list)) or not segments:
@@ -337,6 +339,7 @@ class LongAttention(nn.Module):
 
     def allowed(self, T, device):
         """(T, T) 布尔掩码（缓存）。"""
+        device = _check_device("LongAttention.allowed", device)
         key = ("mask", self.mask_kind, T, repr(sorted(self.mask_kw.items())), str(device))
         if key not in self._cache:
             self._cache[key] = attention_mask(self.mask_kind, T, **self.mask_kw).to(device)
@@ -344,6 +347,8 @@ class LongAttention(nn.Module):
 
     def rope(self, T, device):
         """RoPE 的 cos、sin（缓存；键里带上 scale、base，改了它们自然换一份）。"""
+        T = check_int("T", T, lo=1, where="LongAttention.rope")
+        device = _check_device("LongAttention.rope", device)
         key = ("rope", T, self.scale, self.base, str(device))
         if key not in self._cache:
             pos = torch.arange(T, dtype=torch.float32) / self.scale     # 位置插值：m → m / scale
@@ -351,6 +356,11 @@ class LongAttention(nn.Module):
         return self._cache[key]
 
     def forward(self, x):
+        """x [B, T, d_model]（浮点）→ [B, T, d_model]。"""
+        _check_x("LongAttention", x, self.h * self.dk, [self])
+        return self._forward(x)
+
+    def _forward(self, x):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, self.dk).permute(2, 0, 3, 1, 4)   # 各 [B, H, T, dk]
         if self.pos == "rope":
@@ -378,6 +388,7 @@ class LongAttention(nn.Module):
         check_choice("pos", pos, POS_KINDS, where=w)
         check_real("base", base, lo=1, lo_open=True, where=w)
         check_choice("mask_kind", mask_kind, MASK_KINDS, where=w)
+        _check_fits(w, f"4 个 d_model × d_model = {d_model} × {d_model} 的矩阵（float32）", 16 * d_model * d_model)
 
 
 class LongBlock(nn.Module):
@@ -385,13 +396,19 @@ class LongBlock(nn.Module):
 
     def __init__(self, d_model, n_heads, d_ff, **attn_kw):
         super().__init__()
+        _check_sizes("LongBlock", d_model, n_heads, d_ff, 1)
         self.n1 = RMSNorm(d_model)
         self.n2 = RMSNorm(d_model)
         self.attn = LongAttention(d_model=d_model, n_heads=n_heads, **attn_kw)
         self.ffn = SwiGLU(d_model=d_model, d_ff=d_ff)
 
     def forward(self, x):
-        h = x + self.attn(self.n1(x))                 # 先归一化再进子层（pre-norm），残差加回
+        """x [B, T, d_model]（浮点）→ 同形状。"""
+        _check_x("LongBlock", x, self.n1.d, [self.attn])
+        return self._forward(x)
+
+    def _forward(self, x):
+        h = x + self.attn._forward(self.n1(x))                 # 先归一化再进子层（pre-norm），残差加回
         return h + self.ffn(self.n2(h))
 
 
@@ -407,7 +424,7 @@ class LongLM(nn.Module):
         super().__init__()
         check_int("vocab_size", vocab_size, lo=1, where="LongLM")
         check_int("n_layers", n_layers, lo=1, where="LongLM")
-        check_int("d_ff", d_ff, lo=1, where="LongLM")
+        _check_sizes("LongLM", d_model, n_heads, d_ff, n_layers, vocab_size)
         self.tok = nn.Embedding(num_embeddings=vocab_size, embedding_dim=d_model)
         layers = [LongBlock(d_model, n_heads, d_ff, **attn_kw) for _layer in range(n_layers)]
         self.blocks = nn.ModuleList(layers)
@@ -421,9 +438,11 @@ class LongLM(nn.Module):
         """last_only=True 只对最后一个位置算 logits [B, V]（大海捞针的测试只看最后一个位置）。"""
         last_only = check_bool("last_only", last_only, where="LongLM.forward")
         _check_ids(ids, self.tok.num_embeddings)
+        _check_activations("LongLM.forward", "ids 的 [B, T]", ids.shape[0], ids.shape[1], self.tok.embedding_dim,
+                           self.tok.num_embeddings, [b.attn for b in self.blocks], _d_ff(self))
         x = self.tok(ids)                                   # [B, T, d]
         for blk in self.blocks:
-            x = blk(x)
+            x = blk._forward(x)
         if last_only:
             x = x[:, -1]                                    # [B, d]
         x = self.norm(x)
@@ -449,8 +468,10 @@ def build_model(task, cfg):
     【为什么默认种子是 1】检索能力是"突然学会"的，出不出现和初始化很有关系（见 train_needle）。
     """
     _check_cfg_keys("build_model", cfg, MODEL_KEYS + TRAIN_KEYS)
+    if not isinstance(task, NeedleTask):
+        raise TypeError(f"build_model：task 必须是 NeedleTask，收到 {type(task).__name__}")
     get = cfg.get
-    torch.manual_seed(check_int("seed", get("seed", MODEL_SEED), lo=0, where="build_model"))
+    torch.manual_seed(check_int("seed", get("seed", MODEL_SEED), lo=0, hi=_TORCH_SEED_MAX, where="build_model"))
     attn_kw = dict(pos=get("pos", "rope"), base=get("base", 10000.0), mask_kind=get("mask", "full"),
                    mask_kw=get("mask_kw"))
     model = LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),
@@ -459,9 +480,11 @@ def build_model(task, cfg):
 
 
 def lr_at(step, steps, warmup, lr):
-    """学习率：前 warmup 步线性升到 lr，之后余弦降到 0.1·lr。"""
+    """学习率：前 warmup 步线性升到 lr，之后余弦降到 0.1·lr。step 从 1 数到 steps（train_needle 的第 step 步）。"""
     check_int("warmup", warmup, lo=1, where="lr_at")        # warmup = 0：第 0 步是 0 / 0
     check_int("steps", steps, lo=1, where="lr_at")
+    check_int("step", step, lo=0, hi=steps, where="lr_at")   # 负的步数给出负的学习率
+    check_real("lr", lr, lo=0, lo_open=True, where="lr_at")
     if step <= warmup:
         return lr * step / warmup
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
@@ -485,6 +508,10 @@ def train_needle(model, task, steps, T, batch=32, lr=1e-3, seed=DATA_SEED, log=N
     _check_train_args(steps, T, batch, lr, warmup, curriculum)
     _check_model_task("train_needle", model, task)
     check_int("seed", seed, lo=0, where="train_needle")
+    if log is not None and not callable(log):
+        raise TypeError(f"train_needle：log 必须是 None 或可调用的（如 print），收到 {type(log).__name__}")
+    _check_activations("train_needle", "[batch, T]", batch, max(T, CURRICULUM_T), model.tok.embedding_dim,
+                       model.tok.num_embeddings, [b.attn for b in model.blocks], _d_ff(model), len(model.blocks))
     check_int("data_offset", data_offset, lo=0, where="train_needle")
     check_int("log_every", log_every, lo=0, where="train_needle")
     progress = check_bool("progress", progress, where="train_needle")
@@ -591,9 +618,13 @@ def niah_grid(model, task, lengths, depths, n=64, seed=EVAL_SEED, batch=64):
     """
     check_int("n", n, lo=1, where="niah_grid")
     check_int("batch", batch, lo=1, where="niah_grid")
+    check_int("seed", seed, lo=0, where="niah_grid")
     _check_model_task("niah_grid", model, task)
+    lengths, depths = _check_grid_axes("niah_grid", lengths, depths)
     for T in lengths:
         check_int("lengths 的每一项", T, lo=1, where="niah_grid")
+        _check_activations("niah_grid", "[min(batch, n), lengths 的一项]", min(batch, n), T, model.tok.embedding_dim,
+                           model.tok.num_embeddings, [b.attn for b in model.blocks], _d_ff(model))
     for depth in depths:
         check_real("depths 的每一项", depth, lo=0, hi=1, where="niah_grid")
     model.eval()
@@ -835,6 +866,7 @@ def cached_grid(task, name, model, lengths, depths, n=64, seed=EVAL_SEED, varian
 
 def niah_heatmap(ax, grid, lengths, depths):
     """在 ax 上画 NIAH 准确率表（行 = 深度，列 = 长度，每格写出数字，0 红 1 绿），返回 imshow 的图像（给 colorbar）。"""
+    _check_heatmap(ax, grid, lengths, depths)
     acc = [[grid[(T, d)] for T in lengths] for d in depths]
     im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     for i, row in enumerate(acc):
@@ -853,6 +885,9 @@ def demo_start(description, quick_help):
     真正用到的那几个。要换种子：改这几个常量（或 CHECKPOINTS 的 cfg["seed"]），再删掉 checkpoints/ 里的旧文件、
     重新训练（检查点的配置里只记了 cfg["seed"]：别的种子改了，旧的检查点和 NIAH 表照样会被读到）。
     """
+    for name, text in (("description", description), ("quick_help", quick_help)):
+        if not isinstance(text, str):
+            raise TypeError(f"demo_start：{name} 必须是 str，收到 {type(text).__name__}")
     import argparse
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help=quick_help)
@@ -873,6 +908,7 @@ class RingLedger:
 
     def __init__(self, P):
         self.P = check_int("P", P, lo=1, where="RingLedger")
+        _check_fits("RingLedger", f"P={self.P} 个设备的账本（Python 列表）", 64 * self.P)
         self.sent = [0] * self.P
         self.work = []
 
@@ -887,6 +923,7 @@ class RingLedger:
 def shard_index(N, P, layout):
     """每块设备拿哪些 token：contiguous → 第 r 段连续的 N/P 个；striped → token t 给设备 t mod P。"""
     N = check_int("N", N, lo=1, where="shard_index")
+    _check_fits("shard_index", f"N={N} 个 token 的下标（int64）", 16 * N)
     P = check_int("P", P, lo=1, hi=N, where="shard_index")
     check_choice("layout", layout, LAYOUTS, where="shard_index")
     if layout != "striped":
@@ -971,6 +1008,8 @@ def _check_ring(Q, K, V, P, causal, layout):
     check_bool("causal", causal, where=w)
     check_choice("layout", layout, LAYOUTS, where=w)
     N, d = Q.shape[-2], Q.shape[-1]
+    if N < 1 or d < 1:     # d = 0：缩放 d^(−1/2) 是除以零
+        raise ValueError(f"{w}：Q、K、V 的 N、d 都必须 ≥ 1，收到形状 {tuple(Q.shape)}")
     if N % P:
         raise ValueError(f"{w}：序列长度 N = {N} 必须能被设备数 P = {P} 整除")
     return N, d
@@ -1340,6 +1379,74 @@ def _check_mask_kw(mask_kind, mask_kw):
     _check_mask_args(mask_kind, 1, kw.get("window", 16), kw.get("stride", 8),
                      kw.get("segments", ((8, 1), (32, 4), (128, 16))))
     return kw
+
+
+def _check_sizes(where, d_model, n_heads, d_ff, n_layers, vocab=0):
+    """模型的宽度：整数，而且 n_layers 层的参数（float32）放得进内存。在建任何一层之前查（消息写调用者传的参数名）。"""
+    d_model = check_int("d_model", d_model, lo=2, where=where)
+    check_int("n_heads", n_heads, lo=1, where=where)
+    d_ff = check_int("d_ff", d_ff, lo=1, where=where)
+    n = n_layers * (4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model) + 2 * vocab * d_model + d_model
+    what = f"d_model={d_model}、d_ff={d_ff}、n_layers={n_layers}" + (f"、vocab_size={vocab}" if vocab else "")
+    _check_fits(where, f"{what} 的 {n:,} 个参数（float32）", 4 * n)
+
+
+def _check_activations(where, what, B, T, d, V, attns, d_ff=0, train=0):
+    """一次前向的激活 [B, T, ·]（训练时每层都留着）加上显式的 [T, T] 掩码 / [B, H, T, T] 分数。"""
+    per_token = 8 * d + 3 * d_ff + 2 * V
+    n = 4 * B * T * per_token * (train + 2)
+    for attn in attns[:1]:
+        if attn.mask_kind != "full":
+            n += 26 * T * T + 2 * 4 * B * attn.h * T * T
+        if attn.keep_attn:
+            n += 3 * 4 * B * attn.h * T * T
+    _check_fits(where, f"{what} = [{B}, {T}] 的激活与注意力分数", n)
+
+
+def _d_ff(model):
+    return model.blocks[0].ffn.w_gate.out_features
+
+
+def _check_x(where, x, d, attns):
+    if not torch.is_tensor(x) or x.ndim != 3 or x.shape[-1] != d or not x.is_floating_point():
+        what = f"形状 {tuple(x.shape)}、dtype={x.dtype}" if torch.is_tensor(x) else type(x).__name__
+        raise TypeError(f"{where}：x 必须是 [B, T, d_model={d}] 的浮点张量，收到 {what}")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{where}：x 不能是空的，收到形状 {tuple(x.shape)}")
+    _check_activations(where, "x 的 [B, T]", x.shape[0], x.shape[1], d, 0, attns)
+
+
+def _check_device(where, device):
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{where}：device 必须是 torch.device 或 'cpu' / 'cuda' 这样的名字，收到 {device!r}") from None
+
+
+def _check_grid_axes(where, lengths, depths):
+    out = []
+    for name, axis in (("lengths", lengths), ("depths", depths)):
+        if isinstance(axis, (str, bytes)) or not hasattr(axis, "__iter__"):
+            raise TypeError(f"{where}：{name} 必须是数的序列（list / tuple），收到 {type(axis).__name__}")
+        axis = list(axis)
+        if not axis:
+            raise ValueError(f"{where}：{name} 不能是空的")
+        out.append(axis)
+    return out
+
+
+def _check_heatmap(ax, grid, lengths, depths):
+    w = "niah_heatmap"
+    if not hasattr(ax, "imshow"):
+        raise TypeError(f"{w}：ax 必须是 matplotlib 的 Axes，收到 {type(ax).__name__}")
+    if not isinstance(grid, dict):
+        raise TypeError(f"{w}：grid 必须是 niah_grid 返回的 dict，收到 {type(grid).__name__}")
+    lengths, depths = _check_grid_axes(w, lengths, depths)
+    missing = [(T, d) for d in depths for T in lengths if (T, d) not in grid]
+    if missing:
+        raise ValueError(f"{w}：grid 里缺 {len(missing)} 格（lengths × depths），例如 {missing[0]}")
+    for key in ((T, d) for d in depths for T in lengths):
+        check_real(f"grid[{key}]", grid[key], lo=0, hi=1, where=w)
 
 
 def _check_ids(ids, vocab):

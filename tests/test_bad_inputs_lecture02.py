@@ -206,7 +206,8 @@ for _flag in ("last_only", "use_rope", "causal", "return_hidden"):
     CASES += _cases_for("forward", lambda v, f=_flag: TL.forward(P, CFG, TOK, **{f: v}), _flag, FLAG_BAD[:2])
 CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, rope_pos0=v), "rope_pos0",
                     [(-1, ValueError), (1.5, TypeError)])
-CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, counter=v), "counter", [(5, TypeError), ("c", TypeError)])
+CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, counter=v), "counter",
+                    [(5, TypeError), ("c", TypeError)])
 CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, linear_fn=v), "linear_fn", [(5, TypeError)])
 CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, cache=v), "cache",
                     [(5, TypeError), (TL.KVCache(CFG, 2), ValueError)])
