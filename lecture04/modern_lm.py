@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import (check_bool, check_choice, check_int, check_real, fmt_bytes, format_table,  # noqa: E402,F401
-                          read_json_dict, sha256_file, update_json)
+                          machine_memory_bytes, read_json_dict, sha256_file, update_json)
 from llm_math import ModelConfig  # noqa: E402
 
 sys.path.insert(0, HERE)
@@ -911,15 +911,7 @@ def _check_eval_args(where, model, lang, seq, batch, seed, n_batches=1):
 _TORCH_SEED_MAX = 2 ** 64 - 1     # torch.manual_seed 收得下的最大种子；种子一律是 0 … 这个数的整数（numpy 的不设上限）
 
 
-def _memory_bytes():
-    """本机的物理内存（字节）；读不到时按 64 GiB 算。"""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 64 * 2 ** 30
-
-
-_MEMORY_BYTES = _memory_bytes()
+_MEMORY_BYTES = machine_memory_bytes() or 64 * 2 ** 30     # 读不到本机内存时按 64 GiB 算
 
 
 def _check_fits(where, what, nbytes):
