@@ -40,7 +40,8 @@ def test_discover_rules(tmp_path):
         ("lecture02/lab.py", "selftest"), ("lecture02/01_a.py", "demo"), ("lecture02/02_b.py", "demo"),
         ("lecture02/bench/sweep.py", "bench")]
     argv = {it.kind: it.argv("py")[1:] for it in items}
-    assert argv["bench"][0].endswith(os.path.join("lecture02", "bench", "sweep.py")) and argv["bench"][1:] == ["--replot"]
+    assert argv["bench"][0].endswith(os.path.join("lecture02", "bench", "sweep.py"))
+    assert argv["bench"][1:] == ["--replot"]
     assert argv["demo"][1:] == ["--quick"] and argv["selftest"][1:] == []
     assert items[-1].argv("py", full=True)[-1] == "--replot"             # --full 只影响演示
     with pytest.raises(ValueError, match="lecture99"):
@@ -84,7 +85,8 @@ def test_labload_shares_one_copy_of_a_uniquely_named_module():
 
 
 def test_check_all_prints_each_item_once(capsys, monkeypatch):
-    # 每项完成时打印一行，最后不再把整张表重印一遍。只测打印：run_item 换成立刻返回成功的替身（各项真的跑一遍是 test_item 的事）
+    # 每项完成时打印一行，最后不再把整张表重印一遍。
+    # 只测打印：run_item 换成立刻返回成功的替身（各项真的跑一遍是 test_item 的事）
     calls = []
 
     def fake_run_item(item, **kw):

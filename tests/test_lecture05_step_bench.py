@@ -273,7 +273,8 @@ def test_measure_runs_on_cpu_quick(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        res = bench.measure((sb.TINY,), bench.QUICK_GRID, "cpu", torch.float32, str(out), quick=True, log=lambda s: None)
+        res = bench.measure((sb.TINY,), bench.QUICK_GRID, "cpu", torch.float32, str(out), quick=True,
+                            log=lambda s: None)
     finally:
         torch.set_num_threads(threads)
     back, configs = sb.load_results(str(out))

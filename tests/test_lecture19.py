@@ -4,7 +4,8 @@ _selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里
 环形注意力（模拟）在随机形状、两种切法、因果与否、随机 P 上 = 整条序列的注意力（float64）；
 真的 torch.distributed 环形注意力（2 个进程、gloo）= 整条序列的注意力，发送量 = RingLedger；
 时间线的算术（被盖住的长度、每轮汇总）在合成区间上的性质，记录器（RingEvents）在 gloo 上不改变输出；
-工作台 bench/ring_multi_gpu.py 的块函数（aten / Triton 的布局换算 / 显式核）和时间线的汇总、合并、报告、画图（合成数据）；
+工作台 bench/ring_multi_gpu.py 的块函数（aten / Triton 的布局换算 / 显式核）和时间线的汇总、合并、报告、
+画图（合成数据）；
 掩码按定义逐项核对；任务的不变量；提交的检查点能读、SHA-256 对得上、在没用过的针上准确率 ≥ 0.9；
 损坏 / 配置不符的检查点会带警告重新训练；坏输入报错。
 """
@@ -277,7 +278,8 @@ def _check_block_fn(block, seed=7, atol=1e-12):
 
 
 def test_bench_ring_flash_block_matches_full_attention():
-    """工作台 ring_multi_gpu.py 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：逐设备、逐轮合并 = 整条注意力。"""
+    """工作台 ring_multi_gpu.py 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：
+    逐设备、逐轮合并 = 整条注意力。"""
     demo = _bench_ring()
     demo._flash_state = demo._explicit_state              # flash_block 现在 = explicit_block（CPU 测量用的块）
     _check_block_fn(demo.flash_block)
@@ -368,7 +370,7 @@ def test_ring_events_gloo_record_without_changing_output():
 def _synthetic_variant(demo, name, slow=0.0, block="aten"):
     """
     一个变体的 JSON（两个进程、两个长度），样本由已知的区间造出来，走 rank_summary 同一条路。
-    meta 和真的一样总带 triton 版本（course_utils.gpu_meta 给的），不管这个变体用不用 Triton。
+    meta 和真的一样总带 triton 版本（gpu_timing.gpu_meta 给的），不管这个变体用不用 Triton。
     """
     lengths = []
     for n in (4096, 16384):
@@ -499,7 +501,7 @@ def test_bench_ring_merge_refuses_damaged_results(tmp_path):
 
 
 def test_bench_ring_variant_meta_on_cpu():
-    """CPU（gloo）上变体的 meta 也来自 course_utils.gpu_meta：有 torch / triton 版本和日期，gpu 写成 cpu (gloo)。"""
+    """CPU（gloo）上变体的 meta 也来自 gpu_timing.gpu_meta：有 torch / triton 版本和日期，gpu 写成 cpu (gloo)。"""
     import argparse
     demo = _bench_ring()
     args = argparse.Namespace(variant="v", block="explicit", seed=0, sizes="cpu")

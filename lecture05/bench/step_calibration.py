@@ -36,7 +36,8 @@ import torch  # noqa: E402
 import serving_sim as ss  # noqa: E402
 import step_bench as sb  # noqa: E402
 from course_utils import committed_figure, fmt_bytes, format_table, pyplot, save_figure  # noqa: E402
-from course_utils import capture_graph, cuda_time, gpu_meta  # noqa: E402
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
+from gpu_timing import capture_graph, cuda_time, gpu_meta  # noqa: E402
 
 SKIP = 77
 BAND = 1.25            # 图里的带：模型 / 实测在 [1/1.25, 1.25] 之内
@@ -55,7 +56,7 @@ PROFILE_POINTS = {"prefill": {"kind": "prefill", "n_prompts": 1, "prompt_len": 1
 # 1. 测量（GPU；--device cpu --quick 在 CPU 上走一遍）
 # =============================================================================
 def time_fn(fn, device, trial_s=TRIAL_S, trials=TRIALS):
-    """一次 fn() 的时间（秒）和每组的次数 reps。GPU：course_utils.cuda_time（CUDA 事件，组内不同步主机）；
+    """一次 fn() 的时间（秒）和每组的次数 reps。GPU：gpu_timing.cuda_time（CUDA 事件，组内不同步主机）；
     CPU：perf_counter。reps 让每组大约 trial_s 秒。"""
     if device.type == "cuda":
         one = cuda_time(fn, 1, trials=1, warmup=1)
@@ -219,7 +220,7 @@ def _write_json(res, path):
 
 
 def run_meta(device, dtype, quick, budget_s):
-    """测量文件里"在哪、怎么测的"：GPU、驱动、torch / CUDA 版本、日期（course_utils.gpu_meta）、dtype、计时方法。"""
+    """测量文件里"在哪、怎么测的"：GPU、驱动、torch / CUDA 版本、日期（gpu_timing.gpu_meta）、dtype、计时方法。"""
     meta = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "quick": quick,
             "budget_s": budget_s, "chip_for_model": sb.CHIP.name,
             "timing": f"CUDA events; warm-up, then the fastest of {TRIALS} groups of reps "

@@ -43,6 +43,7 @@ LESSON = os.path.dirname(HERE)                              # lecture19：工作
 sys.path.insert(0, LESSON)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 sys.path.insert(0, os.path.join(LESSON, "..", "prereq5"))
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))          # gpu_timing
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ring_multi_gpu.json")
@@ -153,8 +154,8 @@ def _block_mode(qpos, kpos, causal):
 # 测量（torchrun，一个进程一块 GPU）
 # =============================================================================
 def _cuda_time(fn, reps):
-    """course_utils.cuda_time：预热一次，7 组、每组连着 reps 次取平均，取最快的一组（秒）。"""
-    from course_utils import cuda_time
+    """gpu_timing.cuda_time：预热一次，7 组、每组连着 reps 次取平均，取最快的一组（秒）。"""
+    from gpu_timing import cuda_time
     return cuda_time(fn, reps, trials=7)
 
 
@@ -281,7 +282,7 @@ def measure(out_path, seed):
     if not torch.cuda.is_available():
         print("SKIP: --measure 需要 CUDA GPU（每个进程一块），用 torchrun --nproc_per_node=P 启动")
         sys.exit(SKIP)
-    import comm_sim as cs
+    from gpu_timing import nccl_environment
     import long_lab as ll
     import ring_dist as rd
     rank, world, device = rd.init_distributed()
@@ -293,7 +294,7 @@ def measure(out_path, seed):
         if rank == 0:
             print(f"n = {n}: {times[-1]}", flush=True)
     if rank == 0:
-        res = {"meta": {**cs.nccl_environment(torch), "heads": HEADS, "d": D, "dtype": "bfloat16", "world": world,
+        res = {"meta": {**nccl_environment(torch), "heads": HEADS, "d": D, "dtype": "bfloat16", "world": world,
                         "seed": seed, "layout_timed": "striped", "causal_timed": True,
                         "timing": "CUDA events, warm-up then fastest of 7 groups of reps; max over ranks"},
                "checks": checks, "times": times}
@@ -380,9 +381,9 @@ class _Stopwatch:
 
 
 def _time_fn(torch, fn, device, reps):
-    """一次 fn() 的时间（秒）：GPU 上 course_utils.cuda_time（3 组取最快），CPU 上 3 次取最快。"""
+    """一次 fn() 的时间（秒）：GPU 上 gpu_timing.cuda_time（3 组取最快），CPU 上 3 次取最快。"""
     if device.type == "cuda":
-        from course_utils import cuda_time
+        from gpu_timing import cuda_time
         return cuda_time(fn, reps, trials=3)
     import time
     best = float("inf")
@@ -507,15 +508,15 @@ def _per_rank(ranks, key, mult=1.0):
 
 
 def _variant_meta(torch, args, cfg, world, sleep_cycles, device):
-    """这个变体"在哪、怎么测的"：course_utils.gpu_meta（GPU 上经 comm_sim.nccl_environment，加 NCCL 版本；
+    """这个变体"在哪、怎么测的"：gpu_timing.gpu_meta（GPU 上经 gpu_timing.nccl_environment，加 NCCL 版本；
     都带 triton 版本）+ NCCL 环境变量、尺寸、种子。"""
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL"))}
     if device.type == "cuda":
-        import comm_sim as cs
-        meta = cs.nccl_environment(torch)
+        from gpu_timing import nccl_environment
+        meta = nccl_environment(torch)
         meta.pop("topology", None)                 # 拓扑已经在文件的 meta 里
     else:
-        from course_utils import gpu_meta
+        from gpu_timing import gpu_meta
         meta = dict(gpu_meta(torch), gpu="cpu (gloo)")
     meta.update(variant=args.variant, block=args.block, env=env, world=world, heads=cfg["heads"], d=cfg["d"],
                 dtype=cfg["dtype"], layout="striped", causal=True, seed=args.seed, preroll_s=PREROLL_S,

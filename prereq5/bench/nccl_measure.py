@@ -31,8 +31,9 @@ LESSON = os.path.dirname(HERE)                              # prereq5：工作�
 sys.path.insert(0, LESSON)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import (committed_figure, cuda_time, fmt_bytes, format_table, load_json, pyplot,  # noqa: E402
-                          save_figure)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
+from course_utils import committed_figure, fmt_bytes, format_table, load_json, pyplot, save_figure  # noqa: E402
+from gpu_timing import cuda_time, nccl_environment  # noqa: E402
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "nccl_measure.json")
@@ -96,7 +97,7 @@ def measure(out_path):
             rows.append({"collective": name, "bytes": n_bytes, "seconds": float(t[0]), "iters": iters})
         del ops
     if rank == 0:
-        result = {"meta": {**cs.nccl_environment(torch), "world": world, "dtype": "float32", "max_abs_error": err,
+        result = {"meta": {**nccl_environment(torch), "world": world, "dtype": "float32", "max_abs_error": err,
                            "timing": "CUDA events around `iters` back-to-back calls after 5 warm-ups; "
                                      "fastest of 5 such groups; max over ranks of the per-call mean"},
                   "rows": rows}
