@@ -35,7 +35,7 @@ $(STAMP): requirements.txt tools/pick_torch.py
 	@$(PY) -c 'import numpy, torch, matplotlib; print(f"环境就绪：numpy {numpy.__version__}, torch {torch.__version__}, CUDA {torch.cuda.is_available()}")'
 	@touch $(STAMP)
 
-check-all: setup  ## 全部自检 + 全部演示（--quick），打印 ✓/✗/skip 表
+check-all: setup  ## 全部自检 + 全部演示（--quick）+ 各讲 bench/ 的工作台（--replot，不用 GPU），打印 ✓/✗/skip 表
 	@$(PY) tools/check_all.py
 
 check-%: setup  ## （模式）只检查一个讲次，如 make check-lecture02

@@ -15,9 +15,9 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
     committed_figure(script, name, replot)   已提交的图 <script 所在文件夹>/results/<name>：只有 replot 时才给路径
     pyplot() / merge_identical(series)   Agg 后端 + 投影用的字号（所有文字 ≥ MIN_FONT_PT = 12 磅）；重合曲线合成一条
     check_int / check_real / check_bool / check_choice / check_array / check_dtype / check_seed / check_memory
-                  参数检查（类型、范围、取值、dtype、种子 = 整数 ≥ 0 或 np.random.Generator、分配前的大小）：「[where：]参数 必须是…」
-    cuda_time / wall_per_call(_many) / capture_graph / graph_matches_eager / gpu_meta / nvidia_smi / load_json
-                                    GPU 测量脚本共用：CUDA 事件计时、主机时间、CUDA 图核对、"在哪测的"、读结果
+                  参数检查（类型、范围、取值、dtype、种子 = 整数 ≥ 0 或 np.random.Generator、分配前的大小）
+    load_json(path)                 读已提交的结果 JSON（不存在时 None）
+                                    （GPU 计时和"在哪测的"只有测量脚本用：在 lecture01/bench/gpu_timing.py）
     ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）
     sha256_file / read_json_dict / update_json   检查点的 manifest、结果缓存、已提交的结果（strict=True）：
                                     核对文件、加锁的读-改-写
@@ -287,139 +287,6 @@ def committed_figure(script, name, replot):
         raise ValueError(f"committed_figure：name 必须是 results/ 里的文件名，以 .png 结尾、不带文件夹，收到 {name!r}")
     return os.path.join(os.path.dirname(os.path.abspath(script)), "results", name) if replot else None
 
-
-
-# =============================================================================
-# GPU 计时
-# =============================================================================
-def cuda_time(fn, reps, trials=5, warmup=1):
-    """
-    GPU 上一次 fn() 的时间（秒）：先预热 warmup 次，再 trials 组、每组连着调 reps 次，用 CUDA 事件量一组的平均，
-    取最快的一组。组内不同步主机（事件记在流上）；取最快的一组，是为了不把偶然的卡顿（建通道、别的进程、
-    频率爬升）算进去。torch 只在调用时导入（本模块只依赖标准库）。
-    """
-    import torch
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / reps)
-    return best
-
-
-def wall_per_call(fn, calls, warmup=20, trials=5):
-    """
-    每次调用的墙钟时间（秒）：calls 次分成 trials 组连续调用，每组前后各同步一次 GPU，取最快一组的平均。
-    主机比 GPU 慢时，这就是每次调用的主机时间。取最快的一组（和 cuda_time 一样）：共用的主机上别的进程、
-    中断只会让一组变慢，不会变快。几个调用要互相比较时用 wall_per_call_many（轮流量）。
-    """
-    check_int("trials", trials, lo=1, where="wall_per_call")
-    return _wall_rounds({0: fn}, calls, warmup, trials, "wall_per_call")[0]
-
-
-def wall_per_call_many(fns, calls, warmup=20, rounds=5):
-    """
-    {名字: fn} → {名字: 每次调用的墙钟时间（秒）}。每个 fn 的 calls 次分成 rounds 轮，每一轮把所有 fn 各量一组，
-    各取最快的一轮。轮流量而不是一个量完再量下一个：共用主机上的慢段常常持续好几秒，一个一个量时先量的和后量的
-    会落在不同的段里（同一个 SDPA 调用在几次运行里量出 23–41 µs），轮流量时每个 fn 都有几组落在快的段里。
-    【报错】fns 不是 {名字: 可调用} → TypeError；calls、rounds < 1、warmup < 0、calls < rounds（每组不到一次调用）
-    → ValueError。
-    """
-    check_int("rounds", rounds, lo=1, where="wall_per_call_many")
-    return _wall_rounds(fns, calls, warmup, rounds, "wall_per_call_many")
-
-
-def _wall_rounds(fns, calls, warmup, rounds, where):
-    import time
-    from collections.abc import Mapping
-
-    import torch
-    if not isinstance(fns, Mapping) or not all(callable(f) for f in fns.values()):
-        raise TypeError(f"{where}：fns 必须是 {{名字: 可调用}}，收到 {type(fns).__name__}")
-    check_int("calls", calls, lo=rounds, where=where)
-    check_int("warmup", warmup, lo=0, where=where)
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    per = calls // rounds
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(per):
-                fn()
-            torch.cuda.synchronize()
-            best[name] = min(best[name], (time.perf_counter() - t0) / per)
-    return best
-
-
-def capture_graph(fn, calls=1, warmup=2):
-    """
-    把 calls 次 fn() 录进一张 CUDA 图，返回 (graph, 最后一次调用的返回值)。录之前在旁路 stream 上先调 warmup 次：
-    编译、autotune、cuBLAS / SDPA 的工作区、快速路径的记录都在图外完成（图里只有内核启动）。
-    """
-    import torch
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    out = None
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            out = fn()
-    return graph, out
-
-
-def graph_matches_eager(fn, inputs):
-    """
-    把 fn() 录进 CUDA 图（capture_graph），原地换一组随机输入后重放，再直接调用一次，两者逐位比较。
-    fn 每次可能写同一个张量（out=），所以先拷走重放的结果。
-    """
-    import torch
-    graph, out = capture_graph(fn, warmup=1)
-    for t in inputs:
-        t.copy_(torch.randn_like(t))
-    graph.replay()
-    replayed = out.clone()
-    return bool(torch.equal(replayed, fn()))
-
-
-def nvidia_smi(field):
-    """nvidia-smi --query-gpu=<field> 的第一行（如 "driver_version"）；没有 nvidia-smi 时返回 "unknown"。"""
-    import subprocess
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
-        return out.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
-
-
-def gpu_meta(torch, **extra):
-    """
-    测量结果里"在哪测的"：GPU、驱动、torch / CUDA / triton 版本、日期，再加上调用者给的键。
-    没有 CUDA（torch.cuda.is_available() 为假）时 gpu、driver 是 None，其余照样填：CPU 上的测量也能用它。
-    """
-    import datetime
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    cuda = torch.cuda.is_available()
-    return dict(gpu=torch.cuda.get_device_name() if cuda else None,
-                driver=nvidia_smi("driver_version") if cuda else None, torch=torch.__version__,
-                cuda=torch.version.cuda, triton=triton_version, date=datetime.date.today().isoformat(), **extra)
 
 
 def ratio_errors(ratios):

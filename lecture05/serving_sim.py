@@ -7,7 +7,7 @@ serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几�
 
 【里面有什么】
     时间模型    StepCost、StepModel（prefill / decode / 混合一步的时间、KV 容量、TP 的 all-reduce）、A100_40G；
-               H200_MEASURED、h200_measured_step（H200 上实测拟合的 mfu / mbu / 每层开销：step_bench.py 与演示 06）
+               H200_MEASURED、h200_measured_step（H200 上实测拟合的 mfu / mbu / 每层开销：lecture05/bench/）
     请求与指标  Request、make_requests / sample_lengths（泊松到达、长度分布）、summarize（TTFT / TPOT / goodput）、
                littles_law / occupancy / time_average
     调度模拟    simulate_static（静态批处理，FasterTransformer 式）、simulate_continuous（迭代级，可选分块 prefill）；
@@ -58,15 +58,15 @@ GPU_MEM_UTIL = 0.9     # 可用显存比例：vLLM gpu_memory_utilization 的老
 ACT_BYTES = 2.0        # all-reduce 传的激活是 BF16
 
 # ---- H200 上实测拟合的参数（不是假设）----
-# step_bench.py --measure 在 H200 上测 Llama-3.2-1B / 3.1-8B 形状的 prefill 与 decode（results/step_measure.json），
-# 演示 06_step_calibration.py 拟合 StepModel：mfu、mbu 共用；开销按层给（秒/层，h200_measured_step 乘模型的 n_layers：
-# 主机开销来自内核启动，一步的内核数和层数成正比）。overhead_eager_per_layer = 逐个启动内核（PyTorch eager），
-# overhead_graph_per_layer = 整步录成 CUDA graph 后。拟合后中位误差 29% → 11%（102 个点，演示 06 逐点列出）。
-# tests/test_lecture05_step_bench.py 断言它等于对已提交 JSON 的拟合：数据变了，这里必须跟着改。
-H200_MEASURED = {"mfu": 0.75546, "mbu": 0.85052,
-                 "overhead_eager_per_layer": 0.00047762, "overhead_graph_per_layer": 0.00011634,
-                 "source": "measured on NVIDIA H200 2026-11-30, torch 2.11.0+cu130; "
-                           "lecture05/results/step_measure.json"}
+# 工作台 lecture05/bench/step_calibration.py 在 H200 上测 Llama-3.2-1B / 3.1-8B 形状的 prefill 与 decode，
+# 拟合 StepModel：mfu、mbu 共用；开销按层给（秒/层，h200_measured_step 乘模型的 n_layers：主机开销来自
+# 内核启动，一步的内核数和层数成正比）。overhead_eager_per_layer = 逐个启动内核（PyTorch eager），
+# overhead_graph_per_layer = 整步录成 CUDA graph。拟合后的中位误差约 11%，所以只写 3 位有效数字；
+# "source" 是出处。tests/test_lecture05_step_bench.py 断言它等于对已提交 JSON 的拟合：数据变了，这里必须跟着改
+# （工作台打印要粘贴的三行）。
+H200_MEASURED = {"mfu": 0.755, "mbu": 0.851, "overhead_eager_per_layer": 0.000478, "overhead_graph_per_layer": 0.000116,
+                 "source": "NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, CUDA 13.0, 2026-11-30; "
+                           "fit of lecture05/bench/results/step_measure.json"}
 
 # Orca / DistServe 实验用的 A100 40GB
 # （312 TFLOPS BF16 稠密、1555 GB/s、NVLink3 每方向 300 GB/s [S1, S3]）。
@@ -373,8 +373,8 @@ def h200_measured_step(model, mode="graph", **kw):
     """
     check_choice("mode", mode, ("eager", "graph"), where="h200_measured_step")
     if H200_MEASURED is None:
-        raise ValueError("H200_MEASURED 还没有填：在 H200 上运行 python3 lecture05/step_bench.py --measure，"
-                         "再运行 lecture05/06_step_calibration.py，把它打印的四行粘贴进 serving_sim.py")
+        raise ValueError("H200_MEASURED 还没有填：在 H200 上运行 python3 lecture05/bench/step_calibration.py "
+                         "--measure，再不带 --measure 运行它，把它打印的三行粘贴进 serving_sim.py")
     _check_model_chip(model, hw_specs.H200)
     p = H200_MEASURED
     return StepModel(model, hw_specs.H200, mfu=p["mfu"], mbu=p["mbu"],

@@ -11,8 +11,8 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
     模型    LlamaShaped（RMSNorm、RoPE、SwiGLU 用第 4 讲 modern_lm 的积木；qkv 一个矩阵；lm_head 按 tied 共享词嵌入）、
             build_model（meta 设备上建，再在目标设备上随机初始化）、alloc_cache（预分配的 KV cache）、
             reference_logits（不用 cache、不用 SDPA 的朴素注意力：等价性检查的参考）
-    测量    plan_points（网格）、measure（CUDA 事件计时；放不下的点记 skipped 和原因）、
-            profile_kernels（PROFILE_POINTS 两个形状每步几个内核）
+    网格    plan_points（测哪些点）、point_shape / point_bytes / fits_chip（每点的形状、显存、放不放得下）；
+            GPU 上的计时在 lecture05/bench/step_calibration.py（--measure），结果读回用 load_results
     拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、predict（一步的公式，向量化）、log_loss、
             step_overhead（参数 → 这一点的每步开销：拟合的按层、默认假设按步）、
             fit_step_params（平方对数比：对数网格穷举 + 坐标搜索）、fit_loss（任意参数下的平方对数比之和）、
@@ -31,23 +31,19 @@ step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的
     step_overhead 给 StepModel 的 overhead = 每层 × n_layers）。默认假设不是这个形式（每步 1 ms，不分层数、不分
     mode）：DEFAULT_PARAMS = {"mfu", "mbu", "overhead_per_step"}；step_overhead 两种都认，compare_points / fit_loss /
     synthetic_points 都经它拿开销。
-    measure 按 plan_points 的顺序测（同一形状的 eager、graph 一组，eager 先）：JSON 里点的顺序就是测量的先后。
+    工作台按 plan_points 的顺序测（同一形状的 eager、graph 一组，eager 先）：JSON 里点的顺序就是测量的先后。
     时间：秒；显存：字节。
 
-【运行】python3 lecture05/step_bench.py                                 # 自检（CPU，几秒）
-        python3 lecture05/step_bench.py --measure                       # H200：约 1–2 分钟，写 results/ 下的 JSON
-        python3 lecture05/step_bench.py --measure --device cpu --quick  # 小模型在 CPU 上走一遍（写到临时目录）
+【运行】python3 lecture05/step_bench.py                 # 自检（CPU，几秒）
+        python3 lecture05/bench/step_calibration.py --measure   # H200 上重测（见 lecture05/bench/README.md）
 【依赖】torch、numpy；../lecture01（llm_math、hw_specs、course_utils）、../lecture04（modern_lm）、serving_sim。
 """
 
-import argparse
 import dataclasses
 import datetime
-import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -63,11 +59,10 @@ for _sub in ("lecture01", "lecture04"):
 import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
-from course_utils import (capture_graph, check_array, check_bool, check_choice, check_int,  # noqa: E402
-                          check_real, cuda_time, fmt_bytes, gpu_meta, load_json, machine_memory_bytes, ratio_errors)
+from course_utils import (check_array, check_bool, check_choice, check_int, check_real,  # noqa: E402
+                          fmt_bytes, load_json, machine_memory_bytes, ratio_errors)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
-SKIP = 77
 ROPE_BASE = 500_000.0       # Llama 3 的 RoPE 底数（只影响数值，不影响时间）
 INIT_STD = 0.02             # 随机权重的标准差（BF16 里 32 层也不溢出）
 CHIP = hw_specs.H200        # 拟合和对照用的芯片（测量在 H200 上）
@@ -78,19 +73,13 @@ EXTRA_DECODE = (("Llama-3.2-1B", 1, 160),)   # 第 11 讲时间线模型的那�
 MODES = ("eager", "graph")
 # --quick：小模型、小网格（CPU 上几秒走完整条代码路径）
 TINY = llm_math.ModelConfig("tiny", n_layers=2, d_model=48, n_heads=6, n_kv_heads=2, d_head=8, d_ff=80, vocab=101)
-QUICK_GRID = {"prefill_n": (1, 2), "prefill_len": (16, 40), "decode_batch": (1, 3), "decode_ctx": (24, 64)}
-TRIAL_S = 0.025             # 每组计时大约多长（秒）：reps = TRIAL_S ÷ 一次的时间，至少 1 次
-TRIALS = 3                  # 几组，取最快的一组（course_utils.cuda_time）
-TIME_BUDGET_S = 210.0       # 测量的时间预算（秒）：超出后剩下的点记为 skipped
 WORKSPACE_BYTES = 1 << 30   # 每个点在 KV 和激活之外留的显存（cuBLAS 工作区、分配器碎片）
-RESULTS = os.path.join(HERE, "results", "step_measure.json")
 FIT_KEYS = ("mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer")   # 拟合的参数（开销：每层秒数）
+# serving_sim.H200_MEASURED 写几位有效数字、和重新拟合差多少算一致（半个末位）：拟合后的中位误差约 11%，更多位没有意义
+CONST_DIGITS = 3
+CONST_RTOL = 0.5 * 10.0 ** (1 - CONST_DIGITS)
 # 默认假设（StepModel 的 mfu 0.6、mbu 0.8、每步 1 ms）：开销按步给，不分层数、不分 mode（step_overhead 认这两种写法）
 DEFAULT_PARAMS = {"mfu": ss.MFU, "mbu": ss.MBU, "overhead_per_step": ss.STEP_OVERHEAD_S}
-# profile_kernels 数内核的两个形状（一次 prefill、一次 eager decode）；结果里记着 "shape"（2026-11-30 提交的 JSON
-# 早于这一项，演示读不到时才用这里的）
-PROFILE_POINTS = {"prefill": {"kind": "prefill", "n_prompts": 1, "prompt_len": 128},
-                  "decode": {"kind": "decode", "batch": 8, "context": 512}}
 
 
 # =============================================================================
@@ -210,7 +199,7 @@ def reference_logits(model, ids):
 
 
 # =============================================================================
-# 2. 测量：网格、计时、显存够不够
+# 2. 测量的网格：每点的形状、显存够不够
 # =============================================================================
 def plan_points(models, grid, modes=MODES, extra=EXTRA_DECODE):
     """测量网格（还没测的点）：每个模型 prefill n × T（eager），decode 批 × 上下文（每种 mode 各一点），加上 extra。"""
@@ -248,26 +237,6 @@ def point_bytes(cfg, p, elem=2):
     return kv, work
 
 
-def time_fn(fn, device, trial_s=TRIAL_S, trials=TRIALS):
-    """一次 fn() 的时间（秒）和每组的次数 reps。GPU：course_utils.cuda_time（CUDA 事件，组内不同步主机）；
-    CPU：perf_counter。reps 让每组大约 trial_s 秒。"""
-    if device.type == "cuda":
-        one = cuda_time(fn, 1, trials=1, warmup=1)
-        reps = max(1, min(500, int(trial_s / max(one, 1e-7))))
-        return cuda_time(fn, reps, trials=trials, warmup=0), reps
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    reps = max(1, min(500, int(trial_s / max(time.perf_counter() - t0, 1e-7))))
-    best = math.inf
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best, reps
-
-
 def fits_chip(cfg, p, chip=CHIP, elem=2):
     """不上卡的估计：llm_math.fit（全课程"放不放得下"的规则；mem_util = 1，即整个可分配显存）的权重 + KV，
     再加上这一点的工作区（point_bytes）。synthetic_points 用它挑点。"""
@@ -278,169 +247,7 @@ def fits_chip(cfg, p, chip=CHIP, elem=2):
     return f.fits and f.need + point_bytes(cfg, p, elem)[1] <= f.usable
 
 
-def no_room(cfg, p, device, elem):
-    """放不下就返回原因（一句话），放得下返回 None。GPU：KV + 工作区 > 此刻的空闲显存（权重已经在卡上）。"""
-    if device.type != "cuda":
-        return None
-    kv, work = point_bytes(cfg, p, elem)
-    free = torch.cuda.mem_get_info()[0]
-    if kv + work <= free:
-        return None
-    return (f"KV cache {fmt_bytes(kv)} + workspace {fmt_bytes(work)} > free {fmt_bytes(free)} "
-            f"(weights {fmt_bytes(cfg.weight_bytes(elem))} already loaded)")
-
-
-@torch.no_grad()
-def profile_kernels(model, device, dtype):
-    """PROFILE_POINTS 的一次 prefill 和一次 eager decode 各启动了多少个 GPU 内核、注意力用的哪个内核
-    （torch.profiler）。用来解释 eager 的开销（每步的启动次数）和 SDPA 选了哪个后端。
-    返回 {kind: {"shape", "n_kernels", "attention_kernels"}}；profiler 失败时是 {"shape", "error"}（形状照记）。"""
-    from torch.profiler import ProfilerActivity, profile
-    out = {}
-    for kind, p in PROFILE_POINTS.items():
-        n, S, T, pos0 = point_shape(p)
-        cache = alloc_cache(model.cfg, n, S, dtype, device).zero_()
-        ids = torch.zeros(n, T, dtype=torch.long, device=device)
-        model(ids, cache, pos0)
-        torch.cuda.synchronize()
-        out[kind] = {"shape": p}                        # 先记形状：profiler 失败时也知道是哪一步没数成
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                model(ids, cache, pos0)
-                torch.cuda.synchronize()
-            names = [e.name for e in prof.events() if str(e.device_type).endswith("CUDA")
-                     and not e.name.startswith(("Memcpy", "Memset"))]
-            attn = sorted({nm[:120] for nm in names if any(w in nm.lower() for w in ("flash", "fmha", "attention",
-                                                                                      "cudnn", "softmax"))})
-            out[kind].update(n_kernels=len(names), attention_kernels=attn)
-        except Exception as e:                          # 只是说明用的信息：profiler 出问题不该让测量失败
-            out[kind]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    return out
-
-
-@torch.no_grad()
-def measure_group(model, group, device, dtype, seed):
-    """测同一个形状的一组点（decode 的 eager 和 graph 共用一份 cache）。结果写进各点的字典。"""
-    cfg = model.cfg
-    n, S, T, pos0 = point_shape(group[0])
-    gen = torch.Generator(device=device).manual_seed(seed)
-    cache = alloc_cache(cfg, n, S, dtype, device)
-    if pos0 > 0:
-        cache.normal_(generator=gen)                  # decode：前 context 格当作已经写好的 KV（随机值）
-    ids = torch.randint(cfg.vocab, (n, T), device=device, generator=gen)
-
-    def step():
-        return model(ids, cache, pos0)
-
-    graph = None
-    try:
-        for p in group:
-            if p["mode"] == "graph":
-                if device.type != "cuda":
-                    p.update(status="skipped", reason="CUDA graph needs a CUDA device")
-                    continue
-                graph = capture_graph(step)[0]
-                sec, reps = time_fn(graph.replay, device)
-            else:
-                sec, reps = time_fn(step, device)
-            p.update(status="ok", seconds=sec, reps=reps, trials=TRIALS)
-    except Exception as e:                              # 如 torch.cuda.OutOfMemoryError：记下原因，接着测别的点
-        for p in group:
-            if "status" not in p:
-                p.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}")
-    finally:
-        graph = cache = None                            # 放掉 cache 和 graph 的显存池，下一点才有地方
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-
-
-def measure(models, grid, device, dtype, out_path, budget_s=TIME_BUDGET_S, quick=False, seed=0, log=print):
-    """测 plan_points(models, grid) 的每一点，写 out_path（每测完一个模型写一次：中途超时也留下已测的）。
-    返回结果字典 {"meta", "models", "points"}。"""
-    device = torch.device(device)
-    t_start = time.perf_counter()
-    points = plan_points(models, grid, MODES, extra=() if quick else EXTRA_DECODE)
-    res = {"meta": run_meta(device, dtype, quick, budget_s),
-           "models": {m.name: dataclasses.asdict(m) for m in models}, "points": points}
-    elem = torch.tensor([], dtype=dtype).element_size()
-    log(f"{len(points)} 个点、{len(models)} 个模型，设备 {device}，{dtype}；时间预算 {budget_s:.0f} s；"
-        f"结果 → {out_path}")
-    for cfg in models:
-        mine = [p for p in points if p["model"] == cfg.name]
-        max_pos = max(point_shape(p)[1] for p in mine)
-        t0 = time.perf_counter()
-        model = build_model(cfg, device, dtype, seed=seed, max_pos=max_pos)
-        log(f"[{time.perf_counter() - t_start:6.1f} s] 建好 {cfg.name}（{time.perf_counter() - t0:.1f} s）")
-        groups = {}
-        for p in mine:
-            groups.setdefault((p["kind"],) + point_shape(p), []).append(p)
-        for group in groups.values():
-            why = no_room(cfg, group[0], device, elem)
-            if why is None and time.perf_counter() - t_start > budget_s:
-                why = f"time budget {budget_s:.0f} s used up"
-            if why is not None:
-                for p in group:
-                    p.update(status="skipped", reason=why)
-            else:
-                measure_group(model, group, device, dtype, seed)
-            log(f"[{time.perf_counter() - t_start:6.1f} s] {cfg.name} " + "；".join(_point_line(p) for p in group))
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        res["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
-        _write_json(res, out_path)
-    if device.type == "cuda" and not quick and time.perf_counter() - t_start < budget_s:
-        # 最后才开 profiler（CUPTI 开过之后可能给后面的每次内核启动添开销，不能让它碰到计时）
-        res["meta"]["kernels"] = {cfg.name: _profile_model(cfg, device, dtype, seed, log) for cfg in models}
-        res["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
-        _write_json(res, out_path)
-    n_ok = sum(p.get("status") == "ok" for p in points)
-    log(f"完成：{n_ok}/{len(points)} 个点测到，{res['meta']['wall_s']} s；写入 {out_path}")
-    return res
-
-
-def _profile_model(cfg, device, dtype, seed, log):
-    model = build_model(cfg, device, dtype, seed=seed, max_pos=1024)
-    prof = profile_kernels(model, device, dtype)
-    log(f"{cfg.name} 每步的 GPU 内核：{json.dumps(prof, ensure_ascii=False)}")
-    del model
-    torch.cuda.empty_cache()
-    return prof
-
-
-def _point_line(p):
-    where = (f"prefill {p['n_prompts']}×{p['prompt_len']}" if p["kind"] == "prefill"
-             else f"decode B={p['batch']} ctx={p['context']}")
-    what = f"{p['seconds'] * 1e3:.3f} ms" if p.get("status") == "ok" else f"{p.get('status')}: {p.get('reason')}"
-    return f"{where} {p['mode']} {what}"
-
-
-def _write_json(res, path):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-
-
-def run_meta(device, dtype, quick, budget_s):
-    """测量文件里"在哪、怎么测的"：GPU、驱动、torch / CUDA 版本、日期（course_utils.gpu_meta）、dtype、计时方法。"""
-    meta = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "quick": quick,
-            "budget_s": budget_s, "chip_for_model": CHIP.name,
-            "timing": f"CUDA events; warm-up, then the fastest of {TRIALS} groups of reps "
-                      f"(~{TRIAL_S * 1e3:.0f} ms each)",
-            "prefill": "n equal prompts from position 0, causal SDPA (enable_gqa); logits for the last token only",
-            "decode": "uniform context; new token at position context attends context + 1 keys; GQA as [B, G, R, dh]",
-            "cache_layout": "[L, 2, B, G, S_max, dh], preallocated; decode cache filled with random values",
-            "graph": "one decode step captured with static inputs (torch.cuda.graph), timed by replay"}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        meta.update(gpu_meta(torch, total_memory=props.total_memory, sm_count=props.multi_processor_count))
-    else:                                   # 在 CPU 上测的：机器上有 GPU 也不记它
-        meta.update(gpu_meta(torch, cpu_threads=torch.get_num_threads()), gpu=None, driver=None)
-    return meta
-
-
-def load_results(path=RESULTS):
+def load_results(path):
     """读测量 JSON（course_utils.load_json），返回 (结果字典, {模型名: ModelConfig})；文件不存在时返回 None。"""
     res = load_json(path)
     if res is None:
@@ -726,20 +533,22 @@ def explain_point(row, cfg, kernels_per_step=None, peers=None):
 
 
 def constant_text(fit, meta):
-    """拟合结果 → 粘贴进 serving_sim.py 的 H200_MEASURED = {...}（5 位有效数字；四行，每行不超过 120 字符）。
+    """拟合结果 → 粘贴进 serving_sim.py 的 H200_MEASURED = {...}（CONST_DIGITS 位有效数字；三行，每行不超过 120 字符）。
+    "source" 是出处：GPU、驱动、torch / CUDA 版本、日期、拟合的哪个 JSON。
     开销是每层的秒数（h200_measured_step 乘模型的 n_layers）。"""
     _check_params(fit, "constant_text", name="fit")
     if not isinstance(meta, dict):
         raise TypeError(f"constant_text：meta 必须是字典（测量结果的 meta），收到 {type(meta).__name__}")
 
     def g(v):
-        return "None" if v is None else f"{v:.5g}"
-    return (f'H200_MEASURED = {{"mfu": {g(fit["mfu"])}, "mbu": {g(fit["mbu"])},\n'
-            f'                 "overhead_eager_per_layer": {g(fit["overhead_eager_per_layer"])}, '
+        return "None" if v is None else f"{v:.{CONST_DIGITS}g}"
+    where = (f"{meta.get('gpu')}, driver {meta.get('driver')}, torch {meta.get('torch')}, CUDA {meta.get('cuda')}, "
+             f"{meta.get('date')}; ")
+    return (f'H200_MEASURED = {{"mfu": {g(fit["mfu"])}, "mbu": {g(fit["mbu"])}, '
+            f'"overhead_eager_per_layer": {g(fit["overhead_eager_per_layer"])}, '
             f'"overhead_graph_per_layer": {g(fit["overhead_graph_per_layer"])},\n'
-            f'                 "source": "measured on {meta.get("gpu")} {meta.get("date")}, '
-            f'torch {meta.get("torch")}; "\n'
-            f'                           "lecture05/results/step_measure.json"}}')
+            f'                 "source": "{where}"\n'
+            f'                           "fit of lecture05/bench/results/step_measure.json"}}')
 
 
 def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
@@ -1096,37 +905,5 @@ def _selftest():
           f"（{time.perf_counter() - t0:.1f} s）")
 
 
-def _parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="StepModel vs 实测的一步（不带 --measure：自检）")
-    ap.add_argument("--measure", action="store_true", help="测量并写 JSON（默认 CUDA）")
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--quick", action="store_true", help="小模型、小网格（写到临时目录）")
-    ap.add_argument("--out", default=None, help=f"结果路径（默认 {os.path.relpath(RESULTS)}；--quick 时在临时目录）")
-    ap.add_argument("--budget-s", type=float, default=TIME_BUDGET_S, help="测量的时间预算，秒")
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
-
-
-def measure_main(args):
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("SKIP: --measure --device cuda 需要 CUDA GPU；在 CPU 上试整条路径用 --device cpu --quick")
-        sys.exit(SKIP)
-    out = args.out or (os.path.join(tempfile.gettempdir(), "step_measure_quick.json") if args.quick else RESULTS)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    if args.device == "cpu":
-        torch.set_num_threads(1)        # 小矩阵上多线程只有同步开销（2 核的课程机上还会互相抢）
-    print(f"随机种子 seed = {args.seed}")
-    res = measure((TINY,) if args.quick else MODELS, QUICK_GRID if args.quick else GRID, args.device, dtype, out,
-                  budget_s=args.budget_s, quick=args.quick, seed=args.seed, log=lambda s: print(s, flush=True))
-    configs = {n: llm_math.ModelConfig(**d) for n, d in res["models"].items()}
-    if any(p.get("status") == "ok" for p in res["points"]) and not args.quick:
-        fit = fit_step_params(res["points"], configs)
-        print("拟合（对 H200 的 StepModel）：\n" + constant_text(fit, res["meta"]))
-
-
 if __name__ == "__main__":
-    _args = _parse_args()
-    if _args.measure:
-        measure_main(_args)
-    else:
-        _selftest()
+    _selftest()

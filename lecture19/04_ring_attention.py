@@ -27,12 +27,13 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import long_lab as L  # noqa: E402
+import ring_dist as RD  # noqa: E402
 from course_utils import fmt_bytes, fmt_time, pyplot, save_figure  # noqa: E402
 
 
 def simulate(N, d, P):
-    Q, K, V = L.make_qkv(N, d, seed=0)
-    ref = L.full_attention(Q, K, V, causal=True)
+    Q, K, V = RD.make_qkv(N, d, seed=0)
+    ref = RD.full_attention(Q, K, V, causal=True)
     out = {}
     rows = []
     for layout in L.LAYOUTS:
@@ -60,13 +61,13 @@ def simulate(N, d, P):
 def real_run(P, N, d, heads):
     jobs = [dict(N=N, d=d, heads=heads, causal=c, layout=lay, seed=1) for c in (True, False) for lay in L.LAYOUTS]
     t0 = time.time()
-    res = L.run_ring(P, jobs)
+    res = RD.run_ring(P, jobs)
     print(f"\n真的跑：{P} 个进程（gloo，CPU），每个 {heads} 个头 × N/P = {N // P} 个 token × d = {d}；"
           f"起进程 + {len(jobs)} 个任务共 {time.time() - t0:.1f} s")
     rows = []
     for job, (O, stats) in zip(jobs, res):
-        Q, K, V = L.make_qkv(N, d, 1, heads)
-        err = (O - L.full_attention(Q, K, V, job["causal"])).abs().max().item()
+        Q, K, V = RD.make_qkv(N, d, 1, heads)
+        err = (O - RD.full_attention(Q, K, V, job["causal"])).abs().max().item()
         assert err < 1e-12, (job, err)
         led = L.ring_attention(Q, K, V, P, job["causal"], job["layout"])[1]
         sent = [sum(r["sent"] for r in st["rounds"]) for st in stats]
@@ -129,22 +130,22 @@ def plot(leds, P, quick, res=None):
 def torchrun_main(N, d, heads):
     """torchrun 起的每个进程进这里：NCCL（有 GPU）或 gloo，各算自己那段，rank 0 拼起来核对。"""
     import torch.distributed as dist
-    rank, P, device = L.init_distributed()
+    rank, P, device = RD.init_distributed()
     try:
         for causal in (True, False):
             for layout in L.LAYOUTS:
-                Q, K, V = L.make_qkv(N, d, 1, heads, dtype=torch.float32)
+                Q, K, V = RD.make_qkv(N, d, 1, heads, dtype=torch.float32)
                 mine = L.shard_index(N, P, layout)[rank]
                 q, k, v = (t[..., mine, :].to(device) for t in (Q, K, V))
                 stats = {}
-                o = L.ring_attention_dist(q, k, v, causal, layout, stats=stats)
+                o = RD.ring_attention_dist(q, k, v, causal, layout, stats=stats)
                 parts = [torch.empty_like(o) for _ in range(P)]
                 dist.all_gather(parts, o.contiguous())
                 if rank == 0:
                     O = torch.empty_like(Q)
                     for r, idx in enumerate(L.shard_index(N, P, layout)):
                         O[..., idx, :] = parts[r].cpu()
-                    ref = L.full_attention(*(t.to(device) for t in (Q, K, V)), causal).cpu()   # 参考在同一设备上算
+                    ref = RD.full_attention(*(t.to(device) for t in (Q, K, V)), causal).cpu()   # 参考在同一设备上算
                     err = (O - ref).abs().max().item()
                     comp = sum(r["compute_s"] for r in stats["rounds"])
                     wait = sum(r["wait_s"] for r in stats["rounds"])

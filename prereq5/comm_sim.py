@@ -41,7 +41,6 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import format_table  # noqa: E402,F401  演示共用的对齐表格（实现在 lecture01/course_utils.py）
 from course_utils import check_choice, check_int, check_memory, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
-from course_utils import gpu_meta  # noqa: E402  测量文件的"在哪测的"（nccl_environment 用；torch 由调用者传入）
 
 # =====================================================================
 # 0. 常量：默认延迟 α，以及 NCCL 自己的延迟表
@@ -743,24 +742,6 @@ def crossover_bytes(collective, p, alpha, beta, algo=None):
 _BUS_FACTOR = {"allreduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
                "allgather": lambda p: (p - 1) / p, "alltoall": lambda p: (p - 1) / p,
                "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0}
-
-
-def nccl_environment(torch):
-    """
-    实测结果文件的"这是在哪测的"：course_utils.gpu_meta（GPU、驱动、torch / CUDA / triton 版本、日期）
-    再加 NCCL 版本、NCCL_NVLS_ENABLE 和 `nvidia-smi topo -m`（GPU 之间怎么连）。
-    传入已导入的 torch（本模块不依赖 torch）；在有 GPU 的机器上、测量脚本里调用。
-    """
-    import subprocess
-    if not hasattr(torch, "cuda") or not hasattr(torch, "__version__"):
-        raise TypeError(f"nccl_environment：torch 必须是已导入的 torch 模块，收到 {type(torch).__name__}")
-    try:
-        topology = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
-                                  timeout=30).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError) as e:
-        topology = f"unavailable: {e}"
-    return gpu_meta(torch, nccl=".".join(map(str, torch.cuda.nccl.version())),
-                    NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE"), topology=topology)
 
 
 def bus_factor(collective, p):

@@ -20,7 +20,7 @@ class Case(NamedTuple):
 
 def params(cases):
     """pytest 参数化：每个用例一个测试，标签当 id。"""
-    labels = [c.label for c in cases]
+    labels = [re.sub(r" at 0x[0-9a-fA-F]+", "", c.label) for c in cases]   # 同一次收集在每个 xdist 进程里都一样
     assert len(set(labels)) == len(labels), "用例标签重复"
     return pytest.mark.parametrize("case", cases, ids=labels)
 

@@ -211,7 +211,8 @@ torch.manual_seed(0)
 MODEL = sb.build_model(TINY, max_pos=16)
 CACHE = sb.alloc_cache(TINY, 1, 16, torch.float32, "cpu")
 IDS = torch.zeros(1, 3, dtype=torch.long)
-PTS = sb.synthetic_points(sb.MODELS, sb.QUICK_GRID,
+GRID = {"prefill_n": (1, 2), "prefill_len": (16, 40), "decode_batch": (1, 3), "decode_ctx": (24, 64)}  # 小网格
+PTS = sb.synthetic_points(sb.MODELS, GRID,
                           {"mfu": 0.7, "mbu": 0.8, "overhead_eager_per_layer": 1e-4, "overhead_graph_per_layer": 1e-6})
 CFGS = {m.name: m for m in sb.MODELS}
 FIT = {"mfu": 0.7, "mbu": 0.8, "overhead_eager_per_layer": 1e-4, "overhead_graph_per_layer": 1e-6}
@@ -280,18 +281,18 @@ CASES_SB = [
     ("rl-too-long", lambda: sb.reference_logits(MODEL, torch.zeros(1, 17, dtype=torch.long)), ValueError, "ids"),
     ("rl-ids-float", lambda: sb.reference_logits(MODEL, torch.zeros(1, 2)), TypeError, "ids"),
     # 网格与点
-    ("pp-models-str", lambda: sb.plan_points("x", sb.QUICK_GRID), TypeError, "models"),
-    ("pp-models-item", lambda: sb.plan_points([TINY, "x"], sb.QUICK_GRID), TypeError, "models"),
-    ("pp-models-empty", lambda: sb.plan_points([], sb.QUICK_GRID), ValueError, "models"),
+    ("pp-models-str", lambda: sb.plan_points("x", GRID), TypeError, "models"),
+    ("pp-models-item", lambda: sb.plan_points([TINY, "x"], GRID), TypeError, "models"),
+    ("pp-models-empty", lambda: sb.plan_points([], GRID), ValueError, "models"),
     ("pp-grid-key", lambda: sb.plan_points([TINY], {"prefill_n": (1,)}), ValueError, "grid"),
     ("pp-grid-str", lambda: sb.plan_points([TINY], "GRID"), ValueError, "grid"),
-    ("pp-grid-int", lambda: sb.plan_points([TINY], dict(sb.QUICK_GRID, prefill_n=4)), TypeError, "grid"),
-    ("pp-grid-zero", lambda: sb.plan_points([TINY], dict(sb.QUICK_GRID, decode_batch=(0,))), ValueError, "grid"),
-    ("pp-grid-float", lambda: sb.plan_points([TINY], dict(sb.QUICK_GRID, prefill_len=(2.5,))), TypeError, "grid"),
-    ("pp-modes-typo", lambda: sb.plan_points([TINY], sb.QUICK_GRID, modes=("eagr",)), ValueError, "modes"),
-    ("pp-modes-str", lambda: sb.plan_points([TINY], sb.QUICK_GRID, modes="eager"), TypeError, "modes"),
-    ("pp-extra-short", lambda: sb.plan_points([TINY], sb.QUICK_GRID, extra=[("tiny", 1)]), ValueError, "extra"),
-    ("pp-extra-zero", lambda: sb.plan_points([TINY], sb.QUICK_GRID, extra=[("tiny", 0, 5)]), ValueError, "extra"),
+    ("pp-grid-int", lambda: sb.plan_points([TINY], dict(GRID, prefill_n=4)), TypeError, "grid"),
+    ("pp-grid-zero", lambda: sb.plan_points([TINY], dict(GRID, decode_batch=(0,))), ValueError, "grid"),
+    ("pp-grid-float", lambda: sb.plan_points([TINY], dict(GRID, prefill_len=(2.5,))), TypeError, "grid"),
+    ("pp-modes-typo", lambda: sb.plan_points([TINY], GRID, modes=("eagr",)), ValueError, "modes"),
+    ("pp-modes-str", lambda: sb.plan_points([TINY], GRID, modes="eager"), TypeError, "modes"),
+    ("pp-extra-short", lambda: sb.plan_points([TINY], GRID, extra=[("tiny", 1)]), ValueError, "extra"),
+    ("pp-extra-zero", lambda: sb.plan_points([TINY], GRID, extra=[("tiny", 0, 5)]), ValueError, "extra"),
     ("ps-str", lambda: sb.point_shape("x"), TypeError, "p"),
     ("ps-kind-typo", lambda: sb.point_shape(dict(PT, kind="prefil")), ValueError, "kind"),
     ("ps-missing", lambda: sb.point_shape({"kind": "prefill", "prompt_len": 4}), TypeError, "n_prompts"),
@@ -372,12 +373,12 @@ CASES_SB = [
     ("ct-fit-missing", lambda: sb.constant_text({"mbu": 0.5}, {}), ValueError, "fit"),
     ("ct-meta-none", lambda: sb.constant_text(FIT, None), TypeError, "meta"),
     # 合成结果、cache 等价
-    ("sp-noise-neg", lambda: sb.synthetic_points(sb.MODELS, sb.QUICK_GRID, FIT, noise=-1), ValueError, "noise"),
-    ("sp-noise-nan", lambda: sb.synthetic_points(sb.MODELS, sb.QUICK_GRID, FIT, noise=math.nan), ValueError, "noise"),
-    ("sp-seed-str", lambda: sb.synthetic_points(sb.MODELS, sb.QUICK_GRID, FIT, seed="x"), TypeError, "seed"),
-    ("sp-seed-neg", lambda: sb.synthetic_points(sb.MODELS, sb.QUICK_GRID, FIT, seed=-1), ValueError, "seed"),
-    ("sp-mfu0", lambda: sb.synthetic_points(sb.MODELS, sb.QUICK_GRID, dict(FIT, mfu=0.0)), ValueError, "mfu"),
-    ("sp-models-str", lambda: sb.synthetic_points("x", sb.QUICK_GRID, FIT), TypeError, "models"),
+    ("sp-noise-neg", lambda: sb.synthetic_points(sb.MODELS, GRID, FIT, noise=-1), ValueError, "noise"),
+    ("sp-noise-nan", lambda: sb.synthetic_points(sb.MODELS, GRID, FIT, noise=math.nan), ValueError, "noise"),
+    ("sp-seed-str", lambda: sb.synthetic_points(sb.MODELS, GRID, FIT, seed="x"), TypeError, "seed"),
+    ("sp-seed-neg", lambda: sb.synthetic_points(sb.MODELS, GRID, FIT, seed=-1), ValueError, "seed"),
+    ("sp-mfu0", lambda: sb.synthetic_points(sb.MODELS, GRID, dict(FIT, mfu=0.0)), ValueError, "mfu"),
+    ("sp-models-str", lambda: sb.synthetic_points("x", GRID, FIT), TypeError, "models"),
     ("sr-models-single", lambda: sb.synthetic_results(FIT, models=TINY), TypeError, "models"),
     ("ce-ndecode0", lambda: sb.check_cache_equivalence(TINY, 1, 3, 0), ValueError, "n_decode"),
     ("ce-prompt0", lambda: sb.check_cache_equivalence(TINY, 1, 0, 2), ValueError, "prompt"),

@@ -160,7 +160,6 @@ CASES += _cases_for("nccl_ring_latency", lambda v: cs.nccl_ring_latency(8, v), "
 CASES += _cases_for("nccl_ring_latency", lambda v: cs.nccl_ring_latency(8, collective=v), "collective",
                     [("alltoall", ValueError)])
 CASES += _cases_for("nccl_ring_latency", cs.nccl_ring_latency, "p", [(0, ValueError), ("8", TypeError)])
-CASES += _cases_for("nccl_environment", cs.nccl_environment, "torch", [(None, TypeError), ("torch", TypeError)])
 SIZES = np.geomspace(1e3, 1e8, 6)
 CASES += _cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(v, cs.allreduce_time(SIZES, 4, 1e-5, 1e-9), 4),
                     "n_bytes", [(SIZES.astype(str), TypeError), (np.ones(6, bool), TypeError),

@@ -1,8 +1,11 @@
-"""每个实验模块的 `_selftest()` 和每个演示脚本的 `--quick`，各在自己的子进程里跑一遍。
+"""每个实验模块的 `_selftest()`、每个演示脚本的 `--quick`、每个工作台脚本（`<讲次>/bench/*.py`）的 `--replot`，
+各在自己的子进程里跑一遍。
 
 项目列表和 `make check-all` 用的是同一个发现逻辑（tools/check_all.py），新讲次自动加入。
 子进程：lecture11 与 lecture18 各有一个 `flash_lab`，不能在同一个进程里导入。
 """
+import os
+
 import pytest
 
 import check_all
@@ -26,10 +29,21 @@ def test_discover_rules(tmp_path):
     (tmp_path / "lecture02" / "02_b.py").write_text("")
     (tmp_path / "lecture02" / "01_a.py").write_text("")
     (tmp_path / "notes" / "lab.py").write_text("def _selftest():\n    pass\n")
+    # 工作台：bench/ 里的 .py 是自己的一类（里面的 _selftest 不算实验模块），_ 开头的辅助文件不跑
+    (tmp_path / "lecture02" / "bench").mkdir()
+    (tmp_path / "lecture02" / "bench" / "sweep.py").write_text((tmp_path / "lecture02" / "lab.py").read_text())
+    (tmp_path / "lecture02" / "bench" / "_common.py").write_text("")
+    (tmp_path / "lecture02" / "bench" / "README.md").write_text("")
     assert check_all.course_folders(str(tmp_path)) == ["prereq5", "lecture02", "lecture10"]
     items = check_all.discover(str(tmp_path))
     assert [(it.label, it.kind) for it in items] == [
-        ("lecture02/lab.py", "selftest"), ("lecture02/01_a.py", "demo"), ("lecture02/02_b.py", "demo")]
+        ("lecture02/lab.py", "selftest"), ("lecture02/01_a.py", "demo"), ("lecture02/02_b.py", "demo"),
+        ("lecture02/bench/sweep.py", "bench")]
+    argv = {it.kind: it.argv("py")[1:] for it in items}
+    assert argv["bench"][0].endswith(os.path.join("lecture02", "bench", "sweep.py"))
+    assert argv["bench"][1:] == ["--replot"]
+    assert argv["demo"][1:] == ["--quick"] and argv["selftest"][1:] == []
+    assert items[-1].argv("py", full=True)[-1] == "--replot"             # --full 只影响演示
     with pytest.raises(ValueError, match="lecture99"):
         check_all.discover(str(tmp_path), folders=["lecture99"])
 
@@ -41,7 +55,7 @@ def test_item(item):
         pytest.skip(f"{item.label}: {info}")
     assert status == "ok", f"{item.label} 失败（{dt:.1f} s）：\n{info}"
     if item.kind == "demo":
-        # --quick 的小图进 figures/quick/，不覆盖 make figures 生成的完整图（issue 10）
+        # --quick 的小图进 figures/quick/，不覆盖 make figures 生成的完整图
         import re
         written = re.findall(r"[\w./\\-]+\.png", info)
         full = [p for p in written if "quick" not in p.replace("\\", "/").split("/")]
@@ -71,7 +85,7 @@ def test_labload_shares_one_copy_of_a_uniquely_named_module():
 
 
 def test_check_all_prints_each_item_once(capsys, monkeypatch):
-    # issue 10：check-all 原来先逐行打印、最后再把 40 行的表整张重印一遍。
+    # 每项完成时打印一行，最后不再把整张表重印一遍。
     # 只测打印：run_item 换成立刻返回成功的替身（各项真的跑一遍是 test_item 的事）
     calls = []
 
@@ -93,7 +107,7 @@ def test_check_all_prints_each_item_once(capsys, monkeypatch):
 
 
 def test_every_demo_passes_quick_to_save_figure():
-    # issue 10：--quick 的图进 figures/quick/；每个存图的演示都要把 args.quick 传下去
+    # --quick 的图进 figures/quick/；每个存图的演示都要把 args.quick 传下去
     import os
     import re
     for it in ITEMS:
@@ -141,3 +155,16 @@ def test_readme_demo_numbers_match_folders():
         if nums and max(nums) > 5:
             line = next(ln for ln in readme.splitlines() if "演示脚本" in ln and "01_" in ln)
             assert folder in line and f"到 0{max(nums)}" in line, (folder, max(nums), line)
+
+
+def test_lessons_never_import_bench():
+    # 讲次根目录是课本身：工作台可以导入课，课从不导入工作台（没有 GPU 的学生读课时用不到 bench/）
+    import os
+    import re
+    reach = re.compile(r"sys\.path\.\w+\(.*[\"']bench[\"']|^\s*(from|import)\s+bench\b|[\"']bench[/\\\\]\w+\.py",
+                       re.MULTILINE)
+    for folder in check_all.course_folders():
+        for name in sorted(os.listdir(os.path.join(check_all.ROOT, folder))):
+            if name.endswith(".py"):
+                text = open(os.path.join(check_all.ROOT, folder, name), encoding="utf-8").read()
+                assert not reach.search(text), f"{folder}/{name} 导入了 bench/：{reach.search(text).group(0)}"

@@ -13,6 +13,7 @@ from labload import load_lab
 
 LM = load_lab("lecture01", "llm_math")
 CU = load_lab("lecture01", "course_utils")
+GT = load_lab("lecture01/bench", "gpu_timing")
 HW = load_lab("lecture01", "hw_specs")
 
 SETTINGS = settings(deadline=None, max_examples=60)
@@ -747,7 +748,7 @@ def test_gpu_meta_without_cuda():
 
     fake = SimpleNamespace(__version__="9.9", version=SimpleNamespace(cuda=None),
                            cuda=SimpleNamespace(is_available=lambda: False, get_device_name=no_device))
-    meta = CU.gpu_meta(fake, dtype="float32")
+    meta = GT.gpu_meta(fake, dtype="float32")
     assert meta["gpu"] is None and meta["driver"] is None and meta["torch"] == "9.9" and meta["cuda"] is None
     assert {"triton", "date"} <= set(meta) and meta["dtype"] == "float32"
 
@@ -775,19 +776,19 @@ def test_wall_per_call_many_interleaves_rounds_and_keeps_the_fastest(monkeypatch
             slow = name == "a" and log.count("a") in (6, 7, 8)       # a 的第 6–8 次调用 = 热身 2 次、第 1 轮 3 次之后
             clock[0] += 10.0 if slow else cost
         return fn
-    out = CU.wall_per_call_many({"a": make("a", 1.0), "b": make("b", 3.0)}, calls=9, warmup=2, rounds=3)
+    out = GT.wall_per_call_many({"a": make("a", 1.0), "b": make("b", 3.0)}, calls=9, warmup=2, rounds=3)
     assert out == {"a": 1.0, "b": 3.0}
     assert log[4:] == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
     for kwargs, exc, word in [(dict(calls=2, rounds=3), ValueError, "calls"), (dict(calls=2.5), TypeError, "calls"),
                               (dict(calls=9, warmup=-1), ValueError, "warmup"), (dict(calls=9, rounds=0), ValueError,
                                                                                 "rounds")]:
         with pytest.raises(exc, match=word):
-            CU.wall_per_call_many({"a": make("a", 1.0)}, **kwargs)
+            GT.wall_per_call_many({"a": make("a", 1.0)}, **kwargs)
     with pytest.raises(TypeError, match="fns"):
-        CU.wall_per_call_many([make("a", 1.0)], calls=9)
+        GT.wall_per_call_many([make("a", 1.0)], calls=9)
     with pytest.raises(ValueError, match="trials"):
-        CU.wall_per_call(make("a", 1.0), calls=9, trials=0)
-    assert CU.wall_per_call(make("b", 3.0), calls=6, warmup=0, trials=3) == 3.0
+        GT.wall_per_call(make("a", 1.0), calls=9, trials=0)
+    assert GT.wall_per_call(make("b", 3.0), calls=6, warmup=0, trials=3) == 3.0
 
 
 def test_merge_identical_merges_within_atol_and_rejects_bad_atol():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from labload import ROOT, load_lab
+from labload import ROOT, load_demo, load_lab
 
 sb = load_lab("lecture05", "step_bench")
 ss = load_lab("lecture05", "serving_sim")
@@ -19,8 +19,9 @@ lm = load_lab("lecture01", "llm_math")
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CONFIGS = {m.name: m for m in sb.MODELS}
-DEMO = os.path.join(ROOT, "lecture05", "06_step_calibration.py")
-COMMITTED = os.path.join(ROOT, "lecture05", "results", "step_measure.json")
+DEMO = os.path.join(ROOT, "lecture05", "bench", "step_calibration.py")
+COMMITTED = os.path.join(ROOT, "lecture05", "bench", "results", "step_measure.json")
+bench = load_demo("lecture05", "bench/step_calibration.py")
 
 
 def _tiny(tied=False, G=2, R=3, dh=6):
@@ -272,7 +273,8 @@ def test_measure_runs_on_cpu_quick(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        res = sb.measure((sb.TINY,), sb.QUICK_GRID, "cpu", torch.float32, str(out), quick=True, log=lambda s: None)
+        res = bench.measure((sb.TINY,), bench.QUICK_GRID, "cpu", torch.float32, str(out), quick=True,
+                            log=lambda s: None)
     finally:
         torch.set_num_threads(threads)
     back, configs = sb.load_results(str(out))
@@ -295,9 +297,9 @@ def test_profile_kernels_records_shape_even_when_profiler_fails(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.profiler, "profile", broken)
-    out = sb.profile_kernels(sb.build_model(sb.TINY, max_pos=1024), "cpu", torch.float32)
-    assert set(out) == set(sb.PROFILE_POINTS)
-    for kind, p in sb.PROFILE_POINTS.items():
+    out = bench.profile_kernels(sb.build_model(sb.TINY, max_pos=1024), "cpu", torch.float32)
+    assert set(out) == set(bench.PROFILE_POINTS)
+    for kind, p in bench.PROFILE_POINTS.items():
         assert out[kind] == {"shape": p, "error": "RuntimeError: CUPTI unavailable"}, kind
 
 
@@ -322,19 +324,18 @@ def test_demo_runs_on_synthetic_results(tmp_path):
 # ---------------------------------------------------------------------------
 # serving_sim.H200_MEASURED 与已提交的实测绑在一起
 # ---------------------------------------------------------------------------
-@pytest.mark.skipif(not os.path.exists(COMMITTED), reason="lecture05/results/step_measure.json 还没有提交")
+@pytest.mark.skipif(not os.path.exists(COMMITTED), reason="lecture05/bench/results/step_measure.json 还没有提交")
 def test_h200_measured_equals_fit_of_committed_json():
-    """常数 = 对已提交 JSON 的拟合（constant_text 写 5 位有效数字：相对误差 ≤ 5e-5）；出处一字不差；
-    拟合不比默认假设差、是局部最小；h200_measured_step 的预测 = 拟合的逐点预测。
-    NOTES 和 serving_sim 注释里的这些数由 JSON + 代码算出来再去找：点数、中位误差、Σ log²、分组中位、参数表
-    （mfu、mbu、每层开销和两种模型的每步开销）、最差三点的实测和比值。NOTES 里其余的数（每个内核的 µs、历史版本）
-    没有查。"""
+    """常数 = 对已提交 JSON 的拟合（constant_text 写 CONST_DIGITS 位有效数字：相对误差 ≤ CONST_RTOL）；出处一字不差；
+    拟合不比默认假设差、是局部最小；h200_measured_step 的预测 = 拟合的逐点预测（到 CONST_RTOL）。
+    bench/README.md 和 serving_sim 注释里的这些数由 JSON + 代码算出来再去找：点数、中位误差、Σ log²、分组中位、
+    参数表（mfu、mbu、每层开销和两种模型的每步开销）、最差三点的实测和比值。"""
     res, configs = sb.load_results(COMMITTED)
     fit = sb.fit_step_params(res["points"], configs)
     text = sb.constant_text(fit, res["meta"])
-    assert ss.H200_MEASURED is not None, "把这四行粘贴进 serving_sim.py：\n" + text
+    assert ss.H200_MEASURED is not None, "把这三行粘贴进 serving_sim.py：\n" + text
     for k in sb.FIT_KEYS:
-        assert abs(ss.H200_MEASURED[k] - fit[k]) <= 1e-4 * abs(fit[k]), (k, ss.H200_MEASURED[k], fit[k])
+        assert abs(ss.H200_MEASURED[k] - fit[k]) <= sb.CONST_RTOL * abs(fit[k]), (k, ss.H200_MEASURED[k], fit[k])
     assert ss.H200_MEASURED["source"] == ast.literal_eval(text.split("=", 1)[1].strip())["source"]
     assert fit["n_points"] == sum(p["status"] == "ok" for p in res["points"])
     loss_before = sb.fit_loss(res["points"], configs, sb.DEFAULT_PARAMS)
@@ -343,14 +344,14 @@ def test_h200_measured_equals_fit_of_committed_json():
     before = sb.compare_points(res["points"], configs, sb.DEFAULT_PARAMS)
     after = sb.compare_points(res["points"], configs, fit)
     mb, ma = sb.error_summary(before)["median"], sb.error_summary(after)["median"]
-    with open(os.path.join(ROOT, "lecture05", "results", "NOTES.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "lecture05", "bench", "README.md"), encoding="utf-8") as f:
         notes = f.read()
     with open(os.path.join(ROOT, "lecture05", "serving_sim.py"), encoding="utf-8") as f:
         sim_src = f.read()
     headline = (f"默认 {mb:.0%} → 拟合后 {ma:.0%}（{fit['n_points']} 个点；"
                 f"Σ log² {loss_before:.2f} → {fit['loss']:.2f}）")
     assert headline in notes, headline
-    assert f"{mb:.0%} → {ma:.0%}（{fit['n_points']} 个点" in sim_src
+    assert f"中位误差约 {ma:.0%}" in sim_src
     groups = sb.group_rows(after)
     assert len(groups) == 6
     for key, g in groups.items():
@@ -371,10 +372,10 @@ def test_h200_measured_equals_fit_of_committed_json():
     assert f"模型 {w0['model_s'] * 1e3:.1f} ms 对实测 {w0['seconds'] * 1e3:.1f} ms，{w0['ratio']:.2f}" in notes
     for r in worst[1:]:
         assert f"{r['seconds'] * 1e3:.1f} ms，{r['ratio']:.2f}" in notes, r
-    # h200_measured_step（5 位有效数字的常数）对每个已测的点给出拟合的预测
+    # h200_measured_step（CONST_DIGITS 位有效数字的常数）对每个已测的点给出拟合的预测
     for r in after:
         step = ss.h200_measured_step(configs[r["model"]], mode=r["mode"], mem_util=1.0)
-        assert sb._step_cost(step, r).total == pytest.approx(r["model_s"], rel=1e-4), r
+        assert sb._step_cost(step, r).total == pytest.approx(r["model_s"], rel=sb.CONST_RTOL), r
 
 
 def test_no_measured_constants_without_committed_json():

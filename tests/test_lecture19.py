@@ -4,7 +4,8 @@ _selftest() 和演示的 --quick 由 test_harness.py 在子进程里跑，这里
 环形注意力（模拟）在随机形状、两种切法、因果与否、随机 P 上 = 整条序列的注意力（float64）；
 真的 torch.distributed 环形注意力（2 个进程、gloo）= 整条序列的注意力，发送量 = RingLedger；
 时间线的算术（被盖住的长度、每轮汇总）在合成区间上的性质，记录器（RingEvents）在 gloo 上不改变输出；
-演示 06 的块函数（aten / Triton 的布局换算 / 显式核）和时间线的汇总、合并、报告、画图（合成数据）；
+工作台 bench/ring_multi_gpu.py 的块函数（aten / Triton 的布局换算 / 显式核）和时间线的汇总、合并、报告、
+画图（合成数据）；
 掩码按定义逐项核对；任务的不变量；提交的检查点能读、SHA-256 对得上、在没用过的针上准确率 ≥ 0.9；
 损坏 / 配置不符的检查点会带警告重新训练；坏输入报错。
 """
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from labload import load_lab
 
 L = load_lab("lecture19", "long_lab")
+RD = load_lab("lecture19", "ring_dist")
 
 
 def _ref(Q, K, V, causal):
@@ -38,7 +40,7 @@ def _ref(Q, K, V, causal):
        causal=st.booleans(), layout=st.sampled_from(["contiguous", "striped"]), seed=st.integers(0, 2**31))
 def test_ring_simulation_equals_full_attention(P, per, d, heads, causal, layout, seed):
     N = P * per
-    Q, K, V = L.make_qkv(N, d, seed, heads)
+    Q, K, V = RD.make_qkv(N, d, seed, heads)
     O, led = L.ring_attention(Q, K, V, P, causal=causal, layout=layout)
     assert (O - _ref(Q, K, V, causal)).abs().max() < 1e-12
     lead = 1 if heads is None else heads
@@ -48,7 +50,7 @@ def test_ring_simulation_equals_full_attention(P, per, d, heads, causal, layout,
 
 
 def test_striped_balances_causal_work():
-    Q, K, V = L.make_qkv(96, 8, 3)
+    Q, K, V = RD.make_qkv(96, 8, 3)
     for P in (2, 4, 8):
         c = L.ring_attention(Q, K, V, P, True, "contiguous")[1]
         s = L.ring_attention(Q, K, V, P, True, "striped")[1]
@@ -60,9 +62,9 @@ def test_striped_balances_causal_work():
 def test_ring_distributed_gloo_two_processes():
     jobs = [dict(N=N, d=d, causal=c, layout=lay, seed=s, heads=h)
             for (N, d, s, h) in ((46, 5, 0, None), (64, 8, 1, 3)) for c in (True, False) for lay in L.LAYOUTS]
-    res = L.run_ring(2, jobs)
+    res = RD.run_ring(2, jobs)
     for job, (O, stats) in zip(jobs, res):
-        Q, K, V = L.make_qkv(job["N"], job["d"], job["seed"], job["heads"])
+        Q, K, V = RD.make_qkv(job["N"], job["d"], job["seed"], job["heads"])
         assert (O - _ref(Q, K, V, job["causal"])).abs().max() < 1e-12, job
         led = L.ring_attention(Q, K, V, 2, job["causal"], job["layout"])[1]
         assert [sum(r["sent"] for r in s["rounds"]) for s in stats] == led.sent
@@ -72,8 +74,8 @@ def test_ring_distributed_gloo_two_processes():
 def test_ring_distributed_three_processes():
     """P = 3：发给下一个、从上一个收，两者不是同一个进程。"""
     jobs = [dict(N=33, d=4, causal=True, layout=lay, seed=s) for s, lay in ((5, "striped"), (6, "contiguous"))]
-    for job, (O, _) in zip(jobs, L.run_ring(3, jobs)):
-        Q, K, V = L.make_qkv(33, 4, job["seed"])
+    for job, (O, _) in zip(jobs, RD.run_ring(3, jobs)):
+        Q, K, V = RD.make_qkv(33, 4, job["seed"])
         assert (O - _ref(Q, K, V, True)).abs().max() < 1e-12
 
 
@@ -288,7 +290,7 @@ def test_cost_formulas():
 
 def test_bad_inputs():
     task = L.NeedleTask()
-    Q, K, V = L.make_qkv(12, 4, 0)
+    Q, K, V = RD.make_qkv(12, 4, 0)
     with pytest.raises(ValueError, match="整除"):
         L.ring_attention(Q, K, V, 5)
     with pytest.raises(ValueError, match="layout"):
@@ -304,16 +306,16 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="causal"):
         L.ring_attention(Q, K, V, 3, causal="yes")
     with pytest.raises(ValueError, match="整除"):
-        L.run_ring(2, [dict(N=7, d=2)])
+        RD.run_ring(2, [dict(N=7, d=2)])
     with pytest.raises(ValueError, match="kind"):
         L.activation_bytes("paged", 10, 10, 1)
     with pytest.raises(ValueError, match="name"):
         L.get_checkpoint(task, "nonexistent")
 
 
-def _demo06():
+def _bench_ring():
     from labload import load_demo
-    return load_demo("lecture19", "06_ring_multi_gpu.py")
+    return load_demo("lecture19", "bench/ring_multi_gpu.py")
 
 
 def _check_block_fn(block, seed=7, atol=1e-12):
@@ -338,19 +340,20 @@ def _check_block_fn(block, seed=7, atol=1e-12):
                 assert torch.allclose(O, _ref(Q, K, V, causal), atol=atol, rtol=0), (P, layout, causal)
 
 
-def test_demo06_flash_block_matches_full_attention():
-    """演示 06 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：逐设备、逐轮合并 = 整条注意力。"""
-    demo = _demo06()
+def test_bench_ring_flash_block_matches_full_attention():
+    """工作台 ring_multi_gpu.py 的 GPU 块函数（整块 / 跳过 / 对角 / 错一位的对角）换成 CPU 上的显式核：
+    逐设备、逐轮合并 = 整条注意力。"""
+    demo = _bench_ring()
     demo._flash_state = demo._explicit_state              # flash_block 现在 = explicit_block（CPU 测量用的块）
     _check_block_fn(demo.flash_block)
 
 
-def test_demo06_triton_block_layout():
+def test_bench_ring_triton_block_layout():
     """
     triton_block 的布局换算：把 triton_flash 换成一个按 flash-attn 约定（[B, N, H, d]，lse [B, H, N]，
     causal 右下角对齐）写的参考，环的结果仍 = 整条注意力；传进去的是 [B, H, N, d] 的转置视图（没有拷贝）。
     """
-    demo = _demo06()
+    demo = _bench_ring()
 
     class FakeTriton:
         @staticmethod
@@ -383,39 +386,39 @@ def test_uncovered_and_covered_properties(comm, computes):
     comm = tuple(sorted(comm))
     computes = [tuple(sorted(c)) for c in computes]
     union = set().union(*[_cells(*c) for c in computes]) if computes else set()
-    free = L.uncovered(comm, computes)
+    free = RD.uncovered(comm, computes)
     assert all(comm[0] <= s < e <= comm[1] for s, e in free)
     assert all(e1 < s2 for (_, e1), (s2, _) in zip(free, free[1:]))                          # 相接的会合成一段
     assert set().union(*[_cells(*g) for g in free]) == _cells(*comm) - union
-    assert L.covered(comm, computes) == len(_cells(*comm) & union)
+    assert RD.covered(comm, computes) == len(_cells(*comm) & union)
     a, b = comm
-    assert L.covered(comm, computes + [(a - 1, b + 2)]) == b - a                              # 传完全在算里面
-    assert L.uncovered(comm, computes + [(a - 1, b + 2)]) == []
-    assert L.covered(comm, [(s, e) for s, e in computes if e <= a or s >= b]) == 0            # 不相交
+    assert RD.covered(comm, computes + [(a - 1, b + 2)]) == b - a                              # 传完全在算里面
+    assert RD.uncovered(comm, computes + [(a - 1, b + 2)]) == []
+    assert RD.covered(comm, [(s, e) for s, e in computes if e <= a or s >= b]) == 0            # 不相交
     with pytest.raises(ValueError, match="span"):
-        L.covered((3.0, 1.0), computes)
+        RD.covered((3.0, 1.0), computes)
     with pytest.raises(ValueError, match="span"):
-        L.uncovered((3.0, 1.0), computes)
+        RD.uncovered((3.0, 1.0), computes)
 
 
 def test_timeline_summary_on_synthetic_rounds():
     """两轮：第 0 轮算 [0, 10]、传 [1, 4]（全被盖住）；第 1 轮算 [12, 20]；环 21 → 重叠 1、露在外面 21 − 18 = 3。"""
     tl = {"ring_s": 21.0, "rounds": [{"compute": (0.0, 10.0), "comm": (1.0, 4.0)},
                                      {"compute": (12.0, 20.0), "comm": None}]}
-    s = L.timeline_summary(tl)
+    s = RD.timeline_summary(tl)
     assert s["overlap"] == 1.0 and s["comm_exposed_s"] == 0.0 and s["exposed_s"] == 3.0
     assert s["compute_s"] == 18.0 and s["comm_s"] == 3.0 and s["per_round_comm_s"] == [3.0, None]
     tl["rounds"][0]["comm"] = (8.0, 12.0)                   # 一半在算里、一半露在外面
-    s = L.timeline_summary(tl)
+    s = RD.timeline_summary(tl)
     assert s["overlap"] == 0.5 and s["comm_exposed_s"] == 2.0
     tl["rounds"][0]["comm"] = None                          # 没有传（P = 1）
-    assert L.timeline_summary(tl)["overlap"] is None
+    assert RD.timeline_summary(tl)["overlap"] is None
 
 
 def test_ring_events_gloo_record_without_changing_output():
     """gloo、2 个进程：带记录器的环输出不变，每轮都有算的区间、只有最后一轮没有传，区间都在环里。"""
     jobs = [dict(N=40, d=6, causal=True, layout="striped", seed=3, heads=2, events=e) for e in (False, True)]
-    (O0, _), (O1, stats) = L.run_ring(2, jobs)
+    (O0, _), (O1, stats) = RD.run_ring(2, jobs)
     assert torch.equal(O0, O1)
     for s in stats:
         tl = s["timeline"]
@@ -424,13 +427,13 @@ def test_ring_events_gloo_record_without_changing_output():
             for span in (r["compute"], r["comm"]):
                 if span is not None:
                     assert 0.0 <= span[0] <= span[1] <= tl["ring_s"] + 1e-9
-        assert 0.0 <= L.timeline_summary(tl)["overlap"] <= 1.0
+        assert 0.0 <= RD.timeline_summary(tl)["overlap"] <= 1.0
 
 
 def _synthetic_variant(demo, name, slow=0.0, block="aten"):
     """
     一个变体的 JSON（两个进程、两个长度），样本由已知的区间造出来，走 rank_summary 同一条路。
-    meta 和真的一样总带 triton 版本（course_utils.gpu_meta 给的），不管这个变体用不用 Triton。
+    meta 和真的一样总带 triton 版本（gpu_timing.gpu_meta 给的），不管这个变体用不用 Triton。
     """
     lengths = []
     for n in (4096, 16384):
@@ -443,8 +446,8 @@ def _synthetic_variant(demo, name, slow=0.0, block="aten"):
                        "serial": {"ring_s": 2.1 * c + 1e-5, "rounds": [
                            {"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
                            {"compute": (1.1 * c, 2.1 * c), "comm": None}]}}
-            ov = [L.timeline_summary(example["overlapped"]) for _ in range(3)]
-            se = [L.timeline_summary(example["serial"]) for _ in range(3)]
+            ov = [RD.timeline_summary(example["overlapped"]) for _ in range(3)]
+            se = [RD.timeline_summary(example["serial"]) for _ in range(3)]
             pl = [{"ring_s": 2 * c * (1 + slow) + 1e-5}] * 3
             summary = demo.rank_summary({"overlapped": ov, "serial": se, "plain": pl})
             ranks.append({"rank": rank, **summary, "pairs_per_round": [n * (n + 1) // 2, n * (n - 1) // 2],
@@ -456,13 +459,13 @@ def _synthetic_variant(demo, name, slow=0.0, block="aten"):
     return {"meta": meta, "checks": [{"n_local": 1024, "ok": True}], "lengths": lengths}
 
 
-def test_demo06_rank_summary_merge_report_plot(tmp_path, capsys):
+def test_bench_ring_rank_summary_merge_report_plot(tmp_path, capsys):
     """
     合成数据：藏住 1、有效藏住 = 省下的时间 / 传；算慢 5% 时藏住仍是 1、有效藏住是 0，目标判为没有达到；
     合并去掉原始样本、保留其他各节、记下测量的先后（JSON 的键按字母排）；报告按这个先后、只给 Triton 块的变体
     打印 triton 版本；甘特图画第一个变体和藏住最低的（一样低时取先测的）；画图跑得通。
     """
-    demo = _demo06()
+    demo = _bench_ring()
     paths = []
     for name, slow, block in (("default", 0.0, "aten"), ("triton", 0.0, "triton"), ("nchannels2", 0.05, "aten")):
         p = tmp_path / f"{name}.json"
@@ -510,9 +513,9 @@ def _committed_timeline(demo):
     return res["timeline"]
 
 
-def test_demo06_report_timeline_without_order_key(capsys):
+def test_bench_ring_report_timeline_without_order_key(capsys):
     """更早合并的 JSON 没有 "order"（测量的先后）：报告照样跑，按 variants 的键排，每个变体的数和有 order 时一样。"""
-    demo = _demo06()
+    demo = _bench_ring()
     tl = _committed_timeline(demo)
     assert "order" in tl and sorted(tl["order"]) == sorted(tl["variants"])
     with_order = demo.report_timeline(tl)
@@ -524,10 +527,10 @@ def test_demo06_report_timeline_without_order_key(capsys):
     assert all(f"-- 变体 {name}：" in out for name in tl["variants"])
 
 
-def test_demo06_timeline_legends_do_not_touch(monkeypatch, capsys):
+def test_bench_ring_timeline_legends_do_not_touch(monkeypatch, capsys):
     """已提交的时间线画出来：两张上图的图例（都在图下方、比各自的图宽）之间至少留 0.25 英寸，投影时分得开。"""
     import course_utils
-    demo = _demo06()
+    demo = _bench_ring()
     data = demo.report_timeline(_committed_timeline(demo))
     gaps = []
 
@@ -544,9 +547,9 @@ def test_demo06_timeline_legends_do_not_touch(monkeypatch, capsys):
     assert len(gaps) == 1 and gaps[0] >= 0.25, gaps
 
 
-def test_demo06_merge_refuses_damaged_results(tmp_path):
+def test_bench_ring_merge_refuses_damaged_results(tmp_path):
     """已提交的结果坏了：--merge 报错（消息里有路径），文件原样不动——不能把它悄悄换成只有时间线的新文件。"""
-    demo = _demo06()
+    demo = _bench_ring()
     p = tmp_path / "default.json"
     p.write_text(json.dumps(_synthetic_variant(demo, "default")))
     for damaged in ('{"meta": {"world": 2}, "checks": [', "[1, 2]"):
@@ -560,26 +563,26 @@ def test_demo06_merge_refuses_damaged_results(tmp_path):
     assert list(json.loads(results.read_text())) == ["timeline"]
 
 
-def test_demo06_variant_meta_on_cpu():
-    """CPU（gloo）上变体的 meta 也来自 course_utils.gpu_meta：有 torch / triton 版本和日期，gpu 写成 cpu (gloo)。"""
+def test_bench_ring_variant_meta_on_cpu():
+    """CPU（gloo）上变体的 meta 也来自 gpu_timing.gpu_meta：有 torch / triton 版本和日期，gpu 写成 cpu (gloo)。"""
     import argparse
-    demo = _demo06()
+    demo = _bench_ring()
     args = argparse.Namespace(variant="v", block="explicit", seed=0, sizes="cpu")
     meta = demo._variant_meta(torch, args, demo.SIZES["cpu"], 2, 0, torch.device("cpu"))
     assert meta["gpu"] == "cpu (gloo)" and meta["torch"] == torch.__version__
     assert {"triton", "date", "driver", "cuda"} <= set(meta) and meta["variant"] == "v" and meta["world"] == 2
 
 
-def test_demo06_hidden_is_not_fooled_by_stretched_comm():
+def test_bench_ring_hidden_is_not_fooled_by_stretched_comm():
     """
     NCCL 排在算后面：传的区间被拉长到 [0, 1.1c]，这一轮算 [0, c]，下一轮等传完才开始。|传 ∩ 算| / |传| = 91%，
     但传露在外面 0.1c = 单独传的全部（0.1c）→ 藏住 0，目标没有达到。
     """
-    demo = _demo06()
+    demo = _bench_ring()
     c = 1e-3
-    ov = L.timeline_summary({"ring_s": 2.1 * c, "rounds": [{"compute": (0.0, c), "comm": (0.0, 1.1 * c)},
+    ov = RD.timeline_summary({"ring_s": 2.1 * c, "rounds": [{"compute": (0.0, c), "comm": (0.0, 1.1 * c)},
                                                           {"compute": (1.1 * c, 2.1 * c), "comm": None}]})
-    se = L.timeline_summary({"ring_s": 2.1 * c, "rounds": [{"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
+    se = RD.timeline_summary({"ring_s": 2.1 * c, "rounds": [{"compute": (0.1 * c, 1.1 * c), "comm": (0.0, 0.1 * c)},
                                                           {"compute": (1.1 * c, 2.1 * c), "comm": None}]})
     r = demo.rank_summary({"overlapped": [ov] * 3, "serial": [se] * 3, "plain": [{"ring_s": 2.1 * c}] * 3})
     assert r["overlap"] == pytest.approx(1 / 1.1)
@@ -589,9 +592,9 @@ def test_demo06_hidden_is_not_fooled_by_stretched_comm():
     assert demo._verdict("stretched", [point]) is False
 
 
-def test_demo06_recorder_check_is_exact():
+def test_bench_ring_recorder_check_is_exact():
     """记录器核对：输出逐位相同（差 0）才通过；差 1e-9 也报错。"""
-    demo = _demo06()
+    demo = _bench_ring()
     demo._check_rank({"rank": 0, "recorder_output_max_diff": 0.0}, "x", 1024)
     with pytest.raises(AssertionError, match="记录器"):
         demo._check_rank({"rank": 0, "recorder_output_max_diff": 1e-9}, "x", 1024)

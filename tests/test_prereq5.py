@@ -318,14 +318,14 @@ def test_fit_alpha_beta_rejects_decreasing_times_and_non_integer_counts():
 
 
 def test_nccl_environment_builds_on_gpu_meta(monkeypatch, tmp_path):
-    """nccl_environment = course_utils.gpu_meta + NCCL 版本、NCCL_NVLS_ENABLE、拓扑；没有 nvidia-smi 时照样返回。"""
+    """gpu_timing.nccl_environment = gpu_meta + NCCL 版本、NCCL_NVLS_ENABLE、拓扑；没有 nvidia-smi 时照样返回。"""
     from types import SimpleNamespace
     fake_torch = SimpleNamespace(__version__="9.9", version=SimpleNamespace(cuda="12.0"),
                                  cuda=SimpleNamespace(is_available=lambda: True, get_device_name=lambda *a: "FakeGPU",
                                                       nccl=SimpleNamespace(version=lambda: (2, 28, 9))))
     monkeypatch.setenv("PATH", str(tmp_path))                # 找不到 nvidia-smi
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    meta = cs.nccl_environment(fake_torch)
+    meta = load_lab("lecture01/bench", "gpu_timing").nccl_environment(fake_torch)
     assert (meta["gpu"], meta["torch"], meta["cuda"], meta["nccl"]) == ("FakeGPU", "9.9", "12.0", "2.28.9")
     assert meta["NCCL_NVLS_ENABLE"] == "0" and meta["driver"] == "unknown"
     assert meta["topology"].startswith("unavailable") and {"date", "triton"} <= set(meta)

@@ -18,6 +18,7 @@ from labload import load_lab
 ml = load_lab("lecture04", "modern_lm")
 fl = load_lab("lecture18", "flash_lab")
 L = load_lab("lecture19", "long_lab")
+RD = load_lab("lecture19", "ring_dist")
 
 SEED = 20261202
 print(f"test_torch_bad_inputs 的随机种子 {SEED}")
@@ -430,19 +431,19 @@ BAD = [
     ("ring int Q", lambda: L.ring_attention(QR.long(), KR, VR, 3), TypeError, "Q"),
     ("ring ledger wrong P", lambda: L.ring_attention(QR, KR, VR, 3, ledger=L.RingLedger(4)), ValueError, "ledger"),
     ("RingLedger P=0", lambda: L.RingLedger(0), ValueError, "P"),
-    ("full_attention causal='no'", lambda: L.full_attention(QR, KR, VR, causal="no"), TypeError, "causal"),
+    ("full_attention causal='no'", lambda: RD.full_attention(QR, KR, VR, causal="no"), TypeError, "causal"),
     ("flops n_layers=0", lambda: L.flops_per_token(1e6, 0, 64, 128), ValueError, "n_layers"),
     ("flops T<0", lambda: L.flops_per_token(1e6, 2, 64, -1), ValueError, "T"),
     ("flops causal str", lambda: L.flops_per_token(1e6, 2, 64, 128, causal="yes"), TypeError, "causal"),
     ("flops n_params nan", lambda: L.flops_per_token(float("nan"), 2, 64, 128), ValueError, "n_params"),
-    ("make_qkv N=0", lambda: L.make_qkv(0, 4, 0), ValueError, "N"),
-    ("make_qkv d=-1", lambda: L.make_qkv(8, -1, 0), ValueError, "d"),
-    ("make_qkv seed=-1", lambda: L.make_qkv(8, 4, -1), ValueError, "seed"),
-    ("make_qkv heads=0", lambda: L.make_qkv(8, 4, 0, heads=0), ValueError, "heads"),
-    ("run_ring P=0", lambda: L.run_ring(0, []), ValueError, "P"),
-    ("run_ring N%P", lambda: L.run_ring(2, [dict(N=5, d=4)]), ValueError, "N"),
-    ("run_ring layout typo", lambda: L.run_ring(2, [dict(N=4, d=4, layout="stripe")]), ValueError, "layout"),
-    ("run_ring causal str", lambda: L.run_ring(2, [dict(N=4, d=4, causal="yes")]), TypeError, "causal"),
+    ("make_qkv N=0", lambda: RD.make_qkv(0, 4, 0), ValueError, "N"),
+    ("make_qkv d=-1", lambda: RD.make_qkv(8, -1, 0), ValueError, "d"),
+    ("make_qkv seed=-1", lambda: RD.make_qkv(8, 4, -1), ValueError, "seed"),
+    ("make_qkv heads=0", lambda: RD.make_qkv(8, 4, 0, heads=0), ValueError, "heads"),
+    ("run_ring P=0", lambda: RD.run_ring(0, []), ValueError, "P"),
+    ("run_ring N%P", lambda: RD.run_ring(2, [dict(N=5, d=4)]), ValueError, "N"),
+    ("run_ring layout typo", lambda: RD.run_ring(2, [dict(N=4, d=4, layout="stripe")]), ValueError, "layout"),
+    ("run_ring causal str", lambda: RD.run_ring(2, [dict(N=4, d=4, causal="yes")]), TypeError, "causal"),
     ("l19 activation_bytes kind", lambda: L.activation_bytes("paged", 8, 8, 1), ValueError, "kind"),
 ]
 
@@ -688,7 +689,7 @@ def test_kv_split_one_key_per_device():
 @pytest.mark.parametrize("causal", [True, False])
 def test_ring_one_token_per_device(layout, causal):
     O, led = L.ring_attention(QR, KR, VR, 12, causal=causal, layout=layout)
-    assert (O - L.full_attention(QR, KR, VR, causal)).abs().max() < 1e-12
+    assert (O - RD.full_attention(QR, KR, VR, causal)).abs().max() < 1e-12
 
 
 @pytest.mark.parametrize("layout", L.LAYOUTS)

@@ -12,6 +12,8 @@
     实验模块     ：文件夹里不以数字开头、含 `def _selftest(` 的 .py 文件（它必须在 `if __name__ == "__main__":`
                    里调用 _selftest()，否则报错）；运行 `python <file>`
     演示脚本     ：文件夹里名为 `NN_*.py` 的文件；运行 `python <file> --quick`
+    工作台脚本   ：`<讲次>/bench/*.py`（GPU 的测量工具）；运行 `python <file> --replot`：不用 GPU，
+                   由已提交的 JSON 重画 bench/results/ 里的图
 每一项在自己的子进程里运行（lecture11 与 lecture18 各有一个 flash_lab，不能同处一个进程）。
 退出码 0 = ✓，77 = skip（原因取输出里最后一行 `SKIP: ...`），其他 = ✗（打印输出的最后几行）。
 整体有任何 ✗ 时退出码为 1。
@@ -37,7 +39,7 @@ DEMO_RE = re.compile(r"^\d\d_\w+\.py$")
 class Item:
     folder: str
     filename: str
-    kind: str          # "selftest" 或 "demo"
+    kind: str          # "selftest"、"demo" 或 "bench"（filename 是 bench/<name>.py）
 
     @property
     def label(self):
@@ -47,6 +49,8 @@ class Item:
         args = [python, os.path.join(ROOT, self.folder, self.filename)]
         if self.kind == "demo" and not full:
             args.append("--quick")
+        if self.kind == "bench":
+            args.append("--replot")
         return args
 
 
@@ -77,7 +81,7 @@ def is_lab_module(path):
 
 
 def discover(root=ROOT, folders=None):
-    """返回要跑的 Item 列表：每个讲次先自检、后演示（演示按编号）。"""
+    """返回要跑的 Item 列表：每个讲次先自检、后演示（按编号）、最后工作台脚本（bench/ 里按名字）。"""
     all_folders = course_folders(root)
     if folders:
         unknown = sorted(set(folders) - set(all_folders))
@@ -92,6 +96,10 @@ def discover(root=ROOT, folders=None):
             if name.endswith(".py") and not name[0].isdigit() and is_lab_module(path):
                 items.append(Item(folder, name, "selftest"))
         items += [Item(folder, n, "demo") for n in names if DEMO_RE.match(n)]
+        bench = os.path.join(root, folder, "bench")
+        if os.path.isdir(bench):
+            items += [Item(folder, f"bench/{n}", "bench") for n in sorted(os.listdir(bench))
+                      if n.endswith(".py") and not n.startswith("_")]
     return items
 
 
@@ -133,7 +141,7 @@ SYMBOL = {"ok": "✓", "fail": "✗", "skip": "skip"}
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folders", nargs="*", help="只检查这些讲次文件夹")
-    ap.add_argument("--full", action="store_true", help="演示脚本不加 --quick（生成完整规模的图）")
+    ap.add_argument("--full", action="store_true", help="演示脚本不加 --quick（生成完整规模的图；工作台照样 --replot）")
     ap.add_argument("--list", action="store_true", help="只列出会运行的项目")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("CHECK_JOBS", "2")),
                     help="同时运行几项（默认 2，即 2 核机器的核数；计时类演示在 --jobs 1 时最准）")
@@ -148,11 +156,11 @@ def main(argv=None):
             print(f"{it.kind:9s} {' '.join(os.path.relpath(x, ROOT) for x in it.argv('python', a.full)[1:])}")
         return 0
     if not items:
-        print("没有找到任何实验模块或演示脚本。")
+        print("没有找到任何实验模块、演示或工作台脚本。")
         return 1
     width = max(len(it.label) for it in items)
     mode = "完整规模" if a.full else "--quick"
-    print(f"检查 {len(items)} 项（演示：{mode}；并行 {a.jobs}；Python {sys.version.split()[0]}）")
+    print(f"检查 {len(items)} 项（演示：{mode}；工作台：--replot；并行 {a.jobs}；Python {sys.version.split()[0]}）")
     t_all = time.perf_counter()
     results = {}
     order = {it.label: k for k, it in enumerate(items, 1)}

@@ -1,21 +1,22 @@
 """
-预备课 5 · 演示 06：两块 H200 上的 NCCL 实测——all-reduce / all-gather / reduce-scatter 的 α、β，对照 comm_sim
+预备课 5 · 工作台 nccl_measure.py：两块 H200 上的 NCCL 实测——all-reduce / all-gather / reduce-scatter 的 α、β
 
 你会看到……
-  1. 已提交的实测（prereq5/results/nccl_measure.json：2×H200、NVLink，一个进程一块 GPU；文件里记着日期、
+  1. 已提交的实测（prereq5/bench/results/nccl_measure.json：2×H200、NVLink，一个进程一块 GPU；文件里记着日期、
      GPU、驱动、torch / NCCL 版本和 `nvidia-smi topo -m`）：三种集合通信、消息 1 KiB … 1 GiB（float32），
      每个大小的时间、algbw 和 busbw（nccl-tests 的约定 [S68]：busbw = algbw × 系数，all-reduce 2(P−1)/P）。
   2. 用 comm_sim.fit_alpha_beta 按 ring 的系数拟合每种集合通信的 α、β；逐点列出 模型 / 实测。
   3. 拟合出的 α 和 NCCL 自己调优模型里的常数比（comm_sim.nccl_ring_latency，[S71]），
      大消息的 busbw 和 NVLink 4 的单向线速 450 GB/s、维护者说的 ≈ 370 GB/s 有效值比 [S40]。
   4. 用 P = 2 拟合出的 α、β 外推 P = 4 / 8（ring 模型；**是模型，不是测量**）。
-  5. 图：busbw vs 消息大小，实测点 + α-β 曲线。存进 prereq5/figures/；--replot 才重画已提交的 results/nccl_measure.png。
+  5. 图：busbw vs 消息大小，实测点 + α-β 曲线。存进 prereq5/bench/figures/；
+     --replot 才重画已提交的 results/nccl_measure.png。
 
-在有 ≥ 2 块 GPU 的机器上重新测（写 prereq5/results/nccl_measure.json，约 1 分钟），然后重画已提交的图（不用 GPU）：
-    torchrun --nproc_per_node=2 prereq5/06_nccl_measure.py --measure
-    python3 prereq5/06_nccl_measure.py --replot
-只读结果、画图（没有 GPU 也行；check-all 跑的就是这个）：
-    python3 prereq5/06_nccl_measure.py [--quick]
+在有 ≥ 2 块 GPU 的机器上重新测（写 bench/results/nccl_measure.json，约 1 分钟），然后重画已提交的图（不用 GPU）：
+    torchrun --nproc_per_node=2 prereq5/bench/nccl_measure.py --measure
+    python3 prereq5/bench/nccl_measure.py --replot
+只读结果、画图（没有 GPU 也行；check-all 跑 --replot：重画已提交的图）：
+    python3 prereq5/bench/nccl_measure.py [--quick | --replot]
 """
 import argparse
 import json
@@ -25,12 +26,14 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+HERE = os.path.dirname(os.path.abspath(__file__))          # prereq5/bench
+LESSON = os.path.dirname(HERE)                              # prereq5：工作台导入课，课从不导入工作台
+sys.path.insert(0, LESSON)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 import comm_sim as cs  # noqa: E402
-from course_utils import (committed_figure, cuda_time, fmt_bytes, format_table, load_json, pyplot,  # noqa: E402
-                          save_figure)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
+from course_utils import committed_figure, fmt_bytes, format_table, load_json, pyplot, save_figure  # noqa: E402
+from gpu_timing import cuda_time, nccl_environment  # noqa: E402
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "nccl_measure.json")
@@ -94,7 +97,7 @@ def measure(out_path):
             rows.append({"collective": name, "bytes": n_bytes, "seconds": float(t[0]), "iters": iters})
         del ops
     if rank == 0:
-        result = {"meta": {**cs.nccl_environment(torch), "world": world, "dtype": "float32", "max_abs_error": err,
+        result = {"meta": {**nccl_environment(torch), "world": world, "dtype": "float32", "max_abs_error": err,
                            "timing": "CUDA events around `iters` back-to-back calls after 5 warm-ups; "
                                      "fastest of 5 such groups; max over ranks of the per-call mean"},
                   "rows": rows}
@@ -178,7 +181,8 @@ def compare(meta, data, fits):
 
 
 def plot(meta, data, fits, quick, replot=False):
-    """图默认存进 prereq5/figures/（--quick：figures/quick/）；只有 replot 才重画已提交的 results/nccl_measure.png。"""
+    """图默认存进 prereq5/bench/figures/（--quick：figures/quick/）；只有 replot 才重画已提交的
+    results/nccl_measure.png。"""
     plt = pyplot()
     p = meta["world"]
     fig, ax = plt.subplots(figsize=(10, 5.6))
