@@ -172,7 +172,8 @@ def figure_path(script, what, quick=False):
     quick=True（演示的 --quick 小规模版本）时放在 figures/quick/ 下：make test / check-all 跑的小图
     不会覆盖 make figures 生成的完整图。figures/ 文件夹不存在就建。"""
     if not isinstance(what, str):
-        raise TypeError(f"figure_path：what 必须是字符串（图文件名的后半段），收到 {type(what).__name__} 类型的 {what!r}")
+        raise TypeError(f"figure_path：what 必须是字符串（图文件名的后半段），"
+                        f"收到 {type(what).__name__} 类型的 {what!r}")
     if not what or os.sep in what or "/" in what:
         raise ValueError(f"figure_path：what 不能为空、不能带文件夹（它是图文件名的后半段），收到 {what!r}")
     if not isinstance(script, (str, os.PathLike)):

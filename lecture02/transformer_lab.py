@@ -974,7 +974,8 @@ def _check_op_counter(op, counter, where, counter_name="counter"):
     if type(op) is not str:
         raise TypeError(f"{where}：op 必须是运算名字符串（如 'q_proj'），收到 {type(op).__name__} 类型的 {op!r}")
     if counter is not None and not callable(getattr(counter, "add", None)):
-        raise TypeError(f"{where}：{counter_name} 必须是 None 或 transformer_lab.Counter，收到 {type(counter).__name__}")
+        raise TypeError(f"{where}：{counter_name} 必须是 None 或 transformer_lab.Counter，"
+                        f"收到 {type(counter).__name__}")
 
 
 def _check_add(op, flops, useful, w_elems, kv_elems, act_elems):

@@ -757,8 +757,9 @@ def _check_block(S, V):
 
 
 def _check_states(*states, where="merge_states", names=None):
-    """局部状态 (m, l, o)：三个浮点张量（dtype 可以不同：合并时按 torch 的规则提升），在同一个设备上；形状 ([...], [...], [..., dv])，几个状态之间完全相同
-    （不悄悄广播）；CPU 上还查取值：m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置 l = 0、o = 0（空状态）。
+    """局部状态 (m, l, o)：三个浮点张量（dtype 可以不同：合并时按 torch 的规则提升），在同一个设备上；
+    形状 ([...], [...], [..., dv])，几个状态之间完全相同（不悄悄广播）；
+    CPU 上还查取值：m 有限或 −∞，l 有限且 ≥ 0，o 有限；m = −∞ 的位置 l = 0、o = 0（空状态）。
     GPU 上不查取值：那要同步主机，会打断环形注意力（第 19 讲）里计算和通信的重叠。"""
     names = names or [f"states[{i}]" for i in range(len(states))]
     first = None
