@@ -505,7 +505,7 @@ def test_rms_norm_scale_equivariance_and_unit_rms(seed, scale, eps):
     np.testing.assert_allclose(np.sqrt(np.mean(y ** 2, axis=-1)), 1.0, rtol=1e-12)
 
 
-# issue 10：forward 和 generate 同一个长度上限；开关只收 True / False
+# forward 和 generate 同一个长度上限；开关只收 True / False
 def test_forward_rejects_more_than_max_seq_and_string_flags():
     cfg = tl.config_like(tl.TINY, max_seq=32)
     params = tl.init_params(cfg, seed=0)

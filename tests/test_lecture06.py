@@ -678,7 +678,7 @@ def test_verify_time_and_rounds():
 
 
 # ---------------------------------------------------------------------------
-# issue 10：原来悄悄通过的输入
+# 坏输入：原来悄悄通过的输入
 # ---------------------------------------------------------------------------
 def test_best_gamma_without_optimum_raises():
     with pytest.raises(ValueError, match="alpha=1 且 c=0"):

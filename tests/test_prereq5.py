@@ -305,7 +305,7 @@ def test_demos_label_byte_sizes_one_way():
     assert CU.fmt_bytes(4 * 2 ** 20) == "4.19 MB" and CU.fmt_bytes(1024) == "1.02 kB"
 
 
-# issue 10：β < 0 不是答案；非整数的个数全课程同一个约定（TypeError）
+# β < 0 不是答案；非整数的个数全课程同一个约定（TypeError）
 def test_fit_alpha_beta_rejects_decreasing_times_and_non_integer_counts():
     n = np.array([1e3, 1e4, 1e5, 1e6])
     with pytest.raises(ValueError, match="斜率"):
@@ -332,7 +332,7 @@ def test_nccl_environment_builds_on_gpu_meta(monkeypatch, tmp_path):
 
 
 def test_gloo_demo_never_oversubscribes_cores():
-    # issue 10：核数少于进程数时测的是调度（α 被撑大、拟合变差）；演示只用不超过核数的进程数，1 个核时一个也不起
+    # 核数少于进程数时测的是调度（α 被撑大、拟合变差）；演示只用不超过核数的进程数，1 个核时一个也不起
     from labload import load_demo
     demo = load_demo("prereq5", "05_gloo_allreduce_measure.py")
     assert demo.process_counts((2, 4), 2) == ([2], [4])
