@@ -641,16 +641,14 @@ A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB [S1]（
 # H100 SXM5 与 H200 SXM：同一颗 GH100（132 个 SM），H200 只是 HBM3e 更快；峰值与带宽取自 hw_specs
 H100_DEC = DecodeGPU("H100", 132, H100_SXM.peak_flops("bf16"), H100_SXM.mem_bw)
 H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
-# 实测拟合的 H200（不是假设）：07_decode_bench.py 在 H200 上测了我们的 flash_decode（"fd"）和 flash_attn_func 的
+# 实测拟合的 H200（不是假设）：bench/decode_bench.py 在 H200 上测了我们的 flash_decode（"fd"）和 flash_attn_func 的
 # 单 query 路径（"fa2"）各 12 个点（B ∈ {1, 8, 64} × S ∈ {1k … 128k}，Hq/Hk = 32/8，d = 128，bf16），
 # fit_decode_gpu 拟合出：
 #   sm_bw_cap = 32.9 GB/s —— 一个 SM 上一个程序能拉到的带宽（假设是 80 GB/s；HBM 4.8 TB/s ÷ 132 = 36 GB/s，
 #       所以一个 SM 单独跑时也就刚够分到的那一份，拉不动更多）
-#   launch = 1.30 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）。v3.1 的内核拟合出
-#       1.75 µs，v3.2（PDL）1.50 µs，v3.3 第一次运行（v16）1.15 µs，提交的这次（v19）1.30 µs。这个参数几乎只由最短的
-#       B = 1、S = 1k 一点决定：v16 那里是 8 段 4.55 µs，v19 改用 16 段 3.91 µs（模型里程序数翻倍），两次的
-#       差别全来自它；去掉这一点，两次都拟合出 0.65–0.70 µs（results/NOTES.md 的 v13）
-# 中位误差 9% → 4%（两种方法各 12 个点）。出处：lecture11/results/decode_bench.json（2026-12-01，torch 2.11.0+cu130，
+#   launch = 1.30 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）。它几乎只由最短的
+#       B = 1、S = 1k 一点决定（16 段 3.91 µs）；去掉这一点拟合出 0.65–0.70 µs
+# 中位误差 9% → 4%（两种方法各 12 个点）。出处：lecture11/bench/results/decode_bench.json（2026-12-01，torch 2.11.0+cu130，
 # triton 3.6.0）。tests 断言它等于对这份 JSON 的拟合：数据变了，这里必须跟着改。
 H200_DEC_MEASURED = DecodeGPU("H200 (measured)", 132, H200.peak_flops("bf16"), H200.mem_bw,
                               sm_bw_cap=32884590578.461082, launch=1.3e-6)
@@ -877,9 +875,9 @@ class TimelineParams:
     smem_buf: float = 13 * 16 * 1024
 
 
-# 实测校准的 H200 时间线参数（不是假设；07_decode_bench.py 第 6 部分，2026-12-01，torch 2.11.0+cu130）：
+# 实测校准的 H200 时间线参数（不是假设；bench/decode_bench.py 第 6 部分，2026-12-01，torch 2.11.0+cu130）：
 #   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.73 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
-#       重放的间隔（lecture11/results/decode_bench.json 的 launch.graph_s；普通 stream 里是 1.49 µs）；
+#       重放的间隔（lecture11/bench/results/decode_bench.json 的 launch.graph_s；普通 stream 里是 1.49 µs）；
 #   small = 1.88 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/results/step_measure.json，CUDA 图，上下文
 #       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
 #   eager 的 launch = 11.99 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。

@@ -6,7 +6,7 @@ FlashAttention-3 [S91] 的前向 = FA2 的在线 softmax + 三件 Hopper 专属�
 专门的生产者 warp 只发 TMA）；(2) 乒乓（§3.1）：两个计算 warpgroup 轮流，一个做 softmax 时另一个做矩阵乘；
 (3) 组内重叠（§3.2）：先发第 j+1 块的 QKᵀ，再在它跑着的时候做第 j 块的 softmax。
 一个内核 _attn_fwd，constexpr 开关一步步加上去（variant= 选一步）。H200 实测（bf16，B·N = 32k，d = 128，
-N = 4k / 16k，TFLOP/s；cuDNN 690 / 625，results/gluon_bench.json）：
+N = 4k / 16k，TFLOP/s；cuDNN 690 / 625，bench/results/gluon_bench.json）：
   "pipelined" A：一个 warpgroup，TMA + mbarrier + 异步 wgmma，K/V 3 级缓冲              406 / 431
   "ws"        B：+ 1 个生产者 warp 填 K/V 环（ready / empty 两组 mbarrier），1 个计算组    362 / 384  慢了：一组自己的
               softmax 和矩阵乘还是串行的，生产者没有替它省下什么（TMA 本来就是异步的）
@@ -26,7 +26,7 @@ Gluon 3.6 都写得出来：寄存器重分配（FA3 的 setmaxnreg）= gl.warp_
 反向（attention_backward；输入要梯度时 attention() 自动走它）：一个程序拿住 128 行 K/V（两个计算组各 64 行），
 Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ、dPᵀ、dV、dK、dQ）——triton_flash 默认的反向另开 dQ 内核，
 共 7 次。H200、06 的基准（N ≥ 4k）：cuDNN 的 1.00–1.02×（d = 128）、0.93–1.01×（d = 64）。每一步买到的
-（results/NOTES.md 的 v9–v12，同一次运行里前后两版的比）：
+（同一次运行里前后两版的比）：
   dQ 跨程序相加（fp32 累加器）：每组从寄存器原子加自己那份（v1）→ FA3 的做法：两组交换 dSᵀ（共享内存 + mbarrier），
       各算 dQ 的一半列，写进共享内存，用 TMA 的归约写回（cp.reduce.async.bulk.tensor；Gluon 3.6 的 Python 层没包装，
       _tma_reduce_add 直接调 IR 构造器）：L2 流量减半、溢出 828 / 872 → 192 / 352 字节（full / causal），
@@ -41,7 +41,7 @@ Q、dO 块流过（同一套生产者 + 环），每对块 5 次矩阵乘（Sᵀ
 运行（只在 Hopper 上；没有 GPU 时一行 SKIP、退出码 77）：
   python3 lecture11/gluon_flash.py [--seed N] [--only V ...]   每个 variant 和反向对照 float64 参考（flash-attn 判据）
   python3 lecture11/gluon_flash.py --bench --out DIR          前向的每一步 vs triton_flash、cuDNN、FLASH
-                                                              （反向的对照在 06_triton_bench.py 里，带 NaN 检查）
+                                                              （反向的对照在 bench/triton_bench.py 里，带 NaN 检查）
   python3 lecture11/gluon_flash.py --explore-bwd --out DIR    反向的块 × N × causal 对 cuDNN，bwd_tile_config 的出处
                                                               （→ DIR/gluon_bwd_explore.json；--ns 同 --explore）
   python3 lecture11/gluon_flash.py --explore --out DIR        扫 variant × (BLOCK_N, STAGES)，tile_config 的出处
@@ -89,7 +89,7 @@ except Exception as exc:            # 没有 triton，或者 triton 太旧、没
     GLUON_ERROR = f"{type(exc).__name__}: {exc}"
 
 VARIANTS = ("pipelined", "ws", "ws2", "overlap", "pingpong", "persist")
-BEST = "persist"      # 实测：N = 1k 上明显最快，4k、16k 上不慢于 C（results/gluon_explore_*.json，best_variant）
+BEST = "persist"      # 实测：N = 1k 上明显最快，4k、16k 上不慢于 C（bench/results/gluon_explore_*.json，best_variant）
 HEAD_DIMS = (64, 128)
 LOG2E = math.log2(math.e)
 
@@ -132,10 +132,10 @@ def tile_config(variant, d):
     if f["CONSUMERS"] == 1:                       # 默认分区 4 warp + 生产者 1 warp（按 warpgroup 算：8 warp）
         return (128, 64, 4, 4, 232, (24,)) if d == 64 else (64, 64, 4, 4, 232, (24,))
     # worker 顺序：计算组 1（4 warp）、生产者（1 warp）
-    # 块大小按 --explore 的实测（results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
+    # 块大小按 --explore 的实测（bench/results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
     # worker_regs 只是记账：内核 _attn_fwd 的 gl.warp_specialize 调用里写死了 [24] / [240, 24]（Gluon 要字面的列表），
     # 改这里就要改那里——tests/test_lecture11_gluon.py 对照两处
-    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1.6%，16k 上快 3%（results/gluon_explore_1k_4k.json、_16k.json）
+    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1.6%，16k 上快 3%（bench/results/gluon_explore_1k_4k.json、_16k.json）
     stages = 3 if d == 128 or f["PERSIST"] else 4
     return (64, 128, stages, 4, 168, (240, 24))
 
@@ -551,7 +551,7 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
 
 def best_variant(d, n):
     """variant="best" 选哪一步：按 H200 上的实测，量过的形状都用 BEST（persist，步骤 E）。
-    同一次运行里比（results/gluon_explore_1k_4k.json：E 对 A、C；gluon_explore_16k.json：E 对 C）：N = 1k 上 E 明显
+    同一次运行里比（bench/results/gluon_explore_1k_4k.json：E 对 A、C；gluon_explore_16k.json：E 对 C）：N = 1k 上 E 明显
     最快（+11–26%；d = 64 原来最快的 pipelined 375 / 268 → E 419 / 291 TFLOP/s）；N = 4k、16k 上 E 比 C 快 0–9%，
     但这在运行之间的起伏之内（同一个 ws2 配置 d = 128、16k 在三次运行里是 616 / 652 / 685），只能说"不慢于 C"。
     测试 test_best_variant_rule_follows_the_committed_sweeps 对照这两份扫描。d、n 留着：以后按形状选。"""
@@ -700,9 +700,9 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
 # [BLOCK_N, BLOCK_M] 的格子读的时候用 .permute((1, 0)) 视图 [BLOCK_M, BLOCK_N]
 # （16 位数的 wgmma 允许 A 从共享内存转置读）。
 # 每块 Q 行的 LSE·log2 e、D：预处理内核写成按头排的 [2, B·H, n_pad]，生产者每格用一维 TMA 和 Q、dO 一起读进来，
-# 计算组直接按沿列广播的布局从共享内存读（v11 每轮从全局读、再 convert_layout：慢 1.1–1.3×，results/NOTES.md 的 v12）。
-# v9 的第一版（v1）每个计算组各算自己 64 行 K 的那份 dQ、从寄存器原子加（red.global.add.v2）：L2 流量是这里的两倍、
-# 原子加的地址逼得 ptxas 溢出 ~830 字节，d = 128 时慢 1.6–1.8×（results/NOTES.md 的 v9、v11；代码在 git 18929f1）。
+# 计算组直接按沿列广播的布局从共享内存读（每轮从全局读、再 convert_layout 的做法慢 1.1–1.3×）。
+# 第一版每个计算组各算自己 64 行 K 的那份 dQ、从寄存器原子加（red.global.add.v2）：L2 流量是这里的两倍、
+# 原子加的地址逼得 ptxas 溢出 ~830 字节，d = 128 时慢 1.6–1.8×（代码在 git 18929f1）。
 # 和 triton_flash.py 默认的反向比：那里 dK/dV 内核 5 次 + 单独的 dQ 内核再算一遍 QKᵀ、dO Vᵀ = 7 次矩阵乘。
 # worker_regs（最后一项）只是记账：_attn_bwd 的 gl.warp_specialize 调用里写死了同样的 [240, 24]（测试对照两处）
 BWD_TILES = {64: (128, 64, 2, 2, 4, 168, (240, 24)),
@@ -719,14 +719,14 @@ def bwd_tile_config(d):
     dPᵀ 已经死了）。一个计算组拿 128 行 K/V 时 d = 128 的 dK + dV 就有 256 个：必溢出——所以两个计算组各 64 行，
     共用每一份 Q / dO（empty 计数 2，和前向的 ws2 一样）。
     d = 64 的 dK + dV 只有 64 个：BLOCK_M 加到 128（Sᵀ、dPᵀ 各 64 个），每轮的矩阵乘大一倍、同步和等待少一半；
-    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 4–10%（results/gluon_bwd_explore.json）。
+    ptxas 溢出 196 字节，实测仍比 BLOCK_M = 64（4 格、不溢出）快 4–10%（bench/results/gluon_bwd_explore.json）。
     共享内存：K、V 2·CONSUMERS·BLOCK_N·d·2 字节 + STAGES·2·BLOCK_M·d·2（Q、dO）+ 4·BLOCK_N·BLOCK_M·2（dSᵀ：两组 ×
     奇偶两份）+ 2·BLOCK_M·(d/2)·4（两组的 fp32 dQ 半块）+ STAGES·2·BLOCK_M·4（每格的 LSE·log2 e、D）；
     按这个式子 d = 128 时 230 912 字节、d = 64 时 198 656 字节，再加 mbarrier 和对齐，ptxas 报 231 360 / 199 072
     （上限 232 448；d = 64 再加一格，式子就正好到上限，加上 mbarrier 就超了）。CONSUMERS 只能是 2（两组交换 dSᵀ、
     各算 dQ 的一半列是为两组写的；_launch_bwd 检查）。
     溢出（triton 3.6 为 sm_90a 编译，ptxas -v）：d = 128 full / causal 124 / 44 字节，d = 64 196 / 196 字节
-    （results/gluon_bwd_ptxas.log）。
+    （bench/results/gluon_bwd_ptxas.log）。
     """
     return BWD_TILES[check_choice("d", d, tuple(BWD_TILES), where="bwd_tile_config")]
 
@@ -774,7 +774,7 @@ if gl is not None:
         """
         反向的收尾：dQ = scale · 累加器，fp32 [B, H, DQ_PAD, d] → 输入的 dtype [B, N, H, d]。两边每行的 d 个数都连续，
         只是行的顺序不同（头、位置对调）；按输出的行 r = (b·N + n)·H + h 排，每行整行读、整行写。
-        （torch.mul 对转置视图做同样的事要 323 µs，cuDNN 自己的换 dtype 内核 111 µs：results/ncu/ 的 gluon-bwd。）
+        （torch.mul 对转置视图做同样的事要 323 µs，cuDNN 自己的换 dtype 内核 111 µs：bench/results/ncu/ 的 gluon-bwd。）
         """
         tpc: gl.constexpr = HEAD_DIM // 4                 # 一行几个线程（每个线程 4 个 fp32 = 16 字节）
         layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // tpc, tpc], [4, 1], [1, 0])
@@ -956,7 +956,7 @@ if gl is not None:
         """
         程序 (i, b·H + h)：第 b 个序列、第 h 个 query 头，K/V 行 [i·CONSUMERS·BLOCK_N, +CONSUMERS·BLOCK_N)。
         一个头一个头地发：同时在跑的程序只落在几个头上，共用的 Q、dO、dQ 累加器留在 L2 里（先发所有头的第 i 块、
-        或 causal 时按段先发最长的块，都实测过，更慢或没有区别：results/NOTES.md 的 v11）。
+        或 causal 时按段先发最长的块，都实测过，更慢或没有区别）。
         """
         pid_n = gl.program_id(0)                 # causal 时小的 i 看到的 Q 块最多：正序发就是最长的先上 SM
         bh = gl.program_id(1)
@@ -1042,7 +1042,7 @@ def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
     上游梯度 do [B, N, H, d] → (dq, dk, dv)，形状、dtype 和 q、k、v 相同。causal、softmax_scale 必须和前向一样。
     GQA（Hk < H）：内核给每个 query 头写一份 fp32 的 dK、dV，主机上按组求和。
     dQ 不逐位可复现：不同 K/V 块的程序用 TMA 归约把各自那份加进同一个 fp32 累加器，先后由调度决定，两次运行的 dq
-    相差最多 ~3e-5（相对，results/gluon_bwd_explore.json 的 rel_diff）；dK、dV 是逐位可复现的。要逐位可复现的梯度用
+    相差最多 ~3e-5（相对，bench/results/gluon_bwd_explore.json 的 rel_diff）；dK、dV 是逐位可复现的。要逐位可复现的梯度用
     triton_flash.flash_attn_func（默认的 split 反向，没有原子操作）。
     """
     scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
@@ -1456,7 +1456,7 @@ def _parse_args(argv=None):
                     help="--explore 测哪几个 N（默认 4096 16384；文件名跟着变：--ns 1024 → gluon_explore_1k.json）")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(EXPLORE_VARIANTS),
                     help="--explore 测哪几步（默认 EXPLORE_VARIANTS：扫块大小；其余只测 tile_config 的那一组）")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="基准 JSON 写到哪个目录")
+    ap.add_argument("--out", default=os.path.join(HERE, "bench", "results"), help="基准 JSON 写到哪个目录")
     ap.add_argument("--only", nargs="+", choices=VARIANTS + ("bwd",), default=VARIANTS + ("bwd",),
                     help="自检只查这几项（前向的 variant、bwd = 反向）")
     return ap.parse_args(argv)

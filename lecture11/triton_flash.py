@@ -11,28 +11,28 @@ Triton 版 FlashAttention-2：flash_lab 里用 numpy 写清楚的算法，怎样
       b. 形状：Nq ≠ Nk（右下角对齐）、GQA / MQA、变长序列打包（varlen）、任意 d ≤ 256、任意步长
       c. 特性：滑动窗口、ALiBi、bias、softcap（Gemma-2）、dropout（Philox 随机数，反向重新生成同一张掩码）
       d. 主机端：同一组形状、同一组参数第二次起直接调用编译好的内核（_Plan）；每次调用的主机开销：
-         06_triton_bench.py --overhead（results/host_overhead.json）
+         bench/triton_bench.py --overhead（bench/results/host_overhead.json）
       e. 试过但默认关的 Hopper 开关（留着复现对比）：TMA 描述符、warp_specialize
       f. 反向：默认 split = dK/dV 内核 + dQ 内核（每对块 7 次矩阵乘，逐位可复现）；Launch(bwd="atomic") 是 FA2 的
-         原子 dQ（5 次）。按实测选：H200 上原子路径反而慢（06_triton_bench.py --quick 的 ours/atomic 一栏）
+         原子 dQ（5 次）。按实测选：H200 上原子路径反而慢（bench/triton_bench.py --quick 的 ours/atomic 一栏）
           python3 lecture11/triton_flash.py --kernel full
   v3  flash-decoding flash_decode(q, k_cache, v_cache, cache_seqlens)：decode 时把 key 轴切成几段（split-KV）并行，
       GQA 一组 query 头共用一次 K/V 读取，各段的部分结果用 LSE 合并；主机端不同步；任意 d ≤ 256、任意 n（行多时转
-      v2 的前向内核）。H200 上（07_decode_bench.py）是 SDPA 的 0.99–1.66×，S ≥ 32k 时读 K/V 达到拷贝带宽的 91–109%
+      v2 的前向内核）。H200 上（bench/decode_bench.py）是 SDPA 的 0.99–1.66×，S ≥ 32k 时读 K/V 达到拷贝带宽的 91–109%
           python3 lecture11/triton_flash.py --kernel decode
   v1、v2 和 float64 参考 reference_attention 逐项比较 out、LSE、dQ、dK、dV，v3 对照 reference_decode 和 SDPA：
   CPU 上用 Triton 解释器（fp32，误差 < CPU_TOL），GPU 上用 flash-attn 的判据
   （误差 ≤ 2 × PyTorch 自己 bf16/fp16 注意力的误差）。
 
 形状（flash-attn 的布局）：q [B, Nq, Hq, d]，k、v [B, Nk, Hk, d] → out [B, Nq, Hq, d]，LSE [B, Hq, Nq]（自然对数）。
-速度（H200、bf16）：v2 的前向、反向在 12 个基准形状上都快于 SDPA-FLASH——06_triton_bench.py --quick 由提交的
+速度（H200、bf16）：v2 的前向、反向在 12 个基准形状上都快于 SDPA-FLASH——bench/triton_bench.py --quick 由提交的
 results/triton_bench.json 现算比值、逐条对照目标。
 
 运行：
   python3 lecture11/triton_flash.py [--kernel minimal|full|decode|all] [--seed N]
       有 GPU：bf16/fp16 真实尺寸；没有 GPU：以 TRITON_INTERPRET=1 重新运行自己（CPU 解释器，小尺寸 fp32）。
       每次运行打印种子；失败时用 --seed 复现同一组输入。
-  python3 lecture11/06_triton_bench.py    和 PyTorch SDPA 的 FLASH / CUDNN / EFFICIENT 后端比速度
+  python3 lecture11/bench/triton_bench.py    和 PyTorch SDPA 的 FLASH / CUDNN / EFFICIENT 后端比速度
 依赖 torch、triton（解释器模式要在 import 本模块之前设置环境变量 TRITON_INTERPRET=1）。
 """
 import argparse
@@ -245,7 +245,7 @@ def mini_attention(q, k, v, causal=False, softmax_scale=None):
 #                                        原子加进 fp32 累加器：5 次矩阵乘（QKᵀ、dO Vᵀ、Pᵀ dO、dSᵀ Q、dS K），加的
 #                                        先后由 GPU 调度决定，dQ 的末位每次可能不同
 #                                      默认是 split，因为 H200 上实测它更快：少掉的 2 次矩阵乘没有换来时间
-#                                        （06 的 ours/atomic 一栏；原因见 results/NOTES.md 的 v7）
+#                                        （bench/triton_bench.py 的 ours/atomic 一栏）
 #
 # 三段循环：对一个 Q 块，要看的 key 块是 [lo, hi)，其中对块里每一行都合法的是 [fs, fe)。循环分三段
 #   （STAGE 0/1/2）：[lo, fs) 带掩码、[fs, fe) 不带掩码、[fe, hi) 带掩码；causal 时第 0 段为空、第 2 段是对角块。
@@ -436,7 +436,7 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
     """flash_fwd(order="fa2") 的内层循环：对第 STAGE 段的 key 块做在线 softmax（TMA、WS 只用在不带掩码的中段）。"""
     MASKED: tl.constexpr = STAGE != 1
     USE_DESC: tl.constexpr = TMA and STAGE == 1          # K、V 用张量描述符整块搬运（Hopper 的拷贝引擎）
-    LOOP_WS: tl.constexpr = WS and STAGE == 1            # warp specialization：Triton 3.6 上没变快（NOTES.md）
+    LOOP_WS: tl.constexpr = WS and STAGE == 1            # warp specialization：Triton 3.6 上没变快
     SCALED: tl.constexpr = HAS_ALIBI or HAS_BIAS or HAS_SOFTCAP     # _logits 已经乘过 qk_scale
     start, stop = _stage_bounds(lo, fs, fe, hi, STAGE)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=LOOP_WS):
@@ -762,7 +762,7 @@ def _cfg(bm, bn, warps, stages):
 
 
 # 每个配置在租用的 GPU 上都要编译一次：列表保持很短
-# 前向的四个配置来自 results/triton_explore.json（H200 上 7 个配置 × 有无 TMA 的实测，见 results/NOTES.md）
+# 前向的四个配置来自 bench/results/triton_explore.json（H200 上 7 个配置 × 有无 TMA 的实测）
 FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
 # dK/dV：BLOCK_M = 32 行的 Q 块只能配 num_stages = 1（_dkdv_config_safe）。(32, 64, 4, 3)、(32, 128, 4, 2) 在 H200 上
 # 给出错的、每次不同的 dK（causal、Nq ≠ Nk 时最大误差是 PyTorch 的 10–260 倍；同样的块配 1 级流水线就对）。
@@ -770,7 +770,7 @@ FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _
 DKDV_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 1)]
 DQ_CONFIGS = [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 2), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3)]
 # 带原子 dQ 的 dK/dV 内核（Launch(bwd="atomic")）：每个 Q 块多一个 [BLOCK_M, d] 的 fp32 dQ 块，寄存器更紧，所以没有
-# (32, 128) 这种长 key 块配 4 warp 的组合；没有在 GPU 上挑选过（v7 实测比 split 慢，见 results/NOTES.md）
+# (32, 128) 这种长 key 块配 4 warp 的组合；没有在 GPU 上挑选过（实测比 split 慢）
 DKDV_ATOMIC_CONFIGS = [_cfg(64, 128, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 64, 8, 2), _cfg(32, 64, 4, 1)]
 TUNE_CONFIGS = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dkdv_atomic": DKDV_ATOMIC_CONFIGS, "dq": DQ_CONFIGS}
 
@@ -928,7 +928,7 @@ def _current_stream(device_index):
 class _Plan:
     """
     同一组形状的一次内核启动。Triton 的正常启动每次都要绑定 45 个参数、算特化键、查编译缓存、过 autotuner
-    （H200 上实测每次调用 ≈ 170–220 µs 的主机时间，results/NOTES.md）；这里第一次照常启动，把编译好的内核、网格和
+    （H200 上实测每次调用 ≈ 170–220 µs 的主机时间）；这里第一次照常启动，把编译好的内核、网格和
     参数表记下来，之后只换掉其中的张量，直接调用编译好的内核（Triton 的 C 启动器）。
     键（调用者给）必须包含决定编译结果的一切：形状、步长、dtype、设备、标量参数、指针是否 16 字节对齐。
     """
@@ -1263,7 +1263,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
 
 
 # gluon_route 的门槛：每个 (序列, 头) 至少 GLUON_MIN_N 行，总的打分元素 B·Hq·N² 至少 GLUON_MIN_WORK。
-# 06_triton_bench 量过的 24 个形状（N = 1k…16k，d = 64 / 128，bf16，results/triton_bench.json）上 gluon 的前向、反向
+# bench/triton_bench.py 量过的 24 个形状（N = 1k…16k，d = 64 / 128，bf16，bench/results/triton_bench.json）上 gluon 的前向、反向
 # 最多慢 1%（最差是 causal、d = 64、N = 1k 的反向；tests/test_lecture11_configs.py 由 JSON 现算），别处都更快；
 # N < 1k 没有量过。总量的门槛：2²⁷ 个打分 × 4d FLOP 在 ~400 TFLOP/s 上是几十 µs（d = 64、causal）到几百 µs，
 # 让 gluon 每次调用多出的主机开销（建 TMA 描述符、Triton 的正常启动；还没有在 GPU 上单独量过）摊得开
@@ -1718,7 +1718,7 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     GPU 检查（flash-attn 的判据）：对每个输出，‖ours − ref64‖/‖ref64‖ ≤ 2 × ‖torch低精度 − ref64‖/‖ref64‖，
     "torch 低精度" = 同样的输入用纯 torch 在 bf16/fp16 里算。v2 的两条反向路径（split、原子 dQ）都查。
     poison：v2 的输出先填 NaN；autotune=False：固定配置，每个用例少编译几个版本（调优路径由
-    06_triton_bench.py 对照 SDPA 检查）。only：只跑名字里含这个子串的用例。先打印再断言。
+    bench/triton_bench.py 对照 SDPA 检查）。only：只跑名字里含这个子串的用例。先打印再断言。
     """
     kernel = check_choice("kernel", kernel, KERNELS, where="check_gpu")
     launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison), gluon=False)
@@ -1968,7 +1968,7 @@ def _selftest(kernel="all", seed=None, only=None):
 #       它在整个调用的关键路径上（第一步全部结束之后才能开始）：一个 warp（按段求和都在线程内，不跨 warp 归约），
 #       程序少时把 d 切开（B = 1：32 行 × 4 段列 = 128 个程序，各读 2 KB）；H200 上 1.25 → 0.5 µs
 #       （decode_merge_config）。
-#     试过"最后到的程序合并"（一个内核、原子计数器，省一次启动）：H200 上反而慢（results/NOTES.md 的 v3.1、v13）。
+#     试过"最后到的程序合并"（一个内核、原子计数器，省一次启动）：H200 上反而慢。
 #   缓存 k_cache、v_cache [B, S_max, Hk, d]，cache_seqlens [B]（int32，每个序列的有效前缀长度 L_b）。
 #   n 个新 token 的第 i 个位于 L_b − n + i（右下角对齐），只看 key j ≤ L_b − n + i（它们之间也是 causal）。
 #   GPU 上检查 L_b ≤ S_max 要同步一次，所以不查：内核把 L_b 截到 [0, S_max]（多出的部分当作被掩掉），绝不越界读。
@@ -2004,7 +2004,7 @@ def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stri
 def _probe(STAMPS, program, field: tl.constexpr):
     """
     计时探针：把 %globaltimer（GPU 的全局时钟，ns，所有 SM 同一个）写进 STAMPS[program, field]；field 3 写 SM 号。
-    每个程序一行 [入口, gdc_wait 之后, 完成, SM 号]（07_decode_bench.py 的"一次调用的时间线"用它）。"完成"在两个
+    每个程序一行 [入口, gdc_wait 之后, 完成, SM 号]（bench/decode_bench.py 的"一次调用的时间线"用它）。"完成"在两个
     内核里不一样：第一步是循环结束（K/V 都读完了，部分结果还没写），合并内核是所有线程都发出了写之后。
     """
     if field == 3:
@@ -2122,8 +2122,8 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, STAMPS, N_KV_HEADS, N_SPLITS, st
         _probe(STAMPS, program, 3)
 
 
-# 每次循环读的 key 数、warp 数、流水级数 (BLOCK_N, warps, stages)：H200 上 sweep 选的（results/NOTES.md 的 v3.1，
-# results/decode_bench.json 的 meta.decode_config）。每段的 key 多时 (64, 4, 4) 略快；每段 ≤ 512 个 key 时
+# 每次循环读的 key 数、warp 数、流水级数 (BLOCK_N, warps, stages)：H200 上 sweep 选的（bench/results/
+# decode_bench.json 的 meta.decode_config）。每段的 key 多时 (64, 4, 4) 略快；每段 ≤ 512 个 key 时
 # (128, 4, 3) 快约 10%（循环次数减半，流水线的填充 / 排空少一半）。解释器用小块，几十个 key 也跨好几块。
 DECODE_CONFIG_GPU = (64, 4, 4)
 DECODE_CONFIG_SHORT_GPU = (128, 4, 3)
@@ -2199,9 +2199,8 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
         一个块，且 ≤ MAX_SPLITS）里取波效率 ≥ 0.95 × 最高波效率的最小 s（段越少，合并越省事）。
         S 用缓存长度 S_max（主机端不知道每个序列的真实长度，读它要同步）。
     【实测】H200（132 个 SM，我们的两种配置每个 SM 同时都只放得下一个程序）上，Hk = 8 时 B = 1 / 8 / 64
-        最快的段数是 16 / 2 / 1（results/decode_bench.json 的 sweep），正是这条规则给出的。sweep 里别的配置能更快的
-        只有 B = 1、S = 8k：(64, 4, 2) × 66 段快 4%（8.7 对 9.1 µs）；没收进规则，因为 S = 32k、128k 上多段不快
-        （results/NOTES.md 的 v3.2）。
+        最快的段数是 16 / 2 / 1（bench/results/decode_bench.json 的 sweep），正是这条规则给出的。sweep 里别的配置能更快的
+        只有 B = 1、S = 8k：(64, 4, 2) × 66 段快 4%（8.7 对 9.1 µs）；没收进规则，因为 S = 32k、128k 上多段不快。
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
     n_sm = check_int("n_sm", n_sm, lo=1)
@@ -2221,7 +2220,7 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None, *, rows=1, d=1
     """
     flash_decode 的配置和段数：先按 DECODE_CONFIG 的块大小定段数，每段 ≤ SHORT_SPLIT_KEYS 个 key 时换成
     DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数——但大块会让段数变少时不换（缓存短、每段只有一两个
-    大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，results/decode_bench.json 的 sweep）。
+    大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，bench/results/decode_bench.json 的 sweep）。
     两种配置都先经过 decode_fit_smem（rows = (Hq/Hk)·n、d、dtype_bytes 决定共享内存；默认值是基准的形状：
     R·n ≤ 16、d = 128、bf16，这时两种配置都放得下、原样用）；大块配置要缩才放得下时不换它。
     num_splits、config 给了就用给的（config 给了、段数没给时按它的块大小定段数；给的 config 不缩：那是实验用的）。
@@ -2262,7 +2261,7 @@ def decode_merge_config(rows, d, splits, n_sm=132):
     【d 不是 2 的幂】按补到 2 的幂的 d 切（D_CHUNK 是 2 的幂），段列数 = ⌈d / D_CHUNK⌉：最后一段列越过 d 的部分
       不读不写（d = 80、D_CHUNK = 32：发 3 段列，第 3 段只有 16 列有用；补到 128 列时的第 4 段整段越界，不发）。
     【报错】rows、splits、n_sm < 1，d 不在 1…MAX_HEAD_DIM 之间 → ValueError。
-    【实测】H200、B = 1、Hq/Hk = 32/8、d = 128、16 段（results/decode_merge_try.json，NOTES.md 的 v13）：
+    【实测】H200、B = 1、Hq/Hk = 32/8、d = 128、16 段（bench/results/decode_merge_try.json）：
       合并内核自己 1.25 µs（4 warp、整行）→ 0.51 µs（1 warp、4 段列 × 32）；B = 1、S = 32k 一次调用 35.5 → 34.5 µs，
       S = 8k 10.7 → 9.2 µs；B = 8（256 行，不切列）1 warp 和 4 warp 相差 ≤ 0.2%。
     """
@@ -2280,7 +2279,7 @@ def decode_merge_config(rows, d, splits, n_sm=132):
 _N_SM = {}
 _SMEM = {}
 _HOPPER = {}
-DECODE_PDL = True       # 两个内核都用 PDL 发射（results/NOTES.md 的 v3.2）；Hopper 之前的 GPU、解释器上自动不用
+DECODE_PDL = True       # 两个内核都用 PDL 发射；Hopper 之前的 GPU、解释器上自动不用
 
 
 def _pdl_modes(device, pdl):
@@ -2754,7 +2753,7 @@ def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
 
 
 # ============================================================================
-# 基准共用：06_triton_bench.py、gluon_flash.py（--bench / --explore）、ncu_profile.py 的 SDPA 后端
+# 基准共用：bench/triton_bench.py、gluon_flash.py（--bench / --explore）、ncu_profile.py 的 SDPA 后端
 # （形状和 FLOP 算法在 flash_lab.py：attention_flops、BENCH_TOKENS / BENCH_HIDDEN，没有 GPU 也能用）
 # ============================================================================
 SDPA_BACKENDS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
@@ -2807,7 +2806,7 @@ def _check_tensors(where, named):
     if any(t.dtype != q.dtype for t in tensors):
         raise TypeError(f"{pre}{names} 的 dtype 必须相同，收到 {'、'.join(str(t.dtype) for t in tensors)}")
     if INTERPRET and not q.is_cuda and q.dtype == torch.bfloat16:
-        # 解释器跑 bf16 不报错，但结果错得离谱（误差 ~1e9）；GPU 上 bf16 是对的（NOTES.md）
+        # 解释器跑 bf16 不报错，但结果错得离谱（误差 ~1e9）；GPU 上 bf16 是对的
         raise TypeError(f"{pre}Triton 解释器（CPU）上不支持 bfloat16（能跑但结果是错的）：请用 float32 或 float16，"
                         "bf16 请在 GPU 上跑")
     if any(t.device != q.device for t in tensors):

@@ -238,7 +238,7 @@ def gpu_decode_constants(monkeypatch):
 
 
 def _bench():
-    bench = load_lab("lecture01", "course_utils").load_json(os.path.join(ROOT, "lecture11", "results",
+    bench = load_lab("lecture01", "course_utils").load_json(os.path.join(ROOT, "lecture11", "bench", "results",
                                                                          "decode_bench.json"))
     assert bench is not None, "提交的 decode_bench.json 不见了"
     return bench

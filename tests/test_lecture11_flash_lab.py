@@ -484,7 +484,7 @@ def test_measured_h200_parameters_equal_fit_of_committed_json():
     """flash_lab 的 H200_* 常数 = 对提交的 JSON 重新拟合的结果，逐字段（07 的演示打印时也断言，这里不依赖它的输出）。"""
     import dataclasses
     from labload import load_demo
-    bench = load_demo("lecture11", "07_decode_bench.py", flash_lab=fl)    # 07 的 `import flash_lab` 拿到这一份
+    bench = load_demo("lecture11/bench", "decode_bench.py", flash_lab=fl)    # 07 的 `import flash_lab` 拿到这一份
     res, step_res = bench.load_json(bench.RESULTS), bench.load_json(bench.STEP_RESULTS)
     assert res is not None and step_res is not None, "提交的 decode_bench.json / step_measure.json 不见了"
     fitted, _ = bench.calibrate_decode(res)

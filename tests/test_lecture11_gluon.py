@@ -104,7 +104,7 @@ def test_bwd_tile_table():
     """共享内存（式子 + mbarrier）放得下：现在的选择和 --explore-bwd 比的每个块；d = 64 再加一格就放不下（文档说的）；
     式子和 ptxas 报的差正好是 mbarrier 那一点，而且 ptxas 日志编译的就是现在的块（每段开头的 "# d=…: (…) = (…)"）。
     两个计算组是内核写死的；d 只能是 64、128。"""
-    with open(os.path.join(ROOT, "lecture11", "results", "gluon_bwd_ptxas.log"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", "gluon_bwd_ptxas.log"), encoding="utf-8") as fh:
         log = fh.read()
     reported = {int(m[0]): int(m[1]) for m in re.findall(r"^d=(\d+) full  smem (\d+) B", log, re.M)}
     compiled = {int(m[0]): ast.literal_eval(m[1]) for m in re.findall(r"^# d=(\d+): \([^)]*\) = (\(.*\))$", log, re.M)}
@@ -126,7 +126,7 @@ def test_bwd_tile_choice_follows_the_committed_sweep():
     """bwd_tile_config 有出处：提交的 --explore-bwd 里标 default 的就是现在的块；每个形状上它比扫描里最快的（只算
     梯度对的块）慢不到 2%；每个块的梯度都和默认块一致（相对差 ≤ EXPLORE_BWD_TOL）；每个形状量的块正好是现在的
     EXPLORE_BWD_TILES[d]（文件里记块的前 6 项，worker_regs 不记）。"""
-    with open(os.path.join(ROOT, "lecture11", "results", gf.explore_name(stem="gluon_bwd_explore")),
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", gf.explore_name(stem="gluon_bwd_explore")),
               encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]
     shapes = {(r["d"], r["N"], r["causal"]) for r in rows}
@@ -144,7 +144,7 @@ def test_bwd_tile_choice_follows_the_committed_sweep():
 def test_docstring_bwd_vs_cudnn_follows_the_committed_bench():
     """文件开头写的"cuDNN 的 a–b×（d = 128）、c–d×（d = 64）"由提交的 triton_bench.json 算：06 的 best_ratio
     （gluon 的反向 / sdpa-cudnn，N ≥ 4k 的每个 (causal, N)）和 _span（两位小数），和 06 的 _bwd_text 同一个算法。"""
-    tb = load_demo("lecture11", "06_triton_bench.py", flash_lab=load_lab("lecture11", "flash_lab"))
+    tb = load_demo("lecture11/bench", "triton_bench.py", flash_lab=load_lab("lecture11", "flash_lab"))
     with open(os.path.join(tb.RESULTS, tb.JSON_NAME), encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]
     big = sorted({(r["causal"], r["N"]) for r in rows if r["mode"] == "bwd" and r["N"] >= 4096})
@@ -213,7 +213,7 @@ def test_explore_cli_names_the_file_after_ns():
     steps = ("pipelined", "ws", "ws2", "overlap", "pingpong")                 # 文件开头写的命令：A–D2
     args = gf._parse_args(["--explore", "--ns", "1024", "--variants", *steps])
     assert args.ns == [1024] and tuple(args.variants) == steps
-    with open(os.path.join(ROOT, "lecture11", "results", gf.explore_name(tuple(args.ns))), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", gf.explore_name(tuple(args.ns))), encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]                                          # 这条命令写的就是已提交的那一份
     assert {r["N"] for r in rows} == set(args.ns) and {r["variant"] for r in rows} == set(args.variants)
     default = gf._parse_args(["--explore"])
@@ -257,7 +257,7 @@ def test_attention_with_grad_needs_gpu():
 def test_best_variant_rule_follows_the_committed_sweeps(sweep):
     """variant="best" 和提交的扫描一致：每个量过的 (d, N, causal)，best_variant 选的那一步、用 tile_config 的块配置，
     比扫描里最快的（任何一步、任何块配置）慢不到 2%。"""
-    with open(os.path.join(ROOT, "lecture11", "results", sweep), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", sweep), encoding="utf-8") as fh:
         rows = [r for r in json.load(fh)["rows"] if "tflops" in r]
     shapes = {(r["d"], r["N"], r["causal"]) for r in rows}
     assert len(shapes) == (8 if "1k_4k" in sweep else 4)

@@ -1,7 +1,7 @@
 """
 07 · flash-decoding 上 GPU：split-KV 内核读 K/V 能到拷贝带宽的几成？第 4 节的时间模型离真机多远？
 
-你会看到（数字来自已提交的 lecture11/results/decode_bench.json，H200、bf16；没有 GPU 也能看）
+你会看到（数字来自已提交的 lecture11/bench/results/decode_bench.json，H200、bf16；没有 GPU 也能看）
   1. 一次 decode 注意力（每个序列 1 个新 token）：B ∈ {1, 8, 64} × S ∈ {1k, 8k, 32k, 128k}，Hq / Hk = 32 / 8，
      d = 128。三种实现：我们的 triton_flash.flash_decode（v3，split-KV + GQA 打包）、SDPA（enable_gqa=True）、
      我们的 flash_attn_func 的单 query 路径（FlashAttention-2 的并行方式：每个 (序列, query 头) 一个程序）。
@@ -23,11 +23,11 @@
 
 单位：时间 µs，带宽 TB/s（10^12 字节/秒），K/V 字节 = B·S·Hk·d·2（K 和 V）·2（bf16）。
 
-在 GPU 上重新测（写 lecture11/results/decode_bench.json，H200 上约 1 分钟：提交的那次 48 s），再重画已提交的图：
-    python3 lecture11/07_decode_bench.py --measure [--sweep]
-    python3 lecture11/07_decode_bench.py --replot
+在 GPU 上重新测（写 lecture11/bench/results/decode_bench.json，H200 上约 1 分钟：提交的那次 48 s），再重画已提交的图：
+    python3 lecture11/bench/decode_bench.py --measure [--sweep]
+    python3 lecture11/bench/decode_bench.py --replot
 只读结果、打印、画图（没有 GPU 也行；check-all 跑 --quick，make figures 跑不带参数的；都不动 results/ 里的图）：
-    python3 lecture11/07_decode_bench.py [--quick]
+    python3 lecture11/bench/decode_bench.py [--quick]
 """
 import argparse
 import dataclasses
@@ -38,9 +38,10 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
+LESSON = os.path.dirname(HERE)                          # lecture11：课本身
+sys.path.insert(0, LESSON)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 from dataclasses import replace  # noqa: E402
 
 import flash_lab as fl  # noqa: E402
@@ -51,7 +52,7 @@ from hw_specs import H200  # noqa: E402
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "decode_bench.json")
-STEP_RESULTS = os.path.join(HERE, "..", "lecture05", "results", "step_measure.json")   # 第 5 讲测的真实一步
+STEP_RESULTS = os.path.join(LESSON, "..", "lecture05", "results", "step_measure.json")   # 第 5 讲测的真实一步
 HQ, HK, D = 32, 8, 128
 BATCHES = (1, 8, 64)
 SEQLENS = (1024, 8192, 32768, 131072)
@@ -392,7 +393,7 @@ def measure(args):
     with open(path, "w") as fh:
         json.dump(res, fh, indent=1)
     print(f"写好 {os.path.relpath(path)}（{time.time() - t0:.0f} s）；打印、检查、重画 results/ 里的图："
-          "python3 lecture11/07_decode_bench.py --replot")
+          "python3 lecture11/bench/decode_bench.py --replot")
     return 0
 
 
@@ -514,7 +515,7 @@ def target_report(res):
     if one["kv_bytes"] / one["gpu_s"] < 0.9 * copy:
         lines.append(f"    B = 1、S = 32k：90% 拷贝带宽要 {one['kv_bytes'] / (0.9 * copy) * 1e6:.1f} µs，实测 "
                      f"{one['gpu_s'] * 1e6:.1f} µs（两个内核的发射、爬坡、合并是固定的几 µs，S 越短占得越多；"
-                     "results/NOTES.md 的 v3.2）")
+                     "）")
     r = by[(1, 32768, "sdpa")]["gpu_s"] / one["gpu_s"]
     check("B = 1、S = 32k 时 ≥ 1.3× SDPA", [("B=1 S=32768", r, r >= 1.3)])
     if r < 1.3:
