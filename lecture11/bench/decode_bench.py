@@ -158,14 +158,15 @@ def make_inputs(torch, B, S, seed=0):
 
 
 def impl_fns(torch, tf, q, k, v, lens):
-    """三种实现，输出都是 [B, Hq, d]。SDPA 和 fa2 直接看整个缓存（这里 L = S_max，缓存是满的）。"""
+    """三种实现，输出都是 [B, Hq, d]。SDPA 和 fa2 直接看整个缓存（这里 L = S_max，缓存是满的）。tf = flash_decode 模块。"""
+    from triton_flash import flash_attn_func
     F = torch.nn.functional
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)                     # [B, Hk, S, d] 的视图，不拷贝
     q4 = q.unsqueeze(2)                                               # [B, Hq, 1, d]
     return {
         "ours": lambda: tf.flash_decode(q, k, v, lens),
         "sdpa": lambda: F.scaled_dot_product_attention(q4, kt, vt, enable_gqa=True).squeeze(2),
-        "fa2": lambda: tf.flash_attn_func(q.unsqueeze(1), k, v).squeeze(1),
+        "fa2": lambda: flash_attn_func(q.unsqueeze(1), k, v).squeeze(1),
     }
 
 
@@ -362,7 +363,7 @@ def measure_probe(torch, tf, calls=PROBE_CALLS):
 
 def measure(args):
     import torch
-    import triton_flash as tf
+    import flash_decode as tf
     if not torch.cuda.is_available():
         print("SKIP: --measure 需要 CUDA GPU")
         return SKIP
