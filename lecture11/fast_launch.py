@@ -8,7 +8,7 @@ fast_launch · 同一组形状第二次起，跳过 Triton 每次启动的 Pytho
 测得的效果（每次调用的主机开销）见 lecture11/bench/README.md。
 
 内容：_Plan（记下 / 重放一次启动）、_should_record（第二次见到一个键才记）、_launch_hooks_active（profiler 的
-钩子装着时不走快速路径）、_current_stream。没有自检：它的测试在 tests/test_lecture11_triton.py、_decode.py。
+钩子装着时不走快速路径）、_current_stream。自检（CPU 上几毫秒）：python3 lecture11/fast_launch.py；GPU 上的逐位对照在 tests/test_lecture11_triton.py、_decode.py。
 """
 import inspect
 
@@ -138,3 +138,33 @@ def _launch_hooks_active():
             or (leave is not None and getattr(leave, "calls", True) != []))
 
 
+def _selftest():
+    """不要 GPU 的几条：第二次见到一个键才记；缓存满了整体清空；空的钩子不算装着；不像 3.6 的启动器不直接调。"""
+    saved = (dict(_PLANS), set(_SEEN))
+    _PLANS.clear()
+    _SEEN.clear()
+    try:
+        assert not _should_record(None)
+        assert not _should_record("k") and _should_record("k"), "第二次见到才记"
+        _PLANS["k"] = False
+        assert not _should_record("k"), "记过（哪怕失败）就不再记"
+        for i in range(_MAX_PLANS + 1):
+            _should_record(("fill", i))
+        assert len(_SEEN) <= _MAX_PLANS and "k" not in _PLANS, "缓存满了要整体清空"
+    finally:
+        _PLANS.clear()
+        _PLANS.update(saved[0])
+        _SEEN.clear()
+        _SEEN.update(saved[1])
+    assert isinstance(_launch_hooks_active(), bool)
+
+    class NotALauncher:
+        def __call__(self, grid, stream):
+            pass
+    assert not _direct_launch_ok(NotALauncher()) and not _direct_launch_ok(object())
+    print(f"fast_launch 自检通过：记录规则、缓存上限 {_MAX_PLANS}、启动钩子、直接启动的判断"
+          f"（这个 triton {triton.__version__} 上{'可以' if triton.__version__.startswith('3.6.') else '不'}直接调 C 的 launch）")
+
+
+if __name__ == "__main__":
+    _selftest()

@@ -293,7 +293,7 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
         一个块，且 ≤ MAX_SPLITS）里取波效率 ≥ 0.95 × 最高波效率的最小 s（段越少，合并越省事）。
         S 用缓存长度 S_max（主机端不知道每个序列的真实长度，读它要同步）。
     【实测】H200（132 个 SM，我们的两种配置每个 SM 同时都只放得下一个程序）上，Hk = 8 时 B = 1 / 8 / 64
-        最快的段数是 16 / 2 / 1（bench/results/decode_bench.json 的 sweep），正是这条规则给出的。sweep 里别的配置能更快的
+        最快的段数是 16 / 2 / 1（decode_bench.json 的 sweep），正是这条规则给出的。sweep 里别的配置能更快的
         只有 B = 1、S = 8k：(64, 4, 2) × 66 段快 4%（8.7 对 9.1 µs）；没收进规则，因为 S = 32k、128k 上多段不快。
     """
     B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
@@ -314,7 +314,7 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None, *, rows=1, d=1
     """
     flash_decode 的配置和段数：先按 DECODE_CONFIG 的块大小定段数，每段 ≤ SHORT_SPLIT_KEYS 个 key 时换成
     DECODE_CONFIG_SHORT（大块），再按最终的块大小定段数——但大块会让段数变少时不换（缓存短、每段只有一两个
-    大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，bench/results/decode_bench.json 的 sweep）。
+    大块：B = 1、S = 1k 时 (128, 4, 3) × 8 段 4.6 µs，(64, 4, 4) × 16 段 3.9 µs，decode_bench.json 的 sweep）。
     两种配置都先经过 decode_fit_smem（rows = (Hq/Hk)·n、d、dtype_bytes 决定共享内存；默认值是基准的形状：
     R·n ≤ 16、d = 128、bf16，这时两种配置都放得下、原样用）；大块配置要缩才放得下时不换它。
     num_splits、config 给了就用给的（config 给了、段数没给时按它的块大小定段数；给的 config 不缩：那是实验用的）。

@@ -95,7 +95,7 @@ def tile_config(variant, d):
     # 块大小按 --explore 的实测（bench/results/gluon_explore.json）：d = 128 时 BLOCK_N 128 × 3 级比 64 × 4 级快 10–25%
     # worker_regs 只是记账：内核 _attn_fwd 的 gl.warp_specialize 调用里写死了 [24] / [240, 24]（Gluon 要字面的列表），
     # 改这里就要改那里——tests/test_lecture11_gluon.py 对照两处
-    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1.6%，16k 上快 3%（bench/results/gluon_explore_1k_4k.json、_16k.json）
+    # 持久内核 d = 64 用 3 级：和 4 级在 1k、4k 上差 ≤ 1.6%，16k 上快 3%（gluon_explore_1k_4k.json、_16k.json）
     stages = 3 if d == 128 or f["PERSIST"] else 4
     return (64, 128, stages, 4, 168, (240, 24))
 
@@ -144,7 +144,7 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
 
 def best_variant(d, n):
     """variant="best" 选哪一步：按 H200 上的实测，量过的形状都用 BEST（persist，步骤 E）。
-    同一次运行里比（bench/results/gluon_explore_1k_4k.json：E 对 A、C；gluon_explore_16k.json：E 对 C）：N = 1k 上 E 明显
+    同一次运行里比（gluon_explore_1k_4k.json：E 对 A、C；gluon_explore_16k.json：E 对 C）：N = 1k 上 E 明显
     最快（+11–26%；d = 64 原来最快的 pipelined 375 / 268 → E 419 / 291 TFLOP/s）；N = 4k、16k 上 E 比 C 快 0–9%，
     但这在运行之间的起伏之内（同一个 ws2 配置 d = 128、16k 在三次运行里是 616 / 652 / 685），只能说"不慢于 C"。
     测试 test_best_variant_rule_follows_the_committed_sweeps 对照这两份扫描。d、n 留着：以后按形状选。"""
@@ -352,7 +352,7 @@ def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
     上游梯度 do [B, N, H, d] → (dq, dk, dv)，形状、dtype 和 q、k、v 相同。causal、softmax_scale 必须和前向一样。
     GQA（Hk < H）：内核给每个 query 头写一份 fp32 的 dK、dV，主机上按组求和。
     dQ 不逐位可复现：不同 K/V 块的程序用 TMA 归约把各自那份加进同一个 fp32 累加器，先后由调度决定，两次运行的 dq
-    相差最多 ~3e-5（相对，bench/results/gluon_bwd_explore.json 的 rel_diff）；dK、dV 是逐位可复现的。要逐位可复现的梯度用
+    相差最多 ~3e-5（相对，gluon_bwd_explore.json 的 rel_diff）；dK、dV 是逐位可复现的。要逐位可复现的梯度用
     triton_flash.flash_attn_func（默认的 split 反向，没有原子操作）。
     """
     scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
@@ -432,7 +432,7 @@ def _short(exc):
     return f"{type(exc).__name__}: {text[0][:100] if text else ''}"
 
 
-EXPLORE_BWD_TOL = 1e-3     # 不同的反向块只改 fp32 累加的顺序（和 dQ 归约的先后）：梯度的相对差在 1e-5 量级，超过它就是算错了
+EXPLORE_BWD_TOL = 1e-3     # 反向块不同只改 fp32 累加的顺序：梯度的相对差在 1e-5 量级，超过它就是算错了
 
 
 # ============================================================================

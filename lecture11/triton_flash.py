@@ -1135,7 +1135,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
 
 
 # gluon_route 的门槛：每个 (序列, 头) 至少 GLUON_MIN_N 行，总的打分元素 B·Hq·N² 至少 GLUON_MIN_WORK。
-# bench/triton_bench.py 量过的 24 个形状（N = 1k…16k，d = 64 / 128，bf16，bench/results/triton_bench.json）上 gluon 的前向、反向
+# bench/triton_bench.py 量过的 24 个形状（N = 1k…16k，d = 64 / 128，bf16，triton_bench.json）上 gluon 的前向、反向
 # 最多慢 1%（最差是 causal、d = 64、N = 1k 的反向；tests/test_lecture11_configs.py 由 JSON 现算），别处都更快；
 # N < 1k 没有量过。总量的门槛：2²⁷ 个打分 × 4d FLOP 在 ~400 TFLOP/s 上是几十 µs（d = 64、causal）到几百 µs，
 # 让 gluon 每次调用多出的主机开销（建 TMA 描述符、Triton 的正常启动；还没有在 GPU 上单独量过）摊得开

@@ -143,8 +143,9 @@ def test_bwd_tile_choice_follows_the_committed_sweep():
 
 
 def test_bench_readme_bwd_vs_cudnn_follows_the_committed_bench():
-    """bench/README.md 写的"cuDNN 的 a–b×（d = 128）、c–d×（d = 64）"由提交的 triton_bench.json 算：triton_bench 的
-    best_ratio（gluon 的反向 / sdpa-cudnn，N ≥ 4k 的每个 (causal, N)）和 _span（两位小数），和它的 _bwd_text 同一个算法。"""
+    """bench/README.md 写的"cuDNN 的 a–b×（d = 128）、c–d×（d = 64）"由提交的 triton_bench.json 算：
+    triton_bench 的 best_ratio（gluon 的反向 / sdpa-cudnn，N ≥ 4k 的每个 (causal, N)）和 _span（两位小数），
+    和它的 _bwd_text 同一个算法。"""
     tb = load_demo("lecture11/bench", "triton_bench.py", flash_lab=load_lab("lecture11", "flash_lab"))
     with open(os.path.join(tb.RESULTS, tb.JSON_NAME), encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]
@@ -216,7 +217,8 @@ def test_explore_cli_names_the_file_after_ns():
     steps = ("pipelined", "ws", "ws2", "overlap", "pingpong")                 # 文件开头写的命令：A–D2
     args = gs._parse_args(["--explore", "--ns", "1024", "--variants", *steps])
     assert args.ns == [1024] and tuple(args.variants) == steps
-    with open(os.path.join(ROOT, "lecture11", "bench", "results", gs.explore_name(tuple(args.ns))), encoding="utf-8") as fh:
+    path = os.path.join(ROOT, "lecture11", "bench", "results", gs.explore_name(tuple(args.ns)))
+    with open(path, encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]                                          # 这条命令写的就是已提交的那一份
     assert {r["N"] for r in rows} == set(args.ns) and {r["variant"] for r in rows} == set(args.variants)
     default = gs._parse_args(["--explore"])

@@ -5,7 +5,7 @@ gluon_sweep · gluon_flash 的基准和块大小的 sweep（H200）：tile_confi
                  H·d = 2048（flash_lab.BENCH_TOKENS / BENCH_HIDDEN），d ∈ {64, 128}，N ∈ {1k, 4k, 16k}，causal 与否
                  → DIR/gluon_bench.json（反向的对照在 triton_bench.py 里，带 NaN 检查）
   --explore      variant × (BLOCK_N, STAGES) → DIR/gluon_explore[_<N>].json（tile_config、best_variant 的出处）
-  --explore-bwd  反向的块（EXPLORE_BWD_TILES）× N × causal 对 cuDNN → DIR/gluon_bwd_explore.json（bwd_tile_config 的出处）
+  --explore-bwd  反向的块（EXPLORE_BWD_TILES）× N × causal 对 cuDNN → DIR/gluon_bwd_explore.json（bwd_tile_config）
   --replot       不用 GPU：没有图，重印提交的 gluon_bench.json 的表
 提交的几份和当时的命令：lecture11/bench/README.md。
 

@@ -11,14 +11,14 @@ bench/triton_bench.py 只给时间；时间说不出原因。这里在 H200 上�
     barrier = 等 __syncthreads，wait = 等固定延迟，math_pipe_throttle = 运算单元忙，…）
 被测的 6 个（"目标"）：
   ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
-  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 = 默认的 v2：5 次矩阵乘，
+  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 = 默认的那个：5 次矩阵乘，
                           dQ 经共享内存用 TMA 归约加回全局，LSE、D 由生产者用 TMA 读；提交的反向 CSV 量的就是它）
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：
-  python3 lecture11/bench/ncu_profile.py [--out DIR]          读 DIR（默认已提交的 results/ncu/）的 ncu_*.csv，打印对照表
+  python3 lecture11/bench/ncu_profile.py [--out DIR]    读 DIR（默认已提交的 results/ncu/）的 ncu_*.csv，打印对照表
                                                         （没有 GPU 也行）
-  python3 lecture11/bench/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
+  python3 lecture11/bench/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次，写 DIR/ncu_<目标>.csv
                                                         再打印 DIR 的对照表；有目标 ncu 失败时退出码 1
   python3 lecture11/bench/ncu_profile.py --measure --causal [--out DIR]
                                                         同样的形状但 causal（和不 causal 的比停顿）；不给 --out 时
@@ -26,7 +26,7 @@ bench/triton_bench.py 只给时间；时间说不出原因。这里在 H200 上�
                                                         --causal 也默认读它。形状记在 DIR/ncu_shape.json，之后读这个
                                                         目录时按它打印；DIR 里已有另一种 causal 的 CSV 时拒绝量。
                                                         提交的一份就在 results/ncu/causal/（只有两个反向）
-  python3 lecture11/bench/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
+  python3 lecture11/bench/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外）
 """
 import argparse
 import csv

@@ -9,7 +9,7 @@
     逐位可复现），"ours-atomic" = Launch(bwd="atomic")（FA2 的 dQ 原子加，5 次矩阵乘；只测反向，前向和 ours
     是同一个内核）。默认选 split 是因为 H200 上实测它更快。
   - "gluon" = gluon_flash.attention（FA3 式的 Hopper 内核，手写 TMA / mbarrier / wgmma / warp 专门化，
-    variant="best" = 持久内核；前向和反向都测，它的输出和梯度同样和 ours 对照）。issue 16 的前向目标按 ours、
+    variant="best" = 持久内核；前向和反向都测，它的输出和梯度同样和 ours 对照）。前向目标按 ours、
     gluon 里快的那个算。
   - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
     （5 次矩阵乘 / 2 次，flash-attn 的惯例；split 路径实际做 7 次，多出来的重算不算 FLOP）。
@@ -24,9 +24,8 @@
 
 运行：
   python3 lecture11/bench/triton_bench.py            有 GPU：测量，写 lecture11/bench/results/triton_bench.json 和 .png
-  python3 lecture11/bench/triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表，不测量；--quick 还由 JSON
-                                                 画同一张图（和完整图一样大）到 lecture11/figures/quick/，
-                                                 不动已提交的 results/triton_bench.png
+  python3 lecture11/bench/triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表；--quick 还由 JSON 画同一张图
+                                                 到 bench/figures/quick/，不动已提交的 results/triton_bench.png
   python3 lecture11/bench/triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
 """
 import argparse
@@ -53,7 +52,7 @@ JSON_NAME = "triton_bench.json"
 PNG_NAME = "triton_bench.png"
 PROVIDERS = ("ours", "ours-atomic", "gluon", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 BWD_ONLY = ("ours-atomic",)           # 前向和 ours 是同一个内核：只测反向
-OURS_FWD = ("ours", "gluon")          # issue 16 的前向目标按"我们的 Triton 和 Gluon 内核里快的那个"算
+OURS_FWD = ("ours", "gluon")          # 前向目标按"我们的 Triton 和 Gluon 内核里快的那个"算
 SEQLENS = (1024, 4096, 16384)         # B·N = TOKENS、H·d = HIDDEN 固定（flash_lab.py）
 HEAD_DIMS = (64, 128)
 
@@ -136,11 +135,11 @@ TARGETS = (
     ("反向 ≥ 1.0× SDPA-FLASH（Triton 内核）", "bwd", "sdpa-flash", 1.0, ("ours",), lambda c, d, n: True, "flash"),
     ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k，Triton 内核）", "fwd", "sdpa-cudnn", 0.8, ("ours",),
      lambda c, d, n: d == 128 and n >= 4096, "fwd"),
-    ("issue 16：前向 ≥ 0.9× cuDNN（N ≥ 4k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.9, OURS_FWD,
+    ("目标：前向 ≥ 0.9× cuDNN（N ≥ 4k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.9, OURS_FWD,
      lambda c, d, n: n >= 4096, "fwd"),
-    ("issue 16：前向 ≥ 0.8× cuDNN（N = 1k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.8, OURS_FWD,
+    ("目标：前向 ≥ 0.8× cuDNN（N = 1k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.8, OURS_FWD,
      lambda c, d, n: n == 1024, "fwd1k"),
-    ("issue 16：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, BWD_ANY,
+    ("目标：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, BWD_ANY,
      lambda c, d, n: n >= 4096, "bwd"),
 )
 
@@ -411,7 +410,7 @@ def explore(args):
 OVERHEAD_NS = (1, 16, 128, 512)
 
 
-OVERHEAD_TARGET_US = 15.0      # issue 16：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
+OVERHEAD_TARGET_US = 15.0      # 目标：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
 
 
 OVERHEAD_ROUNDS = 5            # --overhead 每个形状的 calls 次分几轮（wall_per_call_many 的 rounds）
