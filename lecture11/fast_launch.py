@@ -8,7 +8,8 @@ fast_launch · 同一组形状第二次起，跳过 Triton 每次启动的 Pytho
 测得的效果（每次调用的主机开销）见 lecture11/bench/README.md。
 
 内容：_Plan（记下 / 重放一次启动）、_should_record（第二次见到一个键才记）、_launch_hooks_active（profiler 的
-钩子装着时不走快速路径）、_current_stream。自检（CPU 上几毫秒）：python3 lecture11/fast_launch.py；GPU 上的逐位对照在 tests/test_lecture11_triton.py、_decode.py。
+钩子装着时不走快速路径）、_current_stream。
+自检（CPU 上几毫秒）：python3 lecture11/fast_launch.py；GPU 上的逐位对照在 tests/test_lecture11_triton.py、_decode.py。
 """
 import inspect
 
@@ -162,8 +163,9 @@ def _selftest():
         def __call__(self, grid, stream):
             pass
     assert not _direct_launch_ok(NotALauncher()) and not _direct_launch_ok(object())
+    direct = "可以" if triton.__version__.startswith("3.6.") else "不"
     print(f"fast_launch 自检通过：记录规则、缓存上限 {_MAX_PLANS}、启动钩子、直接启动的判断"
-          f"（这个 triton {triton.__version__} 上{'可以' if triton.__version__.startswith('3.6.') else '不'}直接调 C 的 launch）")
+          f"（这个 triton {triton.__version__} 上{direct}直接调 C 的 launch）")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ except ImportError:
         sys.exit(77)
     raise
 
-from fast_launch import _MAX_PLANS, _PLANS, _Plan, _current_stream, _launch_hooks_active, _should_record  # noqa: E402,F401
+from fast_launch import (_MAX_PLANS, _PLANS, _SEEN, _Plan, _current_stream, _launch_hooks_active,  # noqa: E402,F401
+                         _should_record)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # 必须在定义内核之前确定
 MAX_HEAD_DIM = 256

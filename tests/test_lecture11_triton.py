@@ -22,6 +22,7 @@ from triton_interp import load_triton_flash
 
 tf = load_triton_flash()
 fast = load_lab("lecture11", "fast_launch")    # triton_flash 导入时已加载（同一份）
+fd = load_lab("lecture11", "flash_decode")     # 同上
 pytestmark = pytest.mark.usefixtures("triton_interpret")   # 每个测试运行期间打开解释器（conftest.py）
 
 F32 = torch.float32
@@ -919,7 +920,7 @@ def test_byte_range_matches_the_strided_formula(gen):
     for t in cases:
         start = t.data_ptr()
         extent = 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-        assert tf._byte_range(t) == (start, start + extent * t.element_size()), (t.shape, t.stride())
+        assert fd._byte_range(t) == (start, start + extent * t.element_size()), (t.shape, t.stride())
 
 
 def test_launch_hooks_active_sees_installed_hooks(monkeypatch):
