@@ -603,7 +603,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
 def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                  sm_scale, seed, dropout_p, softcap,
                  stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
-                 stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh,
+                 stride_gn, stride_gh, stride_dqn, stride_dqh,
                  stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                  n_heads_k, group, max_q, max_k, tune_n,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -613,6 +613,7 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
     """
     K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。
     ATOMIC_DQ：DQ 是 fp32 的累加器（调用前清零），dQ 也在这里算（原子加）；否则 DQ 不用，dQ 由 _dq_kernel 算。
+    DK、DV 是 _bwd 分配的同形状连续张量：共用一组步长 stride_gn、stride_gh。
     """
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -655,9 +656,9 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                                  PREC, ATOMIC_DQ, HAS_SOFTCAP)
     dk = dk * sm_scale                # S = scale·QKᵀ ⇒ dK = scale·dSᵀQ
     mask = (cols < len_k)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tl.store(DK + k0.to(tl.int64) * stride_dkn + hk * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
+    tl.store(DK + k0.to(tl.int64) * stride_gn + hk * stride_gh + cols[:, None] * stride_gn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + k0.to(tl.int64) * stride_dvn + hk * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :],
+    tl.store(DV + k0.to(tl.int64) * stride_gn + hk * stride_gh + cols[:, None] * stride_gn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=mask)
 
 
@@ -1013,7 +1014,7 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     hk = k.shape[1]
     batch = cu_q.numel() - 1
     do = _last_dim_contiguous(do)
-    dq, dk, dv = (_new(t.shape, t, launch.poison) for t in (q, k, v))
+    dq, dk, dv = (_new(t.shape, t, launch.poison) for t in (q, k, v))     # dk、dv 同形状、连续：内核共用一组步长
     if total_q == 0 or k.shape[0] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     block_d = max(16, triton.next_power_of_2(d))
@@ -1035,7 +1036,7 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     dq_arg = dq_acc if atomic else q                               # split 路径不用 DQ：随便给一个指针
     args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p, softcap,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_arg.stride(0), dq_arg.stride(1),
+            dk.stride(0), dk.stride(1), dq_arg.stride(0), dq_arg.stride(1),
             lse.stride(0), *sb, *ss, hk, hq // hk, max_q, max_k, tune_n)
     kind = "dkdv_atomic" if atomic else "dkdv"
     _launch(kind, lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk, ATOMIC_DQ=atomic),
