@@ -8,30 +8,25 @@ flash_lab.py —— 第 11 讲：用 numpy 把 FlashAttention、flash-decoding �
       2. flash-decoding：decode 只有 1 个 query，沿 query 切不出并行度；
          改为沿 KV 切段，各段的 (输出, lse) 再按权重合并。
       3. megakernel：batch 1 的一次 decode 要启动上百个小内核；把整次前向放进一个常驻内核，权重可以跨算子提前读。
-    前两件是精确计算（和标准注意力对到 1e-12 以内），并数出每种写法读写显存的元素个数；
-    速度问题用时间模型估计——每个假设都是一个有名字的参数，可以改了再算。
+    前两件是精确计算（和标准注意力对到 1e-12 以内），并数出读写显存的元素个数；速度用时间模型估计（每个假设一个参数）。
 
 【里面有什么】（每一步都和前一步核对：naive → standard → fa1 / fa2 → Triton 版 triton_flash.py）
     §1 在线 softmax：softmax_3pass、softmax_online、partial_state、merge_states
     §2 参考与标准注意力：naive_attention（逐行按定义）、reference_lse、standard_attention(_bwd)、IO（读写计数）
     §3 FlashAttention：block_sizes、flash_fwd（order="fa1" / "fa2"）、flash_bwd、live_tiles、fa_io_formula、
-        attention_flops（基准记 TFLOP/s 的约定）、BENCH_TOKENS / BENCH_HIDDEN（06、gluon_flash、ncu 的形状）
+        attention_flops（基准记 TFLOP/s 的约定）、BENCH_TOKENS / BENCH_HIDDEN（bench/ 里各基准共用的形状）
     §4 flash-decoding：split_kv_decode、DecodeGPU、A100_DEC / H100_DEC / H200_DEC / H200_DEC_MEASURED、
-        decode_attention_time、best_splits、
-        fit_decode_gpu（用实测拟合 sm_bw_cap、launch）
+        decode_attention_time、best_splits、fit_decode_gpu（用实测拟合 sm_bw_cap、launch）
     §5 megakernel：Op、LLAMA_1B、llama_1b_ops、llama_1b_expected_bytes、TimelineParams、H200_TIMELINE_GRAPH / _EAGER、
-        timeline、PART_LABELS、
-        pad_ops、fit_timeline（用实测拟合 small / launch）
+        timeline、PART_LABELS、pad_ops、fit_timeline（用实测拟合 small / launch）
 
 【约定】一个头：Q [N, d]、K [Nk, d]、V [Nk, dv]；默认缩放 1/√d；内部一律 float64。
     causal=True 右下角对齐：第 i 个 query 在位置 Nk − N + i，只看位置 ≤ 它的 key（flash-attn ≥ 2.1 的约定，
     和 PyTorch SDPA 的 is_causal 左上角对齐不同）。没有可见 key 的行（causal 且 N > Nk 的前 N − Nk 行）：
-    输出 0、lse = −∞、梯度 0。显存读写按**元素个数**计；FLOPs 只算矩阵乘（1 次乘加 = 2 FLOPs）。
-    时间模型的单位：秒、字节、字节/秒、FLOP/秒。
+    输出 0、lse = −∞、梯度 0。显存读写按**元素个数**计；FLOPs 只算矩阵乘（1 次乘加 = 2 FLOPs）；时间模型用秒、字节。
 
 【运行】python3 lecture11/flash_lab.py      # 自检，2 核 CPU 上约 1 秒
-【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs。
-        演示 lecture11/01_*.py … 05_*.py 建立在它之上。
+【依赖】numpy（不用 torch）；../lecture01/ 的 course_utils、llm_math、hw_specs。演示 01_*.py … 05_*.py 建立在它之上。
 """
 
 import math
@@ -654,19 +649,15 @@ A100_DEC = DecodeGPU("A100", 108, 312e12, 1.555e12)     # A100-SXM4 40GB [S1]（
 # H100 SXM5 与 H200 SXM：同一颗 GH100（132 个 SM），H200 只是 HBM3e 更快；峰值与带宽取自 hw_specs
 H100_DEC = DecodeGPU("H100", 132, H100_SXM.peak_flops("bf16"), H100_SXM.mem_bw)
 H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
-# 实测拟合的 H200（不是假设）：07_decode_bench.py 在 H200 上测了我们的 flash_decode（"fd"）和 flash_attn_func 的
-# 单 query 路径（"fa2"）各 12 个点（B ∈ {1, 8, 64} × S ∈ {1k … 128k}，Hq/Hk = 32/8，d = 128，bf16），
-# fit_decode_gpu 拟合出：
-#   sm_bw_cap = 32.9 GB/s —— 一个 SM 上一个程序能拉到的带宽（假设是 80 GB/s；HBM 4.8 TB/s ÷ 132 = 36 GB/s，
-#       所以一个 SM 单独跑时也就刚够分到的那一份，拉不动更多）
-#   launch = 1.30 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）。v3.1 的内核拟合出
-#       1.75 µs，v3.2（PDL）1.50 µs，v3.3 第一次运行（v16）1.15 µs，提交的这次（v19）1.30 µs。这个参数几乎只由最短的
-#       B = 1、S = 1k 一点决定：v16 那里是 8 段 4.55 µs，v19 改用 16 段 3.91 µs（模型里程序数翻倍），两次的
-#       差别全来自它；去掉这一点，两次都拟合出 0.65–0.70 µs（results/NOTES.md 的 v13）
-# 中位误差 9% → 4%（两种方法各 12 个点）。出处：lecture11/results/decode_bench.json（2026-12-01，torch 2.11.0+cu130，
-# triton 3.6.0）。tests 断言它等于对这份 JSON 的拟合：数据变了，这里必须跟着改。
+# 实测拟合的 H200（不是假设）：fit_decode_gpu 对 flash_decode（"fd"）和 flash_attn_func 的单 query 路径（"fa2"）
+# 各 12 个点（B ∈ {1, 8, 64} × S ∈ {1k … 128k}，Hq/Hk = 32/8，d = 128，bf16）的拟合，中位误差 9% → 4%：
+#   sm_bw_cap = 32.9 GB/s —— 一个 SM 上一个程序能拉到的带宽（假设是 80 GB/s；HBM 4.8 TB/s ÷ 132 = 36 GB/s）
+#   launch = 1.30 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）；它几乎只由最短的
+#       B = 1、S = 1k 一点决定，去掉这一点拟合出 0.65–0.70 µs
+# 出处：H200，2026-12-01，torch 2.11.0+cu130、triton 3.6.0，lecture11/bench/results/decode_bench.json
+# （bench/decode_bench.py 拟合、打印；tests 以 1% 的容差对照重新拟合的值）。
 H200_DEC_MEASURED = DecodeGPU("H200 (measured)", 132, H200.peak_flops("bf16"), H200.mem_bw,
-                              sm_bw_cap=32884590578.461082, launch=1.3e-6)
+                              sm_bw_cap=3.29e10, launch=1.30e-6)
 
 
 def decode_attention_time(B, Hq, Hkv, S, d, method, gpu=A100_DEC, splits=1, block_m=None, elem=2):
@@ -899,15 +890,16 @@ class TimelineParams:
             check_real(f, getattr(self, f), lo=0.0, where="TimelineParams")
 
 
-# 实测校准的 H200 时间线参数（不是假设；07_decode_bench.py 第 6 部分，2026-12-01，torch 2.11.0+cu130）：
-#   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.73 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
-#       重放的间隔（lecture11/results/decode_bench.json 的 launch.graph_s；普通 stream 里是 1.49 µs）；
+# 实测校准的 H200 时间线参数（不是假设）：
+#   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.728 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
+#       重放的间隔（decode_bench.json 的 launch.graph_s；普通 stream 里是 1.49 µs）；
 #   small = 1.88 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/results/step_measure.json，CUDA 图，上下文
 #       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
-#   eager 的 launch = 11.99 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
-#   其余（eff、ramp、sync……）用默认值。中位误差见 07 的第 6 部分；tests 断言它们等于对已提交 JSON 的校准。
-H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.283840179443359e-07, small=1.88e-6)
-H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.199e-05, small=1.88e-6)
+#   eager 的 launch = 12.0 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
+#   其余（eff、ramp、sync……）用默认值。出处：H200，2026-12-01，torch 2.11.0+cu130，
+#   lecture11/bench/results/decode_bench.json（bench/decode_bench.py 校准；tests 以 1% 的容差对照）。
+H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.28e-7, small=1.88e-6)
+H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.20e-5, small=1.88e-6)
 
 # timeline() 返回的时间分解：键 → (中文说明, 英文图例)
 PART_LABELS = {

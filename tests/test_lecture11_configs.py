@@ -191,7 +191,7 @@ def test_flash_attn_func_hands_routed_calls_to_gluon(monkeypatch, causal, return
 def test_gluon_route_threshold_follows_the_committed_bench():
     """gluon_route 的门槛只放行量过、gluon 不慢（最多 1%）的形状：由 06 提交的 JSON 现算每个形状 gluon / ours。"""
     import json
-    with open(os.path.join(ROOT, "lecture11", "results", "triton_bench.json"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", "triton_bench.json"), encoding="utf-8") as f:
         rows = json.load(f)["rows"]
     ms = {(r["provider"], r["mode"], r["causal"], r["d"], r["N"]): r["ms"] for r in rows}
     shapes = {k[1:] for k in ms if k[0] == "gluon" and k[4] >= tf.GLUON_MIN_N}

@@ -22,10 +22,11 @@ from labload import ROOT, load_lab
 from triton_interp import interpreter_env, load_triton_flash
 
 tf = load_triton_flash()
+fd = load_lab("lecture11", "flash_decode")     # triton_flash 导入时已加载（同一份）
 pytestmark = pytest.mark.usefixtures("triton_interpret")   # 每个测试运行期间打开解释器（conftest.py）
 
 F32, F16 = torch.float32, torch.float16
-TOL = tf.CPU_TOL
+TOL = fd.CPU_TOL
 
 
 def _check(case, splits, dtype):
@@ -33,14 +34,14 @@ def _check(case, splits, dtype):
     fp32 时再和 SDPA（fp32）直接比。"""
     q, k, v, lens = case
     assert q.dtype == dtype
-    ref = tf.reference_decode(q, k, v, lens)
-    ours = tf.flash_decode(q, k, v, lens, num_splits=splits)
+    ref = fd.reference_decode(q, k, v, lens)
+    ours = fd.flash_decode(q, k, v, lens, num_splits=splits)
     assert ours.shape == q.shape and ours.dtype == q.dtype
-    err, limit = tf._rel_err(ours, ref), tf.decode_limit(q, k, v, lens, ref)
+    err, limit = fd._rel_err(ours, ref), fd.decode_limit(q, k, v, lens, ref)
     print(f"err {err:.2e}  limit {limit:.2e}")
     assert err < limit
     if dtype == F32:
-        assert tf._rel_err(ours, tf.sdpa_decode(q, k, v, lens).double()) < TOL
+        assert fd._rel_err(ours, fd.sdpa_decode(q, k, v, lens).double()) < TOL
     return ours
 
 
@@ -48,16 +49,16 @@ def _check(case, splits, dtype):
 def test_module_check_decode(dtype):
     """模块自检的 decode 部分（python3 lecture11/triton_flash.py --kernel decode 跑的就是它）：decode_cases 的
     每个用例都在 decode_limit 之内；返回的最大误差是个有限数。"""
-    worst = tf.check_decode("cpu", dtype, seed=11, verbose=True)
+    worst = fd.check_decode("cpu", dtype, seed=11, verbose=True)
     assert 0.0 <= worst < (TOL if dtype == F32 else 1e-2)   # 独立的上限：fp16 的 2 × SDPA 误差远小于 1e-2
 
 
 def test_module_check_decode_fails_on_a_wrong_result(monkeypatch):
     """check_decode 真会失败：flash_decode 的结果加 1e-3 的扰动（fp32 的上限 CPU_TOL 远小于它）就断言失败。"""
-    real = tf.flash_decode
-    monkeypatch.setattr(tf, "flash_decode", lambda *a, **kw: real(*a, **kw) + 1e-3)
+    real = fd.flash_decode
+    monkeypatch.setattr(fd, "flash_decode", lambda *a, **kw: real(*a, **kw) + 1e-3)
     with pytest.raises(AssertionError, match="超过上限"):
-        tf.check_decode("cpu", F32, seed=11, verbose=False)
+        fd.check_decode("cpu", F32, seed=11, verbose=False)
 
 
 # (lengths, S_max, Hq, Hk, d, n)：不规则的 B，长度含 1（n = 1 时）、n（n = 3 时）和 S_max
@@ -76,14 +77,14 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"L{s[0]}-R{s[2] // s[3]}-n{s[5]}" for s in SHAPES])
 def test_matches_references_fp32(gen, shape, splits):
     lengths, s_max, hq, hk, d, n = shape
-    _check(tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32), splits, F32)
+    _check(fd.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32), splits, F32)
 
 
 @pytest.mark.parametrize("shape", SHAPES[1::2], ids=[f"L{s[0]}-R{s[2] // s[3]}-n{s[5]}" for s in SHAPES[1::2]])
 @pytest.mark.parametrize("splits", [1, 5])
 def test_matches_references_fp16(gen, shape, splits):
     lengths, s_max, hq, hk, d, n = shape
-    _check(tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F16), splits, F16)
+    _check(fd.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F16), splits, F16)
 
 
 @settings(max_examples=12, deadline=None)
@@ -92,43 +93,43 @@ def test_matches_references_fp16(gen, shape, splits):
 def test_splitting_does_not_change_the_result(lengths, group, n, splits, seed):
     """LSE 合并是精确的：任意段数（含多于块数、空段）和 1 段的结果相同，也都等于 float64 参考。"""
     gen = torch.Generator().manual_seed(seed)
-    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, max(lengths) + 2, 2 * group, 2, 16, n, F32)
-    one = tf.flash_decode(q, k, v, lens, num_splits=1)
-    many = tf.flash_decode(q, k, v, lens, num_splits=splits)
-    assert tf._rel_err(many, one.double()) < TOL
-    assert tf._rel_err(many, tf.reference_decode(q, k, v, lens)) < TOL
+    q, k, v, lens = fd.make_decode_case(gen, len(lengths), lengths, max(lengths) + 2, 2 * group, 2, 16, n, F32)
+    one = fd.flash_decode(q, k, v, lens, num_splits=1)
+    many = fd.flash_decode(q, k, v, lens, num_splits=splits)
+    assert fd._rel_err(many, one.double()) < TOL
+    assert fd._rel_err(many, fd.reference_decode(q, k, v, lens)) < TOL
 
 
 def test_n_tokens_equal_n_single_token_steps(gen):
     """n 个新 token 一起算 = 一个一个地 decode（第 i 个只看到 L − n + i + 1 个 key）：causal、右下角对齐。"""
     lengths, n = [5, 31, 18], 3
-    q, k, v, lens = tf.make_decode_case(gen, 3, lengths, 31, 4, 2, 32, n, F32)
-    together = tf.flash_decode(q, k, v, lens, num_splits=2)                 # [B, n, Hq, d]
+    q, k, v, lens = fd.make_decode_case(gen, 3, lengths, 31, 4, 2, 32, n, F32)
+    together = fd.flash_decode(q, k, v, lens, num_splits=2)                 # [B, n, Hq, d]
     for i in range(n):
         step_lens = lens - (n - 1 - i)
-        alone = tf.flash_decode(q[:, i].contiguous(), k, v, step_lens, num_splits=2)
-        assert tf._rel_err(together[:, i], alone.double()) < TOL
+        alone = fd.flash_decode(q[:, i].contiguous(), k, v, step_lens, num_splits=2)
+        assert fd._rel_err(together[:, i], alone.double()) < TOL
 
 
 def test_softmax_scale_and_strided_inputs(gen):
     """自定义 softmax_scale；q 和缓存是更大张量的切片（只有最后一维连续）。"""
-    q, k, v, lens = tf.make_decode_case(gen, 2, [13, 26], 26, 4, 1, 32, 1, F32)
+    q, k, v, lens = fd.make_decode_case(gen, 2, [13, 26], 26, 4, 1, 32, 1, F32)
     big_k = torch.randn(2, 30, 3, 32, generator=gen)
     big_k[:, :26, 1] = k[:, :, 0]
     ks = big_k[:, :26, 1:2]                                        # [B, 26, 1, d]，步长不是连续张量的步长
-    ref = tf.reference_decode(q, ks, v, lens, softmax_scale=0.3)
-    assert tf._rel_err(tf.flash_decode(q, ks, v, lens, num_splits=3, softmax_scale=0.3), ref) < TOL
+    ref = fd.reference_decode(q, ks, v, lens, softmax_scale=0.3)
+    assert fd._rel_err(fd.flash_decode(q, ks, v, lens, num_splits=3, softmax_scale=0.3), ref) < TOL
 
 
 def test_lengths_beyond_cache_are_clamped_by_the_kernel(gen, monkeypatch):
     """GPU 上不检查 L > S_max（要同步）：内核把长度截到 S_max。跳过主机端检查，直接看内核的行为。"""
-    q, k, v, lens = tf.make_decode_case(gen, 2, [20, 20], 20, 2, 1, 16, 1, F32)
-    check = tf._check_decode
-    monkeypatch.setattr(tf, "_check_decode", lambda q_, *a, **kw: (True, 1 / math.sqrt(16), 4))
+    q, k, v, lens = fd.make_decode_case(gen, 2, [20, 20], 20, 2, 1, 16, 1, F32)
+    check = fd._check_decode
+    monkeypatch.setattr(fd, "_check_decode", lambda q_, *a, **kw: (True, 1 / math.sqrt(16), 4))
     too_long = torch.tensor([20 + 9, 10**6], dtype=torch.int32)
-    ours = tf.flash_decode(q, k, v, too_long)
-    monkeypatch.setattr(tf, "_check_decode", check)
-    assert tf._rel_err(ours, tf.reference_decode(q, k, v, lens)) < TOL
+    ours = fd.flash_decode(q, k, v, too_long)
+    monkeypatch.setattr(fd, "_check_decode", check)
+    assert fd._rel_err(ours, fd.reference_decode(q, k, v, lens)) < TOL
 
 
 # 手算的例子：B·Hk·s 个程序排成 ⌈B·Hk·s / n_sm⌉ 波，波效率 = 程序数 / (波数 · n_sm)；s 取 1…cap
@@ -152,14 +153,14 @@ def test_lengths_beyond_cache_are_clamped_by_the_kernel(gen, monkeypatch):
     (2, 1, 4096, 100, 64, 48),
 ])
 def test_decode_splits_fill_waves(B, hk, S, n_sm, block_n, want):
-    assert tf.decode_splits(B, hk, S, n_sm=n_sm, block_n=block_n) == want
+    assert fd.decode_splits(B, hk, S, n_sm=n_sm, block_n=block_n) == want
 
 
 @pytest.mark.parametrize("bad", [dict(B=0, Hk=1, S=1), dict(B=1, Hk=1, S=0), dict(B=1, Hk=1, S=8, n_sm=0),
                                  dict(B=1, Hk=1, S=8, block_n=0)])
 def test_decode_splits_bad_arguments(bad):
     with pytest.raises(ValueError):
-        tf.decode_splits(**bad)
+        fd.decode_splits(**bad)
 
 
 # 合并内核的 (BLOCK_S, D_CHUNK, warps)：行数 × 段列数 ≤ n_sm 时把 d 对半切（每段 ≥ 32 列）；每线程 ≤ 64 个 fp32
@@ -182,25 +183,25 @@ def test_decode_splits_bad_arguments(bad):
     (200, 256, 33, 132, (64, 256, 8)),  # 64 × 256 = 16384 → 8 warp
 ])
 def test_decode_merge_config(rows, d, splits, n_sm, want):
-    assert tf.decode_merge_config(rows, d, splits, n_sm) == want
+    assert fd.decode_merge_config(rows, d, splits, n_sm) == want
 
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 5000), d=st.integers(1, 256), splits=st.integers(1, 256), n_sm=st.integers(1, 200))
 def test_decode_merge_config_properties(rows, d, splits, n_sm):
     """任意 1 ≤ d ≤ 256：D_CHUNK 是 2 的幂、不超过补到 2 的幂的 d；段列数 ⌈d / D_CHUNK⌉ 覆盖全部 d 列。"""
-    block_s, chunk, warps = tf.decode_merge_config(rows, d, splits, n_sm)
-    pad = tf.triton.next_power_of_2(d)
+    block_s, chunk, warps = fd.decode_merge_config(rows, d, splits, n_sm)
+    pad = fd.triton.next_power_of_2(d)
     assert block_s >= max(2, splits) and block_s & (block_s - 1) == 0 and block_s < 2 * max(2, splits)
-    assert chunk & (chunk - 1) == 0 and chunk <= pad and chunk >= min(pad, tf.MERGE_MIN_CHUNK)
+    assert chunk & (chunk - 1) == 0 and chunk <= pad and chunk >= min(pad, fd.MERGE_MIN_CHUNK)
     pieces = -(-d // chunk)
     assert (pieces - 1) * chunk < d <= pieces * chunk      # 最后一段列里至少有一列是真的
     if chunk < pad:                                # 切了：程序数不超过 SM 数
         assert rows * pieces <= n_sm
-    if chunk > tf.MERGE_MIN_CHUNK:                 # 没切到底：再切一半就会超过 SM 数
+    if chunk > fd.MERGE_MIN_CHUNK:                 # 没切到底：再切一半就会超过 SM 数
         assert rows * -(-d // (chunk // 2)) > n_sm
     assert warps in (1, 2, 4, 8)
-    assert block_s * chunk <= 32 * warps * tf.MERGE_ELEMS_PER_THREAD or warps == 8
+    assert block_s * chunk <= 32 * warps * fd.MERGE_ELEMS_PER_THREAD or warps == 8
 
 
 @pytest.mark.parametrize("bad", [dict(rows=0, d=128, splits=2), dict(rows=1, d=0, splits=2),
@@ -209,36 +210,36 @@ def test_decode_merge_config_properties(rows, d, splits, n_sm):
                                  dict(rows=4, d=-8, splits=3)])
 def test_decode_merge_config_bad_arguments(bad):
     with pytest.raises((ValueError, TypeError)):
-        tf.decode_merge_config(**bad)
+        fd.decode_merge_config(**bad)
 
 
 @pytest.mark.parametrize("chunk_div,warps", [(1, 4), (2, 1), (4, 2)])
 def test_merge_column_chunks_do_not_change_result(gen, monkeypatch, chunk_div, warps):
     """合并内核把 d 切成几段列（第三维网格）、换 warp 数，结果不变：都等于 1 段（不合并）的结果和 float64 参考。"""
     lengths, s_max, hq, hk, d, n = [29, 64, 5], 64, 4, 2, 64, 2
-    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32)
-    one = tf.flash_decode(q, k, v, lens, num_splits=1)
+    q, k, v, lens = fd.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, F32)
+    one = fd.flash_decode(q, k, v, lens, num_splits=1)
     seen = []
 
     def forced(rows, d_, splits, n_sm=132):
         seen.append((rows, d_, splits))
         return 8, d_ // chunk_div, warps
-    monkeypatch.setattr(tf, "decode_merge_config", forced)
-    many = tf.flash_decode(q, k, v, lens, num_splits=5)
+    monkeypatch.setattr(fd, "decode_merge_config", forced)
+    many = fd.flash_decode(q, k, v, lens, num_splits=5)
     assert seen == [(len(lengths) * hk * (hq // hk) * n, d, 5)]       # 真的经过了合并内核
-    assert tf._rel_err(many, one.double()) < TOL
-    assert tf._rel_err(many, tf.reference_decode(q, k, v, lens)) < TOL
+    assert fd._rel_err(many, one.double()) < TOL
+    assert fd._rel_err(many, fd.reference_decode(q, k, v, lens)) < TOL
 
 
 @pytest.fixture
 def gpu_decode_constants(monkeypatch):
     """把 DECODE_CONFIG / DECODE_CONFIG_SHORT 换成 GPU 上的值（解释器里两者相同，规则的切换看不出来）。"""
-    monkeypatch.setattr(tf, "DECODE_CONFIG", tf.DECODE_CONFIG_GPU)
-    monkeypatch.setattr(tf, "DECODE_CONFIG_SHORT", tf.DECODE_CONFIG_SHORT_GPU)
+    monkeypatch.setattr(fd, "DECODE_CONFIG", fd.DECODE_CONFIG_GPU)
+    monkeypatch.setattr(fd, "DECODE_CONFIG_SHORT", fd.DECODE_CONFIG_SHORT_GPU)
 
 
 def _bench():
-    bench = load_lab("lecture01", "course_utils").load_json(os.path.join(ROOT, "lecture11", "results",
+    bench = load_lab("lecture01", "course_utils").load_json(os.path.join(ROOT, "lecture11", "bench", "results",
                                                                          "decode_bench.json"))
     assert bench is not None, "提交的 decode_bench.json 不见了"
     return bench
@@ -253,13 +254,13 @@ def test_decode_constants_match_bench():
     """模块里的 GPU 常数就是 decode_bench.json 量的那一组（meta.decode_config）。"""
     meta, _ = _bench_sweep()
     cfg = meta["decode_config"]
-    assert tf.DECODE_CONFIG_GPU == tuple(cfg["long"]) and tf.DECODE_CONFIG_SHORT_GPU == tuple(cfg["short"])
-    assert tf.SHORT_SPLIT_KEYS == cfg["short_if_keys_per_split_le"]
-    assert tf.DECODE_CONFIG == tf.DECODE_CONFIG_SHORT == tf.DECODE_CONFIG_INTERPRET     # 解释器里用的
+    assert fd.DECODE_CONFIG_GPU == tuple(cfg["long"]) and fd.DECODE_CONFIG_SHORT_GPU == tuple(cfg["short"])
+    assert fd.SHORT_SPLIT_KEYS == cfg["short_if_keys_per_split_le"]
+    assert fd.DECODE_CONFIG == fd.DECODE_CONFIG_SHORT == fd.DECODE_CONFIG_INTERPRET     # 解释器里用的
 
 
 # decode_plan 在这些点上不是这次 sweep 里最快的，但差别跨运行会翻：只要求慢不到 TIE（2%，和"配置"一条同一个界）
-PLAN_TIES = {(64, 8192): "规则选的 (64, 4, 4) × 1 段比两种配置里最快的慢 1.5%、1.6%、2.1%（v15、v16、v19）；最快的"
+PLAN_TIES = {(64, 8192): "规则选的 (64, 4, 4) × 1 段比两种配置里最快的慢 1.5%、1.6%、2.1%（三次测量）；最快的"
                          "是 (128, 4, 3) × 1 段或 (64, 4, 4) × 2 段，哪个最快跨运行会换（每个组合只量一次）"}
 TIE = 1.025
 
@@ -272,7 +273,7 @@ def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
     规则已经改掉。这里只比我们的两种配置：sweep 里还有别的配置（例如 (64, 4, 2)），它们不在规则里。
     """
     meta, rows = _bench_sweep()
-    ours = (tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU)
+    ours = (fd.DECODE_CONFIG_GPU, fd.DECODE_CONFIG_SHORT_GPU)
     times = {}
     for r in rows:
         if tuple(r["config"]) in ours:
@@ -280,7 +281,7 @@ def test_decode_plan_matches_measured_optimum(gpu_decode_constants):
     assert len(times) == 9
     beaten = set()
     for (B, S), t in sorted(times.items()):
-        config, splits = tf.decode_plan(B, meta["Hk"], S, meta["n_sm"])
+        config, splits = fd.decode_plan(B, meta["Hk"], S, meta["n_sm"])
         mine = t[config, splits]
         print(B, S, config, splits, f"{mine * 1e6:.2f} µs，最快 {min(t.values()) * 1e6:.2f} µs")
         tie = (B, S) in PLAN_TIES
@@ -296,29 +297,29 @@ def test_decode_plan(gpu_decode_constants):
     配置的切换（GPU 常数）：先按 64 的块定段数，每段 ≤ SHORT_SPLIT_KEYS = 512 个 key 时换成 (128, 4, 3)，
     再按 128 的块重定段数。给了 num_splits 就用它（配置仍按每段的 key 数选）；给了 config 就按它的块定段数。
     """
-    long_cfg, short_cfg = tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU
+    long_cfg, short_cfg = fd.DECODE_CONFIG_GPU, fd.DECODE_CONFIG_SHORT_GPU
     # B = 1、Hk = 8：块 64 时段数 16（见 test_decode_splits_fill_waves 的第一个例子）；32768 / 16 = 2048 > 512
-    assert tf.decode_plan(1, 8, 32768, 132) == (long_cfg, 16)
+    assert fd.decode_plan(1, 8, 32768, 132) == (long_cfg, 16)
     # 8192 / 16 = 512 ≤ 512（边界上）→ 短配置；块 128 时 cap = 64，段数仍是 16
-    assert tf.decode_plan(1, 8, 8192, 132) == (short_cfg, 16)
+    assert fd.decode_plan(1, 8, 8192, 132) == (short_cfg, 16)
     # 1024 / 16 = 64 个 key → 本该换短配置，但块 128 时 cap = 1024 // 128 = 8 段 < 16 段 → 不换，仍是 16 段
-    assert tf.decode_plan(1, 8, 1024, 132) == (long_cfg, 16)
+    assert fd.decode_plan(1, 8, 1024, 132) == (long_cfg, 16)
     # 给了段数就不比较段数：8 段、每段 128 个 key → 短配置
-    assert tf.decode_plan(1, 8, 1024, 132, 8) == (short_cfg, 8)
+    assert fd.decode_plan(1, 8, 1024, 132, 8) == (short_cfg, 8)
     # B = 8：2 段（128/132）；8192 / 2 = 4096 → 长配置；1024 / 2 = 512 → 短配置
-    assert tf.decode_plan(8, 8, 8192, 132) == (long_cfg, 2)
-    assert tf.decode_plan(8, 8, 1024, 132) == (short_cfg, 2)
+    assert fd.decode_plan(8, 8, 8192, 132) == (long_cfg, 2)
+    assert fd.decode_plan(8, 8, 1024, 132) == (short_cfg, 2)
     # 给了段数：4096 / 7 = 585 > 512 → 长；4096 / 8 = 512 → 短
-    assert tf.decode_plan(2, 8, 4096, 132, 7) == (long_cfg, 7)
-    assert tf.decode_plan(2, 8, 4096, 132, 8) == (short_cfg, 8)
+    assert fd.decode_plan(2, 8, 4096, 132, 7) == (long_cfg, 7)
+    assert fd.decode_plan(2, 8, 4096, 132, 8) == (short_cfg, 8)
     # 给了配置：段数按它的块大小（1024 // 64 = 16 的 cap 下是 16 段；块 128 时 32768 仍是 16 段）
-    assert tf.decode_plan(1, 8, 1024, 132, config=long_cfg) == (long_cfg, 16)
-    assert tf.decode_plan(1, 8, 32768, 132, config=short_cfg) == (short_cfg, 16)
-    assert tf.decode_plan(1, 8, 32768, 132, 3, (32, 4, 1)) == ((32, 4, 1), 3)
+    assert fd.decode_plan(1, 8, 1024, 132, config=long_cfg) == (long_cfg, 16)
+    assert fd.decode_plan(1, 8, 32768, 132, config=short_cfg) == (short_cfg, 16)
+    assert fd.decode_plan(1, 8, 32768, 132, 3, (32, 4, 1)) == ((32, 4, 1), 3)
 
 
 def _good(gen):
-    return tf.make_decode_case(gen, 2, [5, 9], 12, 4, 2, 16, 1, F32)
+    return fd.make_decode_case(gen, 2, [5, 9], 12, 4, 2, 16, 1, F32)
 
 
 @pytest.mark.parametrize("mutate,exc,word", [
@@ -344,52 +345,52 @@ def _good(gen):
 def test_bad_inputs(gen, mutate, exc, word):
     args = mutate(*_good(gen))
     with pytest.raises(exc, match=word):
-        tf.flash_decode(*args)
+        fd.flash_decode(*args)
 
 
 @pytest.mark.parametrize("kw,exc,word", [
     (dict(num_splits=0), ValueError, "num_splits"),
     (dict(num_splits=2.5), ValueError, "num_splits"),
-    (dict(num_splits=tf.MAX_SPLITS + 1), ValueError, "num_splits"),
+    (dict(num_splits=fd.MAX_SPLITS + 1), ValueError, "num_splits"),
     (dict(num_splits=[2]), ValueError, "num_splits"),
     (dict(softmax_scale=0), ValueError, "softmax_scale"),
     (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
 ])
 def test_bad_options(gen, kw, exc, word):
     with pytest.raises(exc, match=word):
-        tf.flash_decode(*_good(gen), **kw)
+        fd.flash_decode(*_good(gen), **kw)
 
 
 def test_bf16_rejected_in_interpreter(gen):
     q, k, v, lens = _good(gen)
     with pytest.raises(TypeError, match="bfloat16"):
-        tf.flash_decode(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens)
+        fd.flash_decode(q.bfloat16(), k.bfloat16(), v.bfloat16(), lens)
 
 
 
 def test_scratch_grows_in_both_buffers(gen):
     """草稿区按行数和 d 两个量增长：先用大 d、少行，再用小 d、多行，lse 区也必须够长（曾经只查了 o 区）。"""
-    tf._Scratch._cache.clear()
-    big_d = tf.make_decode_case(gen, 1, [40], 40, 2, 2, 128, 1, F32)
-    tf.flash_decode(*big_d, num_splits=2)
-    many_rows = tf.make_decode_case(gen, 4, [33, 40, 12, 25], 40, 8, 2, 16, 3, F32)
-    ours = tf.flash_decode(*many_rows, num_splits=3)
-    o_part, lse_part = next(iter(tf._Scratch._cache.values()))
+    fd._Scratch._cache.clear()
+    big_d = fd.make_decode_case(gen, 1, [40], 40, 2, 2, 128, 1, F32)
+    fd.flash_decode(*big_d, num_splits=2)
+    many_rows = fd.make_decode_case(gen, 4, [33, 40, 12, 25], 40, 8, 2, 16, 3, F32)
+    ours = fd.flash_decode(*many_rows, num_splits=3)
+    o_part, lse_part = next(iter(fd._Scratch._cache.values()))
     rows = 4 * 2 * 3 * (8 // 2) * 3
     assert lse_part.numel() >= rows and o_part.numel() >= rows * 16
-    assert tf._rel_err(ours, tf.reference_decode(*many_rows)) < TOL
+    assert fd._rel_err(ours, fd.reference_decode(*many_rows)) < TOL
 
 
 def test_out_argument(gen):
     """out=：结果写进给定的张量并返回它本身；步长不连续的 out（最后一维连续）也行。"""
-    q, k, v, lens = tf.make_decode_case(gen, 3, [40, 7, 33], 41, 8, 2, 32, 2, F32)
-    ref = tf.reference_decode(q, k, v, lens)
+    q, k, v, lens = fd.make_decode_case(gen, 3, [40, 7, 33], 41, 8, 2, 32, 2, F32)
+    ref = fd.reference_decode(q, k, v, lens)
     out = torch.full_like(q, float("nan"))
-    assert tf.flash_decode(q, k, v, lens, num_splits=3, out=out) is out
-    assert tf._rel_err(out, ref) < TOL
+    assert fd.flash_decode(q, k, v, lens, num_splits=3, out=out) is out
+    assert fd._rel_err(out, ref) < TOL
     wide = torch.full((3, 2, 8, 48), float("nan"))[..., :32]                 # [B, n, Hq, d] 的一个切片视图
-    tf.flash_decode(q, k, v, lens, out=wide)
-    assert tf._rel_err(wide, ref) < TOL
+    fd.flash_decode(q, k, v, lens, out=wide)
+    assert fd._rel_err(wide, ref) < TOL
 
 
 @pytest.mark.parametrize("make_out,exc,word", [
@@ -403,7 +404,7 @@ def test_bad_out(gen, make_out, exc, word):
     """out 的类型、形状、步长不对，或者和输入的内存相交（不只是起点相同：切片、视图也算）。"""
     q, k, v, lens = _good(gen)
     with pytest.raises(exc, match=word):
-        tf.flash_decode(q, k, v, lens, out=make_out(q, k))
+        fd.flash_decode(q, k, v, lens, out=make_out(q, k))
 
 
 def test_out_next_to_inputs_is_fine(gen):
@@ -411,34 +412,34 @@ def test_out_next_to_inputs_is_fine(gen):
     q, k, v, lens = _good(gen)
     buf = torch.full((2, *q.shape), float("nan"))
     q2 = buf[0].copy_(q)
-    out = tf.flash_decode(q2, k, v, lens, out=buf[1])
-    assert tf._rel_err(out, tf.reference_decode(q, k, v, lens)) < TOL
+    out = fd.flash_decode(q2, k, v, lens, out=buf[1])
+    assert fd._rel_err(out, fd.reference_decode(q, k, v, lens)) < TOL
 
 
 def test_bad_pdl_option(gen):
     """PDL 的开关只收 True / False / 'merge'；解释器（和 Hopper 之前的 GPU）上开了也只是不用，结果不变。"""
-    q, k, v, lens = tf.make_decode_case(gen, 2, [5, 9], 12, 4, 2, 16, 1, F32)
+    q, k, v, lens = fd.make_decode_case(gen, 2, [5, 9], 12, 4, 2, 16, 1, F32)
     with pytest.raises(ValueError, match="pdl"):
-        tf._decode(q, k, v, lens, 3, None, None, pdl="both")
+        fd._decode(q, k, v, lens, 3, None, None, pdl="both")
     for wrong in (0, 1, 1.0, None):                                         # 1 == True 在 Python 里成立：也要拒绝
         with pytest.raises(ValueError, match="pdl"):
-            tf._pdl_modes(q.device, wrong)
-    assert tf._pdl_modes(q.device, True) == (dict(PDL=False), dict(PDL=False))
-    on = tf._decode(q, k, v, lens, 3, None, None, pdl=True)
-    assert tf._rel_err(on, tf.reference_decode(q, k, v, lens)) < TOL
+            fd._pdl_modes(q.device, wrong)
+    assert fd._pdl_modes(q.device, True) == (dict(PDL=False), dict(PDL=False))
+    on = fd._decode(q, k, v, lens, 3, None, None, pdl=True)
+    assert fd._rel_err(on, fd.reference_decode(q, k, v, lens)) < TOL
 
 
 def test_pdl_modes_on_hopper(monkeypatch):
     """Hopper 上（不是解释器）：True = 两个内核都用 PDL，'merge' = 只有合并内核用，False = 都不用。"""
-    monkeypatch.setattr(tf, "INTERPRET", False)
-    monkeypatch.setitem(tf._HOPPER, 0, True)
+    monkeypatch.setattr(fd, "INTERPRET", False)
+    monkeypatch.setitem(fd._HOPPER, 0, True)
     dev = types.SimpleNamespace(type="cuda", index=0)
     on, off = dict(PDL=True, launch_pdl=True), dict(PDL=False)
-    assert tf._pdl_modes(dev, True) == (on, on)
-    assert tf._pdl_modes(dev, "merge") == (off, on)
-    assert tf._pdl_modes(dev, False) == (off, off)
-    monkeypatch.setitem(tf._HOPPER, 0, False)                             # Hopper 之前：开了也不用
-    assert tf._pdl_modes(dev, True) == (off, off)
+    assert fd._pdl_modes(dev, True) == (on, on)
+    assert fd._pdl_modes(dev, "merge") == (off, on)
+    assert fd._pdl_modes(dev, False) == (off, off)
+    monkeypatch.setitem(fd._HOPPER, 0, False)                             # Hopper 之前：开了也不用
+    assert fd._pdl_modes(dev, True) == (off, off)
 
 
 def _even_segmentations(n_blocks, splits):
@@ -461,15 +462,15 @@ def test_splits_share_blocks_evenly(gen, length, splits, block):
     block = None：flash_decode 的默认块（解释器的 DECODE_CONFIG_SHORT）；否则用这个 BLOCK_N 直接调 _decode。
     """
     hq, d = 2, 16                                                       # Hk = 1、R = 2、n = 1：每段 2 行
-    q, k, v, lens = tf.make_decode_case(gen, 1, [length], length, hq, 1, d, 1, F32)
-    tf._Scratch._cache.clear()
+    q, k, v, lens = fd.make_decode_case(gen, 1, [length], length, hq, 1, d, 1, F32)
+    fd._Scratch._cache.clear()
     if block is None:
-        ours = tf.flash_decode(q, k, v, lens, num_splits=splits)
-        block = tf.decode_plan(1, 1, length, 132, splits)[0][0]
+        ours = fd.flash_decode(q, k, v, lens, num_splits=splits)
+        block = fd.decode_plan(1, 1, length, 132, splits)[0][0]
     else:
-        ours = tf._decode(q, k, v, lens, splits, None, (block, 4, 1))
-    assert tf._rel_err(ours, tf.reference_decode(q, k, v, lens)) < TOL
-    _, lse_part = next(iter(tf._Scratch._cache.values()))
+        ours = fd._decode(q, k, v, lens, splits, None, (block, 4, 1))
+    assert fd._rel_err(ours, fd.reference_decode(q, k, v, lens)) < TOL
+    _, lse_part = next(iter(fd._Scratch._cache.values()))
     seen = lse_part[:splits * hq].view(splits, hq).double()             # [段, 行]
 
     logits = (q[0].double() @ k[0, :, 0].double().T) / math.sqrt(d)    # [Hq, L]
@@ -511,8 +512,9 @@ class _FakeCudaTensor:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """键只在 GPU 上、非解释器时才构造：关掉 INTERPRET，stream 查询换成常数。"""
-    monkeypatch.setattr(tf, "INTERPRET", False)
-    monkeypatch.setattr(tf, "_current_stream", lambda device_index: 0)
+    for mod in (fd, tf):                    # _decode_key 在 flash_decode，_dense_key 在 triton_flash
+        monkeypatch.setattr(mod, "INTERPRET", False)
+        monkeypatch.setattr(mod, "_current_stream", lambda device_index: 0)
     return _FakeCudaTensor()
 
 
@@ -520,10 +522,10 @@ def test_decode_key_unhashable_arguments(fake_gpu):
     """不可哈希的 num_splits / softmax_scale：键是 None（走正常路径，由 _check_decode 报 ValueError），
     而不是让 _PLANS.get(键) 抛 TypeError（unhashable）。"""
     t = fake_gpu
-    key, ptrs = tf._decode_key(t, t, t, t, 2, None)
+    key, ptrs = fd._decode_key(t, t, t, t, 2, None)
     assert key is not None and isinstance(hash(key), int) and ptrs == (0, 0, 0, 0, None)
-    assert tf._decode_key(t, t, t, t, [2], None) == (None, None)
-    assert tf._decode_key(t, t, t, t, None, [0.5]) == (None, None)
+    assert fd._decode_key(t, t, t, t, [2], None) == (None, None)
+    assert fd._decode_key(t, t, t, t, None, [0.5]) == (None, None)
 
 
 def test_dense_key_tensor_dropout_p(fake_gpu):
@@ -537,21 +539,21 @@ def test_dense_key_tensor_dropout_p(fake_gpu):
 
 
 GPU_DECODE_FAST_PATH = """
-import sys, torch; sys.path.insert(0, 'lecture11'); import triton_flash as tf
+import sys, torch; sys.path.insert(0, 'lecture11'); import flash_decode as fd
 torch.manual_seed(0)
 q = torch.randn(1, 32, 128, device='cuda', dtype=torch.bfloat16)
 k, v = (torch.randn(1, 4096, 8, 128, device='cuda', dtype=torch.bfloat16) for _ in range(2))
 lens = torch.tensor([4001], device='cuda', dtype=torch.int32)
-plan = tf.decode_plan(1, 8, 4096, tf._sm_count(q.device))
+plan = fd.decode_plan(1, 8, 4096, fd._sm_count(q.device))
 assert plan[1] > 1, plan                            # 要经过合并内核（三维网格）
-slow = tf.flash_decode(q, k, v, lens)
-tf.flash_decode(q, k, v, lens)                      # 第二次见到这个形状：记下两个 _Plan
-n = tf._Plan.launches
-fast = tf.flash_decode(q, k, v, lens)
-assert tf._Plan.launches == n + 2, 'fast path not used'
+slow = fd.flash_decode(q, k, v, lens)
+fd.flash_decode(q, k, v, lens)                      # 第二次见到这个形状：记下两个 _Plan
+n = fd._Plan.launches
+fast = fd.flash_decode(q, k, v, lens)
+assert fd._Plan.launches == n + 2, 'fast path not used'
 assert torch.equal(slow, fast), (slow - fast).abs().max()
-ref = tf.reference_decode(q, k, v, lens)
-assert tf._rel_err(fast, ref) < tf.decode_limit(q, k, v, lens, ref)
+ref = fd.reference_decode(q, k, v, lens)
+assert fd._rel_err(fast, ref) < fd.decode_limit(q, k, v, lens, ref)
 """
 
 
@@ -566,10 +568,10 @@ def test_gpu_decode_fast_path_is_bitwise_equal():
 
 def test_decode_probe_shape():
     """探针缓冲区：第一步每个程序一行（段数 × B·Hk），合并内核每个程序一行（行数 × 段列数）；1 段没有合并内核。"""
-    assert tf.decode_probe_shape(1, 8, 4, 128, 16, 132) == ((128, 4), (128, 4))    # 32 行 × 4 段列
-    assert tf.decode_probe_shape(8, 8, 4, 128, 2, 132) == ((128, 4), (256, 4))     # 256 行，不切列
-    assert tf.decode_probe_shape(64, 8, 4, 128, 1, 132) == ((512, 4), (0, 4))
-    assert tf.decode_probe_shape(1, 8, 4, 80, 16, 132) == ((128, 4), (96, 4))      # 32 行 × ⌈80 / 32⌉ 段列
+    assert fd.decode_probe_shape(1, 8, 4, 128, 16, 132) == ((128, 4), (128, 4))    # 32 行 × 4 段列
+    assert fd.decode_probe_shape(8, 8, 4, 128, 2, 132) == ((128, 4), (256, 4))     # 256 行，不切列
+    assert fd.decode_probe_shape(64, 8, 4, 128, 1, 132) == ((512, 4), (0, 4))
+    assert fd.decode_probe_shape(1, 8, 4, 80, 16, 132) == ((128, 4), (96, 4))      # 32 行 × ⌈80 / 32⌉ 段列
 
 
 @pytest.mark.parametrize("bad", [dict(batch=0), dict(hk=0), dict(rows_per_head=0), dict(splits=0), dict(splits=-3),
@@ -577,10 +579,10 @@ def test_decode_probe_shape():
 def test_decode_probe_shape_bad_arguments(bad):
     args = {**dict(batch=1, hk=8, rows_per_head=4, d=128, splits=16, n_sm=132), **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
-        tf.decode_probe_shape(**args)
+        fd.decode_probe_shape(**args)
 
 
-tl = tf.tl                      # jit 函数要在自己的模块里看得见 triton.language
+tl = fd.tl                      # jit 函数要在自己的模块里看得见 triton.language
 
 
 def _count_probe(STAMPS, program, field: tl.constexpr):
@@ -589,14 +591,14 @@ def _count_probe(STAMPS, program, field: tl.constexpr):
 
 
 with interpreter_env():         # 和 triton_flash 的内核一样，在解释器模式下定义（否则内核里不能调它）
-    _count_probe = tf.triton.jit(_count_probe)
+    _count_probe = fd.triton.jit(_count_probe)
 
 
 @pytest.fixture
 def counting_probe(monkeypatch):
     """把探针换成 _count_probe，并允许解释器里用 stamps。"""
-    monkeypatch.setattr(tf, "_probe", _count_probe)
-    monkeypatch.setattr(tf, "_PROBE_IN_INTERPRETER", True)
+    monkeypatch.setattr(fd, "_probe", _count_probe)
+    monkeypatch.setattr(fd, "_PROBE_IN_INTERPRETER", True)
 
 
 @pytest.mark.parametrize("lengths,hq,hk,d,n,splits", [
@@ -607,12 +609,12 @@ def counting_probe(monkeypatch):
 def test_probe_rows_are_each_written_once(gen, counting_probe, lengths, hq, hk, d, n, splits):
     """探针的行号：第一步每个程序、合并内核每个程序（行 × 段列）各写自己那一行的 4 个字段，各一次——不漏、不重、
     不越界（缓冲区形状 = decode_probe_shape）。结果和不带探针时逐位相同。"""
-    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, max(lengths), hq, hk, d, n, F32)
-    s1, s2 = tf.decode_probe_shape(len(lengths), hk, hq // hk * n, d, splits)
+    q, k, v, lens = fd.make_decode_case(gen, len(lengths), lengths, max(lengths), hq, hk, d, n, F32)
+    s1, s2 = fd.decode_probe_shape(len(lengths), hk, hq // hk * n, d, splits)
     st1, st2 = torch.zeros(s1, dtype=torch.int64), torch.zeros(s2, dtype=torch.int64)
-    probed = tf._decode(q, k, v, lens, splits, None, None, stamps=(st1, st2))
+    probed = fd._decode(q, k, v, lens, splits, None, None, stamps=(st1, st2))
     assert s2[0] > 0 and bool((st1 == 1).all()) and bool((st2 == 1).all())
-    assert torch.equal(probed, tf.flash_decode(q, k, v, lens, num_splits=splits))
+    assert torch.equal(probed, fd.flash_decode(q, k, v, lens, num_splits=splits))
 
 
 def test_probe_needs_a_gpu(gen):
@@ -620,7 +622,7 @@ def test_probe_needs_a_gpu(gen):
     q, k, v, lens = _good(gen)
     stamps = (torch.zeros(4, 4, dtype=torch.int64), torch.zeros(4, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match="GPU"):
-        tf._decode(q, k, v, lens, 2, None, None, stamps=stamps)
+        fd._decode(q, k, v, lens, 2, None, None, stamps=stamps)
 
 
 class _RecordingPlan:
@@ -643,8 +645,8 @@ def test_decode_fast_path_alias_check_and_pointers(gen):
     lens = torch.tensor([20, 20], dtype=torch.int32)
     out = torch.empty_like(q)
     plans = (_RecordingPlan(), _RecordingPlan())
-    fast = tf._DecodeFast(plans, q, k, v, lens, out)
-    assert fast.extents == tuple(tf._byte_range(t)[1] - tf._byte_range(t)[0] for t in (q, k, v, lens, out))
+    fast = fd._DecodeFast(plans, q, k, v, lens, out)
+    assert fast.extents == tuple(fd._byte_range(t)[1] - fd._byte_range(t)[0] for t in (q, k, v, lens, out))
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), out.data_ptr())
     assert fast(q, out, ptrs, 7) is out
     assert [c for p in plans for c in p.calls] == [(ptrs, 7), (ptrs, 7)]
@@ -666,11 +668,11 @@ def test_decode_fast_path_alias_check_and_pointers(gen):
             with pytest.raises(ValueError, match="共用内存") as fast_err:
                 fast(q, cand, cand_ptrs, 7)
             with pytest.raises(ValueError, match="共用内存"):
-                tf._check_out_alias(cand, (q, k, v, lens), "flash_decode")
+                fd._check_out_alias(cand, (q, k, v, lens), "flash_decode")
             assert "flash_decode" in str(fast_err.value), name
         else:
             assert fast(q, cand, cand_ptrs, 7) is cand, name
-            tf._check_out_alias(cand, (q, k, v, lens), "flash_decode")
+            fd._check_out_alias(cand, (q, k, v, lens), "flash_decode")
     # 和 cache_seqlens 重叠也算：lens 的地址当作 out 的起点
     with pytest.raises(ValueError, match="cache_seqlens"):
         fast(q, out, ptrs[:4] + (lens.data_ptr(),), 7)
@@ -681,13 +683,13 @@ def _check_both(ours, q, k, v, lens, softmax_scale=None):
     """flash-attn 测试的两个判据都要过：相对误差 < decode_limit（和 check_decode 同一个），最大绝对误差——后者抓得住
     少数几行错了（范数会把它们摊薄）：fp32 < TOL，fp16 ≤ 2 × 同 dtype 的 SDPA 的最大绝对误差（+1e-6 防 0）。
     NaN 两个都过不了（_rel_err 记成无穷大，NaN < x 为假）。"""
-    ref = tf.reference_decode(q, k, v, lens, softmax_scale=softmax_scale)
-    rel, limit = tf._rel_err(ours, ref), tf.decode_limit(q, k, v, lens, ref)
+    ref = fd.reference_decode(q, k, v, lens, softmax_scale=softmax_scale)
+    rel, limit = fd._rel_err(ours, ref), fd.decode_limit(q, k, v, lens, ref)
     worst = float((ours.double() - ref).abs().max())
     if q.dtype == F32:
         abs_limit = TOL
     else:
-        sdpa = tf.sdpa_decode(q, k, v, lens, softmax_scale=softmax_scale).double()
+        sdpa = fd.sdpa_decode(q, k, v, lens, softmax_scale=softmax_scale).double()
         abs_limit = 2 * float((sdpa - ref).abs().max()) + 1e-6
     print(f"rel {rel:.2e} < {limit:.2e}   max-abs {worst:.2e} < {abs_limit:.2e}")
     assert ours.shape == q.shape and ours.dtype == q.dtype
@@ -715,26 +717,26 @@ WIDE_IDS = [f"d{s[4]}-R{s[2] // s[3]}-n{s[5]}" for s in WIDE_SHAPES]
 def test_any_head_dim_and_any_n(gen, shape, dtype, splits):
     """任意 d ≤ 256、任意 n：对 float64 参考的相对误差和最大绝对误差都在上限内；给了 out=（先填 NaN）就写进它。"""
     lengths, s_max, hq, hk, d, n = shape
-    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, dtype)
+    q, k, v, lens = fd.make_decode_case(gen, len(lengths), lengths, s_max, hq, hk, d, n, dtype)
     out = torch.full_like(q, float("nan"))
-    assert tf.flash_decode(q, k, v, lens, num_splits=splits, out=out) is out
+    assert fd.flash_decode(q, k, v, lens, num_splits=splits, out=out) is out
     _check_both(out, q, k, v, lens)
     if splits is None and dtype == F32:                     # 不给 out：同样的结果
-        assert torch.equal(tf.flash_decode(q, k, v, lens), out)
+        assert torch.equal(fd.flash_decode(q, k, v, lens), out)
 
 
 @pytest.mark.parametrize("rows,d,dtype_bytes,limit,want", [
-    (1, 128, 2, tf.SMEM_LIMIT_SM90, "split"),
-    (tf.MAX_DECODE_ROWS, 256, 4, tf.SMEM_LIMIT_SM90, "split"),   # 最多的行、最大的 d、fp32：缩到 (16, 4, 2) 放得下
-    (tf.MAX_DECODE_ROWS + 1, 16, 2, tf.SMEM_LIMIT_SM90, "fwd"),  # 行多于一个程序能放的
-    (1000, 1, 2, tf.SMEM_LIMIT_SM90, "fwd"),
+    (1, 128, 2, fd.SMEM_LIMIT_SM90, "split"),
+    (fd.MAX_DECODE_ROWS, 256, 4, fd.SMEM_LIMIT_SM90, "split"),   # 最多的行、最大的 d、fp32：缩到 (16, 4, 2) 放得下
+    (fd.MAX_DECODE_ROWS + 1, 16, 2, fd.SMEM_LIMIT_SM90, "fwd"),  # 行多于一个程序能放的
+    (1000, 1, 2, fd.SMEM_LIMIT_SM90, "fwd"),
     # 共享内存小的 GPU：(16, 4, 2) 要 2·16·256·4·2 + 16·256·4 + 16·16·4 + 1024 = 83968 字节
     (1, 256, 4, 83968, "split"),
     (1, 256, 4, 83967, "fwd"),
 ])
 def test_decode_route(rows, d, dtype_bytes, limit, want):
     """文档里的规则：(Hq/Hk)·n > MAX_DECODE_ROWS，或最小的配置也放不进共享内存 → 前向内核。"""
-    assert tf.decode_route(rows, d, dtype_bytes, limit) == want
+    assert fd.decode_route(rows, d, dtype_bytes, limit) == want
 
 
 @pytest.mark.parametrize("hq,hk,n,want", [(4, 2, 64, "split"), (4, 2, 65, "fwd"), (2, 2, 128, "split"),
@@ -743,20 +745,20 @@ def test_flash_decode_takes_the_documented_route(gen, monkeypatch, hq, hk, n, wa
     """flash_decode 真的按 decode_route 走：数 _decode_fwd 和 split-KV 内核的调用次数。n = None：q 是 [B, Hq, d]
     （1 个新 token），Hq/Hk = 130 行也转前向内核。两条路的结果都对。"""
     calls = {"fwd": 0, "split": 0}
-    real_fwd, real_plan = tf._decode_fwd, tf.decode_plan
+    real_fwd, real_plan = fd._decode_fwd, fd.decode_plan
 
     def count(route, fn):
         def wrapped(*a, **kw):
             calls[route] += 1
             return fn(*a, **kw)
         return wrapped
-    monkeypatch.setattr(tf, "_decode_fwd", count("fwd", real_fwd))
-    monkeypatch.setattr(tf, "decode_plan", count("split", real_plan))
+    monkeypatch.setattr(fd, "_decode_fwd", count("fwd", real_fwd))
+    monkeypatch.setattr(fd, "decode_plan", count("split", real_plan))
     lengths = [40] if n is None else [n, n + 5]                    # 130 个头：B = 1 就够（解释器慢）
-    q, k, v, lens = tf.make_decode_case(gen, len(lengths), lengths, max(lengths), hq, hk, 16, n or 1, F32)
-    ours = tf.flash_decode(q, k, v, lens)
+    q, k, v, lens = fd.make_decode_case(gen, len(lengths), lengths, max(lengths), hq, hk, 16, n or 1, F32)
+    ours = fd.flash_decode(q, k, v, lens)
     assert calls == {"fwd": int(want == "fwd"), "split": int(want == "split")}
-    assert tf.decode_route(hq // hk * (n or 1), 16, 4) == want
+    assert fd.decode_route(hq // hk * (n or 1), 16, 4) == want
     _check_both(ours, q, k, v, lens)
 
 
@@ -764,16 +766,16 @@ def test_forward_route_out_layouts(gen):
     """前向内核那条路的 out=：能看成 [B·n, Hq, d] 的（连续的、切片）直接写；看不成的（维度交换过）算完拷进去。
     q 是切片（不连续）也行。每个 out 先填 NaN，写漏一个就露馅；返回的就是 out 本身。"""
     hq, hk, d, n, lengths = 4, 2, 24, 70, [70, 88]
-    q, k, v, lens = tf.make_decode_case(gen, 2, lengths, 90, hq, hk, d, n, F32)
+    q, k, v, lens = fd.make_decode_case(gen, 2, lengths, 90, hq, hk, d, n, F32)
     outs = {"contiguous": torch.full_like(q, float("nan")),
             "slice": torch.full((2, n, hq, d + 8), float("nan"))[..., :d],
             "permuted": torch.full((hq, n, 2, d), float("nan")).permute(2, 1, 0, 3)}    # [B, n, Hq, d] 的视图
     for name, out in outs.items():
-        assert tf.flash_decode(q, k, v, lens, out=out) is out, name
+        assert fd.flash_decode(q, k, v, lens, out=out) is out, name
         _check_both(out, q, k, v, lens)
     wide_q = torch.zeros(2, n, hq, d + 5)
     wide_q[..., :d] = q
-    _check_both(tf.flash_decode(wide_q[..., :d], k, v, lens), q, k, v, lens)
+    _check_both(fd.flash_decode(wide_q[..., :d], k, v, lens), q, k, v, lens)
 
 
 def test_forward_route_cache_layouts(gen):
@@ -781,7 +783,7 @@ def test_forward_route_cache_layouts(gen):
     [B, Hk, S, d] 转置来的（S' = Hk·S）、K 和 V 是同一块；stride(0) 不是 stride(1) 的倍数、K 和 V 的 S' 不同时
     拷成连续的。结果都对，输入不被改动。"""
     hq, hk, d, n, lengths, s_max = 4, 2, 16, 70, [70, 80], 80
-    q, k, v, lens = tf.make_decode_case(gen, 2, lengths, s_max, hq, hk, d, n, F32)
+    q, k, v, lens = fd.make_decode_case(gen, 2, lengths, s_max, hq, hk, d, n, F32)
     big = torch.full((2, 93, hk, d), float("nan"))
     big[:, :s_max] = k
     heads_first = v.transpose(1, 2).contiguous().transpose(1, 2)                 # 步长 (Hk·S·d, d, S·d, 1)
@@ -790,12 +792,12 @@ def test_forward_route_cache_layouts(gen):
     for name, kc, vc in (("slice", big[:, :s_max], v), ("same cache", big[:, :s_max], big[:, :s_max]),
                          ("heads first", k, heads_first), ("odd stride", odd, v)):
         saved = (kc.clone(), vc.clone())
-        ours = tf.flash_decode(q, kc, vc, lens)
+        ours = fd.flash_decode(q, kc, vc, lens)
         _check_both(ours, q, kc, vc, lens)
         assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip((kc, vc), saved)), name
-    assert tf._cache_rows(big[:, :s_max], s_max)[1] == 93
-    assert tf._cache_rows(heads_first, s_max)[1] == hk * s_max
-    assert tf._cache_rows(odd, s_max) is None
+    assert fd._cache_rows(big[:, :s_max], s_max)[1] == 93
+    assert fd._cache_rows(heads_first, s_max)[1] == hk * s_max
+    assert fd._cache_rows(odd, s_max) is None
 
 
 @pytest.mark.parametrize("n,hq,hk", [(1, 4, 2), (3, 4, 2), (70, 4, 2)], ids=["split-n1", "split-n3", "fwd-n70"])
@@ -803,10 +805,10 @@ def test_bad_lengths_are_clamped_on_both_routes(gen, monkeypatch, n, hq, hk):
     """GPU 上不查 cache_seqlens 的值（要同步）：两条路的内核都把 L_b 截到 [0, S_max]。跳过主机端检查直接看：
     L = −5 → 那个序列的输出是 0（没有可见的 key），L = S_max + 9 → 和 L = S_max 一样。"""
     s_max, d = 80, 16
-    q, k, v, lens = tf.make_decode_case(gen, 2, [s_max, s_max], s_max, hq, hk, d, n, F32)
+    q, k, v, lens = fd.make_decode_case(gen, 2, [s_max, s_max], s_max, hq, hk, d, n, F32)
     squeeze = n == 1
-    monkeypatch.setattr(tf, "_check_decode", lambda *a, **kw: (squeeze, 1 / math.sqrt(d), None))
-    ours = tf.flash_decode(q, k, v, torch.tensor([-5, s_max + 9], dtype=torch.int32))
+    monkeypatch.setattr(fd, "_check_decode", lambda *a, **kw: (squeeze, 1 / math.sqrt(d), None))
+    ours = fd.flash_decode(q, k, v, torch.tensor([-5, s_max + 9], dtype=torch.int32))
     monkeypatch.undo()
     assert bool((ours[0] == 0).all())
     _check_both(ours[1:], q[1:], k[1:], v[1:], lens[1:])
@@ -818,42 +820,42 @@ def test_decode_smem_bytes_on_the_h200_crash():
     Hardware limit 232448。公式（手算）：2·128·256·2·3 + 128·256·2 + 128·128·2 + 1024 = 492544，超过上限；
     decode_plan 现在选的配置（长短缓存两种情况）估计都 ≤ 上限。
     """
-    crash = tf.decode_smem_bytes((128, 4, 3), 128, 256, 2)
-    assert crash == 2 * 128 * 256 * 2 * 3 + 128 * 256 * 2 + 128 * 128 * 2 + tf.SMEM_SLACK == 492544
-    assert crash > 458752 > tf.SMEM_LIMIT_SM90                    # 估计不小于 Triton 算的，两者都超过上限
+    crash = fd.decode_smem_bytes((128, 4, 3), 128, 256, 2)
+    assert crash == 2 * 128 * 256 * 2 * 3 + 128 * 256 * 2 + 128 * 128 * 2 + fd.SMEM_SLACK == 492544
+    assert crash > 458752 > fd.SMEM_LIMIT_SM90                    # 估计不小于 Triton 算的，两者都超过上限
     for S in (64, 1024, 100_000):
-        config, _ = tf.decode_plan(1, 8, S, 132, rows=128, d=256, dtype_bytes=2)
-        assert tf.decode_smem_bytes(config, 128, 256, 2) <= tf.SMEM_LIMIT_SM90, (S, config)
+        config, _ = fd.decode_plan(1, 8, S, 132, rows=128, d=256, dtype_bytes=2)
+        assert fd.decode_smem_bytes(config, 128, 256, 2) <= fd.SMEM_LIMIT_SM90, (S, config)
     # 放得下的配置原样用：基准的形状（R·n = 4、d = 128、bf16）两种配置都不缩
-    for config in (tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU):
-        assert tf.decode_fit_smem(config, 4, 128, 2) == config
-    assert tf.decode_fit_smem((128, 4, 3), 128, 256, 2) == (64, 4, 2)     # 先减流水级数，再减半 BLOCK_N
-    assert tf.decode_fit_smem((16, 4, 2), 128, 256, 4, limit=1000) is None
+    for config in (fd.DECODE_CONFIG_GPU, fd.DECODE_CONFIG_SHORT_GPU):
+        assert fd.decode_fit_smem(config, 4, 128, 2) == config
+    assert fd.decode_fit_smem((128, 4, 3), 128, 256, 2) == (64, 4, 2)     # 先减流水级数，再减半 BLOCK_N
+    assert fd.decode_fit_smem((16, 4, 2), 128, 256, 4, limit=1000) is None
 
 
 def test_decode_plan_stays_within_shared_memory(gpu_decode_constants):
     """每个被接受的 (d, (Hq/Hk)·n, dtype)：decode_route 给 "split"（行数 ≤ 128 时 H200 上总放得下），decode_plan 选的
     配置（长、短缓存）估计 ≤ 上限；原来的配置放得下时不缩；行数 > 128 都转前向内核。"""
-    limit = tf.SMEM_LIMIT_SM90
+    limit = fd.SMEM_LIMIT_SM90
     for dtype_bytes, rows, d in itertools.product((2, 4), (1, 4, 16, 17, 32, 33, 64, 65, 100, 128), range(1, 257)):
-        assert tf.decode_route(rows, d, dtype_bytes, limit) == "split", (rows, d, dtype_bytes)
+        assert fd.decode_route(rows, d, dtype_bytes, limit) == "split", (rows, d, dtype_bytes)
         for S in (40, 100_000):
-            config, _ = tf.decode_plan(2, 8, S, 132, rows=rows, d=d, dtype_bytes=dtype_bytes, smem_limit=limit)
-            assert tf.decode_smem_bytes(config, rows, d, dtype_bytes) <= limit, (rows, d, dtype_bytes, S, config)
-            for base in (tf.DECODE_CONFIG_GPU, tf.DECODE_CONFIG_SHORT_GPU):
-                if tf.decode_smem_bytes(base, rows, d, dtype_bytes) <= limit:
-                    assert tf.decode_fit_smem(base, rows, d, dtype_bytes, limit) == base
+            config, _ = fd.decode_plan(2, 8, S, 132, rows=rows, d=d, dtype_bytes=dtype_bytes, smem_limit=limit)
+            assert fd.decode_smem_bytes(config, rows, d, dtype_bytes) <= limit, (rows, d, dtype_bytes, S, config)
+            for base in (fd.DECODE_CONFIG_GPU, fd.DECODE_CONFIG_SHORT_GPU):
+                if fd.decode_smem_bytes(base, rows, d, dtype_bytes) <= limit:
+                    assert fd.decode_fit_smem(base, rows, d, dtype_bytes, limit) == base
     for rows in (129, 256, 4096):
-        assert tf.decode_route(rows, 64, 2, limit) == "fwd"
+        assert fd.decode_route(rows, 64, 2, limit) == "fwd"
 
 
 def test_decode_cases_cover_the_new_inputs(monkeypatch):
     """check_decode 的用例（GPU 上 big=True）里有：d = 256 × 128 行（H200 上曾经 OutOfResources）、d = 80 × n = 64、
     n = 128 × GQA 4（转前向内核）、d = 111；CPU 上有 d 不是 2 的幂和转前向内核的小例子。只看形状，不生成数据。"""
-    monkeypatch.setattr(tf, "make_decode_case", lambda gen, batch, lengths, s_max, hq, hk, d, n, *a: (hq, hk, d, n))
+    monkeypatch.setattr(fd, "make_decode_case", lambda gen, batch, lengths, s_max, hq, hk, d, n, *a: (hq, hk, d, n))
     for big in (False, True):
-        shapes = {name: shape for name, _, shape in tf.decode_cases(None, big=big)}
-        routes = {name: tf.decode_route(hq // hk * n, d, 2) for name, (hq, hk, d, n) in shapes.items()}
+        shapes = {name: shape for name, _, shape in fd.decode_cases(None, big=big)}
+        routes = {name: fd.decode_route(hq // hk * n, d, 2) for name, (hq, hk, d, n) in shapes.items()}
         assert {name for name, r in routes.items() if r == "fwd"} == {name for name in shapes if "fwd" in name}
         assert any(d & (d - 1) for _, _, d, _ in shapes.values())              # d 不是 2 的幂
         if big:
@@ -865,7 +867,7 @@ SM90_SMEM = """
 import json, sys
 sys.path.insert(0, 'lecture11'); sys.path.insert(0, 'tests')
 import torch
-import triton_flash as tf
+import flash_decode as fd
 from triton_sm90 import Ptr, sm90_shared
 TRITON_DTYPE = {torch.float16: 'fp16', torch.bfloat16: 'bf16', torch.float32: 'fp32', torch.int32: 'i32'}
 launched = []
@@ -879,22 +881,22 @@ class Recorder:                    # 代替两个内核：记下 _decode 给的�
         return lambda *args, **kwargs: launched.append((self.fn, args, kwargs))
 
 
-tf._check_runnable = lambda t: None
-kernel = tf._decode_kernel
-tf._decode_kernel, tf._decode_merge_kernel = Recorder(kernel), Recorder(tf._decode_merge_kernel)
+fd._check_runnable = lambda t: None
+kernel = fd._decode_kernel
+fd._decode_kernel, fd._decode_merge_kernel = Recorder(kernel), Recorder(fd._decode_merge_kernel)
 for name, dtype, n, hq, hk, d, config in json.loads(sys.argv[1]):
     dtype = getattr(torch, dtype)
     q = torch.zeros(1, n, hq, d, dtype=dtype)
     k, v = (torch.zeros(1, 4096, hk, d, dtype=dtype) for _ in range(2))
     launched.clear()
-    tf._decode(q, k, v, torch.full((1,), 4096, dtype=torch.int32), None, None, config and tuple(config))
+    fd._decode(q, k, v, torch.full((1,), 4096, dtype=torch.int32), None, None, config and tuple(config))
     fn, args, kwargs = launched[0]
     named = {a: (Ptr(TRITON_DTYPE[x.dtype], x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x)
              for a, x in zip(fn.arg_names, args)}
     named.update({a: x for a, x in kwargs.items() if a not in ('num_warps', 'num_stages')})
     chosen = (kwargs['BLOCK_N'], kwargs['num_warps'], kwargs['num_stages'])
     shared = sm90_shared(kernel, named, kwargs['num_warps'], kwargs['num_stages'])
-    estimate = tf.decode_smem_bytes(chosen, hq // hk * n, d, q.element_size())
+    estimate = fd.decode_smem_bytes(chosen, hq // hk * n, d, q.element_size())
     print(json.dumps(dict(name=name, config=chosen, shared=shared, estimate=estimate)), flush=True)
 """
 # (名字, dtype, n, Hq, Hk, d, config)：config = None 是 decode_plan 选的（S_max = 4096、B = 1）
@@ -921,13 +923,13 @@ def test_smem_estimate_against_triton_for_sm90():
         print(name, r)
         assert r["shared"] <= r["estimate"], name
         if name != "crash-old":
-            assert r["estimate"] <= tf.SMEM_LIMIT_SM90, name
-    assert rows["crash-old"]["shared"] > tf.SMEM_LIMIT_SM90
+            assert r["estimate"] <= fd.SMEM_LIMIT_SM90, name
+    assert rows["crash-old"]["shared"] > fd.SMEM_LIMIT_SM90
     assert tuple(rows["crash-now"]["config"]) != (128, 4, 3)
 
 
 GPU_DECODE_NEW_INPUTS = """
-import sys, torch; sys.path.insert(0, 'lecture11'); import triton_flash as tf
+import sys, torch; sys.path.insert(0, 'lecture11'); import flash_decode as fd
 torch.manual_seed(0)
 S = 1024
 # (n, Hq, Hk, d)：转前向内核的两个、d = 256 × 128 行（H200 上曾经 OutOfResources）、d = 111、d = 80 × n = 64
@@ -935,30 +937,30 @@ for n, hq, hk, d in [(70, 16, 8, 128), (128, 32, 8, 128), (64, 16, 8, 256), (1, 
     q = torch.randn(3, n, hq, d, device='cuda', dtype=torch.bfloat16)
     k, v = (torch.randn(3, S, hk, d, device='cuda', dtype=torch.bfloat16) for _ in range(2))
     lens = torch.tensor([n, S // 2, S], device='cuda', dtype=torch.int32)
-    ref = tf.reference_decode(q, k, v, lens)
-    tf.flash_decode(q, k, v, lens)                          # 编译
+    ref = fd.reference_decode(q, k, v, lens)
+    fd.flash_decode(q, k, v, lens)                          # 编译
     out = torch.full_like(q, float('nan'))
     torch.cuda.set_sync_debug_mode('error')                 # 任何主机同步都报错
     for _ in range(3):                                      # 正常路径、记录 _Plan、快速路径
-        assert tf.flash_decode(q, k, v, lens, out=out) is out
-    before = tf._Plan.launches
-    tf.flash_decode(q, k, v, lens, out=out)
+        assert fd.flash_decode(q, k, v, lens, out=out) is out
+    before = fd._Plan.launches
+    fd.flash_decode(q, k, v, lens, out=out)
     torch.cuda.set_sync_debug_mode(0)
-    assert tf._Plan.launches > before, (n, hq, hk, d)      # 内核经过 _Plan 启动（两条路都是）
-    assert tf._rel_err(out, ref) < tf.decode_limit(q, k, v, lens, ref), (n, hq, hk, d)
+    assert fd._Plan.launches > before, (n, hq, hk, d)      # 内核经过 _Plan 启动（两条路都是）
+    assert fd._rel_err(out, ref) < fd.decode_limit(q, k, v, lens, ref), (n, hq, hk, d)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):                           # 图捕获前在同一种 stream 上热身
-        tf.flash_decode(q, k, v, lens, out=out)
+        fd.flash_decode(q, k, v, lens, out=out)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tf.flash_decode(q, k, v, lens, out=out)
+        fd.flash_decode(q, k, v, lens, out=out)
     q.copy_(torch.randn_like(q))
     lens.copy_(torch.tensor([n + 3, S // 3, S - 1], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, tf.flash_decode(q, k, v, lens)), (n, hq, hk, d)   # 图重放 = 直接调用，逐位
+    assert torch.equal(out, fd.flash_decode(q, k, v, lens)), (n, hq, hk, d)   # 图重放 = 直接调用，逐位
 print('ok')
 """
 

@@ -1,8 +1,8 @@
-"""lecture11 的两个基准演示（06_triton_bench.py、07_decode_bench.py）的读结果路径：没有 GPU 也能测。
+"""lecture11/bench 的两个基准脚本（triton_bench.py、decode_bench.py）的读结果路径：没有 GPU 也能测。
 
-演示的 --quick 整体由 test_harness.py 在子进程里跑；这里测的是几个判断本身：06 的目标行在缺测量时不算达到，
-07 的正确性检查（相对差上限、压力测试）真的会失败，压力测试能抓到"读到上一次调用留下的段"，图的路径和图例。
-07 的 stress() 只在 GPU 上跑：这里给它 CPU 上的输入和一个假的 flash_decode（自己管一块跨调用复用的草稿区，
+这里测的是几个判断本身：triton_bench 的目标行在缺测量时不算达到，
+decode_bench 的正确性检查（相对差上限、压力测试）真的会失败，压力测试能抓到"读到上一次调用留下的段"，图的路径和图例。
+decode_bench 的 stress() 只在 GPU 上跑：这里给它 CPU 上的输入和一个假的 flash_decode（自己管一块跨调用复用的草稿区，
 可以故意做错），看它数出来的次数和记下的误差。
 """
 import copy
@@ -21,12 +21,12 @@ fl = load_lab("lecture11", "flash_lab")
 
 @pytest.fixture
 def tb():
-    return load_demo("lecture11", "06_triton_bench.py", flash_lab=fl)
+    return load_demo("lecture11/bench", "triton_bench.py", flash_lab=fl)
 
 
 @pytest.fixture
 def db(monkeypatch):
-    return load_demo("lecture11", "07_decode_bench.py", flash_lab=fl)
+    return load_demo("lecture11/bench", "decode_bench.py", flash_lab=fl)
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def res07(db):
 
 
 # ---------------------------------------------------------------------------------------------- 06 的目标行
-BWD_CUDNN = "issue 16：反向 ≥ 0.85× cuDNN"
+BWD_CUDNN = "目标：反向 ≥ 0.85× cuDNN"
 
 
 def _line(report, name):
@@ -46,14 +46,14 @@ def _line(report, name):
     return hit[0]
 
 
-def test_06_target_report_on_committed_rows_counts_every_shape(tb):
+def test_triton_bench_target_report_on_committed_rows_counts_every_shape(tb):
     rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
     report = tb.target_report(rows)
     assert len(report) == 6 and not any("没测到" in line for line in report)
     assert _line(report, "反向 ≥ 1.0× SDPA-FLASH").startswith("  ✓") and "12/12" in _line(report, "反向 ≥ 1.0×")
 
 
-def test_06_target_with_missing_provider_is_not_reported_as_achieved(tb):
+def test_triton_bench_target_with_missing_provider_is_not_reported_as_achieved(tb):
     """cuDNN 的反向一行都没有：这条目标的形状全是"没测到"，不能读成 ✓（之前是 ✓ 8/8）。"""
     rows = [r for r in tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
             if not (r["provider"] == "sdpa-cudnn" and r["mode"] == "bwd")]
@@ -62,7 +62,7 @@ def test_06_target_with_missing_provider_is_not_reported_as_achieved(tb):
     assert line.startswith("  ?") and "0/8 个形状达到" in line and "没测到" in line and "causal d=128 N=16384" in line
 
 
-def test_06_target_with_one_missing_shape_and_real_misses_is_a_cross(tb):
+def test_triton_bench_target_with_one_missing_shape_and_real_misses_is_a_cross(tb):
     """缺一个形状的 sdpa-flash 前向：那一条是 ? 11/12。缺一个没达到的形状的 cuDNN 前向：另一个形状真没达到，
     仍是 ✗；达到的个数不变（缺的不算达到），缺的也列出来。"""
     rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
@@ -80,7 +80,7 @@ def test_06_target_with_one_missing_shape_and_real_misses_is_a_cross(tb):
     assert line.startswith("  ✗") and f"{met}/4" in line and "没达到：full d=128 N=4096" in line and "没测到" in line
 
 
-def test_06_miss_text_is_computed_from_the_results(tb):
+def test_triton_bench_miss_text_is_computed_from_the_results(tb):
     """解释只写没达到的那几条的段，里面的数由 JSON 的 rows 和已提交的 ncu CSV 算：Tensor Core 比例换一组数，文字跟着
     变；反向的比值和直接算的一致；全部达到时什么都不写。"""
     rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
@@ -104,7 +104,7 @@ def test_06_miss_text_is_computed_from_the_results(tb):
     assert not any(miss for *_, miss, _ in tb.target_results(fast)) and tb.miss_explained(fast) == ""
 
 
-def test_06_target_results_carry_the_compared_provider(tb):
+def test_triton_bench_target_results_carry_the_compared_provider(tb):
     """target_results 自己带着每条目标对照的 provider（target_report 的"没测到（… 或我们的内核缺这一行）"用它）。"""
     rows = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))["rows"]
     results = tb.target_results(rows)
@@ -113,7 +113,7 @@ def test_06_target_results_carry_the_compared_provider(tb):
     assert "没测到（sdpa-flash 或我们的内核缺这一行）" in _line(tb.target_report(no_flash), "前向 ≥ 1.0× SDPA-FLASH")
 
 
-def test_06_best_cudnn_column_is_the_fastest_of_ours(tb, capsys):
+def test_triton_bench_best_cudnn_column_is_the_fastest_of_ours(tb, capsys):
     """表的最后一列 best/cudnn = ours、ours-atomic、gluon 里最快的 / cuDNN，逐行和直接算的一致。"""
     res = tb.load_json(os.path.join(tb.RESULTS, tb.JSON_NAME))
     tb.print_table(res)
@@ -127,7 +127,7 @@ def test_06_best_cudnn_column_is_the_fastest_of_ours(tb, capsys):
         assert cells[-1] == f"{best / tfl['sdpa-cudnn']:.2f}", cells
 
 
-def test_06_ncu_summary_refuses_causal_csvs(tb, tmp_path, capsys):
+def test_triton_bench_ncu_summary_refuses_causal_csvs(tb, tmp_path, capsys):
     """解释要的是不 causal 的剖析：ncu_shape.json 说 causal 的目录（提交的 results/ncu/causal/）不用，打印原因；
     同样的 CSV 放在没有形状文件的目录里（= 默认形状，不 causal）照用。"""
     ncu = tb.ncu_profile
@@ -139,7 +139,7 @@ def test_06_ncu_summary_refuses_causal_csvs(tb, tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_06_reference_without_gradients_is_a_failure(tb, capsys):
+def test_triton_bench_reference_without_gradients_is_a_failure(tb, capsys):
     """对照的基准（ours）反向出错、退回只测前向时，其余后端的梯度没有东西可对照：记进 failures，
     report_failures 不能说"输出和梯度都对照过"。基准有梯度时一致的不记，不一致的记。"""
     def rel_err(a, b):
@@ -164,7 +164,7 @@ def test_06_reference_without_gradients_is_a_failure(tb, capsys):
     assert "相对误差 [0.0, 0.0, 0.5, 0.0]" in capsys.readouterr().out
 
 
-def test_06_host_overhead_summary_counts_from_the_json(tb, tmp_path, capsys):
+def test_triton_bench_host_overhead_summary_counts_from_the_json(tb, tmp_path, capsys):
     """主机开销的小结由 JSON 现算：每个 --label 一行，达到目标的点数按 over_us ≤ 15 数，测法按有没有 timing 记录；
     SDPA 在各行之间差几倍也是算的（只比新测法的行）；没有文件时不打印。"""
     rows = [dict(impl=impl, N=n, over_us=over) for n, over in zip(tb.OVERHEAD_NS, (14.9, 15.0, 15.1, None))
@@ -186,7 +186,7 @@ def test_06_host_overhead_summary_counts_from_the_json(tb, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- 07 的正确性检查
-def test_07_correctness_passes_on_committed_json(db, res07, capsys):
+def test_decode_bench_correctness_passes_on_committed_json(db, res07, capsys):
     """提交的 JSON 是新测法：3 个实现 + 每个压力测试形状各一个 ✓，没有 ✗。"""
     assert "stress" in res07["meta"]
     assert db.check_correctness(res07) == 0
@@ -194,7 +194,7 @@ def test_07_correctness_passes_on_committed_json(db, res07, capsys):
     assert out.count("✓") == 3 + len(res07["stress"]) and "✗" not in out and "旧的测法" not in out
 
 
-def test_07_old_method_stress_record_is_a_problem(db, res07, capsys):
+def test_decode_bench_old_method_stress_record_is_a_problem(db, res07, capsys):
     """旧测法（meta 里没有 stress：同一组输入连算）查不出读到上一次的段：0 次不一致也不算数，记一个问题。"""
     res = copy.deepcopy(res07)
     del res["meta"]["stress"]
@@ -202,7 +202,7 @@ def test_07_old_method_stress_record_is_a_problem(db, res07, capsys):
     assert "✗ 压力测试是旧的测法" in capsys.readouterr().out
 
 
-def test_07_committed_errors_are_well_inside_the_tolerance(db, res07):
+def test_decode_bench_committed_errors_are_well_inside_the_tolerance(db, res07):
     """上限 DECODE_TOL 就是推导出的 3 个 bf16 舍入单位（见 07），不是为了让这份结果过而定的；提交的测量离它至少
     有 2 倍的余量。"""
     assert db.DECODE_TOL == 3 * torch.finfo(torch.bfloat16).eps / 2     # 单位舍入 u = eps / 2（独立于 07 的写法）
@@ -211,7 +211,7 @@ def test_07_committed_errors_are_well_inside_the_tolerance(db, res07):
 
 @pytest.mark.parametrize("impl", ["ours", "fa2", "sdpa"])
 @pytest.mark.parametrize("bad", [2e-2, float("nan"), float("inf")])
-def test_07_correctness_fails_on_a_large_error(db, res07, impl, bad, capsys):
+def test_decode_bench_correctness_fails_on_a_large_error(db, res07, impl, bad, capsys):
     res = copy.deepcopy(res07)
     row = next(r for r in res["rows"] if r["impl"] == impl and r["B"] == 8 and r["S"] == 8192)
     row["err_vs_sdpa"] = bad
@@ -220,7 +220,7 @@ def test_07_correctness_fails_on_a_large_error(db, res07, impl, bad, capsys):
     assert f"✗ {impl}" in out and "B=8 S=8192" in out
 
 
-def test_07_correctness_fails_on_stress_mismatch_or_missing_record(db, res07):
+def test_decode_bench_correctness_fails_on_stress_mismatch_or_missing_record(db, res07):
     res = copy.deepcopy(res07)
     res["stress"]["B=1 S=4096 splits=64"] = 3
     assert db.check_correctness(res) == 1
@@ -228,7 +228,7 @@ def test_07_correctness_fails_on_stress_mismatch_or_missing_record(db, res07):
     assert db.check_correctness(res) == 1
 
 
-def test_07_correctness_checks_new_stress_records(db, res07, capsys):
+def test_decode_bench_correctness_checks_new_stress_records(db, res07, capsys):
     """新的测法在 meta.stress 里记了两组输入和 SDPA 的相对差：超过上限、缺记录都算问题。"""
     res = copy.deepcopy(res07)
     errs = res["meta"]["stress"]["err_vs_sdpa"]
@@ -239,7 +239,7 @@ def test_07_correctness_checks_new_stress_records(db, res07, capsys):
     assert db.check_correctness(res) == 1
 
 
-def test_07_main_exits_1_when_correctness_fails(db, res07, monkeypatch):
+def test_decode_bench_main_exits_1_when_correctness_fails(db, res07, monkeypatch):
     bad = copy.deepcopy(res07)
     bad["stress"]["B=1 S=32768 splits=32"] = 1
     real = db.load_json
@@ -250,14 +250,14 @@ def test_07_main_exits_1_when_correctness_fails(db, res07, monkeypatch):
     assert db.main([]) == 0
 
 
-def test_07_missing_point_is_an_error_not_a_dash(db, res07):
+def test_decode_bench_missing_point_is_an_error_not_a_dash(db, res07):
     res = copy.deepcopy(res07)
     res["rows"] = [r for r in res["rows"] if not (r["B"] == 8 and r["S"] == 1024 and r["impl"] == "fa2")]
     with pytest.raises(ValueError, match="缺 1 个点"):
         db.by_point(res)
 
 
-def test_07_table_states_the_number_of_rounds(db, res07, capsys):
+def test_decode_bench_table_states_the_number_of_rounds(db, res07, capsys):
     res = copy.deepcopy(res07)
     for r in res["rows"]:
         r["gpu_rounds_s"] = r["gpu_rounds_s"] + [r["gpu_s"]]
@@ -266,7 +266,7 @@ def test_07_table_states_the_number_of_rounds(db, res07, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- 07 的图
-def test_07_merge_overhead_keeps_the_faster_pass(db, res07, capsys):
+def test_decode_bench_merge_overhead_keeps_the_faster_pass(db, res07, capsys):
     """主机开销量两遍：每点取快的一遍（连同那一遍的 GPU 时间）、CUDA 图核对两遍都要过；打印时列出各遍；
     点数、块、顺序对不上时报错（不悄悄丢点）。"""
     a = copy.deepcopy(res07["overhead"])
@@ -293,7 +293,7 @@ def test_07_merge_overhead_keeps_the_faster_pass(db, res07, capsys):
         db.merge_overhead(a, b)
 
 
-def test_07_figures_go_to_figures_unless_replot(db, res07, monkeypatch):
+def test_decode_bench_figures_go_to_figures_unless_replot(db, res07, monkeypatch):
     """不带参数 / --quick 不动已提交的 results/*.png；只有 --replot 写那里。带宽图只有一个图例，在面板外。"""
     saved = []
 
@@ -332,7 +332,7 @@ def _fake_probe(calls=4):
                 fields=["entry", "after_wait", "done", "sm"], k1=k1, merge=merge)
 
 
-def test_07_probe_breakdown_sums_to_the_period(db):
+def test_decode_bench_probe_breakdown_sums_to_the_period(db):
     br = db.probe_breakdown(_fake_probe())
     assert len(br["calls"]) == 3                          # 最后一次没有"下一次"，不算
     for c, period in zip(br["calls"], (10.0, 12.0, 11.0)):
@@ -347,7 +347,7 @@ def test_07_probe_breakdown_sums_to_the_period(db):
         db.probe_breakdown(dict(_fake_probe(), merge=[]))
 
 
-def test_07_probe_report(db, res07, capsys):
+def test_decode_bench_probe_report(db, res07, capsys):
     """第 7 部分：有探针时打印周期为中位数的那次调用的各段（加起来 = 它的周期）、各段在几次调用里的范围、读 K/V 那段的
     合计带宽；旧的 JSON 没有探针时只说一句。"""
     res = dict(res07, probe=_fake_probe())
@@ -441,20 +441,20 @@ def small_stress(db, monkeypatch):
     return lambda tf: db.stress(torch, tf, calls=24)
 
 
-def test_07_stress_passes_a_correct_kernel(small_stress):
+def test_decode_bench_stress_passes_a_correct_kernel(small_stress):
     counts, errs = small_stress(FakeDecodeTF())
     assert counts == {"B=1 S=64 splits=8": 0, "B=2 S=48 splits=4": 0}
     assert all(e < 1e-2 for e in errs.values()), errs
 
 
-def test_07_stress_catches_a_read_of_the_previous_calls_scratch(small_stress):
+def test_decode_bench_stress_catches_a_read_of_the_previous_calls_scratch(small_stress):
     """合并读到上一次调用的段：结果随前一次是哪组输入而变 → 不一致次数 > 0。
     只用一组输入（改之前的写法）时上一次留下的段逐位相同，这个 bug 查不出来——见下一个测试。"""
     counts, _ = small_stress(FakeDecodeTF("race"))
     assert all(n > 0 for n in counts.values()), counts
 
 
-def test_07_single_input_repetition_cannot_see_the_race():
+def test_decode_bench_single_input_repetition_cannot_see_the_race():
     """改之前的测法：同一组输入连算，"race" 的假内核每次结果都一样（所以旧的压力测试不可能失败）。"""
     tf = FakeDecodeTF("race")
     q, k, v, lens = _cpu_inputs(torch, 1, 64)
@@ -463,13 +463,13 @@ def test_07_single_input_repetition_cannot_see_the_race():
     assert all(torch.equal(tf.flash_decode(q, k, v, lens, 8), first) for _ in range(6))
 
 
-def test_07_stress_catches_consistently_wrong_empty_splits_by_error(small_stress):
+def test_decode_bench_stress_catches_consistently_wrong_empty_splits_by_error(small_stress):
     """空段不写、总读到 A 留下的段：每次错得一样，逐位比较查不出；和 SDPA 的相对差远超上限。"""
     counts, errs = small_stress(FakeDecodeTF("empty"))
     assert all(e > 1e-1 for e in errs.values()), errs
 
 
-def test_07_stress_runs_with_the_real_flash_decode_in_the_interpreter(db, monkeypatch):
+def test_decode_bench_stress_runs_with_the_real_flash_decode_in_the_interpreter(db, monkeypatch):
     """同一段代码用真的 triton_flash（Triton 解释器，CPU、fp32、小尺寸）：调用的接口对得上，次数是 0、误差很小。"""
     from triton_interp import interpreter_env, load_triton_flash
     with interpreter_env():
@@ -485,7 +485,7 @@ def test_07_stress_runs_with_the_real_flash_decode_in_the_interpreter(db, monkey
     assert errs["B=1 S=64 splits=8"] < tf.CPU_TOL
 
 
-def test_07_miss_1_3x_explanation_is_computed(db, res07):
+def test_decode_bench_miss_1_3x_explanation_is_computed(db, res07):
     """1.3× SDPA 没达到时的解释由 JSON 现算：要的拷贝带宽比测到的最高流速还高 → "任何实现都达不到"；否则按最高流速读完
     K/V 之后给其余部分留的时间 和 探针量到的"中位的程序读完之后"的时间比（没有探针就只说第一句）。"""
     by, cp = db.by_point(res07), res07["copy_Bps"]
@@ -510,7 +510,7 @@ def test_07_miss_1_3x_explanation_is_computed(db, res07):
     assert "达不到" in db.miss_1_3x(res07, fast, cp)[-1]
 
 
-def test_07_table_shows_the_merge_kernel(db, res07, capsys):
+def test_decode_bench_table_shows_the_merge_kernel(db, res07, capsys):
     """第 1 部分的"合并内核"一栏由 JSON 里每行的 merge（decode_merge_config）现算：B·Hq 行 × 段列；1 段时是 –；
     旧的 JSON 没有这一项时也是 –。"""
     db.print_table(res07)

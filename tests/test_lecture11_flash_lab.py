@@ -396,7 +396,7 @@ def test_bad_input_is_rejected_with_a_named_argument(call, exc, word):
     assert word in str(info.value)
 
 
-# issue 10：merge_states 不让 numpy 悄悄广播；开关只收 True / False
+# merge_states 不让 numpy 悄悄广播；开关只收 True / False
 def test_merge_states_rejects_mismatched_shapes_and_string_flags():
     m, l, o = np.zeros(3), np.ones(3), np.ones((3, 4))
     with pytest.raises(ValueError, match="形状"):
@@ -410,7 +410,7 @@ def test_merge_states_rejects_mismatched_shapes_and_string_flags():
         fl.standard_attention(Q, Q, Q, causal="False")
 
 
-# ---------------------------------------------------------------- 用实测校准模型（07_decode_bench 用的两个拟合）
+# ---------------------------------------------------------------- 用实测校准模型（bench/decode_bench.py 用的两个拟合）
 # cap 取 fit_decode_gpu 默认网格上的点（拟合能原样找回），且都 < hbm / 32 = 150 GB/s：下面的 fa2 点（B = 1，32 个
 # 程序同时在跑）受的是 cap 而不是各程序平分的显存带宽
 @settings(max_examples=25, deadline=None)
@@ -481,10 +481,11 @@ def test_measured_h200_parameters_are_labelled_and_physical():
 
 
 def test_measured_h200_parameters_equal_fit_of_committed_json():
-    """flash_lab 的 H200_* 常数 = 对提交的 JSON 重新拟合的结果，逐字段（07 的演示打印时也断言，这里不依赖它的输出）。"""
+    """flash_lab 的 H200_* 常数 = 对提交的 JSON 重新拟合的结果，逐字段、1% 以内（常数只留 3 位有效数字；
+    decode_bench 打印时也断言，这里不依赖它的输出）。"""
     import dataclasses
     from labload import load_demo
-    bench = load_demo("lecture11", "07_decode_bench.py", flash_lab=fl)    # 07 的 `import flash_lab` 拿到这一份
+    bench = load_demo("lecture11/bench", "decode_bench.py", flash_lab=fl)    # 它的 `import flash_lab` 拿到这一份
     res, step_res = bench.load_json(bench.RESULTS), bench.load_json(bench.STEP_RESULTS)
     assert res is not None and step_res is not None, "提交的 decode_bench.json / step_measure.json 不见了"
     fitted, _ = bench.calibrate_decode(res)
@@ -493,4 +494,5 @@ def test_measured_h200_parameters_equal_fit_of_committed_json():
     assert bench.same_params(p_graph, fl.H200_TIMELINE_GRAPH) and bench.same_params(p_eager, fl.H200_TIMELINE_EAGER)
     # 比较是逐字段的：任何一个字段不同都算不等
     assert not bench.same_params(fitted, dataclasses.replace(fl.H200_DEC_MEASURED, n_sm=fitted.n_sm + 1))
-    assert not bench.same_params(p_graph, dataclasses.replace(p_graph, sync=p_graph.sync * 1.001 + 1e-9))
+    assert not bench.same_params(p_graph, dataclasses.replace(p_graph, sync=p_graph.sync * 1.05 + 1e-9))
+    assert not bench.same_params(fitted, dataclasses.replace(fitted, launch=fitted.launch * 1.02))

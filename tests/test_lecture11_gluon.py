@@ -18,6 +18,7 @@ import torch
 from labload import ROOT, load_demo, load_lab
 
 gf = load_lab("lecture11", "gluon_flash")
+gs = load_lab("lecture11/bench", "gluon_sweep")     # 基准和 sweep 的命令行
 NO_GPU = not torch.cuda.is_available()
 BF16 = torch.bfloat16
 SMEM_LIMIT = 227 * 1024    # H100 / H200：一个块最多 227 KiB 共享内存
@@ -104,7 +105,7 @@ def test_bwd_tile_table():
     """共享内存（式子 + mbarrier）放得下：现在的选择和 --explore-bwd 比的每个块；d = 64 再加一格就放不下（文档说的）；
     式子和 ptxas 报的差正好是 mbarrier 那一点，而且 ptxas 日志编译的就是现在的块（每段开头的 "# d=…: (…) = (…)"）。
     两个计算组是内核写死的；d 只能是 64、128。"""
-    with open(os.path.join(ROOT, "lecture11", "results", "gluon_bwd_ptxas.log"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", "gluon_bwd_ptxas.log"), encoding="utf-8") as fh:
         log = fh.read()
     reported = {int(m[0]): int(m[1]) for m in re.findall(r"^d=(\d+) full  smem (\d+) B", log, re.M)}
     compiled = {int(m[0]): ast.literal_eval(m[1]) for m in re.findall(r"^# d=(\d+): \([^)]*\) = (\(.*\))$", log, re.M)}
@@ -114,7 +115,7 @@ def test_bwd_tile_table():
         assert compiled[d] == tile, (d, compiled[d], tile)
         assert tile[2] == 2 and len(tile[6]) == 2 and tile[3] >= 2
         assert 0 < reported[d] - _bwd_smem(d, tile) <= SMEM_EXTRA, (d, reported[d], _bwd_smem(d, tile))
-        for t in gf.EXPLORE_BWD_TILES[d]:
+        for t in gs.EXPLORE_BWD_TILES[d]:
             assert t[2] == 2 and _bwd_smem(d, t) + SMEM_EXTRA <= SMEM_LIMIT, (d, t)
     bm, bn, c, stages = gf.bwd_tile_config(64)[:4]
     assert _bwd_smem(64, (bm, bn, c, stages + 1)) + SMEM_EXTRA > SMEM_LIMIT
@@ -126,25 +127,26 @@ def test_bwd_tile_choice_follows_the_committed_sweep():
     """bwd_tile_config 有出处：提交的 --explore-bwd 里标 default 的就是现在的块；每个形状上它比扫描里最快的（只算
     梯度对的块）慢不到 2%；每个块的梯度都和默认块一致（相对差 ≤ EXPLORE_BWD_TOL）；每个形状量的块正好是现在的
     EXPLORE_BWD_TILES[d]（文件里记块的前 6 项，worker_regs 不记）。"""
-    with open(os.path.join(ROOT, "lecture11", "results", gf.explore_name(stem="gluon_bwd_explore")),
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", gs.explore_name(stem="gluon_bwd_explore")),
               encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]
     shapes = {(r["d"], r["N"], r["causal"]) for r in rows}
-    assert shapes == set(itertools.product(gf.HEAD_DIMS, gf.EXPLORE_NS, (False, True)))
-    assert len(shapes) == len(gf.HEAD_DIMS) * len(gf.EXPLORE_NS) * 2
+    assert shapes == set(itertools.product(gf.HEAD_DIMS, gs.EXPLORE_NS, (False, True)))
+    assert len(shapes) == len(gf.HEAD_DIMS) * len(gs.EXPLORE_NS) * 2
     for d, n, causal in shapes:
         here = [r for r in rows if (r["d"], r["N"], r["causal"]) == (d, n, causal)]
-        assert {tuple(r["tile"]) for r in here} == {t[:6] for t in gf.EXPLORE_BWD_TILES[d]}, (d, n, causal)
+        assert {tuple(r["tile"]) for r in here} == {t[:6] for t in gs.EXPLORE_BWD_TILES[d]}, (d, n, causal)
         assert all(r["rel_diff"] <= gf.EXPLORE_BWD_TOL for r in here)
         mine = [r for r in here if r["default"]]
         assert len(mine) == 1 and tuple(mine[0]["tile"]) == gf.bwd_tile_config(d)[:6]
         assert mine[0]["ms"] <= 1.02 * min(r["ms"] for r in here), (d, n, causal)
 
 
-def test_docstring_bwd_vs_cudnn_follows_the_committed_bench():
-    """文件开头写的"cuDNN 的 a–b×（d = 128）、c–d×（d = 64）"由提交的 triton_bench.json 算：06 的 best_ratio
-    （gluon 的反向 / sdpa-cudnn，N ≥ 4k 的每个 (causal, N)）和 _span（两位小数），和 06 的 _bwd_text 同一个算法。"""
-    tb = load_demo("lecture11", "06_triton_bench.py", flash_lab=load_lab("lecture11", "flash_lab"))
+def test_bench_readme_bwd_vs_cudnn_follows_the_committed_bench():
+    """bench/README.md 写的"cuDNN 的 a–b×（d = 128）、c–d×（d = 64）"由提交的 triton_bench.json 算：
+    triton_bench 的 best_ratio（gluon 的反向 / sdpa-cudnn，N ≥ 4k 的每个 (causal, N)）和 _span（两位小数），
+    和它的 _bwd_text 同一个算法。"""
+    tb = load_demo("lecture11/bench", "triton_bench.py", flash_lab=load_lab("lecture11", "flash_lab"))
     with open(os.path.join(tb.RESULTS, tb.JSON_NAME), encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]
     big = sorted({(r["causal"], r["N"]) for r in rows if r["mode"] == "bwd" and r["N"] >= 4096})
@@ -153,19 +155,21 @@ def test_docstring_bwd_vs_cudnn_follows_the_committed_bench():
         xs = [tb.best_ratio(rows, "bwd", c, d, n, "sdpa-cudnn", ("gluon",)) for c, n in big]
         assert xs and None not in xs, (d, big, xs)
         spans[d] = tb._span(xs)
-    assert f"cuDNN 的 {spans[128]}×（d = 128）、{spans[64]}×（d = 64）" in gf.__doc__, spans
+    with open(os.path.join(ROOT, "lecture11", "bench", "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    assert f"cuDNN 的 {spans[128]}×（d = 128）、{spans[64]}×（d = 64）" in readme, spans
 
 
 def test_explore_bwd_cli():
     """--explore-bwd 代替自检，--ns 和 --explore 共用；文件名按 N（默认的 N → gluon_bwd_explore.json）。"""
-    args = gf._parse_args(["--explore-bwd", "--ns", "4096", "--out", "/tmp/x"])
+    args = gs._parse_args(["--explore-bwd", "--ns", "4096", "--out", "/tmp/x"])
     assert args.explore_bwd and args.ns == [4096] and not args.explore
-    assert not gf._parse_args([]).explore_bwd
+    assert not gs._parse_args([]).explore_bwd
 
 
 @pytest.mark.skipif(not NO_GPU, reason="只在没有 GPU 的机器上查")
 def test_explore_bwd_skips_without_gpu(tmp_path):
-    script = os.path.join(ROOT, "lecture11", "gluon_flash.py")
+    script = os.path.join(ROOT, "lecture11", "bench", "gluon_sweep.py")
     r = subprocess.run([sys.executable, script, "--explore-bwd", "--out", str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 77 and r.stdout.startswith("SKIP: "), r.stdout + r.stderr
@@ -181,10 +185,10 @@ def test_persistent_helpers_reject_bad_sizes():
 
 
 def _warp_specialize_literals(kernel):
-    """gluon_flash.py 里内核 kernel 的 gl.warp_specialize 调用结尾的 (worker_num_warps, worker_num_regs) 字面量。"""
-    with open(os.path.join(ROOT, "lecture11", "gluon_flash.py"), encoding="utf-8") as fh:
+    """gluon_kernels.py 里内核 kernel 的 gl.warp_specialize 调用结尾的 (worker_num_warps, worker_num_regs) 字面量。"""
+    with open(os.path.join(ROOT, "lecture11", "gluon_kernels.py"), encoding="utf-8") as fh:
         text = fh.read()
-    body = text.split(f"def {kernel}(", 1)[1].split("\n    @gluon.jit", 1)[0].split("\ndef ", 1)[0]
+    body = text.split(f"def {kernel}(", 1)[1].split("\n@gluon.jit", 1)[0].split("\ndef ", 1)[0]
     calls = re.findall(r"\], \[([\d, ]+)\], \[([\d, ]+)\]\)", body)
     return {tuple(int(x) for x in w.split(",")): tuple(int(x) for x in r.split(",")) for w, r in calls}
 
@@ -205,21 +209,22 @@ def test_worker_regs_match_the_kernels():
 
 def test_explore_cli_names_the_file_after_ns():
     """--explore 的 --ns / --variants：默认写 gluon_explore.json，--ns 1024 写已提交的 gluon_explore_1k.json。"""
-    assert gf.explore_name() == "gluon_explore.json"
-    assert gf.explore_name((1024,)) == "gluon_explore_1k.json"
-    assert gf.explore_name((1000, 2048)) == "gluon_explore_1000_2k.json"
-    assert gf.explore_name(stem="gluon_bwd_explore") == "gluon_bwd_explore.json"          # --explore-bwd 同一个规则
-    assert gf.explore_name((1024,), "gluon_bwd_explore") == "gluon_bwd_explore_1k.json"
+    assert gs.explore_name() == "gluon_explore.json"
+    assert gs.explore_name((1024,)) == "gluon_explore_1k.json"
+    assert gs.explore_name((1000, 2048)) == "gluon_explore_1000_2k.json"
+    assert gs.explore_name(stem="gluon_bwd_explore") == "gluon_bwd_explore.json"          # --explore-bwd 同一个规则
+    assert gs.explore_name((1024,), "gluon_bwd_explore") == "gluon_bwd_explore_1k.json"
     steps = ("pipelined", "ws", "ws2", "overlap", "pingpong")                 # 文件开头写的命令：A–D2
-    args = gf._parse_args(["--explore", "--ns", "1024", "--variants", *steps])
+    args = gs._parse_args(["--explore", "--ns", "1024", "--variants", *steps])
     assert args.ns == [1024] and tuple(args.variants) == steps
-    with open(os.path.join(ROOT, "lecture11", "results", gf.explore_name(tuple(args.ns))), encoding="utf-8") as fh:
+    path = os.path.join(ROOT, "lecture11", "bench", "results", gs.explore_name(tuple(args.ns)))
+    with open(path, encoding="utf-8") as fh:
         rows = json.load(fh)["rows"]                                          # 这条命令写的就是已提交的那一份
     assert {r["N"] for r in rows} == set(args.ns) and {r["variant"] for r in rows} == set(args.variants)
-    default = gf._parse_args(["--explore"])
-    assert tuple(default.ns) == gf.EXPLORE_NS and tuple(default.variants) == gf.EXPLORE_VARIANTS
+    default = gs._parse_args(["--explore"])
+    assert tuple(default.ns) == gs.EXPLORE_NS and tuple(default.variants) == gs.EXPLORE_VARIANTS
     with pytest.raises(SystemExit):
-        gf._parse_args(["--explore", "--variants", "fast"])
+        gs._parse_args(["--explore", "--variants", "fast"])
 
 
 @pytest.mark.parametrize("over, kwargs, exc, word", [
@@ -257,7 +262,7 @@ def test_attention_with_grad_needs_gpu():
 def test_best_variant_rule_follows_the_committed_sweeps(sweep):
     """variant="best" 和提交的扫描一致：每个量过的 (d, N, causal)，best_variant 选的那一步、用 tile_config 的块配置，
     比扫描里最快的（任何一步、任何块配置）慢不到 2%。"""
-    with open(os.path.join(ROOT, "lecture11", "results", sweep), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "lecture11", "bench", "results", sweep), encoding="utf-8") as fh:
         rows = [r for r in json.load(fh)["rows"] if "tflops" in r]
     shapes = {(r["d"], r["N"], r["causal"]) for r in rows}
     assert len(shapes) == (8 if "1k_4k" in sweep else 4)

@@ -1,4 +1,4 @@
-"""lecture11/ncu_profile.py：读已提交的 ncu CSV（results/ncu/），不需要 GPU。
+"""lecture11/bench/ncu_profile.py：读已提交的 ncu CSV（results/ncu/），不需要 GPU。
 查解析出来的数有物理意义（时间 > 0、百分比在 0–100 之间、cuDNN 的内核名里有 cudnn），停顿原因的挑法对，
 合计和 × cuDNN 由 CSV 算，--out 被尊重，ncu 失败的目标让 --measure 以 1 退出（假的 ncu，不需要 GPU）。"""
 import math
@@ -10,7 +10,7 @@ import pytest
 
 from labload import load_lab
 
-ncu = load_lab("lecture11", "ncu_profile")
+ncu = load_lab("lecture11/bench", "ncu_profile")
 COMMITTED_DIR = ncu.RESULTS                   # 测试里 monkeypatch 掉 ncu.RESULTS 时仍从这里拿已提交的 CSV
 COMMITTED = [t for t in ncu.TARGETS if os.path.isfile(os.path.join(ncu.RESULTS, f"ncu_{t}.csv"))]
 

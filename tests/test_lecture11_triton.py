@@ -21,6 +21,8 @@ from labload import ROOT, load_lab
 from triton_interp import load_triton_flash
 
 tf = load_triton_flash()
+fast = load_lab("lecture11", "fast_launch")    # triton_flash 导入时已加载（同一份）
+fd = load_lab("lecture11", "flash_decode")     # 同上
 pytestmark = pytest.mark.usefixtures("triton_interpret")   # 每个测试运行期间打开解释器（conftest.py）
 
 F32 = torch.float32
@@ -691,6 +693,22 @@ def test_numpy_and_tensor_scalars_accepted(gen):
             tf.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, bad, 12)
 
 
+@pytest.mark.parametrize("which", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("too_big", [9, 10**9])
+def test_varlen_max_seqlen_beyond_total_rows_is_refused(which, too_big):
+    """max_seqlen 大于打包后的总行数（这里 8）：ValueError 点名那个参数，不启动内核（10**9 曾让解释器卡住）。
+    等于总行数的照常跑。"""
+    q = torch.randn(8, 2, 16)
+    cu = torch.tensor([0, 5, 8], dtype=torch.int32)
+    kw = dict(max_seqlen_q=5, max_seqlen_k=5)
+    kw[which] = too_big
+    with pytest.raises(ValueError, match=which):
+        tf.flash_attn_varlen_func(q, q, q, cu, cu, **kw)
+    kw[which] = 8
+    out = tf.flash_attn_varlen_func(q, q, q, cu, cu, **kw)
+    assert torch.allclose(out, tf.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5), atol=1e-6)
+
+
 def test_script_without_triton_skips():
     """没有 triton（非 Linux）：当脚本运行打印一行 SKIP、退出码 77；当模块导入照常抛 ImportError。"""
     block = "import sys, runpy; sys.modules['triton'] = None\n"
@@ -830,16 +848,16 @@ def test_dense_cu_seqlens_cached():
 
 def test_plan_recorded_on_second_sighting(monkeypatch):
     """一个形状第二次出现才记 _Plan；缓存满了整体清空（形状一直在变时不无限增长）。"""
-    monkeypatch.setattr(tf, "_SEEN", set())
-    monkeypatch.setattr(tf, "_PLANS", {})
-    monkeypatch.setattr(tf, "_MAX_PLANS", 3)
-    assert not tf._should_record(None)
-    assert not tf._should_record("a") and tf._should_record("a")
-    tf._PLANS["a"] = False                      # 记过（哪怕失败）就不再记
-    assert not tf._should_record("a")
+    monkeypatch.setattr(fast, "_SEEN", set())
+    monkeypatch.setattr(fast, "_PLANS", {})
+    monkeypatch.setattr(fast, "_MAX_PLANS", 3)
+    assert not fast._should_record(None)
+    assert not fast._should_record("a") and fast._should_record("a")
+    fast._PLANS["a"] = False                      # 记过（哪怕失败）就不再记
+    assert not fast._should_record("a")
     for key in "bcd":
-        tf._should_record(key)
-    assert len(tf._SEEN) <= 3 and "a" not in tf._PLANS
+        fast._should_record(key)
+    assert len(fast._SEEN) <= 3 and "a" not in fast._PLANS
 
 
 def test_no_fast_path_in_interpreter(gen):
@@ -902,7 +920,7 @@ def test_byte_range_matches_the_strided_formula(gen):
     for t in cases:
         start = t.data_ptr()
         extent = 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-        assert tf._byte_range(t) == (start, start + extent * t.element_size()), (t.shape, t.stride())
+        assert fd._byte_range(t) == (start, start + extent * t.element_size()), (t.shape, t.stride())
 
 
 def test_launch_hooks_active_sees_installed_hooks(monkeypatch):
@@ -916,12 +934,12 @@ def test_launch_hooks_active_sees_installed_hooks(monkeypatch):
     rt = triton.knobs.runtime
     monkeypatch.setattr(rt, "launch_enter_hook", Chain([]))
     monkeypatch.setattr(rt, "launch_exit_hook", None)
-    assert tf._launch_hooks_active() is False
+    assert fast._launch_hooks_active() is False
     monkeypatch.setattr(rt, "launch_exit_hook", Chain([print]))
-    assert tf._launch_hooks_active() is True
+    assert fast._launch_hooks_active() is True
     monkeypatch.setattr(rt, "launch_exit_hook", Chain([]))
     monkeypatch.setattr(rt, "launch_enter_hook", print)           # 不是 HookChain 的钩子（旧接口）：按"有"处理
-    assert tf._launch_hooks_active() is True
+    assert fast._launch_hooks_active() is True
 
 
 class _FakeLauncher:
@@ -953,7 +971,7 @@ def test_plan_calls_the_c_launcher_directly_when_no_scratch(cls, scratch, way):
     """_Plan 在内核不要草稿区、启动器是 Triton 3.6 的样子时跳过 CudaLauncher 那层 Python，直接调 C 的 launch（参数按它
     的顺序补齐）；要草稿区、或是别的版本的启动器时照常经过 CudaLauncher。两种方式传给启动器的张量地址、标量一样。"""
     launcher = cls(scratch)
-    plan = tf._Plan()
+    plan = fast._Plan()
     plan.vals, plan.slots, plan.grid, plan.keep = [None, 7, None], [(0, 0), (2, 1)], (3, 2, 1), []
     plan.run, plan.function, plan.head = launcher, "fn", ("packed", None, None, None)
     plan._direct(launcher)
@@ -976,6 +994,6 @@ def test_direct_launch_gate_matches_the_installed_triton():
     launcher.launch, launcher.global_scratch_size, launcher.profile_scratch_size = print, 0, 0
     launcher.launch_cooperative_grid, launcher.launch_pdl = False, False
     import triton
-    assert tf._direct_launch_ok(launcher) == triton.__version__.startswith("3.6.")   # 只在验证过的 3.6 上放行
+    assert fast._direct_launch_ok(launcher) == triton.__version__.startswith("3.6.")   # 只在验证过的 3.6 上放行
     launcher.global_scratch_size = 64                  # 要草稿区：无论哪个版本都不直接调
-    assert not tf._direct_launch_ok(launcher)
+    assert not fast._direct_launch_ok(launcher)

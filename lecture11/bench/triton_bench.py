@@ -7,9 +7,9 @@
     causal 与否。
   - 我们的反向有两条路径，同一次运行里都测："ours" = 默认（split：dK/dV、dQ 两个内核，每对块 7 次矩阵乘，
     逐位可复现），"ours-atomic" = Launch(bwd="atomic")（FA2 的 dQ 原子加，5 次矩阵乘；只测反向，前向和 ours
-    是同一个内核）。默认选 split 是因为 H200 上实测它更快（results/NOTES.md 的 v7）。
+    是同一个内核）。默认选 split 是因为 H200 上实测它更快。
   - "gluon" = gluon_flash.attention（FA3 式的 Hopper 内核，手写 TMA / mbarrier / wgmma / warp 专门化，
-    variant="best" = 持久内核；前向和反向都测，它的输出和梯度同样和 ours 对照）。issue 16 的前向目标按 ours、
+    variant="best" = 持久内核；前向和反向都测，它的输出和梯度同样和 ours 对照）。前向目标按 ours、
     gluon 里快的那个算。
   - FLOP 的算法：前向 4·B·H·N²·d（QKᵀ 和 PV 各 2·N²·d），causal 时减半；反向按前向的 2.5 倍算
     （5 次矩阵乘 / 2 次，flash-attn 的惯例；split 路径实际做 7 次，多出来的重算不算 FLOP）。
@@ -23,11 +23,10 @@
   - 目标行的 ✓ / ✗ 是速度目标（性能），不是正确性：正确性不过关时脚本直接报错退出。
 
 运行：
-  python3 lecture11/06_triton_bench.py            有 GPU：测量，写 lecture11/results/triton_bench.json 和 .png
-  python3 lecture11/06_triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表，不测量；--quick 还由 JSON
-                                                 画同一张图（和完整图一样大）到 lecture11/figures/quick/，
-                                                 不动已提交的 results/triton_bench.png
-  python3 lecture11/06_triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
+  python3 lecture11/bench/triton_bench.py            有 GPU：测量，写 lecture11/bench/results/triton_bench.json 和 .png
+  python3 lecture11/bench/triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表；--quick 还由 JSON 画同一张图
+                                                 到 bench/figures/quick/，不动已提交的 results/triton_bench.png
+  python3 lecture11/bench/triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
 """
 import argparse
 import json
@@ -36,11 +35,13 @@ import math
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
+LESSON = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json, pyplot, save_figure,  # noqa: E402
                           wall_per_call_many)
 
+sys.path.insert(0, LESSON)
 sys.path.insert(0, HERE)
 # 形状、FLOP 算法和 gluon_flash、ncu_profile 共用一份（flash_lab.py，只依赖 numpy：没有 triton 也能打印结果）
 from flash_lab import BENCH_HIDDEN as HIDDEN, BENCH_TOKENS as TOKENS, attention_flops as flops  # noqa: E402
@@ -51,7 +52,7 @@ JSON_NAME = "triton_bench.json"
 PNG_NAME = "triton_bench.png"
 PROVIDERS = ("ours", "ours-atomic", "gluon", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 BWD_ONLY = ("ours-atomic",)           # 前向和 ours 是同一个内核：只测反向
-OURS_FWD = ("ours", "gluon")          # issue 16 的前向目标按"我们的 Triton 和 Gluon 内核里快的那个"算
+OURS_FWD = ("ours", "gluon")          # 前向目标按"我们的 Triton 和 Gluon 内核里快的那个"算
 SEQLENS = (1024, 4096, 16384)         # B·N = TOKENS、H·d = HIDDEN 固定（flash_lab.py）
 HEAD_DIMS = (64, 128)
 
@@ -134,11 +135,11 @@ TARGETS = (
     ("反向 ≥ 1.0× SDPA-FLASH（Triton 内核）", "bwd", "sdpa-flash", 1.0, ("ours",), lambda c, d, n: True, "flash"),
     ("前向 ≥ 0.8× cuDNN（d = 128，N ≥ 4k，Triton 内核）", "fwd", "sdpa-cudnn", 0.8, ("ours",),
      lambda c, d, n: d == 128 and n >= 4096, "fwd"),
-    ("issue 16：前向 ≥ 0.9× cuDNN（N ≥ 4k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.9, OURS_FWD,
+    ("目标：前向 ≥ 0.9× cuDNN（N ≥ 4k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.9, OURS_FWD,
      lambda c, d, n: n >= 4096, "fwd"),
-    ("issue 16：前向 ≥ 0.8× cuDNN（N = 1k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.8, OURS_FWD,
+    ("目标：前向 ≥ 0.8× cuDNN（N = 1k，Triton / Gluon 取快的）", "fwd", "sdpa-cudnn", 0.8, OURS_FWD,
      lambda c, d, n: n == 1024, "fwd1k"),
-    ("issue 16：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, BWD_ANY,
+    ("目标：反向 ≥ 0.85× cuDNN（N ≥ 4k，我们的反向取快的）", "bwd", "sdpa-cudnn", 0.85, BWD_ANY,
      lambda c, d, n: n >= 4096, "bwd"),
 )
 
@@ -213,13 +214,13 @@ def miss_explained(rows, ncu=None):
                      "让一组的 softmax 和\n"
                      f"    另一组的 wgmma 同时跑——ncu 里 Tensor Core 忙的比例 ours {tc.get('ours-fwd', '?')}、"
                      f"gluon 的 ws2（步骤 C）{tc.get('gluon-fwd', '?')}、cuDNN {tc.get('cudnn-fwd', '?')}\n"
-                     "    （lecture11/ncu_profile.py 量的是 ws2，不是表里的持久内核）。")
+                     "    （lecture11/bench/ncu_profile.py 量的是 ws2，不是表里的持久内核）。")
     if "fwd1k" in topics:
         parts.append("\n    N = 1k：每个程序只走几块 K/V，开头结尾摊不开；"
                      "gluon 的持久内核（步骤 E）把它们藏到前一个 Q 块后面。")
     if "bwd" in topics or "flash" in topics:
         parts.append("\n    " + _bwd_text(rows, ncu, tc))
-    parts.append("\n    数字和剖析见 results/NOTES.md 的 v9–v12。")
+    parts.append("\n    数字和剖析见 lecture11/bench/README.md。")
     return "".join(parts)
 
 
@@ -311,7 +312,6 @@ def measure(args):
 
     import torch
     import triton
-    sys.path.insert(0, HERE)
     import triton_flash as tf
 
     torch.manual_seed(0)
@@ -372,10 +372,9 @@ EXPLORE_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128,
 
 
 def explore(args):
-    """调优实验（只测前向）：固定配置 × 有无 TMA，打印每个版本的 TFLOP/s，供 NOTES.md 记录。"""
+    """调优实验（只测前向）：固定配置 × 有无 TMA，打印每个版本的 TFLOP/s。"""
     import torch
     import triton
-    sys.path.insert(0, HERE)
     import triton_flash as tf
 
     F = torch.nn.functional
@@ -411,7 +410,7 @@ def explore(args):
 OVERHEAD_NS = (1, 16, 128, 512)
 
 
-OVERHEAD_TARGET_US = 15.0      # issue 16：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
+OVERHEAD_TARGET_US = 15.0      # 目标：B = 1、N ≤ 512 时每次调用比内核多出的主机时间
 
 
 OVERHEAD_ROUNDS = 5            # --overhead 每个形状的 calls 次分几轮（wall_per_call_many 的 rounds）
@@ -445,7 +444,7 @@ def print_host_overhead(path):
     spread = [max(v) / min(v) for v in sdpa.values() if len(v) > 1 and min(v) > 0]
     if spread:
         print(f"  这台共用主机的快慢在变：同样用新测法，SDPA（同一个调用）多出的时间在各行之间差 "
-              f"{_span(spread, '{:.1f}')} 倍（按 N 分别比）。每一行对应的代码版本见 results/NOTES.md")
+              f"{_span(spread, '{:.1f}')} 倍（按 N 分别比）。")
 
 
 def _us(x):
@@ -455,7 +454,7 @@ def _us(x):
 def _load_module(path):
     """按路径加载一份 triton_flash（--overhead 的"改之前"用旧文件）；None → 本文件夹里的。"""
     import importlib.util
-    path = path or os.path.join(HERE, "triton_flash.py")
+    path = path or os.path.join(LESSON, "triton_flash.py")
     spec = importlib.util.spec_from_file_location("triton_flash_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -515,7 +514,7 @@ def overhead(args):
 
 def _relative_paths(text):
     """剖析结果里的路径改成相对的（仓库文件从仓库根算起，第三方包从 site-packages/ 算起）：JSON 里没有本机路径。"""
-    root = os.path.dirname(HERE) + os.sep
+    root = os.path.dirname(LESSON) + os.sep
     return re.sub(r"\S*/site-packages/", "site-packages/", text.replace(root, ""))
 
 
@@ -633,8 +632,8 @@ def main():
     if args.replot:
         res = load_json(committed)
         if res is None:
-            print(f"--replot：{os.path.relpath(committed)} 不存在，先在 GPU 上测量")
-            return
+            print(f"SKIP: {os.path.relpath(committed)} 不存在，先在 GPU 上测量")
+            sys.exit(77)
         out = plot(res, os.path.join(RESULTS, PNG_NAME), quick=args.quick)
         print(f"由 {os.path.relpath(committed)} 重画了 {os.path.relpath(out)}")
         return

@@ -1,8 +1,8 @@
 """
 ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Compute（ncu）的硬件计数器回答。
 
-06_triton_bench.py 只给时间；时间说不出原因。这里在 H200 上对同一个形状（bf16，B = 8，N = 4096，H = 16，d = 128，
-不 causal：results/NOTES.md 里差距最大的一组）各跑一次，每个内核量这些计数器：
+bench/triton_bench.py 只给时间；时间说不出原因。这里在 H200 上对同一个形状（bf16，B = 8，N = 4096，H = 16，d = 128，
+不 causal：和 cuDNN 差距最大的一组）各跑一次，每个内核量这些计数器：
   - 时间（gpu__time_duration）
   - Tensor Core 忙的比例（sm__pipe_tensor_op_*：矩阵乘单元有多少个周期在干活——注意力的上限就是它）
   - 发射槽忙的比例（每个周期有没有 warp 发出指令）、占用率（每个 SM 上同时活着的 warp）
@@ -11,22 +11,22 @@ ncu_profile · 我们的注意力内核比 cuDNN 慢，慢在哪？用 Nsight Co
     barrier = 等 __syncthreads，wait = 等固定延迟，math_pipe_throttle = 运算单元忙，…）
 被测的 6 个（"目标"）：
   ours-fwd / ours-bwd     triton_flash.flash_attn_func 的前向 / 反向（默认：split，dK/dV 内核 + dQ 内核 + 预处理）
-  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 = 默认的 v2：5 次矩阵乘，
-                          dQ 经共享内存用 TMA 归约加回全局，LSE、D 由生产者用 TMA 读；提交的反向 CSV 是 NOTES v12 的）
+  gluon-fwd / gluon-bwd   gluon_flash.attention(variant="ws2")（FA3 式的前向，步骤 C；反向 = 默认的那个：5 次矩阵乘，
+                          dQ 经共享内存用 TMA 归约加回全局，LSE、D 由生产者用 TMA 读；提交的反向 CSV 量的就是它）
   cudnn-fwd / cudnn-bwd   SDPA 的 cuDNN 后端
 
 运行：
-  python3 lecture11/ncu_profile.py [--out DIR]          读 DIR（默认已提交的 results/ncu/）的 ncu_*.csv，打印对照表
+  python3 lecture11/bench/ncu_profile.py [--out DIR]    读 DIR（默认已提交的 results/ncu/）的 ncu_*.csv，打印对照表
                                                         （没有 GPU 也行）
-  python3 lecture11/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次 ncu，写 DIR/ncu_<目标>.csv（约 2 分钟）
+  python3 lecture11/bench/ncu_profile.py --measure --out DIR  GPU + ncu：每个目标一次，写 DIR/ncu_<目标>.csv
                                                         再打印 DIR 的对照表；有目标 ncu 失败时退出码 1
-  python3 lecture11/ncu_profile.py --measure --causal [--out DIR]
+  python3 lecture11/bench/ncu_profile.py --measure --causal [--out DIR]
                                                         同样的形状但 causal（和不 causal 的比停顿）；不给 --out 时
                                                         写 results/ncu/causal/（不盖掉不 causal 的 CSV），读的时候
                                                         --causal 也默认读它。形状记在 DIR/ncu_shape.json，之后读这个
                                                         目录时按它打印；DIR 里已有另一种 causal 的 CSV 时拒绝量。
-                                                        提交的一份就在 results/ncu/causal/（只有两个反向，NOTES v12）
-  python3 lecture11/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外，只数一次调用）
+                                                        提交的一份就在 results/ncu/causal/（只有两个反向）
+  python3 lecture11/bench/ncu_profile.py --target ours-fwd    ncu 里面跑的那一段（内部用：热身在计数范围外）
 """
 import argparse
 import csv
@@ -38,9 +38,10 @@ import shutil
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
+LESSON = os.path.dirname(HERE)
+sys.path.insert(0, LESSON)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 from course_utils import format_table, load_json  # noqa: E402
 import flash_lab as fl  # noqa: E402  （基准的形状：B·N、H·d 和 06、gluon_flash 相同）
 
@@ -70,10 +71,10 @@ def run_target(name, causal=False):
     elif name.startswith("gluon"):
         import gluon_flash as gf
 
-        def fwd(q, k, v):     # 步骤 C（ws2）：提交的 CSV 量的是它（NOTES v9）；E 只是把它做成持久内核
+        def fwd(q, k, v):     # 步骤 C（ws2）：提交的 CSV 量的是它；E 只是把它做成持久内核
             return gf.attention(q, k, v, causal=causal, variant="ws2")
     else:
-        cudnn = tf.sdpa_fn("sdpa-cudnn")                # 和 06_triton_bench.py 的 sdpa-cudnn 同一个调用
+        cudnn = tf.sdpa_fn("sdpa-cudnn")                # 和 bench/triton_bench.py 的 sdpa-cudnn 同一个调用
 
         def fwd(q, k, v):
             return cudnn(q, k, v, causal)
@@ -239,7 +240,7 @@ def report(res_dir=RESULTS):
                          f"{s['issue']:.0f}", f"{s['occupancy']:.0f}", f"{s['regs']:.0f}", f"{s['smem_kb']:.0f}",
                          stall])
     if not found:
-        print(f"SKIP: 还没有 {os.path.relpath(res_dir, os.path.join(HERE, '..'))}/ncu_*.csv（先在 GPU 上 --measure）")
+        print(f"SKIP: 还没有 {os.path.relpath(res_dir, LESSON)}/ncu_*.csv（先在 GPU 上 --measure）")
         return SKIP
     shape = measured_shape(res_dir)
     print(f"形状：bf16，B = {shape['B']}，N = {shape['N']}，H = {shape['H']}，d = {shape['d']}，"
@@ -265,7 +266,10 @@ def main(argv=None):
     ap.add_argument("--target", choices=TARGETS, help="（内部用）ncu 里面跑的那一段")
     ap.add_argument("--only", nargs="+", choices=TARGETS, default=TARGETS, help="--measure 只量这几个目标")
     ap.add_argument("--causal", action="store_true", help="量 causal 的同一个形状（默认写 results/ncu/causal/）")
+    ap.add_argument("--replot", action="store_true", help="不用 GPU：没有图，只由已提交的 CSV 重印对照表")
     args = ap.parse_args(argv)
+    if args.replot and (args.measure or args.target):
+        ap.error("--replot 不和 --measure、--target 一起用")
     if args.target:
         run_target(args.target, args.causal)
         return 0
