@@ -893,7 +893,7 @@ class TimelineParams:
 # 实测校准的 H200 时间线参数（不是假设）：
 #   hbm = H200 规格 4.8 TB/s；launch（CUDA 图）= 0.728 µs：实测，空内核（torch.cuda._sleep(0)）在 CUDA 图里一个接一个
 #       重放的间隔（decode_bench.json 的 launch.graph_s；普通 stream 里是 1.49 µs）；
-#   small = 1.88 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/results/step_measure.json，CUDA 图，上下文
+#   small = 1.88 µs：拟合，让 Llama-3.2-1B 批 1 的一步（lecture05/bench/results/step_measure.json，CUDA 图，上下文
 #       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
 #   eager 的 launch = 12.0 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
 #   其余（eff、ramp、sync……）用默认值。出处：H200，2026-12-01，torch 2.11.0+cu130，

@@ -13,7 +13,7 @@
      主机时间拆成几块；主机发一个空内核要多久。
   5. 校准第 4 节的 decode_attention_time：用假设的 sm_bw_cap、launch 预测的时间 vs 实测，拟合这两个参数，
      拟合前后每个点的误差（见 flash_lab.H200_DEC_MEASURED 的文档）。
-  6. 校准第 5 节的时间线模型：Llama-3.2-1B 批 1 的真实一步（lecture05/results/step_measure.json）vs 模型；
+  6. 校准第 5 节的时间线模型：Llama-3.2-1B 批 1 的真实一步（lecture05/bench/results/step_measure.json）vs 模型；
      CUDA 图里的 launch = 实测的空内核间隙（一个空内核在 stream 里、在 CUDA 图里各占多少 µs），再拟合 small
      和 eager 时的 launch。
   7. 一次调用的时间都花在哪：B = 1、S = 32k 时每个程序在内核里读 %globaltimer（入口、放行、完成——第一步是
@@ -42,17 +42,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
 LESSON = os.path.dirname(HERE)                          # lecture11：课本身
 sys.path.insert(0, LESSON)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
 from dataclasses import replace  # noqa: E402
 
 import flash_lab as fl  # noqa: E402
-from course_utils import (capture_graph, committed_figure, cuda_time, format_table, gpu_meta,  # noqa: E402
-                          graph_matches_eager, load_json, pyplot, ratio_errors, save_figure, wall_per_call,
-                          wall_per_call_many)
+from course_utils import committed_figure, format_table, load_json, pyplot, ratio_errors, save_figure  # noqa: E402
+from gpu_timing import (capture_graph, cuda_time, gpu_meta, graph_matches_eager, wall_per_call,  # noqa: E402
+                        wall_per_call_many)
 from hw_specs import H200  # noqa: E402
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "decode_bench.json")
-STEP_RESULTS = os.path.join(LESSON, "..", "lecture05", "results", "step_measure.json")   # 第 5 讲测的真实一步
+STEP_RESULTS = os.path.join(LESSON, "..", "lecture05", "bench", "results", "step_measure.json")   # 第 5 讲测的真实一步
 HQ, HK, D = 32, 8, 128
 BATCHES = (1, 8, 64)
 SEQLENS = (1024, 8192, 32768, 131072)
@@ -89,7 +90,7 @@ def kv_bytes(B, S):
 # =============================================================================
 def graph_time(torch, fn, target_s=2e-3, trials=5):
     """
-    fn() 一次的 GPU 时间（秒）：把 reps 次调用录进一张 CUDA 图（course_utils.capture_graph），重放 trials 次取最快。
+    fn() 一次的 GPU 时间（秒）：把 reps 次调用录进一张 CUDA 图（gpu_timing.capture_graph），重放 trials 次取最快。
     图里没有主机开销，所以这是内核（含内核之间的空档）的时间。先录一次、重放量出单次的时间，
     再定 reps，让一次重放大约 target_s 秒。
     """
@@ -776,7 +777,7 @@ def ours_bw(res, B, s_min):
 
 def print_timeline_fit(res, step_res):
     p_graph, p_eager, n_k, table = calibrate_timeline(res, step_res)
-    print(f"Llama-3.2-1B 批 1 的一次 decode（lecture05/results/step_measure.json）：profiler 数出 {n_k} 个内核；"
+    print(f"Llama-3.2-1B 批 1 的一次 decode（lecture05/bench/results/step_measure.json）：profiler 数出 {n_k} 个内核；"
           f"讲义的 \"12\" 划分是 {len(fl.llama_1b_ops(160, kernels='12'))} 个")
     print(format_table(["上下文", "执行", "实测 µs", "讲义默认 µs", "比值", "校准后 µs", "比值"],
                        [[r["context"], r["mode"], f"{r['t'] * 1e6:.0f}", f"{r['lecture'] * 1e6:.0f}",
@@ -962,7 +963,8 @@ def main(argv=None):
     timeline_table = []
     print("\n=== 6. 校准第 5 节的时间线模型 ===")
     if step_res is None:
-        print(f"  （没有 {os.path.relpath(STEP_RESULTS)}：跳过；在 GPU 上运行 lecture05/step_bench.py --measure）")
+        print(f"  （没有 {os.path.relpath(STEP_RESULTS)}：跳过；"
+              "在 GPU 上运行 lecture05/bench/step_calibration.py --measure）")
     else:
         _, _, timeline_table = print_timeline_fit(res, step_res)
     print("\n=== 7. 一次调用的时间线（内核里的计时探针，读 %globaltimer）===")

@@ -38,7 +38,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 LECTURE = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(LECTURE, "..", "lecture01"))
-from course_utils import format_table, gpu_meta, load_json  # noqa: E402
+sys.path.insert(0, os.path.join(LECTURE, "..", "lecture01", "bench"))
+from course_utils import format_table, load_json  # noqa: E402
+from gpu_timing import gpu_meta  # noqa: E402
 
 SKIP = 77
 DEFAULT_OUT = os.path.join(HERE, "results")

@@ -26,7 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
 LESSON = os.path.dirname(HERE)
 sys.path.insert(0, LESSON)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
-from course_utils import check_int, gpu_meta, load_json  # noqa: E402
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
+from course_utils import check_int, load_json  # noqa: E402
+from gpu_timing import gpu_meta  # noqa: E402
 import flash_lab as fl  # noqa: E402  （基准的形状和 FLOP 算法；只依赖 numpy）
 from gluon_flash import (BEST, EXPLORE_BWD_TOL, GLUON_ERROR, HEAD_DIMS, VARIANTS, _launch, _launch_bwd,  # noqa: E402
                          _short, _triton_flash, attention, bwd_tile_config, tile_config, torch)

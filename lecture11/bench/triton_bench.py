@@ -38,8 +38,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
 LESSON = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
-from course_utils import (format_table, gpu_meta, graph_matches_eager, load_json, pyplot, save_figure,  # noqa: E402
-                          wall_per_call_many)
+sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
+from course_utils import format_table, load_json, pyplot, save_figure  # noqa: E402
+from gpu_timing import gpu_meta, graph_matches_eager, wall_per_call_many  # noqa: E402
 
 sys.path.insert(0, LESSON)
 sys.path.insert(0, HERE)
