@@ -69,6 +69,8 @@ def _import_lecture18_flash_lab():
         sys.path.remove(want)
         if other is not None:
             sys.modules["flash_lab"] = other    # 放回去：别人手里的 flash_lab 不变
+        else:
+            sys.modules.pop("flash_lab", None)  # 也不留下裸名字：之后 `import flash_lab` 的（第 11 讲）拿到自己的那个
     return fl18
 
 
