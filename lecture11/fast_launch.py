@@ -110,6 +110,20 @@ def _direct_launch_ok(launcher):
             and hasattr(launcher, "launch_cooperative_grid") and hasattr(launcher, "launch_pdl"))
 
 
+_N_SM = {}                # 设备号 → SM 个数（flash_decode 的段数、gluon_flash 的持久内核网格）
+
+
+def _sm_count(device):
+    """设备的 SM 个数：每个设备只问一次（只是属性，不同步）；解释器（CPU 张量）按 H100/H200 的 132 算，
+    和 GPU 上选同样的段数。"""
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _N_SM:
+        _N_SM[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _N_SM[key]
+
+
 _PLANS = {}
 _SEEN = set()
 _MAX_PLANS = 4096         # 形状一直在变（例如解码时 K/V 越来越长）时不让缓存无限长

@@ -42,7 +42,7 @@ except ImportError:
         sys.exit(77)
     raise
 
-from fast_launch import _PLANS, _Plan, _current_stream, _launch_hooks_active, _should_record  # noqa: E402
+from fast_launch import _PLANS, _Plan, _current_stream, _launch_hooks_active, _should_record, _sm_count  # noqa: E402
 from triton_flash import (CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch, _check_runnable, _check_scale,  # noqa: E402
                           _check_tensors, _fwd, _load_rows, _lse_scratch, _pick_seed,
                           _prec, _rel_err, _scalar, allowed_mask, reference_attention,
@@ -370,7 +370,6 @@ def decode_merge_config(rows, d, splits, n_sm=132):
     return block_s, chunk, warps
 
 
-_N_SM = {}
 _SMEM = {}
 _HOPPER = {}
 DECODE_PDL = True       # 两个内核都用 PDL 发射；Hopper 之前的 GPU、解释器上自动不用
@@ -387,15 +386,6 @@ def _pdl_modes(device, pdl):
             on, off = dict(PDL=True, launch_pdl=True), dict(PDL=False)
             return (on if pdl is True else off), on
     return dict(PDL=False), dict(PDL=False)
-
-
-def _sm_count(device):
-    if device.type != "cuda":
-        return 132                                # 解释器：按 H100/H200 的 SM 数算，和 GPU 上选同样的段数
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _N_SM:                          # 每个设备只查一次（不同步，只是属性）
-        _N_SM[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _N_SM[key]
 
 
 def _smem_limit(device):

@@ -58,7 +58,7 @@ except ImportError:
     raise
 
 from fast_launch import (_MAX_PLANS, _PLANS, _SEEN, _Plan, _current_stream, _launch_hooks_active,  # noqa: E402,F401
-                         _should_record)
+                         _should_record, _sm_count)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # 必须在定义内核之前确定
 MAX_HEAD_DIM = 256

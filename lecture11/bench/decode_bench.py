@@ -328,7 +328,7 @@ def measure_probe(torch, tf, calls=PROBE_CALLS):
     """
     计时探针（flash_decode._decode 的 stamps）：PROBE_SHAPE 上 calls 次调用录进一张 CUDA 图（每次写自己那一份
     时间戳）、重放两次，取第二次。每个程序一行 [入口, gdc_wait 之后, 完成, SM 号]
-    （%globaltimer，ns；"完成"的含义见 triton_flash._probe）；
+    （%globaltimer，ns；"完成"的含义见 flash_decode._probe）；
     存的时间相对第一次调用里最早的入口。另外量带探针和不带探针的 GPU 时间（探针本身的代价）。
     """
     B, S = PROBE_SHAPE
@@ -674,7 +674,7 @@ FA2_BLOCK_M = 128     # d = 128 时 flash_attn_func 的前向配置（triton_fla
 
 
 def decode_points(res):
-    """实测 → fit_decode_gpu 的点。ours = "fd"：一组 R = Hq/Hk 行补到 ≥ 16 的 2 的幂（和 triton_flash._decode 一样）；
+    """实测 → fit_decode_gpu 的点。ours = "fd"：一组 R = Hq/Hk 行补到 ≥ 16 的 2 的幂（和 flash_decode._decode 一样）；
     fa2 = "fa2"：FA2_BLOCK_M 行。SDPA 的内部划分不知道，不放进拟合。"""
     fd_rows = max(16, 1 << math.ceil(math.log2(HQ // HK)))
     pts = []
