@@ -1,6 +1,5 @@
 """
 CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的（PyTorch，可配置、可训练、可消融）
-=====================================================================================
 
 【这一讲回答的问题】
     2017 年的 Transformer / 2019 年的 GPT-2 和 2024 年的 Llama 3 骨架相同，区别在几块积木：
@@ -18,9 +17,7 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
     ChunkCopyLanguage                            合成语言：马尔可夫"文字" + 按标记整块复制；每个 token 的真实概率已知
     train_model / evaluate                       AdamW、预热 + 余弦、梯度裁剪、tqdm（tokens/s、ETA）、定期评估、续训
     loss_breakdown / loss_by_position            按 token 类别（块标记、新块字母、复制）/ 按位置拆开的损失，与最优并排
-    CHECKPOINTS / train_config / load_or_train / verify_checkpoint
-                                                 入库的检查点（12 个：消融的每个变体 + 同一配置的 3 个种子）与
-                                                 manifest.json（格式、SHA-256、seal、续训：checkpoint_store.py）
+    CHECKPOINTS / load_or_train / verify_checkpoint   入库的 12 个检查点（格式、核对、续训：checkpoint_store.py）
 
 【约定】
     形状：token [B, T]；激活 [B, T, d]；注意力里 q [B, H, T, dh]、k/v [B, G, S, dh]（G = n_kv_heads，
@@ -30,8 +27,7 @@ CS349E 第 4 讲 · modern_lm.py：现代 decoder 是怎样一件件换出来的
 
 【运行】python3 lecture04/modern_lm.py          # 自检（几秒）
         python3 lecture04/train_checkpoints.py   # 重新训练入库的检查点（12 个模型，每个约 2–5 分钟，见该文件）
-【依赖】torch、numpy、tqdm；../lecture01/course_utils.py（参数检查、表格）、llm_math.py（ModelConfig：参数量、
-        KV 字节的公式）；../lecture02/transformer_lab.py（只在自检里：等价性）。
+【依赖】torch、numpy、tqdm；../lecture01（course_utils、llm_math）；../lecture02/transformer_lab.py（只在自检里）。
 """
 
 import csv

@@ -26,8 +26,7 @@ serving_sim.py —— 第 5 讲：推理服务：一步要多久、一批放几�
     A7 StepModel 构造时用 llm_math.fit（全课程一条规则）检查权重放得下；prefill / decode / mixed 的一步碰到的 KV
        超过 KV 容量就 CapacityError（不给一个看似正常的时间）；模拟器在接纳请求时检查。
 
-【单位】时间：秒；数据量：字节；算力：FLOP/s；带宽：字节/秒；长度：token 个数。
-【运行】python3 lecture05/serving_sim.py      # 自检（约 1 秒）
+【单位】秒；字节；FLOP/s；字节/秒；长度 = token 个数。  【运行】python3 lecture05/serving_sim.py（自检，约 1 秒）
 【依赖】numpy；../lecture01（llm_math、hw_specs、course_utils）、../prereq5（comm_sim）。
 """
 

@@ -1,38 +1,24 @@
 """
 step_bench.py —— 第 5 讲：StepModel 预测的"一步"和 GPU 上真实的一步对得上吗？
 
-【问题】serving_sim.StepModel 用 roofline + 假设的 mfu 0.6、mbu 0.8、每步 1 ms 开销预测引擎一步的时间。在 H200 上
-    真跑 Llama 形状的模型（随机权重，BF16）的 prefill 和 decode（decode 分 eager 和 CUDA graph），量出来多少？
-    拟合出来的 mfu、mbu 和两种开销是多少？拟合之后还差在哪里、为什么？
-    开销按"每层一个常数 × 层数"拟合：主机开销来自内核启动，一步启动的内核数和层数成正比（1B 16 层 632 个、
-    8B 32 层 1288 个），一个固定的每步开销描述不了层数不同的两个模型。
+【问题】serving_sim.StepModel 用 roofline + 假设的 mfu 0.6、mbu 0.8、每步 1 ms 开销预测一步的时间。H200 上真跑
+    Llama 形状的模型（随机权重，BF16）的 prefill 和 decode（eager 与 CUDA graph），拟合出的 mfu、mbu、开销是多少，
+    拟合后还差在哪？开销按"每层一个常数 × 层数"拟合：一步启动的内核数和层数成正比（1B 632 个、8B 1288 个）。
 
 【里面有什么】
-    模型    LlamaShaped（RMSNorm、RoPE、SwiGLU 用第 4 讲 modern_lm 的积木；qkv 一个矩阵；lm_head 按 tied 共享词嵌入）、
-            build_model（meta 设备上建，再在目标设备上随机初始化）、alloc_cache（预分配的 KV cache）、
+    模型    LlamaShaped（第 4 讲 modern_lm 的积木）、build_model、alloc_cache（预分配的 KV cache）、
             reference_logits（不用 cache、不用 SDPA 的朴素注意力：等价性检查的参考）
-    网格    plan_points（测哪些点）、point_shape / point_bytes / fits_chip（每点的形状、显存、放不放得下）；
-            GPU 上的计时在 lecture05/bench/step_calibration.py（--measure），结果读回用 load_results
-    拟合    ideal_times（StepModel 在 mfu = mbu = 1、开销 0 时的两边）、predict（一步的公式，向量化）、log_loss、
-            step_overhead（参数 → 这一点的每步开销：拟合的按层、默认假设按步）、
-            fit_step_params（平方对数比：对数网格穷举 + 坐标搜索）、fit_loss（任意参数下的平方对数比之和）、
-            nudged_losses（随机方向挪一点：局部最小的检查）、
-            compare_points（逐点：模型 / 实测 / 比值 / 测量顺序）、group_rows（按模型、步、执行方式分组）、
-            error_summary（中位误差、最差一点：course_utils.ratio_errors）、worst_rows（最差的 n 行）、
-            explain_point（这一点模型没算到什么）、constant_text（粘贴进 serving_sim.H200_MEASURED 的四行）、
-            synthetic_results（StepModel 生成的"实测"）
+    网格    plan_points、point_shape / point_bytes / fits_chip；结果读回用 load_results
+            （GPU 上的计时在工作台 lecture05/bench/step_calibration.py）
+    拟合    ideal_times、predict、log_loss、step_overhead、fit_step_params（平方对数比：网格 + 坐标搜索）、fit_loss、
+            nudged_losses（局部最小的检查）、compare_points、group_rows、error_summary、worst_rows、explain_point、
+            constant_text（粘贴进 serving_sim.H200_MEASURED 的几行）、synthetic_results / synthetic_points
 
-【约定】KV cache [L, 2, B, G, S_max, dh]（2 = K、V；G = KV 头数）。prefill：n 个等长输入 [n, T] 从位置 0 开始，
-    写 cache 的前 T 格，只算最后一个 token 的 logits（引擎也只对它采样）。decode：每个序列已有 context 个 token，
-    新 token 在位置 context，看 context + 1 个键（批内上下文一样长）。decode 的 GQA：一组的 R = H/G 个 query 头
-    当作 R 个 query 位置 [B, G, R, dh]，每个 KV 头只读一遍（与 enable_gqa 结果相同，不复制 K/V）。
-    和 StepModel 对照：prefill ↔ prefill_time([T] × n)，decode ↔ decode_time(B, B·(context + 1))，芯片 hw_specs.H200。
-    参数字典：{"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer"}（FIT_KEYS：拟合的结果，每层秒数，
-    step_overhead 给 StepModel 的 overhead = 每层 × n_layers）。默认假设不是这个形式（每步 1 ms，不分层数、不分
-    mode）：DEFAULT_PARAMS = {"mfu", "mbu", "overhead_per_step"}；step_overhead 两种都认，compare_points / fit_loss /
-    synthetic_points 都经它拿开销。
-    工作台按 plan_points 的顺序测（同一形状的 eager、graph 一组，eager 先）：JSON 里点的顺序就是测量的先后。
-    时间：秒；显存：字节。
+【约定】KV cache [L, 2, B, G, S_max, dh]（2 = K、V；G = KV 头数）。prefill：n 个等长输入 [n, T]，只算最后一个 token
+    的 logits；decode：每个序列已有 context 个 token，看 context + 1 个键。GQA：一组 R = H/G 个 query 头当作 R 个
+    query 位置 [B, G, R, dh]，K/V 不复制。对照：prefill ↔ prefill_time([T] × n)，decode ↔ decode_time(B, B·(ctx + 1))。
+    参数字典 FIT_KEYS = {"mfu", "mbu", "overhead_eager_per_layer", "overhead_graph_per_layer"}（每层秒数）；
+    默认假设 DEFAULT_PARAMS = {"mfu", "mbu", "overhead_per_step"}；step_overhead 两种都认。时间：秒；显存：字节。
 
 【运行】python3 lecture05/step_bench.py                 # 自检（CPU，几秒）
         python3 lecture05/bench/step_calibration.py --measure   # H200 上重测（见 lecture05/bench/README.md）

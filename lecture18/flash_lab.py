@@ -14,13 +14,9 @@ CS349E 第 18 讲实验模块 flash_lab（PyTorch 版）：(m, ℓ, o) 状态代
     §1 状态代数：block_state(S, V)、merge_states(a, b)、finalize(state)、merge_tree（任意顺序 / 树形合并）；
         合并树 chain_tree / reverse_chain_tree / pair_tree / random_tree、tree_depth
     §2 参考实现：causal_mask、vanilla_attention（显式 S、P，可求导，也是 float64 参考）、sdpa_attention
-    §3 分块注意力：blockwise_attention_fwd / blockwise_attention_bwd（重算反向）、BlockwiseAttention、
-       blockwise_attention、flash_attention（有 CUDA 时用第 11 讲的 Triton 内核，否则走分块版）、triton_available
-    §4 一层 Transformer 的三种算法：TransformerLayer(mode="vanilla" / "flash" / "bpt")
-    §5 量显存：MemoryMeter（数每个算子产出的张量，记峰值和最大的单个张量）、measure_layer、
-       activation_bytes（论文表 1）、max_seq_len（显存预算下最长的序列）
-    §6 多块设备：kv_split_states（K、V 切给 P 块设备，各自对全部 query 算局部状态）
-    §7 _selftest()
+    §3 分块注意力：blockwise_attention_fwd / _bwd（重算反向）、BlockwiseAttention、blockwise_attention、
+       flash_attention（有 CUDA 时用第 11 讲的 Triton 内核）；§4 TransformerLayer(mode="vanilla" / "flash" / "bpt")
+    §5 量显存：MemoryMeter、measure_layer、activation_bytes（论文表 1）、max_seq_len；§6 kv_split_states（P 块设备）
 
 【约定】
     - 注意力的形状和 F.scaled_dot_product_attention 一样：q [..., N, d]、k [..., Nk, d]、v [..., Nk, dv]，
@@ -30,10 +26,8 @@ CS349E 第 18 讲实验模块 flash_lab（PyTorch 版）：(m, ℓ, o) 状态代
     - causal 按右下角对齐（和第 11 讲、flash-attn ≥ 2.1 相同）：第 i 个 query 位于 key 轴上的 Nk − N + i。
       没有任何可见 key 的行（causal 且 N > Nk 的前几行；或整行被掩码的块）：O = 0、lse = −∞、梯度 0。
     - 显存以字节计；"激活"指一层前向、反向中由算子新产出的张量（参数和输入不算）。
-
-【运行】python3 lecture18/flash_lab.py      # 自检，约 4 秒 CPU 时间（约一半花在首次导入 torch._dynamo）
-【依赖】torch；../lecture01/course_utils.py（参数检查、表格、存图）；有 CUDA 时可选 ../lecture11/triton_flash.py。
-        演示脚本 lecture18/01_*.py … 05_*.py 建立在本模块之上。
+【运行】python3 lecture18/flash_lab.py      # 自检，约 4 秒（约一半花在首次导入 torch._dynamo）
+【依赖】torch；../lecture01/course_utils.py；有 CUDA 时可选 ../lecture11/triton_flash.py。
 """
 
 import importlib.util

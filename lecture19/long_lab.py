@@ -1,7 +1,5 @@
 """
-=============================================================================
 CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞针、RoPE 外推、稀疏注意力、环形注意力
-=============================================================================
 
 【这一讲要回答的问题】
     1. 只在 128 个 token 上训练过的小模型，能在 1024、2048 个 token 的"草堆"里找到那根"针"吗？
@@ -18,10 +16,8 @@ CS349E · 第 19 讲实验模块：long_lab.py —— 长上下文：大海捞�
     LongAttention / LongBlock / LongLM / build_model   Llama 式小模型（d = 128、2 层、2 个头），RoPE 可调 base
                                   与插值倍数 scale，或不用位置编码（NoPE）；注意力模式可换
     train_needle / niah_grid      训练（AdamW、预热 + 余弦、课程学习、梯度裁剪）与"长度 × 深度"准确率表
-    save_model / load_model / get_model   checkpoints/ 里的缓存：state_dict + manifest.json（SHA-256 校验）
-    CHECKPOINTS / get_checkpoint / cached_grid   演示用的模型配置（train_checkpoints.py 训练它们）与 NIAH 表缓存；
-                                  demo_start（演示 01–03 的开头：参数、线程、打印决定结果的种子）、
-                                  niah_heatmap（准确率表的图）
+    save_model / load_model / get_model / CHECKPOINTS / get_checkpoint / cached_grid   检查点（checkpoint_store）、
+                                  演示用的模型配置与 NIAH 表缓存；demo_start（演示 01–03 的开头）、niah_heatmap
     TASK_SEED / DATA_SEED / EVAL_SEED   草堆、训练数据、测试题的种子（模型初始化的在 CHECKPOINTS 里）
     RingLedger / ring_attention   环形注意力的单进程模拟（contiguous / striped 两种切法），记账每轮工作量和发送量
     （真正的多进程环形注意力在 ring_dist.py：torch.distributed 点对点收发，用这里的 shard_index 和 _block）

@@ -24,12 +24,10 @@
 
 在 2 块 GPU 上重新测时间线（四个变体 + 合并进 ring_multi_gpu.json；提交的那次 118 s）：
     bash lecture19/bench/run_ring_gpu.sh
-  没有 GPU 时走一遍同样的代码（gloo + 小尺寸，结果写到临时目录，不碰提交的文件）：
-    bash lecture19/bench/run_ring_gpu.sh --cpu
+  没有 GPU 时：bash lecture19/bench/run_ring_gpu.sh --cpu（gloo + 小尺寸，结果写到临时目录）
 正确性 + 旧的总时间计时（重写 ring_multi_gpu.json 的 checks / times，保留时间线，约 2 分钟）：
     torchrun --nproc_per_node=2 lecture19/bench/ring_multi_gpu.py --measure
-只读结果、画图（没有 GPU 也行；check-all 跑 --replot：重画已提交的图）：
-    python3 lecture19/bench/ring_multi_gpu.py [--quick | --replot]
+只读结果、画图（没有 GPU 也行）：python3 lecture19/bench/ring_multi_gpu.py [--quick | --replot]
 """
 import argparse
 import json
