@@ -208,6 +208,7 @@ def standard_attention(Q, K, V, causal=False, scale=None):
     Nk, dv = V.shape
     io = IO()
     S = _masked_scores(Q, K, scale, causal, offset=Nk - N)
+    _check_row_max(S.max(axis=1), _has_key(N, Nk, causal))
     io.add("S=QKᵀ", read=N * d + Nk * d, write=N * Nk, flops=2 * N * Nk * d)
     P, _ = softmax_3pass(S)
     io.add("P=softmax(S)", read=N * Nk, write=N * Nk)
@@ -227,16 +228,20 @@ def naive_attention(Q, K, V, causal=False, scale=None):
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
     causal = check_bool("causal", causal)
     N, Nk = Q.shape[0], K.shape[0]
-    O, L = np.zeros((N, V.shape[1])), np.full(N, -np.inf)
+    O, L, top = np.zeros((N, V.shape[1])), np.full(N, -np.inf), np.full(N, -np.inf)
     for i in range(N):
         n_vis = Nk - N + i + 1 if causal else Nk             # 这个 query 看得见的 key 个数
         if n_vis <= 0:
             continue
         s = (K[:n_vis] @ Q[i]) * scale                        # [n_vis]
         _check_scores(s)
-        w = np.exp(s - s.max())
+        top[i] = s.max()
+        if top[i] == -np.inf:                                 # 可见的分数全溢出成 −∞：循环后一起报错
+            continue
+        w = np.exp(s - top[i])                                # 溢出成 −∞ 的分数权重正好是 0
         O[i] = (w @ V[:n_vis]) / w.sum()
-        L[i] = s.max() + math.log(w.sum())
+        L[i] = top[i] + math.log(w.sum())
+    _check_row_max(top, _has_key(N, Nk, causal))
     return O, L
 
 
@@ -367,6 +372,7 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
     io = IO()
     O = np.zeros((N, dv))
     L = np.zeros(N)
+    top = np.full(N, -np.inf)                                 # 每行最终的 m：只为最后查一次溢出
     k_tiles = _tiles(Nk, Bc)                                  # K、V 的块：每个 Q 块都按这个顺序走一遍
     for i0, i1 in _tiles(N, Br):
         br = i1 - i0
@@ -392,8 +398,10 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
             io.add("K,V", read=keys * (d + dv))
             io.add("QKᵀ,PV", flops=2 * br * keys * (d + dv))
         O[i0:i1], L[i0:i1] = _normalize(acc, m, l)            # 最后才除 l：每行一次除法
+        top[i0:i1] = m
         io.add("O", write=br * dv)
         io.add("L", write=br)
+    _check_row_max(top, _has_key(N, Nk, causal))
     return O, L, io
 
 
@@ -435,6 +443,7 @@ def _fwd_fa1(Q, K, V, Br, Bc, causal, scale):
         io.add("O", read=n_rows * dv, write=n_rows * dv)
         io.add("l,m", read=2 * n_rows, write=2 * n_rows)
         io.add("QKᵀ,PV", flops=2 * n_rows * bc * (d + dv))
+    _check_row_max(m_hbm, _has_key(N, Nk, causal))
     return O, _lse(m_hbm, l_hbm), io
 
 
@@ -473,6 +482,7 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     io.add("dQ", write=N * d)                                 # dQ 在显存里清零，之后反复累加
     dK = np.zeros((Nk, d))
     dV = np.zeros((Nk, dv))
+    top = np.full(N, -np.inf)                                 # 每行可见分数的最大值：只为最后查一次溢出
     for j0, j1 in _tiles(Nk, Bc):
         bc = j1 - j0
         Kj, Vj = K[j0:j1], V[j0:j1]
@@ -486,6 +496,7 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
             Qi, dOi = Q[i0:i1], dO[i0:i1]
             io.add("Q,dO,L,D", read=br * (d + dv + 2))
             S = _masked_scores(Qi, Kj, scale, causal, i0, j0, off)          # [br, bc]
+            top[i0:i1] = np.maximum(top[i0:i1], S.max(axis=1))
             P = np.exp(S - L_sub[i0:i1, None])                               # [br, bc]
             dVj += P.T @ dOi                                                 # [bc, dv]
             dP = dOi @ Vj.T                                                  # [br, bc]
@@ -496,6 +507,7 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
             io.add("5 matmuls", flops=2 * br * bc * (2 * d + 2 * dv + d))
         dK[j0:j1], dV[j0:j1] = dKj, dVj
         io.add("dK,dV", write=bc * (d + dv))
+    _check_row_max(top, _has_key(N, Nk, causal))
     return dQ, dK, dV, io
 
 
@@ -606,12 +618,14 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
             continue
         s = (q @ K[a:b].T) * scale                            # [R, b − a]
         _check_scores(s)
-        m = s.max(axis=1)
-        p = np.exp(s - m[:, None])
+        m = s.max(axis=1)                                     # 这一段的分数全溢出成 −∞ 的行：l = 0
+        p = np.exp(s - _safe(m)[:, None])
         l = p.sum(axis=1)
-        parts.append(((p @ V[a:b]) / l[:, None], m + np.log(l)))   # ([R, dv], [R])
+        o_s = np.divide(p @ V[a:b], l[:, None], out=np.zeros((len(l), V.shape[1])), where=l[:, None] > 0)
+        parts.append((o_s, _lse(m, l)))                       # ([R, dv], [R])；空的行 (0, −∞)
     lse_s = np.stack([ls for _, ls in parts])                # [段数, R]
     top = lse_s.max(axis=0)
+    _check_row_max(top, np.ones(len(top), dtype=bool))       # 每行都看得见全部 key
     lse = top + np.log(np.exp(lse_s - top).sum(axis=0))       # [R]
     weight = np.exp(lse_s - lse)                              # [段数, R]：每段占的 softmax 质量
     o = np.einsum("sr,srv->rv", weight, np.stack([o_s for o_s, _ in parts]))   # [R, dv]
@@ -1082,16 +1096,33 @@ def _check_rows(x, name="x"):
 
 
 def _check_scores(S, causal=False, q0=0, k0=0, offset=0):
-    """可见的分数必须在 float64 里有限：Q、K 都有限，乘出来却溢出时报错（而不是给出 0 / −∞ 或 NaN）。
-    全部有限时只花一次 isfinite；被掩码的位置（causal 时看不见的 (q, k)）不是分数，不算。"""
+    """可见的分数不能是 +∞ 或 NaN：Q、K 都有限，乘出来却溢出时报错（而不是给出 0 或 NaN）。
+    溢出成 −∞ 的分数不报错：exp(−∞ − m) = 0 正是精确答案（只要这一行还有有限的分数；整行可见的分数都是 −∞
+    的行由 _check_row_max 在每次调用的最后查一次）。全部有限时只花一次 isfinite；被掩码的位置不是分数，不算。"""
     if np.isfinite(S).all():
         return
-    bad = ~np.isfinite(S)
+    bad = np.isnan(S) | np.isposinf(S)
     if causal and S.ndim == 2:
         bad &= _visible(offset + q0 + np.arange(S.shape[0]), k0 + np.arange(S.shape[1]))
     if bad.any():
         raise ValueError(f"注意力分数溢出 float64：Q·Kᵀ·scale 有 {int(bad.sum())} 个可见的分数超出可表示范围"
                          f"（±{np.finfo(np.float64).max:.3g}），请缩小 Q 或 K（或 scale）的量级")
+
+
+def _has_key(N, Nk, causal):
+    """[N] 的布尔表：第 i 个 query 有没有可见的 key（causal 右下角对齐：Nk − N + i ≥ 0）。"""
+    return np.arange(N) >= N - Nk if causal else np.full(N, Nk > 0)
+
+
+def _check_row_max(top, has_key):
+    """每次调用最后查一次：看得见 key 的行，可见分数的最大值 top 却是 −∞ = 这一行的分数全溢出成了 −∞。
+    这不是"没有可见 key"（那样的行按约定给 O = 0、L = −∞），是溢出：报错，不给那个约定的答案。"""
+    bad = np.isneginf(top) & has_key
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(f"注意力分数溢出 float64：第 {rows[:5].tolist()} 行 query（共 {rows.size} 行）看得见 key，"
+                         f"可见的分数 Q·Kᵀ·scale 却全都溢出成了 −∞（< −{np.finfo(np.float64).max:.3g}），"
+                         f"请缩小 Q 或 K（或 scale）的量级")
 
 
 MAX_CELLS = 1 << 31            # live_tiles 的 [N, Nk] 布尔表最多这么多个元素（2 GB）
