@@ -257,6 +257,9 @@ def _vanilla(q, k, v, causal, scale, return_lse=True):
     if causal:
         visible = causal_mask(N, Nk, q.device)                # [N, Nk]
         S = S.masked_fill(~visible, NEG_INF)
+    if S.device.type == "cpu":
+        _check_row_max(S.amax(dim=-1), causal, N, Nk)
+    if causal:
         if N > Nk:                                            # 前 N − Nk 行一个 key 也看不见
             has_key = visible.any(dim=-1, keepdim=True)       # [N, 1]
             S = S.masked_fill(~has_key, 0.0)                  # 先换成有限值，softmax 才不出 NaN，再乘 0
@@ -331,6 +334,7 @@ def _fwd(q, k, v, block_q, block_k, causal, scale):
     off = Nk - N                                              # 第 i 个 query 的位置是 off + i
     O = q.new_empty((*q.shape[:-1], dv))                      # [..., N, dv]
     lse = q.new_empty(q.shape[:-1])                           # [..., N]
+    top = q.new_empty(q.shape[:-1])                           # 每行最终的 m：只为最后查一次溢出
     for i0, i1 in _tiles(N, block_q):
         qi = q[..., i0:i1, :]                                 # [..., br, d]
         state = _empty_state(qi.shape[:-1], dv, q)
@@ -340,6 +344,8 @@ def _fwd(q, k, v, block_q, block_k, causal, scale):
             S = _block_scores(qi, k[..., j0:j1, :], scale, causal, i0, j0, off)
             state = _merge(state, _block_state(S, v[..., j0:j1, :]))
         O[..., i0:i1, :], lse[..., i0:i1] = _finalize(state)
+        top[..., i0:i1] = state[0]
+    _check_row_max(top, causal, N, Nk)
     return O, lse
 
 
@@ -369,6 +375,8 @@ def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
         D = D - dlse                                          # dS = P ∘ (dP − D + dlse)
     lse_sub = lse.masked_fill(torch.isneginf(lse), float("inf"))   # 空行：exp(S − ∞) = 0，避免 −∞ − (−∞)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    cpu = q.device.type == "cpu"                              # 溢出只在 CPU 上查（同 _check_scores）
+    top = q.new_full(q.shape[:-1], NEG_INF) if cpu else None  # 每行可见分数的最大值
     for j0, j1 in _tiles(Nk, block_k):
         kj, vj = k[..., j0:j1, :], v[..., j0:j1, :]           # [..., bc, d]、[..., bc, dv]
         for i0, i1 in _tiles(N, block_q):
@@ -376,11 +384,15 @@ def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
                 continue
             qi, dOi = q[..., i0:i1, :], dO[..., i0:i1, :]
             S = _block_scores(qi, kj, scale, causal, i0, j0, off)            # [..., br, bc]
+            if cpu:
+                top[..., i0:i1] = torch.maximum(top[..., i0:i1], S.amax(dim=-1))
             P = torch.exp(S - lse_sub[..., i0:i1, None])                     # 重算的概率
             dv[..., j0:j1, :] += P.transpose(-2, -1) @ dOi                   # [..., bc, dv]
             dS = P * (dOi @ vj.transpose(-2, -1) - D[..., i0:i1, None])      # [..., br, bc]
             dq[..., i0:i1, :] += (dS @ kj) * scale                           # [..., br, d]
             dk[..., j0:j1, :] += (dS.transpose(-2, -1) @ qi) * scale         # [..., bc, d]
+    if cpu:
+        _check_row_max(top, causal, N, Nk)
     return dq, dk, dv
 
 
@@ -715,6 +727,7 @@ def kv_split_states(q, k, v, P, causal=False, scale=None):
     bounds = _even_bounds(Nk, P)
     states = [_block_state(_block_scores(q, k[..., j0:j1, :], scale, causal, 0, j0, off), v[..., j0:j1, :])
               for j0, j1 in bounds]
+    _check_row_max(torch.stack([m for m, _, _ in states]).amax(dim=0), causal, q.shape[-2], Nk)
     return states, bounds
 
 
@@ -877,17 +890,34 @@ def _check_layer_size(h, ffn_mult, dtype):
 
 
 def _check_scores(S, causal=False, i0=0, j0=0, offset=0):
-    """可见的分数必须在计算用的 dtype 里有限：q、k 有限，乘出来却溢出时报错（不给 0 / −∞ 或 NaN）。
-    全部有限时只花一次 isfinite；被掩码的位置（causal 时看不见的 (q, k)）不是分数，不算。只在 CPU 上查
+    """可见的分数不能是 +∞ 或 NaN：q、k 有限，乘出来却溢出时报错（不给 0 或 NaN）。溢出成 −∞ 的分数不报错：
+    exp(−∞ − m) = 0 正是精确答案（只要这一行还有有限的分数；整行可见的分数都是 −∞ 的行由 _check_row_max
+    在每次调用的最后查一次）。全部有限时只花一次 isfinite；被掩码的位置不是分数，不算。只在 CPU 上查
     （GPU 上每块都同步主机太贵；GPU 上的快路径是 Triton 内核，溢出的行给 NaN）。"""
     if S.device.type != "cpu" or torch.isfinite(S).all():
         return
-    bad = ~torch.isfinite(S)
+    bad = torch.isnan(S) | torch.isposinf(S)
     if causal:
         bad &= _block_mask(i0, i0 + S.shape[-2], j0, j0 + S.shape[-1], offset, S.device)
     if bad.any():
         raise ValueError(f"注意力分数溢出 {S.dtype}：q·kᵀ·scale 有 {int(bad.sum())} 个可见的分数超出可表示范围"
                          f"（±{torch.finfo(S.dtype).max:.3g}），请缩小 q 或 k（或 scale）的量级")
+
+
+def _check_row_max(top, causal, N, Nk):
+    """每次调用最后查一次（只在 CPU 上）：看得见 key 的行，可见分数的最大值 top [..., N] 却是 −∞ = 这一行的分数
+    全溢出成了 −∞。没有可见 key 的行（causal 且 N > Nk 的前 N − Nk 行）按约定给 O = 0、lse = −∞；
+    有 key 的行不能冒充它：报错。"""
+    if top.device.type != "cpu":
+        return
+    bad = torch.isneginf(top)
+    if causal and N > Nk:
+        bad = bad & (torch.arange(N) >= N - Nk)
+    if bad.any():
+        rows = torch.nonzero(bad.reshape(-1, N).any(dim=0)).flatten().tolist()
+        raise ValueError(f"注意力分数溢出 {top.dtype}：第 {rows[:5]} 行 query（共 {len(rows)} 行）看得见 key，"
+                         f"可见的分数 q·kᵀ·scale 却全都溢出成了 −∞（< −{torch.finfo(top.dtype).max:.3g}），"
+                         f"请缩小 q 或 k（或 scale）的量级")
 
 
 def _check_sdpa_scores(q, k, scale, causal):
@@ -898,7 +928,10 @@ def _check_sdpa_scores(q, k, scale, causal):
     bound = abs(scale) * q.shape[-1] * q.abs().max().item() * k.abs().max().item()
     if bound < torch.finfo(q.dtype).max / 2:
         return
-    _check_scores((q @ k.transpose(-2, -1)) * scale, causal, 0, 0, k.shape[-2] - q.shape[-2])
+    N, Nk = q.shape[-2], k.shape[-2]
+    S = (q @ k.transpose(-2, -1)) * scale                     # [..., N, Nk]
+    _check_scores(S, causal, 0, 0, Nk - N)
+    _check_row_max((S.masked_fill(~causal_mask(N, Nk), NEG_INF) if causal else S).amax(dim=-1), causal, N, Nk)
 
 
 # =============================================================================
