@@ -523,6 +523,19 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    if not HAS_BIAS:   # 有 bias 时 −inf 是用户给的掩码（合法）：照旧 O = 0、LSE = −inf；没有 bias 时见下
+        # 这一行有没有合法 key 只由 len_q、len_k、窗口决定（不读任何东西）：key j 合法 ⇔ j ∈ [pos − L, pos + R] ∩ [0, len_k)
+        pos = rows + (len_k - len_q)
+        first = pos * 0
+        last = first + len_k - 1
+        if WIN_L >= 0:
+            first = tl.maximum(pos - WIN_L, 0)
+        if WIN_R >= 0:
+            last = tl.minimum(pos + WIN_R, len_k - 1)
+        # 有合法 key 却 l = 0：可见的分数全都溢出成了 −inf。写 NaN（不冒充"没有 key"）；反向经 LSE 把 NaN 传给 dQ
+        overflow = empty & (first <= last) & (rows < len_q)
+        out = tl.where(overflow[:, None], float("nan"), out)
+        lse = tl.where(overflow, float("nan"), lse)
     o_ptrs = O + q0.to(tl.int64) * stride_on + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
     tl.store(LSE + h * stride_lh + q0 + rows, lse, mask=rows < len_q)
@@ -1098,8 +1111,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     然后才加 ALiBi / bias、做掩码。为什么：tanh 把 q kᵀ 这一项关在 (−c, c) 里，q、k 再大 logit 也有界，训练更稳
     （Gemma-2 的注意力层用 c = 50）；反向乘上 1 − tanh²(x/c)。softcap = 0（默认）= 不截，走原来的内核。
     return_encoded_softmax、enable_profiling 只为兼容原版的调用方式；launch 见 Launch（检查和基准用）。
-    分数溢出（q、k 有限，某个可见的 q kᵀ·scale 在 fp32 里成了 +∞）时内核不同步主机就没法报错：受影响的
-    query 行的 out、lse 及其梯度写成 NaN，别的行照常（主机上的参考实现报 ValueError）。
+    分数溢出（q、k 有限，可见的 q kᵀ·scale 在 fp32 里成了 +∞ 或 NaN，或者一行里可见的分数全都成了 −∞）时内核不同步
+    主机就没法报错：受影响的 query 行的 out、lse 及其梯度写成 NaN，别的行照常（主机上的参考实现报 ValueError）；
+    溢出成 −∞ 的分数旁边还有有限分数时，它的权重是 0，这正是精确答案。传了 bias 时 −∞ 是合法的掩码：一行全被
+    bias 掩掉（或全溢出成 −∞）照旧给 out = 0、lse = −∞。
     """
     raw_key = _dense_key(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
                          return_encoded_softmax, enable_profiling, launch, deterministic, softcap)
