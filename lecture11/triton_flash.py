@@ -524,7 +524,8 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
     if not HAS_BIAS:   # 有 bias 时 −inf 是用户给的掩码（合法）：照旧 O = 0、LSE = −inf；没有 bias 时见下
-        # 这一行有没有合法 key 只由 len_q、len_k、窗口决定（不读任何东西）：key j 合法 ⇔ j ∈ [pos − L, pos + R] ∩ [0, len_k)
+        # 这一行有没有合法 key 只由 len_q、len_k、窗口决定（不读任何东西）：
+        # key j 合法 ⇔ j ∈ [pos − WIN_L, pos + WIN_R] ∩ [0, len_k)
         pos = rows + (len_k - len_q)
         first = pos * 0
         last = first + len_k - 1

@@ -185,7 +185,8 @@ def test_numpy_row_all_negative_overflow_raises(path, causal):
 
 
 def test_numpy_rows_without_keys_not_mistaken_for_overflow():
-    """causal 且 N > Nk：没有可见 key 的前 N − Nk 行照旧 (0, −∞)；第 N − Nk 行只看得见第 0 个 key，它溢出成 −∞ → 报错。"""
+    """causal 且 N > Nk：没有可见 key 的前 N − Nk 行照旧 (0, −∞)；
+    第 N − Nk 行只看得见第 0 个 key，它溢出成 −∞ → 报错。"""
     Q, K = _neg_case((3,), (0,))
     Q[:3, 0] = BIG                                             # 前 3 行没有可见 key：它们对 k₀ 的分数也溢出，但不算
     for order in fl11.ORDERS:
@@ -280,7 +281,8 @@ def _torch_neg(dtype, big, rows, keys, n=N):
 @pytest.mark.parametrize("dtype, big, tol", NEG_CASES, ids=[str(t[0]) for t in NEG_CASES])
 @pytest.mark.parametrize("causal", [False, True])
 def test_torch_negative_overflow_among_finite_is_exact(dtype, big, tol, causal):
-    """q₂·k₃ 在 dtype 里溢出成 −∞：vanilla、SDPA、分块前向 / autograd、flash_attention（CPU）、K/V 切段都 = float64 参考。"""
+    """q₂·k₃ 在 dtype 里溢出成 −∞：vanilla、SDPA、分块前向 / autograd、flash_attention（CPU）、K/V 切段
+    都 = float64 参考（O、lse、dV）。"""
     q, k, v = _torch_neg(dtype, big, (2,), (3,))
     assert torch.isneginf((q @ k.transpose(-2, -1))[0, 2, 3])
     O_ref, L_ref, _, _, dV_ref = _exact(q[0].double().numpy(), k[0].double().numpy(), v[0].double().numpy(),
