@@ -1105,8 +1105,8 @@ def _check_scores(S, causal=False, q0=0, k0=0, offset=0):
     if causal and S.ndim == 2:
         bad &= _visible(offset + q0 + np.arange(S.shape[0]), k0 + np.arange(S.shape[1]))
     if bad.any():
-        raise ValueError(f"注意力分数溢出 float64：Q·Kᵀ·scale 有 {int(bad.sum())} 个可见的分数超出可表示范围"
-                         f"（±{np.finfo(np.float64).max:.3g}），请缩小 Q 或 K（或 scale）的量级")
+        raise ValueError(f"注意力分数溢出 float64：Q·Kᵀ·scale 有 {int(bad.sum())} 个可见的分数成了 +∞ 或 NaN"
+                         f"（超出 {np.finfo(np.float64).max:.3g}），请缩小 Q 或 K（或 scale）的量级")
 
 
 def _has_key(N, Nk, causal):

@@ -900,8 +900,8 @@ def _check_scores(S, causal=False, i0=0, j0=0, offset=0):
     if causal:
         bad &= _block_mask(i0, i0 + S.shape[-2], j0, j0 + S.shape[-1], offset, S.device)
     if bad.any():
-        raise ValueError(f"注意力分数溢出 {S.dtype}：q·kᵀ·scale 有 {int(bad.sum())} 个可见的分数超出可表示范围"
-                         f"（±{torch.finfo(S.dtype).max:.3g}），请缩小 q 或 k（或 scale）的量级")
+        raise ValueError(f"注意力分数溢出 {S.dtype}：q·kᵀ·scale 有 {int(bad.sum())} 个可见的分数成了 +∞ 或 NaN"
+                         f"（超出 {torch.finfo(S.dtype).max:.3g}），请缩小 q 或 k（或 scale）的量级")
 
 
 def _check_row_max(top, causal, N, Nk):
