@@ -447,10 +447,9 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
             m_new = tl.maximum(m_i, tl.max(s, 1))
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)                        # s 还没乘 qk_scale
-        if MASKED or HAS_BIAS:     # 整行都是 −inf 时 m_new = −inf：用 0 代替，避免 (−inf) − (−inf) = NaN
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new
+        # 整行到目前都是 −inf 时 m_new = −inf：用 0 代替，避免 (−inf) − (−inf) = NaN。不带掩码的块也要：可见的分数
+        # 可能溢出成 −inf（之后的块里还有有限的分数，这一行的答案仍是有限的）。每行一次比较，[BLOCK_M] 个元素。
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if SCALED:
             p = tl.exp2(s - m_use[:, None])
         else:
