@@ -117,7 +117,8 @@ CASES += _cases("interrupted", lambda x: cs.interrupted("m", x, 2, "a.resume.pt"
 CASES += _cases("interrupted", lambda x: cs.interrupted("m", 1, x, "a.resume.pt"), "total",
                 [(0, ValueError), ("x", TypeError), (True, TypeError)])
 CASES += [Case("interrupted-step>total", lambda: cs.interrupted("m", 3, 2, "a.resume.pt"), ValueError, "step")]
-CASES += _cases("interrupted", lambda x: cs.interrupted("m", 1, 2, x), "resume_path", [(3, TypeError), (None, TypeError)])
+CASES += _cases("interrupted", lambda x: cs.interrupted("m", 1, 2, x), "resume_path",
+                [(3, TypeError), (None, TypeError)])
 
 
 @params(CASES)

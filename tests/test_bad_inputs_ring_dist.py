@@ -85,7 +85,7 @@ def _cases(prefix, fn, arg, bad):
 CASES = []
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(x, 4, 0), "N", INT_BAD)
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, x, 0), "d", INT_BAD)
-CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, 0, heads=x), "heads", INT_BAD)
+CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, 0, heads=x), "heads", INT_BAD[:2] + INT_BAD[3:])   # None：没有头维
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, x), "seed",
                 [(True, TypeError), ("0", TypeError), (None, TypeError), (1.5, TypeError), (2 ** 64, ValueError)])
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, 0, dtype=x), "dtype",
@@ -151,7 +151,8 @@ SPANS_BAD = [(None, TypeError), ([(1.0,)], TypeError), ([(2.0, 1.0)], ValueError
 for _fn in (RD.uncovered, RD.covered):
     CASES += _cases(_fn.__name__, lambda x, f=_fn: f(x, [(0.0, 1.0)]), "span", SPAN_BAD)
     CASES += _cases(_fn.__name__, lambda x, f=_fn: f((0.0, 3.0), x), "spans", SPANS_BAD)
-GOOD_TL = {"ring_s": 5.0, "rounds": [{"compute": (0.0, 2.0), "comm": (1.0, 3.0)}, {"compute": (3.0, 4.0), "comm": None}]}
+GOOD_TL = {"ring_s": 5.0, "rounds": [{"compute": (0.0, 2.0), "comm": (1.0, 3.0)},
+                                     {"compute": (3.0, 4.0), "comm": None}]}
 
 
 def _tl(**kw):
@@ -171,7 +172,8 @@ CASES += _cases("timeline_summary", RD.timeline_summary, "tl", [
 # init_distributed（坏的环境变量在建进程组之前就报错）
 # =============================================================================
 CASES += _cases("init_distributed", _init, "backend",
-                [("mpi", ValueError), (3, ValueError), ("NCCL", ValueError)] + ([("nccl", ValueError)] if NO_CUDA else []))
+                [("mpi", ValueError), (3, ValueError), ("NCCL", ValueError)]
+                + ([("nccl", ValueError)] if NO_CUDA else []))
 CASES += [
     Case("init_distributed-no-RANK", lambda: _init(RANK=None), ValueError, "RANK"),
     Case("init_distributed-WORLD_SIZE-text", lambda: _init(WORLD_SIZE="two"), ValueError, "WORLD_SIZE"),
@@ -246,7 +248,8 @@ def test_ring_attention_dist_world_of_one_equals_full_attention(world_of_one):
                 assert RD.timeline_summary(tl)["overlap"] is None
     g = dist.new_group([0])                                        # 显式给进程组：同样的答案
     Q, K, V = RD.make_qkv(6, 2, SEED, None)
-    assert (RD.ring_attention_dist(Q, K, V, group=g, causal=False) - RD.full_attention(Q, K, V, False)).abs().max() < 1e-12
+    O = RD.ring_attention_dist(Q, K, V, group=g, causal=False)
+    assert (O - RD.full_attention(Q, K, V, False)).abs().max() < 1e-12
     assert RD.init_distributed("gloo")[:2] == (0, 1)                  # 已经加入了：原样返回
 
 
@@ -285,7 +288,8 @@ _T = st.floats(-50, 50, allow_nan=False)
 def test_uncovered_plus_covered_is_the_length(a, b, spans):
     span = (min(a, b), max(a, b))
     free = RD.uncovered(span, spans)
-    assert abs(RD.covered(span, spans) + sum(e - s for s, e in free) - (span[1] - span[0])) <= 1e-9 * (1 + abs(a) + abs(b))
+    tol = 1e-9 * (1 + abs(a) + abs(b))
+    assert abs(RD.covered(span, spans) + sum(e - s for s, e in free) - (span[1] - span[0])) <= tol
     assert all(span[0] <= s < e <= span[1] for s, e in free)
     assert all(e1 < s2 for (_, e1), (s2, _) in zip(free, free[1:]))
     for s, e in free:                                             # 露在外面的一段，中点不在任何 spans 里
