@@ -96,7 +96,7 @@ def test_wall_timing_legal_edges(fake_clock):
         return fn
     assert GT.wall_per_call(make("a", 2.0), calls=np.int64(3), warmup=0, trials=3) == 2.0     # 每组一次调用
     assert calls == ["a"] * 3
-    assert GT.wall_per_call_many({}, calls=4) == {}
+    assert GT.wall_per_call_many({}, calls=5) == {}
     calls.clear()
     out = GT.wall_per_call_many({"x": make("x", 1.0), "y": make("y", 0.5)}, calls=2, warmup=0, rounds=2)
     assert out == {"x": 1.0, "y": 0.5} and calls == ["x", "y", "x", "y"]
