@@ -152,7 +152,8 @@ def _check_name(name, where):
 
 def _check_path(name, value, where):
     if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
-        raise TypeError(f"{where}：{name} 必须是路径（str 或 os.PathLike），收到 {type(value).__name__} 类型的 {value!r}")
+        raise TypeError(f"{where}：{name} 必须是路径（str 或 os.PathLike），"
+                        f"收到 {type(value).__name__} 类型的 {value!r}")
     if not os.fspath(value):
         raise ValueError(f"{where}：{name} 不能是空字符串")
     return os.fspath(value)

@@ -85,7 +85,8 @@ def _cases(prefix, fn, arg, bad):
 CASES = []
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(x, 4, 0), "N", INT_BAD)
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, x, 0), "d", INT_BAD)
-CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, 0, heads=x), "heads", INT_BAD[:2] + INT_BAD[3:])   # None：没有头维
+CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, 0, heads=x), "heads",
+                INT_BAD[:2] + INT_BAD[3:])                           # None 是合法的：没有头维
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, x), "seed",
                 [(True, TypeError), ("0", TypeError), (None, TypeError), (1.5, TypeError), (2 ** 64, ValueError)])
 CASES += _cases("make_qkv", lambda x: RD.make_qkv(8, 4, 0, dtype=x), "dtype",
