@@ -12,11 +12,11 @@ CS349E 第 4 讲 · checkpoint_store.py：入库的检查点怎样存、怎样�
         .save_resume / .load_resume / .drop_resume / for_resume   续训文件 <名字>.resume.pt（不入库）
     ResultCache            量出来的结果（如 NIAH 表）的缓存：键 = 决定结果的一切（权重、设置、评测参数）的摘要
     stop_on_ctrl_c / interrupted   Ctrl-C 只在两步之间生效：存好续训状态，一行话退出
-    canon / digest / config_diff / state_digest   规范 JSON、它的 SHA-256、配置差异（"lr: 0.001 → 0.0005"）、权重的摘要
+    canon / config_diff / state_digest   规范 JSON、配置差异（"lr: 0.001 → 0.0005"）、权重的摘要
 
 【约定】
     manifest.json = {"format": FORMAT, "models": {名字: {config, files: {文件: SHA-256}, record, seal}}}。
-    record 是训练时量的数字（steps、seconds、tokens_per_s、损失……）；seal = digest(config, files, record)：
+    record 是训练时量的数字（steps、seconds、tokens_per_s、损失……）；seal = (config, files, record) 的 SHA-256：
     数字被改过、或不是这份权重的，seal 对不上，record 作废（不打印、调用者重算）。
     manifest 不存在或坏了：退化成"逐个文件核对"（装得进配置的模型、数值有限），没有 record。
     seconds 是累计训练秒数（含续训前的几段）；tokens_per_s 只按这一段实际跑的步数与秒数算。
@@ -81,9 +81,9 @@ def _plain_number(x):
     raise TypeError(f"{type(x).__name__} 类型的 {x!r} 写不成 JSON")
 
 
-def digest(obj):
+def _digest(obj):
     """规范 JSON 的 SHA-256（十六进制）：同样的内容永远得到同样的摘要。坏输入同 canon。"""
-    text = json.dumps(_canon(obj, "obj", "digest"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(_canon(obj, "obj", "_digest"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -229,7 +229,7 @@ class CheckpointStore:
         _atomic_save({k: v.detach().cpu().contiguous() for k, v in state.items()}, path)
         files = {os.path.basename(p): sha256_file(p) for p in (path, *extra_files)}
         entry = {"config": config, "files": files, "record": record}
-        entry["seal"] = digest(entry)
+        entry["seal"] = _digest(entry)
         entry["torch"] = torch.__version__
         entry["saved"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -278,7 +278,7 @@ class CheckpointStore:
         if model is None:
             return None, why, None
         sealed = {k: entry.get(k) for k in ("config", "files", "record")}
-        if entry.get("seal") != digest(sealed):
+        if entry.get("seal") != _digest(sealed):
             return model, "ok（manifest 里的数字和 seal 不符：被改过，不当测量值用）", None
         return model, "ok", entry["record"]
 
@@ -363,7 +363,7 @@ class CheckpointStore:
 # =============================================================================
 class ResultCache:
     """
-    JSON 文件里的结果缓存：{"format", "results": {digest(键): {"key", "value", "seal", "label"}}}。
+    JSON 文件里的结果缓存：{"format", "results": {_digest(键): {"key", "value", "seal", "label"}}}。
     键是决定结果的一切（权重摘要、模型设置、评测参数）：换了任何一样就不会命中。
     get 只返回 seal 对得上的值（手改过的当没有）；put 在锁里读-改-写。
     """
@@ -374,7 +374,7 @@ class ResultCache:
     def get(self, key):
         d = _key_digest(key, "ResultCache.get")
         item = read_json_dict(self.path).get("results", {}).get(d)
-        if not isinstance(item, dict) or item.get("seal") != digest({"key": d, "value": item.get("value")}):
+        if not isinstance(item, dict) or item.get("seal") != _digest({"key": d, "value": item.get("value")}):
             return None
         return item["value"]
 
@@ -393,16 +393,16 @@ class ResultCache:
                 c.clear()
                 c.update(format=FORMAT, results={})
             old = c["results"].get(d)
-            ok = isinstance(old, dict) and old.get("seal") == digest({"key": d, "value": old.get("value")})
+            ok = isinstance(old, dict) and old.get("seal") == _digest({"key": d, "value": old.get("value")})
             merged = canon(dict(old["value"], **value) if ok else value)
-            c["results"][d] = {"key": canon(key), "value": merged, "seal": digest({"key": d, "value": merged}),
+            c["results"][d] = {"key": canon(key), "value": merged, "seal": _digest({"key": d, "value": merged}),
                                "label": label}
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         update_json(self.path, change)
 
 
 def _key_digest(key, where):
-    return digest(_canon(key, "key", where))
+    return _digest(_canon(key, "key", where))
 
 
 # =============================================================================
