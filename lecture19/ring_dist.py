@@ -10,7 +10,7 @@ CS349E · 第 19 讲实验模块：ring_dist.py —— 真正的环形注意力�
 
 【里面有什么】
     ring_attention_dist           每个进程调用一次：batch_isend_irecv 沿环收发 K/V，同时算当前块、合并状态
-    init_distributed / free_port  按环境变量（torchrun 或 run_ring 设的）加入进程组：有 GPU 用 NCCL，否则 gloo
+    init_distributed              按环境变量（torchrun 或 run_ring 设的）加入进程组：有 GPU 用 NCCL，否则 gloo
     run_ring / make_qkv           本机起 P 个进程（gloo + CPU）跑一串任务，拼回整条输出；固定种子的 Q、K、V
     full_attention                参考：整条序列的注意力（PyTorch 的 SDPA）
     RingEvents                    每轮"算"和"传"在设备上的起止（CUDA 事件，或 CPU 上的 perf_counter）
@@ -18,7 +18,8 @@ CS349E · 第 19 讲实验模块：ring_dist.py —— 真正的环形注意力�
                                   （露在外面的通信 Σ(|传| − |传 ∩ 算|)；bench/ring_multi_gpu.py 拿它和单独传比）
 
 【约定】注意力的输入 (N, d) 或 (..., N, d)；切法（contiguous / striped）和块的计算（_block）用 long_lab 的；
-    时间单位是秒。
+    时间单位是秒；种子是 0 … 2⁶⁴ − 1 的整数（torch.Generator 的约定，同第 4 讲）。坏参数在起进程、建进程组、
+    分配之前报 TypeError / ValueError，消息写出参数名；每个入口只在开头查一次，环里不加主机同步。
 【运行】python3 lecture19/ring_dist.py      # 自检：2 个进程、gloo、CPU，几秒
         多块 GPU 上的时间线测量在 lecture19/bench/（见那里的 README）。
 【依赖】torch；long_lab.py（shard_index、_block、LAYOUTS）、lecture18 的 merge_states / finalize。
@@ -39,7 +40,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from long_lab import LAYOUTS, _block, finalize, merge_states, ring_attention, shard_index  # noqa: E402
-from course_utils import check_bool, check_choice, check_int  # noqa: E402
+from course_utils import check_bool, check_choice, check_int, check_memory, check_real  # noqa: E402
+from modern_lm import _TORCH_SEED_MAX  # noqa: E402  （long_lab 已把 lecture04 放进 sys.path）
+
+MAX_PROCS = 64                  # run_ring 在本机最多起几个进程
+JOB_KEYS = ("N", "d", "causal", "layout", "seed", "heads", "events")
 
 
 # =====================================================================
@@ -61,8 +66,12 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
         events：RingEvents 记录器（不给就什么也不记、主机上没有多余的工作）：每一轮"算"和"传"的起止，
         在设备上打点、不同步，算完一个环之后用 events.timeline() 读出。
     【设备】张量在哪就在哪算：gloo 用 CPU 张量，NCCL 用本进程 GPU 上的张量。
+    【报错】q、k、v 不是同形状、同 dtype、同设备的浮点张量，开关不是 bool，layout 不认识，stats / block / events /
+        group 的类型不对 → TypeError / ValueError；还没有进程组 → RuntimeError。CPU 上还查 NaN / ∞；GPU 上不查
+        （要同步一次主机，计时的循环里每次调用都会多一次）。
     """
     import torch.distributed as dist
+    causal, overlap = _check_ring_dist(q, k, v, causal, layout, group, stats, block, overlap, events)
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     n, d = q.shape[-2], q.shape[-1]
     idx = shard_index(n * P, P, layout)
@@ -72,7 +81,7 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
     nxt = dist.get_global_rank(group, (rank + 1) % P) if group is not None else (rank + 1) % P
     prv = dist.get_global_rank(group, (rank - 1) % P) if group is not None else (rank - 1) % P
     if events is not None:
-        events.begin(P)
+        events._begin(P)
     kv = torch.stack([k, v]).contiguous()                           # [2, ..., n, d]：一次发两块
     acc = None
     rounds = []
@@ -83,18 +92,18 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
             if events is None:
                 reqs = _exchange(kv, buf, nxt, prv, group)
             else:
-                reqs = events.exchange(rnd, functools.partial(_exchange, kv, buf, nxt, prv, group))
+                reqs = events._exchange(rnd, functools.partial(_exchange, kv, buf, nxt, prv, group))
             if not overlap:
                 reqs = _wait_all(reqs, events, rnd)
         t0 = time.perf_counter()
         if events is not None:
-            events.compute(rnd, 0)
+            events._compute(rnd, 0)
         kpos = idx[(rank - rnd) % P]
         st, pairs = block(q, kv[0], kv[1], qpos, kpos, causal, scale)
         if st is not None:
             acc = st if acc is None else merge_states(acc, st)
         if events is not None:
-            events.compute(rnd, 1)
+            events._compute(rnd, 1)
         timed = stats is not None and q.is_cuda
         if timed:
             torch.cuda.synchronize(q.device)
@@ -112,8 +121,57 @@ def ring_attention_dist(q, k, v, causal=True, layout="contiguous", group=None, s
         stats["rounds"] = rounds
     out = finalize(acc)[0]
     if events is not None:
-        events.end()
+        events._end()
     return out
+
+
+def _check_ring_dist(q, k, v, causal, layout, group, stats, block, overlap, events):
+    import torch.distributed as dist
+    w = "ring_attention_dist"
+    _check_qkv(("q", "k", "v"), q, k, v, w, finite=q.device.type == "cpu" if torch.is_tensor(q) else True)
+    causal, overlap = check_bool("causal", causal, where=w), check_bool("overlap", overlap, where=w)
+    check_choice("layout", layout, LAYOUTS, where=w)
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError(f"{w}：stats 必须是 None 或 dict（每轮的记录写进 stats['rounds']），"
+                        f"收到 {type(stats).__name__}")
+    if block is not None and not callable(block):
+        raise TypeError(f"{w}：block 必须是 None 或 block(q, k, v, qpos, kpos, causal, scale) 这样的函数，"
+                        f"收到 {type(block).__name__}")
+    if events is not None and not isinstance(events, RingEvents):
+        raise TypeError(f"{w}：events 必须是 None 或 RingEvents，收到 {type(events).__name__}")
+    if events is not None and events.device.type != q.device.type:
+        raise ValueError(f"{w}：events 记在 {events.device} 上，q 在 {q.device} 上")
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"{w}：group 必须是 None（全局进程组）或 torch.distributed 的进程组，"
+                        f"收到 {type(group).__name__}")
+    if not dist.is_initialized():
+        raise RuntimeError(f"{w}：还没有进程组：先 init_distributed()（或用 torchrun / run_ring 启动）")
+    return causal, overlap
+
+
+def _check_qkv(names, q, k, v, where, finite):
+    """同形状 (..., N, d)（N、d ≥ 1）、同 dtype、同设备的浮点张量；finite 时还查 NaN / ∞。"""
+    ts = (q, k, v)
+    for name, t in zip(names, ts):
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            got = f"dtype={t.dtype} 的张量" if torch.is_tensor(t) else type(t).__name__
+            raise TypeError(f"{where}：{name} 必须是 (..., N, d) 的浮点张量，收到 {got}")
+    for name, t in zip(names[1:], ts[1:]):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{where}：{name} 的 dtype {t.dtype} 必须和 {names[0]} 的 {q.dtype} 相同")
+        if t.device != q.device:
+            raise ValueError(f"{where}：{name} 在 {t.device} 上，{names[0]} 在 {q.device} 上：必须在同一设备")
+    if q.dim() < 2:
+        raise ValueError(f"{where}：{names[0]} 必须至少 2 维 (..., N, d)，收到形状 {tuple(q.shape)}")
+    for name, t in zip(names[1:], ts[1:]):
+        if t.shape != q.shape:
+            raise ValueError(f"{where}：{name} 的形状 {tuple(t.shape)} 必须和 {names[0]} 的 {tuple(q.shape)} 相同")
+    if q.shape[-2] < 1 or q.shape[-1] < 1:        # d = 0：缩放 d^(−1/2) 是除以零
+        raise ValueError(f"{where}：{names[0]} 的 N、d 都必须 ≥ 1，收到形状 {tuple(q.shape)}")
+    if finite:
+        for name, t in zip(names, ts):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{where}：{name} 只能含有限值，发现了 NaN 或 ∞")
 
 
 def _exchange(kv, buf, nxt, prv, group):
@@ -128,7 +186,7 @@ def _wait_all(reqs, events, rnd):
     for r in reqs:
         r.wait()
     if events is not None and reqs:
-        events.waited(rnd)
+        events._waited(rnd)
     return []
 
 
@@ -144,13 +202,13 @@ class RingEvents:
         所有事件在同一块设备上，时间都相对环开始时（begin）的那个事件；整个环只在 timeline() 里同步一次。
         要让这些时刻只反映设备上的先后，主机得跑在设备前面：调用前在计算流上排一段空转（bench 的 _aligned_start）。
     【CPU（gloo）】time.perf_counter；gloo 的收发在后台线程里进行，"传·止"取 wait 返回的时刻（上界）。
-    【用法】ev = RingEvents(device)；ring_attention_dist(..., events=ev)；ev.timeline() →
-        {"ring_s": 整个环, "rounds": [{"compute": (起, 止), "comm": (起, 止) 或 None}, ...]}（秒）。
-        同一个 ev 可以反复用（每次 begin 清空）。
+    【用法】ev = RingEvents(device)（"cpu"、"cuda:1"、torch.device）；ring_attention_dist(..., events=ev)；
+        ev.timeline() → {"ring_s": 整个环, "rounds": [{"compute": (起, 止), "comm": (起, 止) 或 None}, ...]}（秒）。
+        同一个 ev 可以反复用（每个环开始时清空）；还没记录完一个环就 timeline() → RuntimeError。
     """
 
     def __init__(self, device):
-        self.device = torch.device(device)
+        self.device = _check_device(device, "RingEvents")
         self.cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
         self.marks = {}
@@ -162,17 +220,17 @@ class RingEvents:
         e.record()                                   # 当前流（计算流，或 exchange 里的旁路流）
         return e
 
-    def begin(self, P):
+    def _begin(self, P):
         self.P = P
         self.marks = {"ring": [self._mark(), None]}
 
-    def end(self):
+    def _end(self):
         self.marks["ring"][1] = self._mark()
 
-    def compute(self, rnd, which):
+    def _compute(self, rnd, which):
         self.marks.setdefault(("compute", rnd), [None, None])[which] = self._mark()
 
-    def exchange(self, rnd, send):
+    def _exchange(self, rnd, send):
         """发起第 rnd 轮的收发（send() 返回请求）；GPU 上从旁路流发起并在旁路流上记它的起止。"""
         if not self.cuda:
             self.marks[("comm", rnd)] = [self._mark(), None]
@@ -186,12 +244,14 @@ class RingEvents:
             self.marks[("comm", rnd)] = [start, self._mark()]
         return reqs
 
-    def waited(self, rnd):
+    def _waited(self, rnd):
         if not self.cuda:                            # GPU 上"传·止"已经在旁路流上记好了
             self.marks[("comm", rnd)][1] = self._mark()
 
     def timeline(self):
         """同步一次，读出所有时刻（秒，相对环开始）。"""
+        if "ring" not in self.marks or self.marks["ring"][1] is None:
+            raise RuntimeError("RingEvents.timeline：还没有记录完一个环：先把它作为 events= 传给 ring_attention_dist")
         t0 = self.marks["ring"][0]
         if self.cuda:
             self.marks["ring"][1].synchronize()
@@ -211,11 +271,15 @@ class RingEvents:
 def uncovered(span, spans):
     """
     span = (起, 止) 里没被 spans（若干区间，可重叠）盖住的几段 [(起, 止)]：按时间排、互不相交、都在 span 里。
-    止早于起 → ValueError。bench/ring_multi_gpu.py 的甘特图把它们画成红色（露在外面的通信）。
+    端点是有限实数（原样返回，整数不变成浮点数）；止早于起、不是 (起, 止) → ValueError / TypeError。
+    bench/ring_multi_gpu.py 的甘特图把它们画成红色（露在外面的通信）。
     """
+    _check_spans(span, spans, "uncovered")
+    return _uncovered(span, spans)
+
+
+def _uncovered(span, spans):
     a, b = span
-    if b < a:
-        raise ValueError(f"covered / uncovered：span 的止 {b} 早于起 {a}")
     out, t = [], a
     for s, e in sorted((max(s, a), min(e, b)) for s, e in spans):     # 先裁到 span 里，再从左往右扫
         if e <= s:
@@ -229,8 +293,33 @@ def uncovered(span, spans):
 
 
 def covered(span, spans):
-    """span = (起, 止) 里有多长被 spans 盖住：|span ∩ ∪ spans| = |span| − Σ uncovered。止早于起 → ValueError。"""
-    return (span[1] - span[0]) - sum(e - s for s, e in uncovered(span, spans))
+    """span = (起, 止) 里有多长被 spans 盖住：|span ∩ ∪ spans| = |span| − Σ uncovered。坏输入同 uncovered。"""
+    _check_spans(span, spans, "covered")
+    return _covered(span, spans)
+
+
+def _covered(span, spans):
+    return (span[1] - span[0]) - sum(e - s for s, e in _uncovered(span, spans))
+
+
+def _check_span(name, span, where):
+    """(起, 止)：两个有限实数、止 ≥ 起（列表、numpy 数组也行：JSON 读回来的时间线是列表）。"""
+    try:
+        a, b = span
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}：{name} 必须是 (起, 止) 两个数，收到 {span!r}") from None
+    check_real(f"{name} 的起", a, where=where)
+    check_real(f"{name} 的止", b, where=where)
+    if b < a:
+        raise ValueError(f"{where}：{name} 的止 {b} 早于起 {a}")
+
+
+def _check_spans(span, spans, where):
+    _check_span("span", span, where)
+    if isinstance(spans, (str, bytes)) or not hasattr(spans, "__iter__"):
+        raise TypeError(f"{where}：spans 必须是 (起, 止) 的列表，收到 {type(spans).__name__} 类型的 {spans!r}")
+    for i, sp in enumerate(spans):
+        _check_span(f"spans[{i}]", sp, where)
 
 
 def timeline_summary(tl):
@@ -245,12 +334,14 @@ def timeline_summary(tl):
                     开始传算到 NCCL 结束，NCCL 的线程块排在注意力内核后面等 SM 时，传被拉长、落在算里面，
                     这个比例按构造接近 1。藏住多少要拿 comm_exposed_s 和不重叠时单独传的时间比
                     （bench/ring_multi_gpu.py）。
+    tl 不是这个形状（缺键、区间坏了、ring_s 不是 ≥ 0 的有限数）→ TypeError / ValueError，消息写出是哪一项。
     """
+    _check_timeline(tl, "timeline_summary")
     computes = [r["compute"] for r in tl["rounds"]]
     comms = [r["comm"] for r in tl["rounds"] if r["comm"] is not None]
     comp = [e - s for s, e in computes]
     comm = [e - s for s, e in comms]
-    hid = [covered(c, computes) for c in comms]
+    hid = [_covered(c, computes) for c in comms]
     out = {"ring_s": tl["ring_s"], "compute_s": sum(comp), "comm_s": sum(comm),
            "per_round_compute_s": comp, "per_round_comm_s": [None if r["comm"] is None else r["comm"][1] - r["comm"][0]
                                                              for r in tl["rounds"]],
@@ -260,6 +351,43 @@ def timeline_summary(tl):
     return out
 
 
+def _check_timeline(tl, where):
+    if not isinstance(tl, dict):
+        raise TypeError(f"{where}：tl 必须是 RingEvents.timeline() 的字典，收到 {type(tl).__name__}")
+    for key in ("ring_s", "rounds"):
+        if key not in tl:
+            raise ValueError(f"{where}：tl 缺键 {key!r}（应有 'ring_s' 和 'rounds'）")
+    check_real("tl['ring_s']", tl["ring_s"], lo=0.0, where=where)
+    if not isinstance(tl["rounds"], (list, tuple)):
+        raise TypeError(f"{where}：tl['rounds'] 必须是列表，收到 {type(tl['rounds']).__name__}")
+    for i, r in enumerate(tl["rounds"]):
+        who = f"tl['rounds'][{i}]"
+        if not isinstance(r, dict):
+            raise TypeError(f"{where}：{who} 必须是字典 {{'compute': (起, 止), 'comm': (起, 止) 或 None}}")
+        for key in ("compute", "comm"):
+            if key not in r:
+                raise ValueError(f"{where}：{who} 缺键 {key!r}")
+        _check_span(f"{who}['compute']", r["compute"], where)
+        if r["comm"] is not None:
+            _check_span(f"{who}['comm']", r["comm"], where)
+
+
+def _check_device(device, where):
+    """"cpu"、"cuda"、"cuda:1"、整数或 torch.device → torch.device；CUDA 要这台机器真的有。"""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"{where}：device 必须是 'cpu'、'cuda[:i]' 或 torch.device，收到 {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{where}：device 认不出来：{device!r}（{e}）") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA，收到 {device!r}")
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"{where}：device = {device!r}，这台机器上没有这块 GPU"
+                         f"（{torch.cuda.device_count() if torch.cuda.is_available() else 0} 块）")
+    return dev
+
+
 # =====================================================================
 # 3. 本机起 P 个进程
 # =====================================================================
@@ -267,8 +395,17 @@ def init_distributed(backend=None):
     """
     按环境变量（torchrun 或 run_ring 设好的 RANK、WORLD_SIZE、MASTER_ADDR、MASTER_PORT、LOCAL_RANK）加入进程组。
     有 CUDA 时用 NCCL，每个进程用 LOCAL_RANK 号 GPU；否则 gloo + CPU。返回 (rank, world, device)。
+    backend：None（自动）、"gloo"、"nccl"（要有 CUDA）。已经在进程组里时原样返回。
+    【报错】backend 不认识；环境变量缺了或不是合法的数（RANK ≥ WORLD_SIZE、端口不在 1…65535）→ ValueError，
+        在建进程组之前（否则 rendezvous 会一直等一个不存在的主进程）。
     """
     import torch.distributed as dist
+    w = "init_distributed"
+    check_choice("backend", backend, (None, "gloo", "nccl"), where=w)
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError(f"{w}：backend = 'nccl' 要 CUDA GPU，这台机器没有（用 'gloo' 或 None）")
+    if not dist.is_initialized():
+        _check_env(w)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")       # 不用 NVLink SHARP 多播（有的机器上会卡住）
     use_cuda = torch.cuda.is_available() and backend != "gloo"
     device = torch.device("cpu")
@@ -281,7 +418,30 @@ def init_distributed(backend=None):
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def free_port():
+def _check_env(where):
+    env = os.environ
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if not env.get(key):
+            raise ValueError(f"{where}：环境变量 {key} 没有设：用 torchrun 或 run_ring 启动"
+                             "（它们设好 RANK、WORLD_SIZE、MASTER_ADDR、MASTER_PORT、LOCAL_RANK）")
+
+    def number(key, lo, hi=None):
+        try:
+            x = int(env[key])
+        except ValueError:
+            raise ValueError(f"{where}：环境变量 {key} 必须是整数，收到 {env[key]!r}") from None
+        if x < lo or (hi is not None and x > hi):
+            rng = f"{lo} … {hi}" if hi is not None else f"≥ {lo}"
+            raise ValueError(f"{where}：环境变量 {key} = {x} 必须在 {rng}")
+        return x
+    world = number("WORLD_SIZE", 1)
+    number("RANK", 0, world - 1)
+    number("MASTER_PORT", 1, 65535)
+    if env.get("LOCAL_RANK") is not None:
+        number("LOCAL_RANK", 0)
+
+
+def _free_port():
     """本机一个空闲的 TCP 端口（给 MASTER_PORT 用）。"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -313,10 +473,18 @@ def _ring_worker(rank, P, port, jobs, outdir):
 
 
 def make_qkv(N, d, seed, heads=None, dtype=torch.float64):
-    """固定种子的随机 Q、K、V：(N, d)，或 heads 给定时 (heads, N, d)。所有进程用同一个种子造出同一份全序列。"""
-    N, d = check_int("N", N, lo=1, where="make_qkv"), check_int("d", d, lo=1, where="make_qkv")
-    heads = None if heads is None else check_int("heads", heads, lo=1, where="make_qkv")
-    g = torch.Generator().manual_seed(check_int("seed", seed, lo=0, where="make_qkv"))
+    """
+    固定种子的随机 Q、K、V：(N, d)，或 heads 给定时 (heads, N, d)。所有进程用同一个种子造出同一份全序列。
+    dtype：torch 的浮点 dtype。放不进本机内存的尺寸在分配之前报 ValueError。
+    """
+    w = "make_qkv"
+    N, d = check_int("N", N, lo=1, where=w), check_int("d", d, lo=1, where=w)
+    heads = None if heads is None else check_int("heads", heads, lo=1, where=w)
+    seed = check_int("seed", seed, lo=0, hi=_TORCH_SEED_MAX, where=w)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{w}：dtype 必须是 torch 的浮点 dtype（如 torch.float64），收到 {dtype!r}")
+    check_memory(_sizes_name(heads), 3 * (heads or 1) * N * d * torch.empty((), dtype=dtype).element_size(), where=w)
+    g = torch.Generator().manual_seed(seed)
     shape = (N, d) if heads is None else (heads, N, d)
     return tuple(torch.randn(shape, generator=g, dtype=dtype) for _ in range(3))
 
@@ -330,8 +498,17 @@ def run_ring(P, jobs, backend="gloo"):
     调 ring_attention_dist；主进程收回各段输出拼好。
     【返回】[(O，形状同 make_qkv 的 Q；每个 rank 的统计 [{"rounds": [...], "total_s": …}, ...]), ...]，和 jobs 一一对应
     """
-    P = check_int("P", P, lo=1, where="run_ring")
-    jobs = [_check_job(dict(j), P) for j in jobs]
+    w = "run_ring"
+    P = check_int("P", P, lo=1, hi=MAX_PROCS, where=w)
+    check_choice("backend", backend, ("gloo", "nccl"), where=w)
+    if backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < P):
+        raise ValueError(f"{w}：backend = 'nccl' 要 P = {P} 块 CUDA GPU，这台机器有 "
+                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} 块（用 'gloo'）")
+    if isinstance(jobs, (str, bytes, dict)) or not hasattr(jobs, "__iter__"):
+        raise TypeError(f"{w}：jobs 必须是任务字典的列表，收到 {type(jobs).__name__} 类型的 {jobs!r}")
+    jobs = [_check_job(j, P, i) for i, j in enumerate(jobs)]
+    if not jobs:
+        return []
     import torch.multiprocessing as mp
     for j in jobs:
         j["backend"] = backend
@@ -339,7 +516,7 @@ def run_ring(P, jobs, backend="gloo"):
     with tempfile.TemporaryDirectory() as tmp:
         # Linux 上用 fork：子进程不必重新导入 torch（spawn 每个子进程要多花几秒）
         method = "fork" if sys.platform.startswith("linux") else "spawn"
-        mp.start_processes(_ring_worker, args=(P, free_port(), jobs, tmp), nprocs=P, join=True, start_method=method)
+        mp.start_processes(_ring_worker, args=(P, _free_port(), jobs, tmp), nprocs=P, join=True, start_method=method)
         for n, job in enumerate(jobs):
             blobs = [torch.load(os.path.join(tmp, f"job{n}_rank{r}.pt"), weights_only=True) for r in range(P)]
             O = torch.empty_like(make_qkv(job["N"], job["d"], job["seed"], job.get("heads"))[0])
@@ -349,25 +526,40 @@ def run_ring(P, jobs, backend="gloo"):
     return out
 
 
-def _check_job(job, P):
+def _check_job(job, P, i):
+    """jobs[i] 的一份检查过、补好默认值的拷贝（numpy 整数变成 int）。"""
     w = "run_ring"
-    N = check_int("N", job.get("N"), lo=1, where=w)
-    check_int("d", job.get("d"), lo=1, where=w)
-    job.setdefault("causal", True)
-    job.setdefault("layout", "contiguous")
-    job.setdefault("seed", 0)
-    job.setdefault("events", False)
+    if not isinstance(job, dict):
+        raise TypeError(f"{w}：jobs[{i}] 必须是任务字典 {{'N', 'd', ...}}，收到 {type(job).__name__}")
+    unknown = [key for key in job if key not in JOB_KEYS]
+    if unknown:
+        raise ValueError(f"{w}：jobs[{i}] 里有不认识的键 {unknown[0]!r}（可用：{' / '.join(JOB_KEYS)}）")
+    job = dict(dict(causal=True, layout="contiguous", seed=0, events=False, heads=None), **job)
+    job["N"] = N = check_int("N", job.get("N"), lo=1, where=w)
+    job["d"] = d = check_int("d", job.get("d"), lo=1, where=w)
+    job["heads"] = heads = None if job["heads"] is None else check_int("heads", job["heads"], lo=1, where=w)
+    job["seed"] = check_int("seed", job["seed"], lo=0, hi=_TORCH_SEED_MAX, where=w)
     check_bool("causal", job["causal"], where=w)
     check_bool("events", job["events"], where=w)
     check_choice("layout", job["layout"], LAYOUTS, where=w)
     if N % P:
         raise ValueError(f"{w}：序列长度 N = {N} 必须能被进程数 P = {P} 整除")
+    # 每个进程 + 主进程各造一份整条的 Q、K、V（float64），每个进程每轮一块 (N/P)² 的分数（连同 softmax 约 3 份）
+    n = N // P
+    check_memory(_sizes_name(heads), (P + 1) * 3 * (heads or 1) * N * d * 8 + P * 3 * (heads or 1) * n * n * 8,
+                 where=f"{w}（jobs[{i}]）")
     return job
 
 
+def _sizes_name(heads):
+    """内存上限的报错里写出是哪几个参数乘出来的。"""
+    return "N × d" if heads is None else "N × d × heads"
+
+
 def full_attention(Q, K, V, causal=True):
-    """参考：整条序列的 softmax(QKᵀ/√d)·V（PyTorch 的 SDPA）。"""
+    """参考：整条序列的 softmax(QKᵀ/√d)·V（PyTorch 的 SDPA）。Q、K、V 同形状 (..., N, d) 的有限浮点张量。"""
     check_bool("causal", causal, where="full_attention")
+    _check_qkv(("Q", "K", "V"), Q, K, V, "full_attention", finite=True)
     return F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
 
 

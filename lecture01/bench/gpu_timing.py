@@ -11,10 +11,11 @@ gpu_timing.py —— GPU 测量脚本（各讲的 bench/）共用的计时和"�
     cuda_time(fn, reps, trials, warmup)        CUDA 事件计时：trials 组、每组连调 reps 次，取最快一组的平均（秒）
     wall_per_call / wall_per_call_many         主机墙钟（每组前后同步 GPU），几个调用轮流量、各取最快的一轮
     capture_graph / graph_matches_eager        把调用录进 CUDA 图；重放 = 直接调用（逐位）
-    nvidia_smi(field) / gpu_meta(torch, **extra) / nccl_environment(torch)
+    gpu_meta(torch, **extra) / nccl_environment(torch)
                                                "在哪测的"：GPU、驱动、版本、日期（+ NCCL 版本、NCCL_NVLS_ENABLE、拓扑）
 
 【约定】时间单位秒；torch 只在调用时导入（由调用者传入或函数里导入），本模块级只依赖标准库和 course_utils。
+    参数（fn 可调用、次数是整数……）在导入 torch、碰 GPU 之前查一次，消息写出参数名；计时的循环里不加任何检查。
 【运行】python3 lecture01/bench/gpu_timing.py      # 自检：没有 GPU 时只查 CPU 上能查的（gpu_meta、nccl_environment 的
                                                   # 回退、主机计时的轮流顺序）；有 GPU 时再查 cuda_time 和 CUDA 图
 """
@@ -26,6 +27,16 @@ sys.path.insert(0, os.path.dirname(HERE))                  # lecture01：course_
 from course_utils import check_int  # noqa: E402
 
 
+def _check_fn(name, fn, where):
+    if not callable(fn):
+        raise TypeError(f"{where}：{name} 必须是可调用（不带参数的函数，如 lambda: f(x)），收到 {type(fn).__name__}")
+
+
+def _check_torch(torch, where):
+    if not hasattr(torch, "cuda") or not hasattr(torch, "__version__"):
+        raise TypeError(f"{where}：torch 必须是已导入的 torch 模块，收到 {type(torch).__name__}")
+
+
 # =============================================================================
 # 1. 计时
 # =============================================================================
@@ -34,7 +45,12 @@ def cuda_time(fn, reps, trials=5, warmup=1):
     GPU 上一次 fn() 的时间（秒）：先预热 warmup 次，再 trials 组、每组连着调 reps 次，用 CUDA 事件量一组的平均，
     取最快的一组。组内不同步主机（事件记在流上）；取最快的一组，是为了不把偶然的卡顿（建通道、别的进程、
     频率爬升）算进去。torch 只在调用时导入（本模块只依赖标准库）。
+    【报错】fn 不可调用 → TypeError；reps、trials < 1、warmup < 0、不是整数 → ValueError / TypeError。
     """
+    w = "cuda_time"
+    _check_fn("fn", fn, w)
+    reps, trials = check_int("reps", reps, lo=1, where=w), check_int("trials", trials, lo=1, where=w)
+    warmup = check_int("warmup", warmup, lo=0, where=w)
     import torch
     for _ in range(warmup):
         fn()
@@ -56,7 +72,8 @@ def wall_per_call(fn, calls, warmup=20, trials=5):
     主机比 GPU 慢时，这就是每次调用的主机时间。取最快的一组（和 cuda_time 一样）：共用的主机上别的进程、
     中断只会让一组变慢，不会变快。几个调用要互相比较时用 wall_per_call_many（轮流量）。
     """
-    check_int("trials", trials, lo=1, where="wall_per_call")
+    _check_fn("fn", fn, "wall_per_call")
+    trials = check_int("trials", trials, lo=1, where="wall_per_call")
     return _wall_rounds({0: fn}, calls, warmup, trials, "wall_per_call")[0]
 
 
@@ -68,7 +85,7 @@ def wall_per_call_many(fns, calls, warmup=20, rounds=5):
     【报错】fns 不是 {名字: 可调用} → TypeError；calls、rounds < 1、warmup < 0、calls < rounds（每组不到一次调用）
     → ValueError。
     """
-    check_int("rounds", rounds, lo=1, where="wall_per_call_many")
+    rounds = check_int("rounds", rounds, lo=1, where="wall_per_call_many")
     return _wall_rounds(fns, calls, warmup, rounds, "wall_per_call_many")
 
 
@@ -76,11 +93,11 @@ def _wall_rounds(fns, calls, warmup, rounds, where):
     import time
     from collections.abc import Mapping
 
-    import torch
     if not isinstance(fns, Mapping) or not all(callable(f) for f in fns.values()):
         raise TypeError(f"{where}：fns 必须是 {{名字: 可调用}}，收到 {type(fns).__name__}")
-    check_int("calls", calls, lo=rounds, where=where)
-    check_int("warmup", warmup, lo=0, where=where)
+    calls = check_int("calls", calls, lo=rounds, where=where)
+    warmup = check_int("warmup", warmup, lo=0, where=where)
+    import torch
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -101,7 +118,11 @@ def capture_graph(fn, calls=1, warmup=2):
     """
     把 calls 次 fn() 录进一张 CUDA 图，返回 (graph, 最后一次调用的返回值)。录之前在旁路 stream 上先调 warmup 次：
     编译、autotune、cuBLAS / SDPA 的工作区、快速路径的记录都在图外完成（图里只有内核启动）。
+    【报错】fn 不可调用 → TypeError；calls < 1、warmup < 0、不是整数 → ValueError / TypeError。
     """
+    _check_fn("fn", fn, "capture_graph")
+    calls = check_int("calls", calls, lo=1, where="capture_graph")
+    warmup = check_int("warmup", warmup, lo=0, where="capture_graph")
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -120,9 +141,12 @@ def capture_graph(fn, calls=1, warmup=2):
 def graph_matches_eager(fn, inputs):
     """
     把 fn() 录进 CUDA 图（capture_graph），原地换一组随机输入后重放，再直接调用一次，两者逐位比较。
-    fn 每次可能写同一个张量（out=），所以先拷走重放的结果。
+    fn 每次可能写同一个张量（out=），所以先拷走重放的结果。inputs：fn 读的那些张量的列表或元组。
     """
     import torch
+    _check_fn("fn", fn, "graph_matches_eager")
+    if not isinstance(inputs, (list, tuple)) or not all(torch.is_tensor(t) for t in inputs):
+        raise TypeError(f"graph_matches_eager：inputs 必须是 fn 读的张量的列表或元组，收到 {inputs!r:.80}")
     graph, out = capture_graph(fn, warmup=1)
     for t in inputs:
         t.copy_(torch.randn_like(t))
@@ -134,7 +158,7 @@ def graph_matches_eager(fn, inputs):
 # =============================================================================
 # 2. "在哪测的"
 # =============================================================================
-def nvidia_smi(field):
+def _nvidia_smi(field):
     """nvidia-smi --query-gpu=<field> 的第一行（如 "driver_version"）；没有 nvidia-smi 时返回 "unknown"。"""
     import subprocess
     try:
@@ -145,12 +169,20 @@ def nvidia_smi(field):
         return "unknown"
 
 
+META_KEYS = ("gpu", "driver", "torch", "cuda", "triton", "date")
+
+
 def gpu_meta(torch, **extra):
     """
     测量结果里"在哪测的"：GPU、驱动、torch / CUDA / triton 版本、日期，再加上调用者给的键。
     没有 CUDA（torch.cuda.is_available() 为假）时 gpu、driver 是 None，其余照样填：CPU 上的测量也能用它。
+    【报错】torch 不是 torch 模块、extra 里有和上面重名的键（会悄悄盖掉测出来的值）→ TypeError。
     """
     import datetime
+    _check_torch(torch, "gpu_meta")
+    clash = [k for k in extra if k in META_KEYS]
+    if clash:
+        raise TypeError(f"gpu_meta：extra 的键 {clash[0]} 和自动填的重名（{' / '.join(META_KEYS)}），换个名字")
     try:
         import triton
         triton_version = triton.__version__
@@ -158,7 +190,7 @@ def gpu_meta(torch, **extra):
         triton_version = None
     cuda = torch.cuda.is_available()
     return dict(gpu=torch.cuda.get_device_name() if cuda else None,
-                driver=nvidia_smi("driver_version") if cuda else None, torch=torch.__version__,
+                driver=_nvidia_smi("driver_version") if cuda else None, torch=torch.__version__,
                 cuda=torch.version.cuda, triton=triton_version, date=datetime.date.today().isoformat(), **extra)
 
 
@@ -168,8 +200,7 @@ def nccl_environment(torch):
     再加 NCCL 版本、NCCL_NVLS_ENABLE 和 `nvidia-smi topo -m`（GPU 之间怎么连）。传入已导入的 torch。
     """
     import subprocess
-    if not hasattr(torch, "cuda") or not hasattr(torch, "__version__"):
-        raise TypeError(f"nccl_environment：torch 必须是已导入的 torch 模块，收到 {type(torch).__name__}")
+    _check_torch(torch, "nccl_environment")
     try:
         topology = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
                                   timeout=30).stdout.strip() or "unknown"
@@ -197,7 +228,7 @@ def _selftest():
     os.environ["PATH"] = ""                                   # 找不到 nvidia-smi
     try:
         env = nccl_environment(fake)
-        assert env["nccl"] == "2.28.9" and env["topology"].startswith("unavailable") and nvidia_smi("x") == "unknown"
+        assert env["nccl"] == "2.28.9" and env["topology"].startswith("unavailable") and _nvidia_smi("x") == "unknown"
     finally:
         os.environ["PATH"] = saved
     # 2. 主机计时：轮流量（a b a b …），各取最快的一轮；假时钟，GPU 同步换成空函数
