@@ -941,7 +941,6 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale,
             raise ValueError(f"{where}：out 必须和 q 同形状 {tuple(q.shape)}、同设备 {q.device}、最后一维连续，"
                              f"收到形状 {tuple(out.shape)}、设备 {out.device}、stride {tuple(out.stride())}")
         _check_out_alias(out, (q, k_cache, v_cache, cache_seqlens), where)
-    _check_runnable(q)
     return q.dim() == 3, _check_scale(softmax_scale, d, where), num_splits
 
 
@@ -961,8 +960,8 @@ def _check_decode_config(name, config, where):
     ok = len(config) == 3 and all(type(x) is int for x in config)
     if not (ok and _pow2(config[0]) and 16 <= config[0] <= 256 and _pow2(config[1]) and config[1] <= 32
             and 1 <= config[2] <= 8):
-        raise ValueError(f"{where}：{name} 必须是 (BLOCK_N, warps, stages)：BLOCK_N 是 16…256 的 2 的幂、warps 是 1…32 的"
-                         f" 2 的幂、stages 在 1…8 之间，收到 {config!r}")
+        raise ValueError(f"{where}：{name} 必须是 (BLOCK_N, warps, stages)：BLOCK_N 是 16…256 的 2 的幂、"
+                         f"warps 是 1…32 的 2 的幂、stages 在 1…8 之间，收到 {config!r}")
     return tuple(config)
 
 
@@ -976,7 +975,8 @@ def _check_reference_decode(where, q, k_cache, v_cache, cache_seqlens, softmax_s
         if t.dim() not in dims:
             raise ValueError(f"{where}：{name} 的维数必须是 {' 或 '.join(map(str, dims))}，收到形状 {tuple(t.shape)}")
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"{where}：k_cache、v_cache 的形状必须相同，收到 {tuple(k_cache.shape)} 和 {tuple(v_cache.shape)}")
+        raise ValueError(f"{where}：k_cache、v_cache 的形状必须相同，收到 {tuple(k_cache.shape)} 和 "
+                         f"{tuple(v_cache.shape)}")
     batch, n_new, hq, d = q.shape[0], (1 if q.dim() == 3 else q.shape[1]), q.shape[-2], q.shape[-1]
     _, s_max, hk, dk = k_cache.shape
     if k_cache.shape[0] != batch or dk != d or hk == 0 or hq % hk:

@@ -1963,7 +1963,8 @@ def _check_tensors(where, named):
         raise ValueError(f"{pre}{named[0][0]} 和 {named[1][0]} 的 head dim 必须相同，收到 {d} 和 {k.shape[-1]}")
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk != 0:
-        raise ValueError(f"{pre}{named[0][0]} 的头数 Hq（shape[-2]）必须是 {named[1][0]} 的头数 Hk 的整数倍（GQA/MQA），"
+        raise ValueError(f"{pre}{named[0][0]} 的头数 Hq（shape[-2]）必须是 {named[1][0]} 的头数 Hk 的整数倍"
+                         "（GQA/MQA），"
                          f"收到 Hq={hq}、Hk={hk}")
     return hq, hk, d
 
@@ -2265,7 +2266,8 @@ def _check_reference(q, k, v, causal, softmax_scale, window_size, alibi_slopes, 
         raise ValueError(f"{where}：k 和 v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
     nk, hk = k.shape[1], k.shape[2]
     if k.shape[0] != batch or k.shape[-1] != d:
-        raise ValueError(f"{where}：k 的 batch 维和 head dim 必须和 q 相同，收到 q {tuple(q.shape)}、k {tuple(k.shape)}")
+        raise ValueError(f"{where}：k 的 batch 维和 head dim 必须和 q 相同，收到 q {tuple(q.shape)}、"
+                         f"k {tuple(k.shape)}")
     if hk == 0 or hq % hk:
         raise ValueError(f"{where}：q 的头数 Hq 必须是 k 的头数 Hk 的整数倍，收到 Hq={hq}、Hk={hk}")
     _check_float_dtype("dtype", dtype, where)
@@ -2283,7 +2285,8 @@ def _check_reference(q, k, v, causal, softmax_scale, window_size, alibi_slopes, 
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{where}：{name} 必须是 torch.Tensor 或 None，收到 {type(t).__name__}")
-        ok = (tuple(t.shape) in shapes) if shapes else (t.dim() == 4 and all(a in (1, b) for a, b in zip(t.shape, full)))
+        ok = (tuple(t.shape) in shapes) if shapes else (
+            t.dim() == 4 and all(a in (1, b) for a, b in zip(t.shape, full)))
         if not ok:
             raise ValueError(f"{where}：{name} 的形状不对（q、k 给出 B, Hq, Nq, Nk = {full}），收到 {tuple(t.shape)}")
     if (keep is None) != (p == 0):
@@ -2324,7 +2327,8 @@ def _check_make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal,
     check_real("softcap", softcap, lo=0.0, where=where)
     check_real("q_gain", q_gain, lo=0.0, lo_open=True, where=where)
     if (varlen_q is None) != (varlen_k is None):
-        raise ValueError(f"{where}：varlen_q 和 varlen_k 要一起给（每段的 query、key 长度），收到 varlen_k={varlen_k!r}")
+        raise ValueError(f"{where}：varlen_q 和 varlen_k 要一起给（每段的 query、key 长度），"
+                         f"收到 varlen_k={varlen_k!r}")
     if varlen_q is not None:
         for vname, lengths in (("varlen_q", varlen_q), ("varlen_k", varlen_k)):
             if not isinstance(lengths, (list, tuple)) or not lengths:
