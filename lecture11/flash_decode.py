@@ -598,10 +598,9 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
         if plan_key is not None:
             _PLANS[plan_key] = False            # 这组形状没有 _DecodeFast：flash_decode 不再为它记录
         return _decode_fwd(q, k_cache, v_cache, cache_seqlens, scale, out, squeeze)
-    if config is not None:
-        config = _check_decode_config("config", config, "_decode")
-    (block_n, warps, stages), splits = _plan(batch, hk, s_max, _sm_count(q.device), splits, config,
-                                             group * n_new, d, q.element_size(), limit)
+    (block_n, warps, stages), splits = decode_plan(batch, hk, s_max, _sm_count(q.device), splits, config,
+                                                   rows=group * n_new, d=d, dtype_bytes=q.element_size(),
+                                                   smem_limit=limit)
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
     o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q) if out is None else out
@@ -620,7 +619,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
                       PREC=_prec(q.dtype), SPLIT=splits > 1, STAMP=st1 is not None, num_warps=warps,
                       num_stages=stages, **pdl[0]))]
     if splits > 1:
-        block_s, d_chunk, merge_warps = _merge_config(batch * hk * group * n_new, d, splits, _sm_count(q.device))
+        block_s, d_chunk, merge_warps = decode_merge_config(batch * hk * group * n_new, d, splits, _sm_count(q.device))
         launches.append((_decode_merge_kernel, (group * n_new, batch * hk, triton.cdiv(d, d_chunk)),
                          (o_part, lse_part, out, st2, hk, splits, *so),
                          dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=block_s, D_CHUNK=d_chunk,
@@ -864,8 +863,8 @@ def _plan_text(q, k_cache, num_splits):
     n_sm, limit = _sm_count(q.device), _smem_limit(q.device)
     if _route(hq // hk * n_new, d, q.element_size(), limit) == "fwd":
         return f"(Hq/Hk)·n = {hq // hk * n_new} 行 → 前向内核（_decode_fwd）"
-    config, splits = _plan(batch, hk, k_cache.shape[1], n_sm, num_splits, hq // hk * n_new, d, q.element_size(),
-                           limit)
+    config, splits = _plan(batch, hk, k_cache.shape[1], n_sm, num_splits, None, hq // hk * n_new, d,
+                           q.element_size(), limit)
     if splits == 1:
         return f"配置 {config}，1 段（不合并）"
     rows = batch * hq * n_new

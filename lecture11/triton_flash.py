@@ -1720,7 +1720,7 @@ def _config_applies(kind, cfg, case):
 def check_configs(seed=None, kinds=None, configs=None, cases=None, run=None, atol=1e-6, verbose=True):
     """
     每个内核（fwd、dkdv、dkdv_atomic、dq）的每个可能被选中的配置都对（见上）。configs = {kind: [配置, …]}
-    换掉 reachable_configs，cases 换掉 config_cases，run(case, launch) 换掉 run_ours
+    换掉 reachable_configs，cases 换掉 _config_cases，run(case, launch) 换掉 run_ours
     （测试用它造一个坏配置，证明检查会失败）。
     返回全部 (kind, 配置, 用例, 字段, 最大绝对误差, 上限, 相对误差, 上限, 可复现) 行；有不过的行时 AssertionError，
     消息里列出配置。

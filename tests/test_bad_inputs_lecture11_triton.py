@@ -535,3 +535,13 @@ def test_decode_edges_match_float64(spec):
     _close(out, fd.reference_decode(q, k, v, lens))
     assert fd.decode_probe_shape(1, 1, 1, 1, 1) == ((1, 4), (0, 4))
     assert fd.decode_plan(1, 1, 1, num_splits=np.int64(1))[1] == 1
+
+
+def test_check_seeds_follow_the_course_convention(capsys):
+    """检查函数的种子：≥ 0 的整数或 np.random.Generator（course_utils.check_seed）；打印出来的是真正用的整数，
+    用它重跑得到同一组输入。"""
+    worst = fd.check_decode("cpu", F32, seed=np.random.default_rng(4), verbose=False)
+    assert worst < TOL
+    printed = int(capsys.readouterr().out.split("种子 ")[1].split("（")[0])
+    again = tf._pick_seed(np.random.default_rng(4))
+    assert printed == again and tf._pick_seed(printed) == printed
