@@ -814,8 +814,7 @@ def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
     """自检用例：不规则的 B 和长度（含 1、n 和 S_max）、GQA 1/2/4、n = 1、2、3、70、段数 1 / 自动 / 多于块数、
     d 不是 2 的幂、(Hq/Hk)·n > MAX_DECODE_ROWS（转前向内核）。big（GPU）时缓存放大 16 倍，再加四个真实尺寸：
     d = 256 × 128 行（以前超过 H200 的共享内存）、d = 80 × n = 64、n = 128 × GQA 4（转前向内核）、d = 111。"""
-    where = "decode_cases"
-    _check_gen(gen, where)
+    where = "decode_cases"                        # gen 由 make_decode_case 检查
     _check_device(device, where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
     return _decode_cases(gen, device, dtype, check_bool("big", big, where))
