@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_choice, check_int  # noqa: E402
+from course_utils import check_bool, check_choice, check_int, check_memory  # noqa: E402
 
 try:
     import torch
@@ -43,8 +43,9 @@ except ImportError:
     raise
 
 from fast_launch import _PLANS, _Plan, _current_stream, _launch_hooks_active, _should_record, _sm_count  # noqa: E402
-from triton_flash import (CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch, _check_runnable, _check_scale,  # noqa: E402
-                          _check_tensors, _fwd, _load_rows, _lse_scratch, _pick_seed,
+from triton_flash import (_DTYPES, CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch, _check_device,  # noqa: E402
+                          _check_float_dtype, _check_gen, _check_runnable, _check_scale, _check_tensors, _fwd,
+                          _load_rows, _lse_scratch, _pick_seed, _pow2,
                           _prec, _rel_err, _scalar, allowed_mask, reference_attention,
                           torch_bound)
 
@@ -248,6 +249,11 @@ def decode_smem_bytes(config, rows, d, dtype_bytes):
     合并内核（几 KB）不算。例：d = 256、R·n = 128、(128, 4, 3)，H200 上 Triton 报 OutOfResources（要 458752），
     这里估 492544。tests/test_lecture11_decode.py 在 CPU 上为 sm_90 编译内核，核对估计 ≥ Triton 算出的值。
     """
+    config, rows, d, dtype_bytes = _check_smem_args("decode_smem_bytes", config, rows, d, dtype_bytes)
+    return _smem_bytes(config, rows, d, dtype_bytes)
+
+
+def _smem_bytes(config, rows, d, dtype_bytes):
     block_n, _, stages = config
     block_m, block_d = max(16, triton.next_power_of_2(rows)), _pad_d(d)
     kv = 2 * block_n * block_d * dtype_bytes * max(stages, 2)
@@ -259,8 +265,13 @@ def decode_fit_smem(config, rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
     把 config 缩到 decode_smem_bytes ≤ limit：先减流水级数（减到 2；每次循环读的 key 数不变），再把 BLOCK_N 减半
     （减到 16）。到底了还放不下 → None（decode_route 就转给前向内核）。放得下的 config 原样返回。
     """
+    config, rows, d, dtype_bytes = _check_smem_args("decode_fit_smem", config, rows, d, dtype_bytes)
+    return _fit_smem(config, rows, d, dtype_bytes, check_int("limit", limit, lo=1, where="decode_fit_smem"))
+
+
+def _fit_smem(config, rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
     block_n, warps, stages = config
-    while decode_smem_bytes((block_n, warps, stages), rows, d, dtype_bytes) > limit:
+    while _smem_bytes((block_n, warps, stages), rows, d, dtype_bytes) > limit:
         if stages > 2:
             stages -= 1
         elif block_n > 16:
@@ -279,7 +290,12 @@ def decode_route(rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
         ⌈n / BLOCK_M⌉ × B × Hq 个程序，key 是缓存每行的前 L_b 个（_decode_fwd）。代价：它不打包 GQA 的头，K/V 每个
         query 头各读一遍（R 遍）。两条路的结果都对照 reference_decode 检查。
     """
-    if rows > MAX_DECODE_ROWS or decode_fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, limit) is None:
+    _, rows, d, dtype_bytes = _check_smem_args("decode_route", DECODE_CONFIG, rows, d, dtype_bytes)
+    return _route(rows, d, dtype_bytes, check_int("limit", limit, lo=1, where="decode_route"))
+
+
+def _route(rows, d, dtype_bytes, limit=SMEM_LIMIT_SM90):
+    if rows > MAX_DECODE_ROWS or _fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, limit) is None:
         return "fwd"
     return "split"
 
@@ -296,9 +312,14 @@ def decode_splits(B, Hk, S, n_sm=132, block_n=None):
         最快的段数是 16 / 2 / 1（decode_bench.json 的 sweep），正是这条规则给出的。sweep 里别的配置能更快的
         只有 B = 1、S = 8k：(64, 4, 2) × 66 段快 4%（8.7 对 9.1 µs）；没收进规则，因为 S = 32k、128k 上多段不快。
     """
-    B, Hk, S = check_int("B", B, lo=1), check_int("Hk", Hk, lo=1), check_int("S", S, lo=1)
-    n_sm = check_int("n_sm", n_sm, lo=1)
-    block_n = DECODE_CONFIG[0] if block_n is None else check_int("block_n", block_n, lo=1)
+    where = "decode_splits"
+    B, Hk, S = (check_int(n, v, lo=1, where=where) for n, v in (("B", B), ("Hk", Hk), ("S", S)))
+    n_sm = check_int("n_sm", n_sm, lo=1, where=where)
+    block_n = DECODE_CONFIG[0] if block_n is None else check_int("block_n", block_n, lo=1, where=where)
+    return _splits(B, Hk, S, n_sm, block_n)
+
+
+def _splits(B, Hk, S, n_sm, block_n):
     cap = max(1, min(MAX_SPLITS, S // block_n))
 
     def efficiency(s):
@@ -321,20 +342,32 @@ def decode_plan(B, Hk, S, n_sm=132, num_splits=None, config=None, *, rows=1, d=1
     返回 ((BLOCK_N, warps, stages), 段数)。
     调用者先用 decode_route 确认走 "split"（否则缩不下时这里报 ValueError）。
     """
+    where = "decode_plan"
+    B, Hk, S, n_sm = (check_int(n, v, lo=1, where=where) for n, v in (("B", B), ("Hk", Hk), ("S", S), ("n_sm", n_sm)))
+    if num_splits is not None:
+        num_splits = check_int("num_splits", num_splits, lo=1, hi=MAX_SPLITS, where=where)
+    if config is not None:
+        config = _check_decode_config("config", config, where)
+    _, rows, d, dtype_bytes = _check_smem_args(where, DECODE_CONFIG, rows, d, dtype_bytes)
+    smem_limit = check_int("smem_limit", smem_limit, lo=1, where=where)
+    return _plan(B, Hk, S, n_sm, num_splits, config, rows, d, dtype_bytes, smem_limit)
+
+
+def _plan(B, Hk, S, n_sm, num_splits, config, rows, d, dtype_bytes, smem_limit):
     if config is None:
-        long_cfg = decode_fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, smem_limit)
+        long_cfg = _fit_smem(DECODE_CONFIG, rows, d, dtype_bytes, smem_limit)
         if long_cfg is None:
             raise ValueError(f"decode_plan：rows={rows}、d={d}、{dtype_bytes} 字节的元素放不进 {smem_limit} 字节的"
                              "共享内存：这样的调用走前向内核（decode_route）")
         short_cfg = DECODE_CONFIG_SHORT                 # 大块配置的好处就是块大：要缩才放得下时不换它
-        if decode_fit_smem(short_cfg, rows, d, dtype_bytes, smem_limit) != short_cfg:
+        if _fit_smem(short_cfg, rows, d, dtype_bytes, smem_limit) != short_cfg:
             short_cfg = long_cfg
-        guess = num_splits or decode_splits(B, Hk, S, n_sm, long_cfg[0])
+        guess = num_splits or _splits(B, Hk, S, n_sm, long_cfg[0])
         short = S / guess <= SHORT_SPLIT_KEYS
-        if short and num_splits is None and decode_splits(B, Hk, S, n_sm, short_cfg[0]) < guess:
+        if short and num_splits is None and _splits(B, Hk, S, n_sm, short_cfg[0]) < guess:
             short = False         # 大块让段数变少（S = 1k：16 → 8 段）：段数比循环次数要紧，不换
         config = short_cfg if short else long_cfg
-    return config, num_splits or decode_splits(B, Hk, S, n_sm, config[0])
+    return config, num_splits or _splits(B, Hk, S, n_sm, config[0])
 
 
 MERGE_MIN_CHUNK = 32           # 合并内核每个程序至少读 32 列（再细，程序多出来的发射开销比省下的延迟大）
@@ -359,8 +392,13 @@ def decode_merge_config(rows, d, splits, n_sm=132):
       合并内核自己 1.25 µs（4 warp、整行）→ 0.51 µs（1 warp、4 段列 × 32）；B = 1、S = 32k 一次调用 35.5 → 34.5 µs，
       S = 8k 10.7 → 9.2 µs；B = 8（256 行，不切列）1 warp 和 4 warp 相差 ≤ 0.2%。
     """
-    rows, d = check_int("rows", rows, lo=1), check_int("d", d, lo=1, hi=MAX_HEAD_DIM)
-    splits, n_sm = check_int("splits", splits, lo=1), check_int("n_sm", n_sm, lo=1)
+    where = "decode_merge_config"
+    rows, d = check_int("rows", rows, lo=1, where=where), check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where)
+    splits = check_int("splits", splits, lo=1, hi=MAX_SPLITS, where=where)
+    return _merge_config(rows, d, splits, check_int("n_sm", n_sm, lo=1, where=where))
+
+
+def _merge_config(rows, d, splits, n_sm=132):
     block_s = max(2, triton.next_power_of_2(splits))
     chunk = triton.next_power_of_2(d)
     while chunk > MERGE_MIN_CHUNK and rows * -(-d // (chunk // 2)) <= n_sm:      # 段列数 ⌈d / (chunk / 2)⌉
@@ -553,7 +591,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     s_max, hk = k_cache.shape[1], k_cache.shape[2]
     group = hq // hk
     limit = _smem_limit(q.device)
-    if decode_route(group * n_new, d, q.element_size(), limit) == "fwd":
+    if _route(group * n_new, d, q.element_size(), limit) == "fwd":
         if config is not None or pdl is not None or stamps is not None:
             raise ValueError(f"_decode：(Hq/Hk)·n = {group * n_new} 行走前向内核（decode_route），"
                              "config、pdl、stamps 只用于 split-KV 的两个内核")
@@ -693,12 +731,15 @@ def decode_probe_shape(batch, hk, rows_per_head, d, splits, n_sm=132):
     （没有合并内核时 [0, 4]）。rows_per_head = R·n。每行是 [入口, gdc_wait 之后, 活干完, SM 号]，
     时间是 %globaltimer 的 ns。
     """
-    batch, hk = check_int("batch", batch, lo=1), check_int("hk", hk, lo=1)
-    rows_per_head, splits = check_int("rows_per_head", rows_per_head, lo=1), check_int("splits", splits, lo=1)
+    where = "decode_probe_shape"
+    batch, hk = check_int("batch", batch, lo=1, where=where), check_int("hk", hk, lo=1, where=where)
+    rows_per_head = check_int("rows_per_head", rows_per_head, lo=1, where=where)
+    splits = check_int("splits", splits, lo=1, hi=MAX_SPLITS, where=where)
+    d, n_sm = check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where), check_int("n_sm", n_sm, lo=1, where=where)
     merge = 0
     if splits > 1:
         rows = batch * hk * rows_per_head
-        merge = rows * -(-d // decode_merge_config(rows, d, splits, n_sm)[1])       # 行 × ⌈d / D_CHUNK⌉ 段列
+        merge = rows * -(-d // _merge_config(rows, d, splits, n_sm)[1])       # 行 × ⌈d / D_CHUNK⌉ 段列
     return (splits * batch * hk, 4), (merge, 4)
 
 
@@ -725,6 +766,8 @@ def reference_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None, dty
     参考实现：逐个序列只取有效前缀 [0, L_b)，交给 reference_attention（causal、右下角对齐：n 个新 token 之间也
     causal；GQA、按 dtype 算，默认 float64，都在那里）。形状约定同 flash_decode。
     """
+    _check_reference_decode("reference_decode", q, k_cache, v_cache, cache_seqlens, softmax_scale)
+    _check_float_dtype("dtype", dtype, "reference_decode")
     squeeze = q.dim() == 3
     q4 = q.unsqueeze(1) if squeeze else q                                            # [B, n, Hq, d]
     outs = [reference_attention(q4[b:b + 1], k_cache[b:b + 1, :length], v_cache[b:b + 1, :length], causal=True,
@@ -736,6 +779,7 @@ def reference_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None, dty
 
 def sdpa_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
     """第二个参考：torch 的 F.scaled_dot_product_attention 在每个序列的有效前缀上（同 dtype，enable_gqa）。"""
+    softmax_scale = _check_reference_decode("sdpa_decode", q, k_cache, v_cache, cache_seqlens, softmax_scale)
     squeeze = q.dim() == 3
     q4 = q.unsqueeze(1) if squeeze else q
     n_new = q4.shape[1]
@@ -754,6 +798,7 @@ def sdpa_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
 
 def make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new=1, dtype=torch.float32, device="cpu"):
     """随机的一组 decode 输入：缓存里有效前缀之外填 NaN（读到就会露馅）。返回 (q, k_cache, v_cache, seqlens)。"""
+    _check_make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new, dtype, device)
     shape_q = (batch, hq, d) if n_new == 1 else (batch, n_new, hq, d)
     q = torch.randn(shape_q, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
     k = torch.randn((batch, s_max, hk, d), generator=gen, dtype=torch.float32)
@@ -769,6 +814,13 @@ def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
     """自检用例：不规则的 B 和长度（含 1、n 和 S_max）、GQA 1/2/4、n = 1、2、3、70、段数 1 / 自动 / 多于块数、
     d 不是 2 的幂、(Hq/Hk)·n > MAX_DECODE_ROWS（转前向内核）。big（GPU）时缓存放大 16 倍，再加四个真实尺寸：
     d = 256 × 128 行（以前超过 H200 的共享内存）、d = 80 × n = 64、n = 128 × GQA 4（转前向内核）、d = 111。"""
+    where = "decode_cases"                        # gen 由 make_decode_case 检查
+    _check_device(device, where)
+    _check_float_dtype("dtype", dtype, where, _DTYPES)
+    return _decode_cases(gen, device, dtype, check_bool("big", big, where))
+
+
+def _decode_cases(gen, device, dtype, big):
     f = 16 if big else 1                          # GPU 上把缓存放大 16 倍
     specs = [  # (名字, lengths, S_max, Hq, Hk, d, n, num_splits)
         ("n=1 GQA4 auto", [37, 1, 50], 50, 8, 2, 32, 1, None),
@@ -792,6 +844,11 @@ def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
 def decode_limit(q, k_cache, v_cache, cache_seqlens, ref):
     """flash_decode 的误差要 < 这个上限（ref = reference_decode 的 float64 结果；check_decode 和测试共用）：
     fp32（解释器）CPU_TOL；fp16 / bf16 是 2 × 同 dtype 的 SDPA 对 ref 的误差（flash-attn 的判据，+1e-6 防 0）。"""
+    _check_reference_decode("decode_limit", q, k_cache, v_cache, cache_seqlens, None)
+    if not isinstance(ref, torch.Tensor):
+        raise TypeError(f"decode_limit：ref 必须是 reference_decode 给出的张量，收到 {type(ref).__name__}")
+    if ref.shape != q.shape:
+        raise ValueError(f"decode_limit：ref 的形状必须和 q 相同 {tuple(q.shape)}，收到 {tuple(ref.shape)}")
     if q.dtype == torch.float32:
         return CPU_TOL
     return torch_bound(_rel_err(sdpa_decode(q, k_cache, v_cache, cache_seqlens), ref))
@@ -803,14 +860,14 @@ def _plan_text(q, k_cache, num_splits):
     batch, hq, d = q.shape[0], q.shape[-2], q.shape[-1]
     n_new, hk = (1 if q.dim() == 3 else q.shape[1]), k_cache.shape[2]
     n_sm, limit = _sm_count(q.device), _smem_limit(q.device)
-    if decode_route(hq // hk * n_new, d, q.element_size(), limit) == "fwd":
+    if _route(hq // hk * n_new, d, q.element_size(), limit) == "fwd":
         return f"(Hq/Hk)·n = {hq // hk * n_new} 行 → 前向内核（_decode_fwd）"
-    config, splits = decode_plan(batch, hk, k_cache.shape[1], n_sm, num_splits, rows=hq // hk * n_new, d=d,
-                                 dtype_bytes=q.element_size(), smem_limit=limit)
+    config, splits = _plan(batch, hk, k_cache.shape[1], n_sm, num_splits, None, hq // hk * n_new, d,
+                           q.element_size(), limit)
     if splits == 1:
         return f"配置 {config}，1 段（不合并）"
     rows = batch * hq * n_new
-    _, chunk, warps = decode_merge_config(rows, d, splits, n_sm)
+    _, chunk, warps = _merge_config(rows, d, splits, n_sm)
     return f"配置 {config}，{splits} 段，合并 {rows} 行 × {-(-d // chunk)} 段列 × {warps} warp"
 
 
@@ -819,7 +876,11 @@ def check_decode(device="cpu", dtype=torch.float32, seed=None, verbose=True):
     v3 的检查：flash_decode 对 float64 参考，误差要 < decode_limit（CPU 解释器 fp32：CPU_TOL；GPU fp16/bf16：
     2 × 同 dtype 的 SDPA 对 float64 参考的误差，flash-attn 的判据）。先打印再断言；返回最大误差。
     """
-    seed = _pick_seed(seed)
+    where = "check_decode"
+    device = check_choice("device", device, ("cpu", "cuda"), where)
+    _check_float_dtype("dtype", dtype, where, _DTYPES)
+    verbose = check_bool("verbose", verbose, where)
+    seed = _pick_seed(seed, where)
     gen = torch.Generator().manual_seed(seed)
     print(f"  [decode] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel decode --seed {seed}）")
     worst, failed = 0.0, []
@@ -843,6 +904,7 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale,
     kv_layout = "[B, S_max, Hk, d]"
     hq, hk, d = _check_tensors(where, [("q", q, (3, 4), "[B, Hq, d]（1 个新 token）或 [B, n, Hq, d]"),
                                        ("k_cache", k_cache, (4,), kv_layout), ("v_cache", v_cache, (4,), kv_layout)])
+    _check_runnable(q)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"{where}：k_cache、v_cache 必须是形状相同的 {kv_layout}，收到 "
                          f"{tuple(k_cache.shape)} 和 {tuple(v_cache.shape)}")
@@ -877,8 +939,76 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale,
             raise ValueError(f"{where}：out 必须和 q 同形状 {tuple(q.shape)}、同设备 {q.device}、最后一维连续，"
                              f"收到形状 {tuple(out.shape)}、设备 {out.device}、stride {tuple(out.stride())}")
         _check_out_alias(out, (q, k_cache, v_cache, cache_seqlens), where)
-    _check_runnable(q)
     return q.dim() == 3, _check_scale(softmax_scale, d, where), num_splits
+
+
+def _check_smem_args(where, config, rows, d, dtype_bytes):
+    """decode_smem_bytes / decode_fit_smem / decode_route / decode_plan 共用：配置、行数、d、元素字节数。"""
+    config = _check_decode_config("config", config, where)
+    rows = check_int("rows", rows, lo=1, where=where)
+    d = check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where)
+    dtype_bytes = check_int("dtype_bytes", dtype_bytes, where=where)
+    return config, rows, d, check_choice("dtype_bytes", dtype_bytes, (2, 4), where)     # fp16 / bf16、fp32
+
+
+def _check_decode_config(name, config, where):
+    """(BLOCK_N, warps, stages)：BLOCK_N 是 16…256 的 2 的幂（tl.dot 要），warps 是 1…32 的 2 的幂，stages 1…8。"""
+    if not isinstance(config, (tuple, list)):
+        raise TypeError(f"{where}：{name} 必须是 (BLOCK_N, warps, stages) 三个整数，收到 {type(config).__name__}")
+    ok = len(config) == 3 and all(type(x) is int for x in config)
+    if not (ok and _pow2(config[0]) and 16 <= config[0] <= 256 and _pow2(config[1]) and config[1] <= 32
+            and 1 <= config[2] <= 8):
+        raise ValueError(f"{where}：{name} 必须是 (BLOCK_N, warps, stages)：BLOCK_N 是 16…256 的 2 的幂、"
+                         f"warps 是 1…32 的 2 的幂、stages 在 1…8 之间，收到 {config!r}")
+    return tuple(config)
+
+
+def _check_reference_decode(where, q, k_cache, v_cache, cache_seqlens, softmax_scale):
+    """两个参考实现（主机上逐个序列算）的输入：任意浮点 dtype；cache_seqlens 的值要在 n…S_max 里（读它）。"""
+    for name, t, dims in (("q", q, (3, 4)), ("k_cache", k_cache, (4,)), ("v_cache", v_cache, (4,))):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{where}：{name}.dtype 必须是浮点类型，收到 {t.dtype}")
+        if t.dim() not in dims:
+            raise ValueError(f"{where}：{name} 的维数必须是 {' 或 '.join(map(str, dims))}，收到形状 {tuple(t.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{where}：k_cache、v_cache 的形状必须相同，收到 {tuple(k_cache.shape)} 和 "
+                         f"{tuple(v_cache.shape)}")
+    batch, n_new, hq, d = q.shape[0], (1 if q.dim() == 3 else q.shape[1]), q.shape[-2], q.shape[-1]
+    _, s_max, hk, dk = k_cache.shape
+    if k_cache.shape[0] != batch or dk != d or hk == 0 or hq % hk:
+        raise ValueError(f"{where}：k_cache {tuple(k_cache.shape)} 和 q {tuple(q.shape)} 对不上（batch、head dim 相同，"
+                         "q 的头数是 k_cache 的整数倍）")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.is_floating_point() or cache_seqlens.is_complex():
+        raise TypeError(f"{where}：cache_seqlens 必须是整数的 torch.Tensor，收到 "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"{where}：cache_seqlens 的形状必须是 [B]=({batch},)，收到 {tuple(cache_seqlens.shape)}")
+    if batch and not (n_new <= int(cache_seqlens.min()) and int(cache_seqlens.max()) <= s_max):
+        raise ValueError(f"{where}：cache_seqlens 的每个值必须在 n…S_max = {n_new}…{s_max} 之间，收到 "
+                         f"{cache_seqlens.tolist()[:8]}")
+    return None if softmax_scale is None else _check_scale(softmax_scale, d, where)
+
+
+def _check_make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new, dtype, device):
+    where = "make_decode_case"
+    _check_gen(gen, where)
+    batch, s_max = check_int("batch", batch, lo=1, where=where), check_int("s_max", s_max, lo=1, where=where)
+    hq, hk = check_int("hq", hq, lo=1, where=where), check_int("hk", hk, lo=1, where=where)
+    if hq % hk:
+        raise ValueError(f"{where}：hq 必须是 hk 的整数倍（GQA/MQA），收到 hq={hq}、hk={hk}")
+    d = check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where)
+    n_new = check_int("n_new", n_new, lo=1, where=where)
+    if not isinstance(lengths, (list, tuple)):
+        raise TypeError(f"{where}：lengths 必须是每个序列的有效长度的 list，收到 {type(lengths).__name__}")
+    if len(lengths) != batch:
+        raise ValueError(f"{where}：lengths 要有 batch = {batch} 个，收到 {len(lengths)} 个")
+    for i, n in enumerate(lengths):
+        check_int(f"lengths[{i}]", n, lo=n_new, hi=s_max, where=where)
+    _check_float_dtype("dtype", dtype, where, _DTYPES)
+    _check_device(device, where)
+    check_memory("batch × s_max × hk × d", 8 * 2 * batch * s_max * hk * d + 8 * batch * n_new * hq * d, where)
 
 
 # ============================================================================

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import itertools
 import math
+import numbers
 import os
 import subprocess
 import sys
@@ -39,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:            # fast_launch、flash_decode 在同一文件夹（别的讲次按路径加载本文件时也找得到）
     sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_bool, check_choice, check_int, check_real  # noqa: E402
+from course_utils import check_bool, check_choice, check_int, check_memory, check_real, check_seed  # noqa: E402
 
 try:
     import torch
@@ -842,6 +843,8 @@ def _tuned_kernels():
 
 def config_tuple(cfg):
     """triton.Config → Launch.blocks 用的 (BLOCK_M, BLOCK_N, warps, stages)。"""
+    if not isinstance(cfg, triton.Config):
+        raise TypeError(f"config_tuple：cfg 必须是 triton.Config（如 FWD_CONFIGS 的一项），收到 {type(cfg).__name__}")
     return (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
 
 
@@ -857,6 +860,36 @@ def reachable_configs(kind):
 
 
 _TUNED = {} if INTERPRET else _tuned_kernels()
+
+
+_BLOCK_KINDS = ("fwd", "dkdv", "dkdv_atomic", "dq")
+
+
+def _pow2(x):
+    return x > 0 and x & (x - 1) == 0
+
+
+def _check_block_config(name, cfg, where):
+    """一个 (BLOCK_M, BLOCK_N, warps, stages)：块是 16…256 的 2 的幂（tl.arange、tl.dot 要），warps 是 1…32 的
+    2 的幂，stages ≥ 1。"""
+    ok = isinstance(cfg, (tuple, list)) and len(cfg) == 4 and all(type(x) is int for x in cfg)
+    ok = ok and all(_pow2(b) and 16 <= b <= 256 for b in cfg[:2]) and _pow2(cfg[2]) and cfg[2] <= 32
+    if not (ok and 1 <= cfg[3] <= 8):
+        raise ValueError(f"{where}：{name} 必须是 (BLOCK_M, BLOCK_N, warps, stages)：块是 16…256 的 2 的幂、warps 是 "
+                         f"1…32 的 2 的幂、stages 在 1…8 之间的整数，收到 {cfg!r}")
+    return tuple(cfg)
+
+
+def _check_blocks(name, blocks, where):
+    """Launch.blocks：None 或 {内核: (BLOCK_M, BLOCK_N, warps, stages)}，内核只能是 _BLOCK_KINDS 之一。"""
+    if blocks is None:
+        return
+    if not isinstance(blocks, dict):
+        raise TypeError(f"{where}：{name} 必须是 None 或 {{内核: (BLOCK_M, BLOCK_N, warps, stages)}} 的 dict，"
+                        f"收到 {type(blocks).__name__}")
+    for kind, cfg in blocks.items():
+        check_choice(f"{name} 的键", kind, _BLOCK_KINDS, where)
+        _check_block_config(f"{name}[{kind!r}]", cfg, where)
 
 
 BWD_PATHS = ("split", "atomic")             # Launch.bwd 的取值：第一个是默认
@@ -888,6 +921,7 @@ class Launch:
         check_choice("bwd", self.bwd, BWD_PATHS, where="Launch")
         for name in ("autotune", "poison", "tma", "gluon"):
             check_bool(name, getattr(self, name), where="Launch")
+        _check_blocks("blocks", self.blocks, "Launch")
         for kind in ("dkdv", "dkdv_atomic"):
             cfg = (self.blocks or {}).get(kind)
             if cfg is not None and not _dkdv_config_safe(*cfg):
@@ -1182,6 +1216,7 @@ def gluon_route(q, k, v, opts, grad):
     softcap、q、k、v 连续）、形状够大（GLUON_MIN_N、GLUON_MIN_WORK）；求梯度且 deterministic=True 时不交（gluon 的 dQ
     用 TMA 归约相加，不逐位可复现；dK、dV 是）。
     """
+    grad = _flag("grad", grad, "gluon_route")
     if INTERPRET or not opts.launch.gluon or not q.is_cuda or q.dtype == torch.float32:
         return None
     batch, nq, hq, d = q.shape
@@ -1316,6 +1351,9 @@ def dropout_mask(seed, dropout_p, batch, n_heads_q, max_q, max_k, device):
     只给测试 / 教学用（会分配 N×N）：返回内核对 (b, h, i, j) 用的保留掩码 [B, Hq, max_q, max_k]（bool）。
     varlen 时 i、j 是段内下标，max_q、max_k 是传给 flash_attn_varlen_func 的 max_seqlen。
     """
+    seed, dropout_p, device = _check_dropout_mask(seed, dropout_p, batch, n_heads_q, max_q, max_k, device)
+    if batch * n_heads_q * max_q * max_k == 0:
+        return torch.zeros((batch, n_heads_q, max_q, max_k), device=device, dtype=torch.bool)
     out = torch.empty((batch, n_heads_q, max_q, max_k), device=device, dtype=torch.int8)
     grid = (triton.cdiv(max_q, 32), triton.cdiv(max_k, 32), batch * n_heads_q)
     _dropout_mask_kernel[grid](out, seed, float(dropout_p), n_heads_q, max_q, max_k, BLOCK_M=32, BLOCK_N=32)
@@ -1327,6 +1365,7 @@ def dropout_mask(seed, dropout_p, batch, n_heads_q, max_q, max_k, device):
 # ============================================================================
 def allowed_mask(nq, nk, causal=False, window_size=(-1, -1), device="cpu"):
     """[Nq, Nk] 的 bool：query i（位置 Nk − Nq + i）能不能看 key j。右下角对齐。"""
+    causal, window_size, device = _check_allowed(nq, nk, causal, window_size, device)
     left, right = _window(causal, window_size)
     pos = torch.arange(nq, device=device)[:, None] + (nk - nq)
     j = torch.arange(nk, device=device)[None, :]
@@ -1345,9 +1384,10 @@ def reference_attention(q, k, v, causal=False, softmax_scale=None, window_size=(
     keep：[B, Hq, Nq, Nk] 的 dropout 保留掩码（dropout_mask() 给出）。softcap > 0：logit 先换成 c·tanh(logit/c)，
     再加 ALiBi / bias、做掩码（flash-attn 的顺序）。返回 (out [B, Nq, Hq, d], lse [B, Hq, Nq])。
     """
+    causal, scale, window_size, dropout_p, softcap = _check_reference(
+        q, k, v, causal, softmax_scale, window_size, alibi_slopes, bias, dropout_p, keep, dtype, softcap)
     batch, nq, hq, d = q.shape
     nk, hk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     qh = q.to(dtype).transpose(1, 2)                                        # [B, Hq, Nq, d]
     kh = k.to(dtype).transpose(1, 2).repeat_interleave(hq // hk, dim=1)      # [B, Hq, Nk, d]
     vh = v.to(dtype).transpose(1, 2).repeat_interleave(hq // hk, dim=1)
@@ -1371,7 +1411,7 @@ def reference_attention(q, k, v, causal=False, softmax_scale=None, window_size=(
     return out, lse
 
 
-def reference_varlen(q, k, v, cu_q, cu_k, **kw):
+def _reference_varlen(q, k, v, cu_q, cu_k, **kw):
     """逐段调用 reference_attention（kw 里的 keep 是 [B, Hq, max_q, max_k]，按段切）。"""
     keep = kw.pop("keep", None)
     outs, lses = [], []
@@ -1385,7 +1425,7 @@ def reference_varlen(q, k, v, cu_q, cu_k, **kw):
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
-def alibi_slopes_for(n_heads):
+def _alibi_slopes_for(n_heads):
     """ALiBi 论文的斜率：2^(−8/H), 2^(−16/H), …（H 是 2 的幂时；这里只用来造测试输入）。"""
     return torch.tensor([2.0 ** (-8.0 * (i + 1) / n_heads) for i in range(n_heads)], dtype=torch.float32)
 
@@ -1397,6 +1437,9 @@ def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, 
               bias=False, dropout_p=0.0, varlen_q=None, varlen_k=None, softcap=0.0, q_gain=1.0):
     """造一组新的随机输入（由 gen 决定）；varlen_q/varlen_k 给出每段长度时走 varlen 接口。
     q_gain：q 乘上这个数（logit 跟着变大，softcap 才真的截得到；取 2 的幂，低精度里也是精确的）。"""
+    _check_make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal, window, alibi, bias, dropout_p,
+                     varlen_q, varlen_k, softcap, q_gain)
+
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
@@ -1411,7 +1454,7 @@ def make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal=False, 
     else:
         case.update(q=rnd(batch, nq, hq, d) * q_gain, k=rnd(batch, nk, hk, d), v=rnd(batch, nk, hk, d),
                     do=rnd(batch, nq, hq, d), batch=batch, max_q=nq, max_k=nk)
-    case["slopes"] = alibi_slopes_for(hq).to(device) if alibi else None
+    case["slopes"] = _alibi_slopes_for(hq).to(device) if alibi else None
     case["bias"] = rnd(1, hq, nq, nk) if bias else None
     case["seed"] = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
     return case
@@ -1426,6 +1469,7 @@ def run_ours(case, kernel="full", launch=None):
     跑我们的内核（v1 "minimal" 或 v2 "full"，前向 + 反向），返回 (out, lse, dq, dk, dv)，都是 float64。
     v2 的反向路径由 launch.bwd 选（默认 split，Launch(bwd="atomic") 是原子 dQ）；v1 的反向总是两个内核。
     """
+    _check_case_dict(case, "run_ours")
     q, k, v = (case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
     if check_choice("kernel", kernel, KERNELS, where="run_ours") == "minimal":
         if case["softcap"]:
@@ -1446,6 +1490,8 @@ def run_ours(case, kernel="full", launch=None):
 
 def run_reference(case, dtype=torch.float64):
     """同样的输入，用 reference_attention 在 dtype 里算（dropout 用内核同一张掩码）。"""
+    _check_case_dict(case, "run_reference")
+    _check_float_dtype("dtype", dtype, "run_reference")
     keep = None
     hq = case["q"].shape[-2]
     if case["dropout_p"] > 0:
@@ -1455,7 +1501,7 @@ def run_reference(case, dtype=torch.float64):
     kw = dict(causal=case["causal"], window_size=case["window"], alibi_slopes=case["slopes"],
               dropout_p=case["dropout_p"], keep=keep, dtype=dtype, softcap=case["softcap"])
     if case["varlen"]:
-        out, lse = reference_varlen(q, k, v, case["cu_q"], case["cu_k"], **kw)
+        out, lse = _reference_varlen(q, k, v, case["cu_q"], case["cu_k"], **kw)
     else:
         out, lse = reference_attention(q, k, v, bias=case["bias"], **kw)
     out.backward(case["do"].to(dtype))
@@ -1485,11 +1531,13 @@ FIELDS = ("out", "lse", "dq", "dk", "dv")
 
 def field_errors(ours, ref):
     """run_ours / run_reference 的两组结果 → {字段: 误差}：LSE 用最大绝对误差，其余用相对误差（NaN 算作无穷大）。"""
+    _check_fields(ours, ref)
     return {f: (_lse_err(a, b) if f == "lse" else _rel_err(a, b)) for f, a, b in zip(FIELDS, ours, ref)}
 
 
 def torch_bound(torch_err):
     """flash-attn 的 GPU 判据的上限：2 × PyTorch 自己在同一低精度里算的误差（+1e-6：两边都是 0 时也算过）。"""
+    torch_err = check_real("torch_err", torch_err, lo=0.0, allow_inf=True, where="torch_bound")
     return 2 * torch_err + 1e-6
 
 
@@ -1498,7 +1546,7 @@ def within_torch_bound(field, err, torch_errs):
     我们这一项和 float64 参考的误差 ≤ torch_bound(PyTorch 低精度的误差)。field 可以带后缀（"dq:atomic" 和 dq 比
     同一个 torch 误差）。返回 (是否过, torch 的误差)。
     """
-    t = torch_errs[field.split(":")[0]]
+    t = _check_within(field, err, torch_errs)
     return err <= torch_bound(t), t
 
 
@@ -1519,6 +1567,8 @@ def both_backward_errors(case, kernel, ref, launch=None):
 
 def cpu_cases(gen, kernel="full"):
     """解释器用例：fp32、奇数长度。v2：Nq<Nk 与 Nq>Nk、GQA 1/2/4、d = 16/40/64/80 及各特性；v1：它支持的形状。"""
+    check_choice("kernel", kernel, KERNELS, where="cpu_cases")
+    _check_gen(gen, "cpu_cases")
     f32, cpu = torch.float32, "cpu"
     if kernel == "minimal":
         return [
@@ -1546,7 +1596,7 @@ def cpu_cases(gen, kernel="full"):
     ]
 
 
-def gpu_cases(gen, dtype, kernel="full"):
+def _gpu_cases(gen, dtype, kernel="full"):
     """GPU 用例：真实尺寸、奇数长度，bf16/fp16。"""
     dev = "cuda"
     if kernel == "minimal":
@@ -1578,17 +1628,22 @@ def gpu_cases(gen, dtype, kernel="full"):
 CPU_TOL = 1e-5     # 解释器上 fp32 对 float64 参考的误差上限（实测 ≤ 1e-6；tests/test_lecture11_triton.py 用同一个）
 
 
-def _pick_seed(seed):
-    """None → 由时间取一个；打印出来，失败时用 --seed 复现。"""
+def _pick_seed(seed, where=""):
+    """检查函数的种子（course_utils.check_seed 的约定：≥ 0 的整数或 np.random.Generator；None → 由时间取一个）
+    → 一个整数（打印出来，失败时用 --seed 复现；Generator 给的是从它抽出的那个数）。"""
     if seed is None:
         return int(time.time() * 1000) % 2**31
-    return check_int("seed", seed, lo=0, hi=2**31 - 1)
+    rng = check_seed("seed", seed, where)
+    if isinstance(seed, numbers.Integral):
+        return int(check_int("seed", seed, lo=0, hi=2**63 - 1, where=where))    # torch.manual_seed 的上限
+    return int(rng.integers(0, 2**31 - 1))
 
 
 def check_cpu(kernel="full", seed=None, verbose=True):
     """解释器检查：和 float64 参考逐项比较（fp32 输入，误差 < CPU_TOL）。先打印全部误差再断言。"""
     kernel = check_choice("kernel", kernel, KERNELS, where="check_cpu")
-    seed = _pick_seed(seed)
+    verbose = check_bool("verbose", verbose, "check_cpu")
+    seed = _pick_seed(seed, "check_cpu")
     print(f"  [{kernel}] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel {kernel} --seed {seed}）")
     gen = torch.Generator().manual_seed(seed)
     worst, failed = 0.0, []
@@ -1614,12 +1669,16 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
     """
     kernel = check_choice("kernel", kernel, KERNELS, where="check_gpu")
     launch = Launch(autotune=check_bool("autotune", autotune), poison=check_bool("poison", poison), gluon=False)
-    seed = _pick_seed(seed)
+    dtypes, verbose = _check_dtypes(dtypes, "check_gpu"), check_bool("verbose", verbose, "check_gpu")
+    if only is not None and not isinstance(only, str):
+        raise TypeError(f"check_gpu：only 必须是 None 或用例名字里的一段文字（str），收到 {type(only).__name__}")
+    seed = _pick_seed(seed, "check_gpu")
+    _require_cuda("check_gpu")
     print(f"  [{kernel}] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel {kernel} --seed {seed}）")
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for dtype in dtypes:
-        for case in gpu_cases(gen, dtype, kernel):
+        for case in _gpu_cases(gen, dtype, kernel):
             if only is not None and only not in case["name"]:
                 continue
             ref = run_reference(case)
@@ -1649,7 +1708,7 @@ def check_gpu(kernel="full", dtypes=(torch.bfloat16, torch.float16), seed=None, 
 CONFIG_FACTORS = {"out": 2, "lse": 2, "dq": 3, "dk": 3, "dv": 3}
 
 
-def config_cases(gen, device="cuda"):
+def _config_cases(gen, device="cuda"):
     """check_configs 的用例（make_case）：d ≤ 128 的 fp16/bf16 用调优配置，d = 256 和 fp32 用固定配置。"""
     f16, b16, f32 = torch.float16, torch.bfloat16, torch.float32
     return [
@@ -1676,17 +1735,20 @@ def _config_applies(kind, cfg, case):
 def check_configs(seed=None, kinds=None, configs=None, cases=None, run=None, atol=1e-6, verbose=True):
     """
     每个内核（fwd、dkdv、dkdv_atomic、dq）的每个可能被选中的配置都对（见上）。configs = {kind: [配置, …]}
-    换掉 reachable_configs，cases 换掉 config_cases，run(case, launch) 换掉 run_ours
+    换掉 reachable_configs，cases 换掉 _config_cases，run(case, launch) 换掉 run_ours
     （测试用它造一个坏配置，证明检查会失败）。
     返回全部 (kind, 配置, 用例, 字段, 最大绝对误差, 上限, 相对误差, 上限, 可复现) 行；有不过的行时 AssertionError，
     消息里列出配置。
     """
-    seed = _pick_seed(seed)
+    kinds, configs, cases, run, atol, verbose = _check_configs_args(kinds, configs, cases, run, atol, verbose)
+    seed = _pick_seed(seed, "check_configs")
+    if cases is None:
+        _require_cuda("check_configs")
     print(f"  [configs] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel configs --seed {seed}）")
     gen = torch.Generator().manual_seed(seed)
     if kinds is None:
         kinds = tuple(TUNE_CONFIGS) if configs is None else tuple(configs)
-    cases = config_cases(gen) if cases is None else cases
+    cases = _config_cases(gen) if cases is None else cases
     run = run or (lambda case, launch: run_ours(case, "full", launch))
     rows = []
     for case in cases:
@@ -1727,7 +1789,7 @@ def check_configs(seed=None, kinds=None, configs=None, cases=None, run=None, ato
 
 
 # ---------------------------------------------------------------------------- 逐位可复现（flash-attn 的定义）
-def determinism_cases(gen, device="cuda"):
+def _determinism_cases(gen, device="cuda"):
     """(名字, 用例, deterministic)：第一次调用就是调优的那一次；B = 60 的大 batch；gluon 接手的形状。"""
     f16, b16 = torch.float16, torch.bfloat16
     return [
@@ -1762,11 +1824,14 @@ def check_determinism(seed=None, calls=4, verbose=True):
     也允许的那一个：deterministic=False 时交给 gluon 的调用，dQ 由 TMA 归约相加、先后不定，只要求
     |dQ − dQ₀| ≤ 2 × PyTorch 低精度 dQ 的最大误差（flash-attn 的 race-condition 测试也这样放宽 dQ）。
     """
-    seed = _pick_seed(seed)
+    calls = check_int("calls", calls, lo=2, hi=100, where="check_determinism")
+    verbose = check_bool("verbose", verbose, "check_determinism")
+    seed = _pick_seed(seed, "check_determinism")
+    _require_cuda("check_determinism")
     print(f"  [determinism] 种子 {seed}（复现：python3 lecture11/triton_flash.py --kernel determinism --seed {seed}）")
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    for name, case, det in determinism_cases(gen):
+    for name, case, det in _determinism_cases(gen):
         grad = True
         routed = (not case["varlen"] and gluon_route(case["q"], case["k"], case["v"],
                   _check_dense(case["q"], case["k"], case["v"], 0.0, None, case["causal"], None, None, (-1, -1),
@@ -1874,9 +1939,11 @@ def sdpa_fn(backend):
 # ============================================================================
 # 输入检查（放在最后：上面的教学代码每个入口只调用一次 _check_*）
 # ============================================================================
-def _check_runnable(t):
-    if t.is_cuda or INTERPRET:
+def _check_runnable(t, name="q"):
+    if t.is_cuda or (INTERPRET and t.device.type == "cpu"):
         return
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} 在 {t.device} 设备上：Triton 内核只能在 CUDA GPU 上跑（或 CPU 上的解释器）")
     raise RuntimeError(
         "triton_flash：张量在 CPU 上，但 Triton 解释器没有打开。要么把张量放到 GPU 上（.cuda()），"
         "要么在 import 本模块之前设置环境变量 TRITON_INTERPRET=1（例如 `TRITON_INTERPRET=1 python3 ...`）。")
@@ -1911,7 +1978,9 @@ def _check_tensors(where, named):
         raise ValueError(f"{pre}{named[0][0]} 和 {named[1][0]} 的 head dim 必须相同，收到 {d} 和 {k.shape[-1]}")
     hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk != 0:
-        raise ValueError(f"{pre}query 头数 Hq 必须是 K/V 头数 Hk 的整数倍（GQA/MQA），收到 Hq={hq}、Hk={hk}")
+        raise ValueError(f"{pre}{named[0][0]} 的头数 Hq（shape[-2]）必须是 {named[1][0]} 的头数 Hk 的整数倍"
+                         "（GQA/MQA），"
+                         f"收到 Hq={hq}、Hk={hk}")
     return hq, hk, d
 
 
@@ -1921,7 +1990,7 @@ def _check_qkv(q, k, v, packed):
     if k.shape != v.shape:
         raise ValueError(f"k 和 v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
     if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim 必须在 1…{MAX_HEAD_DIM} 之间，收到 {d}")
+        raise ValueError(f"q、k、v 的 head dim（最后一维）必须在 1…{MAX_HEAD_DIM} 之间，收到 {d}")
     if not packed and k.shape[0] != q.shape[0]:
         raise ValueError(f"q 和 k 的 batch 维必须相同，收到 {q.shape[0]} 和 {k.shape[0]}")
     _check_runnable(q)
@@ -1943,7 +2012,7 @@ def _check_scale(softmax_scale, d, where):
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
     scale = _scalar(softmax_scale)
-    if not isinstance(scale, bool) and scale == 0:
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale == 0:
         raise ValueError(f"{where}：softmax_scale 必须是正的有限数或 None，收到 0（0 不表示默认值：要 1/√d 请传 None）")
     return check_real("softmax_scale", scale, lo=0.0, lo_open=True, where=where, type_error=ValueError)
 
@@ -2011,15 +2080,7 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
     else:
         p = check_real("dropout_p", _scalar(dropout_p), lo=0.0, hi=1.0, hi_open=True, where=where,
                        type_error=ValueError)
-    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int \
-            and type(window_size[1]) is int and min(window_size) >= -1:
-        win = window_size
-    elif not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise ValueError(f"{where}：window_size 必须是两个 ≥ −1 的整数 (left, right)（−1 表示不限），"
-                         f"收到 {window_size!r}")
-    else:
-        win = tuple(check_int(f"window_size[{i}]", _scalar(w), lo=-1, where=where, type_error=ValueError)
-                    for i, w in enumerate(window_size))
+    win = _check_window(window_size, where)
     if seed is not None:              # 先检查再看 dropout_p：dropout_p = 0 时坏的 seed 也要报错
         seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
     scale = _check_scale(softmax_scale, d, where)
@@ -2027,6 +2088,17 @@ def _check_options(where, d, batch, hq, device, dropout_p, softmax_scale, causal
                     seed=_draw_seed(seed, p), slopes=_check_slopes(alibi_slopes, batch, hq, device), bias=None,
                     return_lse=return_lse, launch=launch, deterministic=deterministic,
                     softcap=_check_softcap(softcap, scale, where))
+
+
+def _check_window(window_size, where, name="window_size"):
+    """(left, right)：两个 ≥ −1 的整数（−1 = 不限）。最常见的 Python int 元组先放行。"""
+    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int \
+            and type(window_size[1]) is int and min(window_size) >= -1:
+        return window_size
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ValueError(f"{where}：{name} 必须是两个 ≥ −1 的整数 (left, right)（−1 表示不限），收到 {window_size!r}")
+    return tuple(check_int(f"{name}[{i}]", _scalar(w), lo=-1, where=where, type_error=ValueError)
+                 for i, w in enumerate(window_size))
 
 
 def _check_dense(q, k, v, dropout_p, softmax_scale, causal, bias, alibi_slopes, window_size, return_lse, seed,
@@ -2044,8 +2116,8 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                   causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax, enable_profiling,
                   launch, deterministic=False, softcap=0.0):
     _check_qkv(q, k, v, packed=True)
-    cu_q, max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
-    cu_k, max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
+    cu_q, max_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q, q.device)
+    cu_k, max_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k, q.device)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(f"cu_seqlens_q 和 cu_seqlens_k 的长度必须相同（B + 1），收到 {cu_q.numel()} 和 {cu_k.numel()}")
     opts = _check_options("flash_attn_varlen_func", q.shape[-1], cu_q.numel() - 1, q.shape[1], q.device, dropout_p,
@@ -2069,7 +2141,7 @@ def _check_mini(q, k, v, causal, softmax_scale):
     if not q.shape == k.shape == v.shape:
         raise ValueError(f"{where}（v1）只支持 q、k、v 形状相同（Nq = Nk，Hq = Hk），收到 {tuple(q.shape)}、"
                          f"{tuple(k.shape)}；其他形状请用 flash_attn_func")
-    check_choice("head dim", q.shape[-1], (16, 32, 64, 128), where)
+    check_choice("head dim（q.shape[-1]）", q.shape[-1], (16, 32, 64, 128), where)
     check_int("N", q.shape[1], lo=1, where=where, type_error=ValueError)
     return check_bool("causal", causal, where), _check_scale(softmax_scale, q.shape[-1], where)
 
@@ -2112,7 +2184,7 @@ def _check_bias(bias, q, batch, hq, nq, nk):
     return bias.expand(batch, hq, nq, nk)        # 广播维的步长是 0，不拷贝
 
 
-def _check_cu(name, cu, total, max_len, device):
+def _check_cu(name, cu, total, max_name, max_len, device):
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
         raise TypeError(f"{name} 必须是 int32 的 torch.Tensor，收到 {getattr(cu, 'dtype', type(cu).__name__)}")
     if cu.dim() != 1 or cu.numel() < 2:
@@ -2126,8 +2198,212 @@ def _check_cu(name, cu, total, max_len, device):
     if int(host[-1]) != total:
         raise ValueError(f"{name} 的最后一个数必须等于打包后的总长度 {total}，收到 {int(host[-1])}")
     longest = int(lengths.max())
-    n = check_int(f"max_seqlen（{name} 对应的）", _scalar(max_len), lo=longest, type_error=ValueError)
+    n = check_int(max_name, _scalar(max_len), lo=longest, where=f"flash_attn_varlen_func（{name} 里最长的一段）",
+                  type_error=ValueError)
     return cu.contiguous(), n
+
+
+def _check_device(device, where):
+    """device：字符串或 torch.device，能跑 Triton 内核（CUDA，或解释器里的 CPU）→ torch.device。"""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{where}：device 必须是 'cpu'、'cuda'、'cuda:0' 这样的设备，收到 {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA 设备，收到 {device!r}")
+    return dev
+
+
+def _check_gen(gen, where):
+    if not isinstance(gen, torch.Generator):
+        raise TypeError(f"{where}：gen 必须是 torch.Generator（如 torch.Generator().manual_seed(0)），"
+                        f"收到 {type(gen).__name__}")
+
+
+def _check_float_dtype(name, dtype, where, allowed=None):
+    """dtype 参数（转换之前）：torch 的浮点 dtype；allowed 给了时只能是其中之一。"""
+    ok = isinstance(dtype, torch.dtype) and dtype.is_floating_point and (allowed is None or dtype in allowed)
+    if not ok:
+        want = "torch 的浮点 dtype" if allowed is None else " / ".join(str(a) for a in allowed)
+        raise TypeError(f"{where}：{name} 必须是 {want}，收到 {dtype!r}")
+    return dtype
+
+
+def _check_dtypes(dtypes, where):
+    if not isinstance(dtypes, (tuple, list)) or not dtypes:
+        raise TypeError(f"{where}：dtypes 必须是非空的 tuple / list（如 (torch.bfloat16, torch.float16)），"
+                        f"收到 {dtypes!r}")
+    for dt in dtypes:
+        _check_float_dtype("dtypes 的每一项", dt, where, _DTYPES)
+    return tuple(dtypes)
+
+
+def _require_cuda(where):
+    if INTERPRET or not torch.cuda.is_available():
+        raise RuntimeError(f"{where}：这个检查只在 CUDA GPU 上跑（没有 GPU，或者开着 Triton 解释器）")
+
+
+def _check_dropout_mask(seed, dropout_p, batch, n_heads_q, max_q, max_k, device):
+    where = "dropout_mask"
+    seed = check_int("seed", _scalar(seed), lo=0, hi=2**31 - 1, where=where, type_error=ValueError)
+    p = check_real("dropout_p", _scalar(dropout_p), lo=0.0, hi=1.0, hi_open=True, where=where, type_error=ValueError)
+    sizes = [check_int(n, v, lo=0, where=where) for n, v in
+             (("batch", batch), ("n_heads_q", n_heads_q), ("max_q", max_q), ("max_k", max_k))]
+    check_memory("batch × n_heads_q × max_q × max_k", 2 * math.prod(sizes), where)     # int8 + bool
+    dev = _check_device(device, where)
+    if dev.type == "cpu" and math.prod(sizes):
+        _check_runnable(torch.empty(0, device=dev), "device")
+    return seed, p, dev
+
+
+def _check_allowed(nq, nk, causal, window_size, device):
+    where = "allowed_mask"
+    nq, nk = check_int("nq", nq, lo=0, where=where), check_int("nk", nk, lo=0, where=where)
+    check_memory("nq × nk", 3 * nq * nk + 16 * (nq + nk), where)
+    return check_bool("causal", causal, where), _check_window(window_size, where), _check_device(device, where)
+
+
+def _check_reference(q, k, v, causal, softmax_scale, window_size, alibi_slopes, bias, dropout_p, keep, dtype,
+                     softcap):
+    """reference_attention 的输入：任意浮点 dtype（float64 也行）、形状同 flash_attn_func；会分配 N×N。"""
+    where = "reference_attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}：{name} 必须是 torch.Tensor，收到 {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{where}：{name}.dtype 必须是浮点类型，收到 {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{where}：{name} 必须是 4 维 [B, N, H, d]，收到形状 {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{where}：{name} 必须和 q 在同一个设备上（{q.device}），收到 {t.device}")
+    batch, nq, hq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"{where}：k 和 v 的形状必须相同，收到 {tuple(k.shape)} 和 {tuple(v.shape)}")
+    nk, hk = k.shape[1], k.shape[2]
+    if k.shape[0] != batch or k.shape[-1] != d:
+        raise ValueError(f"{where}：k 的 batch 维和 head dim 必须和 q 相同，收到 q {tuple(q.shape)}、"
+                         f"k {tuple(k.shape)}")
+    if hk == 0 or hq % hk:
+        raise ValueError(f"{where}：q 的头数 Hq 必须是 k 的头数 Hk 的整数倍，收到 Hq={hq}、Hk={hk}")
+    _check_float_dtype("dtype", dtype, where)
+    elem = torch.empty(0, dtype=dtype).element_size()
+    check_memory("q、k 的 B × Hq × Nq × Nk", 6 * elem * batch * hq * nq * nk, where)     # 分数、概率、掩码……
+    causal = check_bool("causal", causal, where)
+    scale = _check_scale(softmax_scale, max(d, 1), where)
+    window_size = _check_window(window_size, where)
+    p = check_real("dropout_p", _scalar(dropout_p), lo=0.0, hi=1.0, hi_open=True, where=where, type_error=ValueError)
+    cap = check_real("softcap", _scalar(softcap), lo=0.0, where=where, type_error=ValueError)
+    full = (batch, hq, nq, nk)
+    for name, t, shapes in (("alibi_slopes", alibi_slopes, ((hq,), (1, hq), (batch, hq))), ("bias", bias, None),
+                            ("keep", keep, (full,))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}：{name} 必须是 torch.Tensor 或 None，收到 {type(t).__name__}")
+        ok = (tuple(t.shape) in shapes) if shapes else (
+            t.dim() == 4 and all(a in (1, b) for a, b in zip(t.shape, full)))
+        if not ok:
+            raise ValueError(f"{where}：{name} 的形状不对（q、k 给出 B, Hq, Nq, Nk = {full}），收到 {tuple(t.shape)}")
+    if (keep is None) != (p == 0):
+        raise ValueError(f"{where}：keep（dropout 的保留掩码，dropout_mask 给出）和 dropout_p > 0 要一起给，"
+                         f"收到 dropout_p={p}、keep {'没给' if keep is None else '给了'}")
+    return causal, scale, window_size, p, cap
+
+
+_CASE_KEYS = ("name", "causal", "window", "dropout_p", "varlen", "softcap", "q", "k", "v", "do", "batch", "max_q",
+              "max_k", "slopes", "bias", "seed")
+
+
+def _check_case_dict(case, where):
+    if not isinstance(case, dict):
+        raise TypeError(f"{where}：case 必须是 make_case 给出的 dict，收到 {type(case).__name__}")
+    missing = [key for key in _CASE_KEYS + (("cu_q", "cu_k") if case.get("varlen") else ()) if key not in case]
+    if missing:
+        raise ValueError(f"{where}：case 不是 make_case 给出的用例，缺少 {missing}")
+
+
+def _check_make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal, window, alibi, bias, dropout_p,
+                     varlen_q, varlen_k, softcap, q_gain):
+    where = "make_case"
+    if not isinstance(name, str):
+        raise TypeError(f"{where}：name 必须是 str，收到 {type(name).__name__}")
+    batch, nq, nk = (check_int(n, v, lo=0, where=where) for n, v in (("batch", batch), ("nq", nq), ("nk", nk)))
+    hq, hk = check_int("hq", hq, lo=1, where=where), check_int("hk", hk, lo=1, where=where)
+    if hq % hk:
+        raise ValueError(f"{where}：hq 必须是 hk 的整数倍（GQA/MQA），收到 hq={hq}、hk={hk}")
+    d = check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where)
+    _check_float_dtype("dtype", dtype, where, _DTYPES)
+    _check_device(device, where)
+    _check_gen(gen, where)
+    for flag, value in (("causal", causal), ("alibi", alibi), ("bias", bias)):
+        check_bool(flag, value, where)
+    _check_window(window, where, "window")
+    check_real("dropout_p", dropout_p, lo=0.0, hi=1.0, hi_open=True, where=where)
+    check_real("softcap", softcap, lo=0.0, where=where)
+    check_real("q_gain", q_gain, lo=0.0, lo_open=True, where=where)
+    if (varlen_q is None) != (varlen_k is None):
+        raise ValueError(f"{where}：varlen_q 和 varlen_k 要一起给（每段的 query、key 长度），"
+                         f"收到 varlen_k={varlen_k!r}")
+    if varlen_q is not None:
+        for vname, lengths in (("varlen_q", varlen_q), ("varlen_k", varlen_k)):
+            if not isinstance(lengths, (list, tuple)) or not lengths:
+                raise ValueError(f"{where}：{vname} 必须是非空的长度列表，收到 {lengths!r}")
+            for i, n in enumerate(lengths):
+                check_int(f"{vname}[{i}]", n, lo=0, where=where, type_error=ValueError)
+        if len(varlen_k) != len(varlen_q):
+            raise ValueError(f"{where}：varlen_k 的段数必须和 varlen_q 相同，收到 {len(varlen_q)} 和 {len(varlen_k)}")
+        rows_q, rows_k = sum(varlen_q), sum(varlen_k)
+    else:
+        rows_q, rows_k = batch * nq, batch * nk
+    elems = 2 * rows_q * hq * d + 2 * rows_k * hk * d + (hq * nq * nk if bias else 0)
+    check_memory("batch × nq × nk × hq × hk × d", 8 * elems, where)
+
+
+def _check_fields(ours, ref):
+    for name, t in (("ours", ours), ("ref", ref)):
+        if not isinstance(t, (tuple, list)):
+            raise TypeError(f"field_errors：{name} 必须是 (out, lse, dq, dk, dv) 五个张量，收到 {type(t).__name__}")
+        if len(t) != len(FIELDS) or not all(isinstance(x, torch.Tensor) for x in t):
+            raise ValueError(f"field_errors：{name} 必须是 {FIELDS} 五个张量，收到 {len(t)} 项")
+    for f, a, b in zip(FIELDS, ours, ref):
+        if a.shape != b.shape:
+            raise ValueError(f"field_errors：ours 和 ref 的 {f} 形状不同：{tuple(a.shape)} 和 {tuple(b.shape)}")
+
+
+def _check_within(field, err, torch_errs):
+    where = "within_torch_bound"
+    base = field.split(":")[0] if isinstance(field, str) else None
+    if base not in FIELDS:
+        raise ValueError(f"{where}：field 必须是 {FIELDS} 之一（可以带 ':atomic' 这样的后缀），收到 {field!r}")
+    check_real("err", err, lo=0.0, allow_inf=True, where=where)
+    if not isinstance(torch_errs, dict) or base not in torch_errs:
+        raise ValueError(f"{where}：torch_errs 必须是含 {base!r} 的 dict（field_errors 的结果），收到 {torch_errs!r}")
+    return torch_errs[base]
+
+
+def _check_configs_args(kinds, configs, cases, run, atol, verbose):
+    where = "check_configs"
+    if kinds is not None:
+        if not isinstance(kinds, (tuple, list)):
+            raise TypeError(f"{where}：kinds 必须是 None 或内核名的 tuple / list，收到 {type(kinds).__name__}")
+        for kind in kinds:
+            check_choice("kinds 的每一项", kind, tuple(TUNE_CONFIGS), where)
+    if configs is not None:
+        if not isinstance(configs, dict):
+            raise TypeError(f"{where}：configs 必须是 None 或 {{内核: [配置, …]}}，收到 {type(configs).__name__}")
+        for kind, cfgs in configs.items():
+            check_choice("configs 的键", kind, tuple(TUNE_CONFIGS), where)
+            for cfg in cfgs:
+                _check_block_config(f"configs[{kind!r}] 的每一项", cfg, where)
+    if cases is not None:
+        if not isinstance(cases, (tuple, list)):
+            raise TypeError(f"{where}：cases 必须是 None 或 make_case 用例的 list，收到 {type(cases).__name__}")
+        for case in cases:
+            _check_case_dict(case, where)
+    if run is not None and not callable(run):
+        raise TypeError(f"{where}：run 必须是 None 或 run(case, launch) 这样的函数，收到 {type(run).__name__}")
+    atol = check_real("atol", atol, lo=0.0, where=where)
+    return kinds, configs, cases, run, atol, check_bool("verbose", verbose, where)
 
 
 def _parse_args(argv=None):
