@@ -18,7 +18,7 @@ course_utils.py —— 各讲共用的小工具：对齐的表格、好读的数
                   参数检查（类型、范围、取值、dtype、种子 = 整数 ≥ 0 或 np.random.Generator、分配前的大小）
     load_json(path)                 读已提交的结果 JSON（不存在时 None）
                                     （GPU 计时和"在哪测的"只有测量脚本用：在 lecture01/bench/gpu_timing.py）
-    ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点（校准表共用的摘要）
+    ratio_errors(ratios)            模型 / 实测的比值 → 中位 |比值 − 1| 和最差一点；expect_errors：自检里的坏输入表
     sha256_file / read_json_dict / update_json   检查点的 manifest、结果缓存、已提交的结果（strict=True）：
                                     核对文件、加锁的读-改-写
 
@@ -577,8 +577,9 @@ def check_dtype(name, dtype, kinds="f", where=""):
 # =============================================================================
 # 自检
 # =============================================================================
-def _expect_errors(cases):
-    """自检用：cases = [(调用, 异常类型, 消息里必须有的文字)]，每个调用都必须抛这个异常、消息里有这段文字。"""
+def expect_errors(cases):
+    """自检用（各模块的 _selftest 共用）：cases = [(调用, 异常类型, 消息里必须有的文字)]，
+    每个调用都必须抛这个异常、消息里有这段文字。"""
     for call, exc, text in cases:
         try:
             call()
@@ -605,7 +606,7 @@ def _selftest():
         assert sha256_file(path) != digest and len(digest) == 64
         with open(path, "w") as fh:
             fh.write("{not json")
-        _expect_errors([(lambda: update_json(path, lambda d: d.update(c=1), strict=True), ValueError, "不覆盖")])
+        expect_errors([(lambda: update_json(path, lambda d: d.update(c=1), strict=True), ValueError, "不覆盖")])
         assert open(path).read() == "{not json"                         # strict：坏文件原样不动
         assert read_json_dict(path) == {} and update_json(path, lambda d: d.update(c=1)) == {"c": 1}
 
@@ -613,7 +614,7 @@ def _selftest():
     med, worst = ratio_errors([1.1, 0.5, 1.8, 1.0])
     assert math.isclose(med, (0.1 + 0.5) / 2) and worst == 1, (med, worst)
     assert ratio_errors([1.25]) == (0.25, 0)
-    _expect_errors([(lambda: ratio_errors([]), ValueError, "ratios"),
+    expect_errors([(lambda: ratio_errors([]), ValueError, "ratios"),
                     (lambda: ratio_errors([1.0, 0.0]), ValueError, "ratios")])
 
     # 1) 中文对齐：每一行的显示宽度相同；分隔线在第 2 行；默认第一列左对齐、其余右对齐
@@ -645,7 +646,7 @@ def _selftest():
         assert committed_figure(script, "demo.png", False) is None
 
     # 4) 坏输入报错，消息里写出参数名
-    _expect_errors([(lambda: format_table(["a", "b"], [[1]]), ValueError, "rows"),
+    expect_errors([(lambda: format_table(["a", "b"], [[1]]), ValueError, "rows"),
                     (lambda: format_table(["a", "b"], [[1, 2]], align="<"), ValueError, "align"),
                     (lambda: format_table(["a", "b"], [[1, 2]], align="<^"), ValueError, "align"),
                     (lambda: format_table([], []), ValueError, "headers"),
@@ -656,7 +657,7 @@ def _selftest():
     assert check_int("D", 15.6e12, lo=0, whole_float=True) == 15.6e12
     assert check_real("x", 2, lo=0, lo_open=True) == 2.0 and check_real("t", math.inf, lo=0, allow_inf=True) == math.inf
     assert check_real("p", 1.0, lo=0.0, hi=1.0) == 1.0
-    _expect_errors([(lambda: check_int("batch", True), TypeError, "batch"),
+    expect_errors([(lambda: check_int("batch", True), TypeError, "batch"),
                     (lambda: check_int("batch", 2.0), TypeError, "batch"),
                     (lambda: check_int("batch", 2.5, whole_float=True), TypeError, "batch"),
                     (lambda: check_int("batch", math.nan, whole_float=True), ValueError, "batch"),
@@ -679,7 +680,7 @@ def _selftest():
     assert check_choice("kind", "ring", ("ring", "tree")) == "ring"
     a = check_array("s", [[1, -math.inf]], ndim=2, allow_neginf=True)
     assert a.dtype.name == "float64" and a.shape == (1, 2)
-    _expect_errors([(lambda: check_bool("causal", "False"), TypeError, "causal"),
+    expect_errors([(lambda: check_bool("causal", "False"), TypeError, "causal"),
                     (lambda: check_bool("causal", 1), TypeError, "True 或 False"),
                     (lambda: check_bool("tied", None, where="ModelConfig"), TypeError, "ModelConfig：tied"),
                     (lambda: check_choice("kind", "rign", ("ring", "tree")), ValueError, "'ring' / 'tree'"),
