@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 sys.path.insert(0, HERE)
-from course_utils import check_bool, check_choice, check_int, check_real  # noqa: E402
+from course_utils import check_bool, check_choice, check_int, check_memory, check_real  # noqa: E402
 
 try:
     import torch
@@ -86,7 +86,8 @@ def tile_config(variant, d):
     也占一整个 warpgroup 的寄存器，分配以 warpgroup 为单位）。
     步骤 A（没有生产者分区）至少 3 级：第 j 轮发的 TMA 放进第 j − 2 块的格子。
     """
-    f = FLAGS[variant]
+    f = FLAGS[check_choice("variant", variant, VARIANTS, where="tile_config")]
+    check_choice("d", d, HEAD_DIMS, where="tile_config")
     if not f["WS"]:
         return (128, 64, 3, 4, None, ()) if d == 64 else (64, 128, 3, 4, None, ())
     if f["CONSUMERS"] == 1:                       # 默认分区 4 warp + 生产者 1 warp（按 warpgroup 算：8 warp）
@@ -128,13 +129,13 @@ def _check_args(q, k, v, causal, softmax_scale, variant, return_lse, where="atte
         raise ValueError(f"{where}：k、v 必须是 [B, N, Hk, d]，B、N、d 和 q 相同"
                          f"（q {tuple(q.shape)}，k {tuple(k.shape)}）")
     if d not in HEAD_DIMS:
-        raise ValueError(f"{where}：头维 d 只能是 {' / '.join(map(str, HEAD_DIMS))}，收到 {d}")
-    if k.shape[2] < 1 or hq % k.shape[2] != 0:
-        raise ValueError(f"{where}：q 的头数 {hq} 必须是 k、v 头数 {k.shape[2]} 的整数倍（GQA）")
+        raise ValueError(f"{where}：q 的头维 d（最后一维）只能是 {' / '.join(map(str, HEAD_DIMS))}，收到 {d}")
+    if k.shape[2] < 1 or hq < 1 or hq % k.shape[2] != 0:
+        raise ValueError(f"{where}：q 的头数 {hq} 必须是 k、v 头数 {k.shape[2]} 的整数倍，且都 ≥ 1（GQA）")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{where}：q、k、v 的 dtype 必须相同，收到 {q.dtype}、{k.dtype}、{v.dtype}")
     if n < 1 or batch < 1:
-        raise ValueError(f"{where}：B、N 必须 ≥ 1，收到 B={batch}、N={n}")
+        raise ValueError(f"{where}：q 的 B、N 必须 ≥ 1，收到 B={batch}、N={n}（形状 {tuple(q.shape)}）")
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d)
     else:
@@ -149,21 +150,26 @@ def best_variant(d, n):
     但这在运行之间的起伏之内（同一个 ws2 配置 d = 128、16k 在三次运行里是 616 / 652 / 685），只能说"不慢于 C"。
     测试 test_best_variant_rule_follows_the_committed_sweeps 对照这两份扫描。d、n 留着：以后按形状选。"""
     check_choice("d", d, HEAD_DIMS, where="best_variant")
+    check_int("n", n, lo=1, where="best_variant")
     return BEST
 
 
-def _check_device(q, k, v):
+def _check_device(where, **tensors):
+    """参数查过以后查设备：Gluon 可用、张量都在同一块 Hopper GPU 上（CPU 张量 → RuntimeError，写出是哪个张量）。"""
+    q = tensors["q"]
+    for name, t in tensors.items():
+        if not t.is_cuda:
+            why = "" if torch.cuda.is_available() else "；这台机器没有 CUDA"
+            raise RuntimeError(f"{where}：{name} 在 {t.device} 上，本内核要 Hopper GPU（sm_90，如 H100 / H200）"
+                               f"上的 CUDA 张量{why}")
+        if t.device != q.device:
+            raise RuntimeError(f"{where}：{name} 必须在和 q 同一块 CUDA GPU 上（{q.device}），收到 {t.device}")
     if GLUON_ERROR is not None:
-        raise RuntimeError(f"attention 需要 triton ≥ 3.6 的 Gluon（triton.experimental.gluon）：{GLUON_ERROR}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("attention 需要 CUDA GPU（Hopper，sm_90，如 H100 / H200）：这台机器没有 CUDA")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_cuda or t.device != q.device:
-            raise RuntimeError(f"attention：{name} 必须在和 q 同一块 CUDA GPU 上，收到 {t.device}")
+        raise RuntimeError(f"{where} 需要 triton ≥ 3.6 的 Gluon（triton.experimental.gluon）：{GLUON_ERROR}")
     major, minor = torch.cuda.get_device_capability(q.device)
     if major != 9:
-        raise RuntimeError(f"attention：本内核只为 Hopper（sm_90）写（wgmma、setmaxnreg），"
-                           f"这块 GPU 是 sm_{major}{minor}")
+        raise RuntimeError(f"{where}：本内核只为 Hopper GPU（sm_90）写（wgmma、setmaxnreg），"
+                           f"q 所在的 GPU 是 sm_{major}{minor}")
 
 
 def _layout(block, dtype):
@@ -191,7 +197,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     主机端不同步：只做形状检查、建描述符、启动一次内核。
     """
     variant, scale = _check_args(q, k, v, causal, softmax_scale, variant, return_lse)
-    _check_device(q, k, v)
+    _check_device("attention", q=q, k=k, v=v)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         out, lse = _AttentionFn.apply(q, k, v, causal, scale, variant)      # 可求导：反向 = attention_backward
         return (out, lse) if return_lse else out
@@ -206,8 +212,25 @@ def persistent_grid(n_m, bh, n_sm):
     两轮合起来每个程序的块数差不多；同时在算的 Q 块只落在一段的头上（N = 1k、d = 128 时 33 个头的 K/V，17 MB，
     小于 H200 的 50 MB L2）。
     """
-    for name, x in (("n_m", n_m), ("bh", bh), ("n_sm", n_sm)):
-        check_int(name, x, lo=1, where="persistent_grid")
+    _check_grid_args(n_m, bh, n_sm, "persistent_grid")
+    return _grid(n_m, bh, n_sm)
+
+
+def _check_grid_args(n_m, bh, n_sm, where, names=("n_m", "bh", "n_sm")):
+    for name, x in zip(names, (n_m, bh, n_sm)):
+        check_int(name, x, lo=1, where=where)
+
+
+SCHEDULE_BYTES_PER_TILE = 128      # persistent_schedule 的表里一项：一个 (pid_m, bh) 元组 + 列表里的指针，往多里算
+
+
+def _check_schedule_size(tiles, where, name):
+    """发块表有 Q 块数那么多项：先算要多少内存（太大 → ValueError，写出引出它的参数）。"""
+    check_memory(name, tiles * SCHEDULE_BYTES_PER_TILE, where=where)
+
+
+def _grid(n_m, bh, n_sm):
+    """persistent_grid 去掉检查（_launch 和 persistent_schedule 用：参数已经查过）。"""
     tiles = n_m * bh
     g = min(tiles, n_sm)
     return (g,), max(1, min(bh, -(-2 * g // n_m)))
@@ -217,8 +240,15 @@ def persistent_schedule(n_m, bh, n_sm):
     """
     主机上照抄内核的发块规则（_tile_order、_tile_of、_n_mine），返回每个程序依次算的 (pid_m, bh) 列表。
     内核里的那份在 CPU 上跑不了：测试用这一份检查"每个 Q 块恰好算一次"，基准用它报每个程序分到的 K/V 块数。
+    表有 n_m·bh 项：放不进内存时 ValueError。
     """
-    (g,), chunk = persistent_grid(n_m, bh, n_sm)
+    _check_grid_args(n_m, bh, n_sm, "persistent_schedule")
+    _check_schedule_size(n_m * bh, "persistent_schedule", "n_m·bh")
+    return _schedule(n_m, bh, n_sm)
+
+
+def _schedule(n_m, bh, n_sm):
+    (g,), chunk = _grid(n_m, bh, n_sm)
     tiles = n_m * bh
 
     def order(t):                                   # = _tile_order
@@ -240,12 +270,15 @@ def schedule_balance(n, bh, n_sm, causal, d=128):
     持久内核每个程序要走的 K/V 块数 → (最多, 平均)；最多 / 平均 = 静态分配的尾巴。
     块数和内核的 _geometry 同一个算法：Q 块 pid_m（R = CONSUMERS·BLOCK_M 行）causal 时走到 min((pid_m + 1)·R, n)。
     """
-    check_int("n", n, lo=1, where="schedule_balance")
+    _check_grid_args(n, bh, n_sm, "schedule_balance", names=("n", "bh", "n_sm"))
+    check_bool("causal", causal, where="schedule_balance")
+    check_choice("d", d, HEAD_DIMS, where="schedule_balance")
     block_m, block_n = tile_config("persist", d)[:2]
     rows = FLAGS["persist"]["CONSUMERS"] * block_m
     n_m = -(-n // rows)
+    _check_schedule_size(n_m * bh, "schedule_balance", "n·bh")
     work = [sum(-(-min((pid_m + 1) * rows, n) // block_n) if causal else -(-n // block_n) for pid_m, _ in prog)
-            for prog in persistent_schedule(n_m, bh, n_sm)]
+            for prog in _schedule(n_m, bh, n_sm)]
     return max(work), sum(work) / len(work)
 
 
@@ -268,7 +301,7 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
     v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
     n_m = triton.cdiv(n, f["CONSUMERS"] * block_m)                           # 每个 (序列, 头) 的 Q 块数
     if f["PERSIST"]:
-        grid, chunk = persistent_grid(n_m, batch * hq, programs or _triton_flash()._sm_count(q.device))
+        grid, chunk = _grid(n_m, batch * hq, programs or _triton_flash()._sm_count(q.device))
     else:
         grid, chunk = (n_m, batch * hq), 1
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
@@ -356,10 +389,7 @@ def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
     triton_flash.flash_attn_func（默认的 split 反向，没有原子操作）。
     """
     scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
-    _check_device(q, k, v)
-    for name, t in (("out", out), ("lse", lse), ("do", do)):
-        if not t.is_cuda or t.device != q.device:
-            raise RuntimeError(f"attention_backward：{name} 必须在和 q 同一块 CUDA GPU 上，收到 {t.device}")
+    _check_device("attention_backward", q=q, k=k, v=v, out=out, lse=lse, do=do)
     return _launch_bwd(q, k, v, out, lse, do, causal, scale)
 
 
@@ -455,7 +485,7 @@ SELFTEST_SHAPES = (   # (B, N, H, Hk)：不规则的 N（1、不满一块、跨�
 SELFTEST_PROGRAMS = 5
 
 
-def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
+def _check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
     tf = _triton_flash()
     dtypes = dtypes or (torch.bfloat16, torch.float16)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -488,7 +518,7 @@ def check_gpu(seed, variants=VARIANTS, dtypes=None, shapes=SELFTEST_SHAPES):
     return rows
 
 
-def check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
+def _check_gpu_bwd(seed, dtypes=None, shapes=SELFTEST_SHAPES):
     """
     反向（前向用 BEST，经 attention() 的 autograd）：dq、dk、dv 和 float64 参考比，判据和前向相同
     （≤ 2 × PyTorch 低精度的误差 + 1e-6）；再算一遍（"rerun" 行）：dK、dV 要逐位相同，dQ 经 TMA 归约、先后不定，
@@ -559,7 +589,7 @@ def _selftest(seed=None, only=VARIANTS + ("bwd",)):
     print(f"gluon_flash 自检：{torch.cuda.get_device_name()}，torch {torch.__version__}，triton {triton.__version__}，"
           f"种子 {seed}（复现：python3 lecture11/gluon_flash.py --seed {seed}）")
     t0 = time.time()
-    rows = check_gpu(seed, variants=tuple(v for v in VARIANTS if v in only))
+    rows = _check_gpu(seed, variants=tuple(v for v in VARIANTS if v in only))
     if rows:
         print(f"  {'dtype':<9s}{'variant':<11s}{'case':<26s}{'out':>10s}{'torch':>10s}{'lse':>10s}{'torch':>10s}  ok")
     for dt, var, name, e_o, t_o, e_l, t_l, ok, err in rows:
@@ -567,7 +597,7 @@ def _selftest(seed=None, only=VARIANTS + ("bwd",)):
               f"{'✓' if ok else '✗'} {err}")
     failed = [r for r in rows if not r[7]]
     t1 = time.time()
-    bwd_rows = check_gpu_bwd(seed) if "bwd" in only else []
+    bwd_rows = _check_gpu_bwd(seed) if "bwd" in only else []
     if bwd_rows:
         print(f"  反向（前向 {BEST}）：")
         print(f"  {'dtype':<9s}{'case':<26s}{'field':<7s}{'ours':>10s}{'torch':>10s}  ok")
