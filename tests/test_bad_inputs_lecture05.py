@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from bad_input_cases import Case, check_case, params
 from labload import load_lab
 
 ss = load_lab("lecture05", "serving_sim")
@@ -397,11 +398,9 @@ def test_case_counts():
         assert len(cases) >= 100 and len(set(_ids(cases))) == len(cases)
 
 
-@pytest.mark.parametrize("fn,exc,needle", [c[1:] for c in CASES_SS + CASES_SB], ids=_ids(CASES_SS + CASES_SB))
-def test_bad_input_is_a_clear_error(fn, exc, needle):
-    with pytest.raises(exc) as info:
-        fn()
-    assert needle in str(info.value), str(info.value)
+@params([Case(*c) for c in CASES_SS + CASES_SB])
+def test_bad_input_is_a_clear_error(case):
+    check_case(case)   # 异常类型对、消息里写出参数名（整词）
 
 
 # ---------------------------------------------------------------------------

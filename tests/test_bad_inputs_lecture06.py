@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from bad_input_cases import Case, check_case, params
 from labload import load_lab
 
 dl = load_lab("lecture06", "decode_lab")
@@ -269,11 +270,9 @@ def test_case_count():
     assert len(CASES) >= 100 and len({c[0] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("fn,exc,needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_a_clear_error(fn, exc, needle):
-    with pytest.raises(exc) as info:
-        fn()
-    assert needle in str(info.value), str(info.value)
+@params([Case(*c) for c in CASES])
+def test_bad_input_is_a_clear_error(case):
+    check_case(case)   # 异常类型对、消息里写出参数名（整词）
 
 
 # ---------------------------------------------------------------------------
