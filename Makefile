@@ -56,7 +56,7 @@ checkpoints: setup  ## 训练各讲次缓存的模型（运行每个 <讲次>/tr
 	  if [ $$found = 0 ]; then echo "目前还没有讲次需要训练检查点（lecture04/18/19 加入后会有）。"; fi
 
 clean:  ## 删除生成的图、缓存（保留 .venv 和检查点）
-	rm -rf $(addsuffix /figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(addsuffix /figures,$(FOLDERS)) $(addsuffix /bench/figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 # 入库的检查点（lecture04、lecture19）保留：只删 git 不跟踪的文件（续训文件、锁、没入库的讲次的检查点）

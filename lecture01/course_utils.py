@@ -281,12 +281,22 @@ def committed_figure(script, name, replot):
     规则只写在这里：results/ 下已提交的图只有 --replot（重测之后）才重画；平时的图进 figures/（--quick 时
     figures/quick/，save_figure 管），跑一遍演示不会改动已提交的文件。
     name 是 results/ 里的文件名（带 .png，不带文件夹）；replot=False 时也检查，写错了平时就报出来。
+    环境变量 REPLOT_DIR（check-all 和 make test 设成临时文件夹）：重画的图写到 REPLOT_DIR/<讲次路径>/<name>，
+    照样走一遍重画，但不改动已提交的文件（别的 matplotlib 版本、字体画出的字节不同，git 会显示改动）。
     """
     replot = check_bool("replot", replot, where="committed_figure")
     if not isinstance(name, str) or not name.endswith(".png") or len(name) <= len(".png") \
             or os.path.basename(name) != name:
         raise ValueError(f"committed_figure：name 必须是 results/ 里的文件名，以 .png 结尾、不带文件夹，收到 {name!r}")
-    return os.path.join(os.path.dirname(os.path.abspath(script)), "results", name) if replot else None
+    if not replot:
+        return None
+    here = os.path.dirname(os.path.abspath(script))
+    redirect = os.environ.get("REPLOT_DIR")
+    if redirect:
+        rel = os.path.relpath(here, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        os.makedirs(os.path.join(redirect, rel), exist_ok=True)
+        return os.path.join(redirect, rel, name)
+    return os.path.join(here, "results", name)
 
 
 
@@ -642,8 +652,19 @@ def _selftest():
         p = figure_path(script, "curve")
         assert p == os.path.join(tmp, "sub", "figures", "07_demo_curve.png"), p
         assert os.path.isdir(os.path.dirname(p)) and not os.path.exists(p)
-        assert committed_figure(script, "demo.png", True) == os.path.join(tmp, "sub", "results", "demo.png")
-        assert committed_figure(script, "demo.png", False) is None
+        saved = os.environ.pop("REPLOT_DIR", None)          # check-all 设了它：两种情况都查，查完放回
+        try:
+            assert committed_figure(script, "demo.png", True) == os.path.join(tmp, "sub", "results", "demo.png")
+            assert committed_figure(script, "demo.png", False) is None
+            os.environ["REPLOT_DIR"] = os.path.join(tmp, "redirect")
+            lesson = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench", "x.py")
+            assert committed_figure(lesson, "demo.png", True) == os.path.join(tmp, "redirect", "lecture01", "bench",
+                                                                              "demo.png")
+            assert committed_figure(lesson, "demo.png", False) is None
+        finally:
+            os.environ.pop("REPLOT_DIR", None)
+            if saved is not None:
+                os.environ["REPLOT_DIR"] = saved
 
     # 4) 坏输入报错，消息里写出参数名
     expect_errors([(lambda: format_table(["a", "b"], [[1]]), ValueError, "rows"),

@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from course_utils import (check_bool, check_choice, check_int, check_real, fmt_bytes, format_table,  # noqa: E402,F401
-                          machine_memory_bytes, read_json_dict, sha256_file, update_json)
+                          machine_memory_bytes, read_json_dict)
 from llm_math import ModelConfig  # noqa: E402
 
 sys.path.insert(0, HERE)

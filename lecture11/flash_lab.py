@@ -577,7 +577,7 @@ BENCH_TOKENS, BENCH_HIDDEN = 32768, 2048     # 基准的形状：B·N、H·d 固
 
 def attention_flops(batch, heads, n, d, causal, mode="fwd"):
     """
-    基准记 TFLOP/s 用的 FLOP 数（flash-attn 的惯例，06_triton_bench、gluon_flash 共用）：前向 4·B·H·N²·d
+    基准记 TFLOP/s 用的 FLOP 数（flash-attn 的惯例，bench/triton_bench.py、bench/gluon_sweep.py 共用）：前向 4·B·H·N²·d
     （QKᵀ 和 PV 各 2·N²·d），causal 减半；mode="bwd" 记作前向的 2.5 倍（5 次矩阵乘对 2 次；重算、多做的
     矩阵乘都不算：同一个 FLOP 数下比时间）。
     """
@@ -669,7 +669,7 @@ H200_DEC = DecodeGPU("H200", 132, H200.peak_flops("bf16"), H200.mem_bw)
 #   launch = 1.30 µs —— 每个内核的固定开销（CUDA 图里重放，含内核之间的空档；假设是 5 µs）；它几乎只由最短的
 #       B = 1、S = 1k 一点决定，去掉这一点拟合出 0.65–0.70 µs
 # 出处：H200，2026-12-01，torch 2.11.0+cu130、triton 3.6.0，lecture11/bench/results/decode_bench.json
-# （bench/decode_bench.py 拟合、打印；tests 以 1% 的容差对照重新拟合的值）。
+# （bench/decode_bench.py 拟合、打印；tests 以舍入的容差 0.5% 对照重新拟合的值）。
 H200_DEC_MEASURED = DecodeGPU("H200 (measured)", 132, H200.peak_flops("bf16"), H200.mem_bw,
                               sm_bw_cap=3.29e10, launch=1.30e-6)
 
@@ -911,7 +911,7 @@ class TimelineParams:
 #       160 / 512 / 2048 / 8192，算子表用 pad_ops 补到 profiler 数出的 632 个内核）和模型对上；
 #   eager 的 launch = 12.0 µs：拟合，同样四步的 eager 时间——eager 受主机限制，这是主机发一个 PyTorch 算子的间隔。
 #   其余（eff、ramp、sync……）用默认值。出处：H200，2026-12-01，torch 2.11.0+cu130，
-#   lecture11/bench/results/decode_bench.json（bench/decode_bench.py 校准；tests 以 1% 的容差对照）。
+#   lecture11/bench/results/decode_bench.json（bench/decode_bench.py 校准；tests 以舍入的容差 0.5% 对照）。
 H200_TIMELINE_GRAPH = TimelineParams(hbm=H200.mem_bw, launch=7.28e-7, small=1.88e-6)
 H200_TIMELINE_EAGER = TimelineParams(hbm=H200.mem_bw, launch=1.20e-5, small=1.88e-6)
 

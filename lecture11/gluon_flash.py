@@ -43,6 +43,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from gluon_kernels import _attn_bwd, _attn_fwd, _bwd_preprocess, _dq_convert  # noqa: F401  （内核本身）
+    from fast_launch import _sm_count     # 每个设备问一次 SM 数（持久内核的网格）
     GLUON_ERROR = None
 except Exception as exc:            # 没有 triton，或者 triton 太旧、没有 Gluon：模块照样能 import，attention() 报错
     triton = gl = None
@@ -301,7 +302,7 @@ def _launch(q, k, v, causal, scale, variant, return_lse, tiles=None, programs=No
     v_desc = _desc(v.view(batch * n, hk * d), (block_n, d))
     n_m = triton.cdiv(n, f["CONSUMERS"] * block_m)                           # 每个 (序列, 头) 的 Q 块数
     if f["PERSIST"]:
-        grid, chunk = _grid(n_m, batch * hq, programs or _triton_flash()._sm_count(q.device))
+        grid, chunk = _grid(n_m, batch * hq, programs or _sm_count(q.device))
     else:
         grid, chunk = (n_m, batch * hq), 1
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
@@ -470,7 +471,7 @@ EXPLORE_BWD_TOL = 1e-3     # 反向块不同只改 fp32 累加的顺序：梯度
 #   ‖ours − ref64‖/‖ref64‖ ≤ 2 × ‖torch低精度 − ref64‖/‖ref64‖ + 1e-6；LSE 用最大绝对误差，同样 ≤ 2 × torch 的 + 1e-6
 # ============================================================================
 def _triton_flash():
-    """lecture11/triton_flash.py：float64 参考、误差函数、基准里对照的 flash_attn_func、SM 数 _sm_count。"""
+    """lecture11/triton_flash.py：float64 参考、误差函数、基准里对照的 flash_attn_func。"""
     import triton_flash
     return triton_flash
 

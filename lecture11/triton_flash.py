@@ -1523,7 +1523,7 @@ def _max_abs(x, ref):
     return float((x[~both_inf] - ref[~both_inf]).abs().max()) if bool((~both_inf).any()) else 0.0
 
 
-_lse_err = _max_abs      # LSE 一直按最大绝对误差比（06、gluon_flash 用这个名字）
+_lse_err = _max_abs      # LSE 一直按最大绝对误差比（bench/triton_bench.py、gluon_flash 用这个名字）
 
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
@@ -1913,7 +1913,7 @@ def _selftest(kernel="all", seed=None, only=None):
 
 
 # ============================================================================
-# 基准共用：bench/triton_bench.py、gluon_flash.py（--bench / --explore）、ncu_profile.py 的 SDPA 后端
+# 基准共用：bench/triton_bench.py、bench/gluon_sweep.py（--bench / --explore）、ncu_profile.py 的 SDPA 后端
 # （形状和 FLOP 算法在 flash_lab.py：attention_flops、BENCH_TOKENS / BENCH_HIDDEN，没有 GPU 也能用）
 # ============================================================================
 SDPA_BACKENDS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")

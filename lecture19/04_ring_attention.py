@@ -87,7 +87,8 @@ def real_run(P, N, d, heads):
                      f"{fmt_time(comp)} + {fmt_time(wait)} + {fmt_time(other)} = {fmt_time(slow['total_s'])}"])
     print(L.format_table(["切法", "causal", "与全注意力的最大差", "每进程发送（个数）", "Σ_轮 max 计算",
                           "最慢进程：计算 + 等通信 + 其他 = 总时间"], rows))
-    print("右边一列是同一个进程、同一次运行的拆分，三项加起来正好是它的总时间（断言）。"
+    print("右边一列是同一个进程、同一次运行的拆分：其他 = 总时间 − 计算 − 等通信（发起收发、缓冲、归一化），"
+          "计算和等待是同一进程里不重叠的两段，所以其他 ≥ 0（断言）。"
           "Σ_轮 max 计算是 RingLedger.round_time 的算法（每轮取最慢的进程），\n"
           "各轮可能是不同进程、进程之间也没有每轮的栅栏，所以它不是总时间的一部分，可能比任何一个进程的总时间还略大。")
     stats = res[0][1]                                       # 第一个任务（contiguous、causal）逐轮看

@@ -72,8 +72,7 @@ def _import_lecture18_flash_lab():
 
 _fl18 = _import_lecture18_flash_lab()
 block_state, merge_states, finalize = _fl18.block_state, _fl18.merge_states, _fl18.finalize
-from course_utils import (check_bool, check_choice, check_int, check_real, format_table, read_json_dict,  # noqa: E402,F401
-                          sha256_file, update_json)
+from course_utils import check_bool, check_choice, check_int, check_real, format_table  # noqa: E402,F401
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 from checkpoint_store import (CheckpointStore, ResultCache, canon, interrupted, state_digest,  # noqa: E402
                               stop_on_ctrl_c)

@@ -388,14 +388,10 @@ CASES_SB = [
 ]
 
 
-def _ids(cases):
-    return [c[0] for c in cases]
-
-
 def test_case_counts():
-    """每个实验模块至少 100 种坏输入；编号不重复。"""
+    """每个实验模块至少 100 种坏输入（编号不重复由 params 在收集时查）。"""
     for cases in (CASES_SS, CASES_SB):
-        assert len(cases) >= 100 and len(set(_ids(cases))) == len(cases)
+        assert len(cases) >= 100
 
 
 @params([Case(*c) for c in CASES_SS + CASES_SB])

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from labload import load_lab
 
 L = load_lab("lecture19", "long_lab")
+CU = load_lab("lecture01", "course_utils")
 RD = load_lab("lecture19", "ring_dist")
 
 
@@ -165,9 +166,13 @@ def test_committed_checkpoints_load_and_match_manifest():
     man = _committed()
     for name in L.CHECKPOINTS:
         path = os.path.join(L.CKPT, f"{name}.pt")
-        assert man[name]["files"][f"{name}.pt"] == L.sha256_file(path)
+        assert man[name]["files"][f"{name}.pt"] == CU.sha256_file(path)
         state = torch.load(path, weights_only=True)          # 纯 state_dict：torch ≥ 2.4 的安全读取
         assert all(torch.is_tensor(v) for v in state.values())
+        assert man[name]["config"]["seed"] == L.CHECKPOINTS[name]["cfg"]["seed"]
+        assert man[name]["config"]["steps"] == L.CHECKPOINTS[name]["steps"]
+        model = L.build_model(L.NeedleTask(), L.CHECKPOINTS[name]["cfg"])   # 演示的配置建出来的模型
+        model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)   # 键和形状都对得上
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.dirname(L.CKPT)) for f in fs
                 if "__pycache__" not in dp and "figures" not in dp)
     assert total <= 12 * 2 ** 20
@@ -189,13 +194,13 @@ def test_corrupt_or_mismatched_checkpoint_is_retrained(tmp_path):
     with pytest.warns(UserWarning, match="不存在"):
         m1, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                   # 没有缓存：带警告训练
     path = tmp_path / "tiny.pt"
-    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["files"]["tiny.pt"] == L.sha256_file(str(path))
+    assert path.exists() and L.read_manifest(str(tmp_path))["tiny"]["files"]["tiny.pt"] == CU.sha256_file(str(path))
     m2, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)                       # 命中缓存：同样的权重
     assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
     path.write_bytes(path.read_bytes()[:100])                                   # 截断 = 损坏
     with pytest.warns(UserWarning, match="SHA-256"):
         m3, _ = L.get_model(task, "tiny", {"seed": 3}, **kw)
-    assert L.read_manifest(str(tmp_path))["tiny"]["files"]["tiny.pt"] == L.sha256_file(str(path))
+    assert L.read_manifest(str(tmp_path))["tiny"]["files"]["tiny.pt"] == CU.sha256_file(str(path))
     with pytest.warns(UserWarning, match=r"配置.*lr: 0\.001 → 0\.0005"):     # 配置不同：写出哪一项、旧 → 新
         L.get_model(task, "tiny", {"seed": 3}, **dict(kw, lr=5e-4))
     (tmp_path / "manifest.json").unlink()

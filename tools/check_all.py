@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -111,7 +112,19 @@ def child_env():
     # 课程里的矩阵都很小，单线程更快也更稳。用户自己设置了就尊重用户的。
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
+    # 工作台的 --replot 照样重画已提交的图，但写进临时文件夹（course_utils.committed_figure）：检查不改动入库的文件
+    env.setdefault("REPLOT_DIR", _replot_dir())
     return env
+
+
+def _replot_dir():
+    global _REPLOT_DIR
+    if _REPLOT_DIR is None:
+        _REPLOT_DIR = tempfile.mkdtemp(prefix="cs349e_replot_")
+    return _REPLOT_DIR
+
+
+_REPLOT_DIR = None
 
 
 def run_item(item, python=sys.executable, full=False, timeout=DEFAULT_TIMEOUT):

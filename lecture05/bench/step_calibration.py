@@ -389,7 +389,7 @@ def check_constants(fit, meta, results_path):
         return
     text = sb.constant_text(fit, meta)
     if ss.H200_MEASURED is None:
-        print("\nserving_sim.H200_MEASURED 还没有填：把下面四行粘贴进 lecture05/serving_sim.py"
+        print("\nserving_sim.H200_MEASURED 还没有填：把下面三行粘贴进 lecture05/serving_sim.py"
               "（替换 H200_MEASURED = None）\n" + text)
         return
     bad = [k for k in sb.FIT_KEYS

@@ -43,13 +43,13 @@ LESSON = os.path.dirname(HERE)
 sys.path.insert(0, LESSON)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 from course_utils import format_table, load_json  # noqa: E402
-import flash_lab as fl  # noqa: E402  （基准的形状：B·N、H·d 和 06、gluon_flash 相同）
+import flash_lab as fl  # noqa: E402  （基准的形状：B·N、H·d 和 triton_bench、gluon_sweep 相同）
 
 SKIP = 77
 RESULTS = os.path.join(HERE, "results", "ncu")
 CAUSAL_RESULTS = os.path.join(RESULTS, "causal")    # --causal 不给 --out 时的目录：不和不 causal 的 CSV 混在一起
 TARGETS = ("ours-fwd", "gluon-fwd", "cudnn-fwd", "ours-bwd", "gluon-bwd", "cudnn-bwd")
-SHAPE = dict(B=fl.BENCH_TOKENS // 4096, N=4096, H=fl.BENCH_HIDDEN // 128, d=128, causal=False)   # 06 的 N = 4k、d = 128
+SHAPE = dict(B=fl.BENCH_TOKENS // 4096, N=4096, H=fl.BENCH_HIDDEN // 128, d=128, causal=False)   # 同 triton_bench
 # （--causal 只改 causal；SHAPE 本身不改）
 SHAPE_FILE = "ncu_shape.json"     # --measure 写在 CSV 旁边；没有它的目录（已提交的 results/ncu/）= SHAPE 的默认值
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",

@@ -1,5 +1,5 @@
 """
-06 · Triton FlashAttention-2 和 PyTorch SDPA 的三个后端比速度（H200，bf16）
+工作台 triton_bench · Triton FlashAttention-2 和 PyTorch SDPA 的三个后端比速度（H200，bf16）
 
 你会看到：
   - 同一组输入上，我们的 Triton 内核（triton_flash.py）、SDPA 的 FLASH（FlashAttention-2）、CUDNN、EFFICIENT
@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))       # lecture11/bench
 LESSON = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01"))
 sys.path.insert(0, os.path.join(LESSON, "..", "lecture01", "bench"))
-from course_utils import format_table, load_json, pyplot, save_figure  # noqa: E402
+from course_utils import committed_figure, format_table, load_json, pyplot, save_figure  # noqa: E402
 from gpu_timing import gpu_meta, graph_matches_eager, wall_per_call_many  # noqa: E402
 
 sys.path.insert(0, LESSON)
@@ -453,9 +453,12 @@ def _us(x):
 
 
 def _load_module(path):
-    """按路径加载一份 triton_flash（--overhead 的"改之前"用旧文件）；None → 本文件夹里的。"""
+    """按路径加载一份 triton_flash（--overhead 的"改之前"用旧文件）；None → 课本身的 triton_flash（同一份模块，
+    flash_decode、fast_launch 用的也是它，不另载一份）。"""
     import importlib.util
-    path = path or os.path.join(LESSON, "triton_flash.py")
+    if path is None:
+        import triton_flash
+        return triton_flash
     spec = importlib.util.spec_from_file_location("triton_flash_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -574,7 +577,7 @@ def fastpath_checks(torch, tf):
 
 def plot(res, path, quick=False):
     """2 × 4 个面板（前向 / 反向 × d、causal），每个面板按 N 分组画各实现的 TFLOP/s（ours-atomic 只在反向）；
-    图例放在图外，不挡柱子。完整图存到 path（和 JSON 放在一起）；quick=True 时进 lecture11/figures/quick/，
+    图例放在图外，不挡柱子。完整图存到 path（和 JSON 放在一起）；quick=True 时进 lecture11/bench/figures/quick/，
     不动已提交的图。返回路径。"""
     plt = pyplot()
     rows = res["rows"]
@@ -635,7 +638,7 @@ def main():
         if res is None:
             print(f"SKIP: {os.path.relpath(committed)} 不存在，先在 GPU 上测量")
             sys.exit(77)
-        out = plot(res, os.path.join(RESULTS, PNG_NAME), quick=args.quick)
+        out = plot(res, committed_figure(__file__, PNG_NAME, True), quick=args.quick)
         print(f"由 {os.path.relpath(committed)} 重画了 {os.path.relpath(out)}")
         return
     try:

@@ -1063,7 +1063,7 @@ def main():
     if "timeline" in res:
         plot_timeline(report_timeline(res["timeline"]), args.quick, res["meta"]["world"], args.replot)
     else:
-        print("\n（还没有时间线：bash lecture19/run_ring_gpu.sh 在 2 块 GPU 上测，合并进这个文件）")
+        print("\n（还没有时间线：bash lecture19/bench/run_ring_gpu.sh 在 2 块 GPU 上测，合并进这个文件）")
         plot(out, args.quick, res["meta"]["world"], args.replot)
 
 
