@@ -163,8 +163,8 @@ def plot(res, script, quick):
     bx.invert_yaxis()
     bx.set_xlabel("final eval loss above optimal (nats/token)", fontsize=12)
     # 标题由数据算出：哪些检查点的差距超出了 modern 三个种子的范围（阴影）
-    worse = [ROWS[n][0] for n, g in zip(names, gaps) if n in ROWS and n not in SEEDS and g > max(seed_gaps)]
-    bx.set_title("Worse than modern's seed spread (shaded):\n" + (", ".join(worse) if worse else "none"), fontsize=13)
+    worse = [ROWS[n][0] for n, g in zip(names, gaps) if n in ROWS and g > max(seed_gaps)]
+    bx.set_title("Worse than modern's seed spread (shaded):\n" + ("; ".join(worse) if worse else "none"), fontsize=13)
     bx.tick_params(labelsize=12)
     bx.grid(axis="x", alpha=0.3)
     return save_figure(fig, script, "curves", quick=quick)
