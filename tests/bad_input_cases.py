@@ -30,6 +30,29 @@ def names(message, name):
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
 
 
+def short_repr(value, i):
+    """用例 id 里的值：短的写 repr，长的（大数组、嵌套结构）写类型名和序号，id 才读得下去。"""
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 40 else f"{type(value).__name__}#{i}"
+
+
+def cases_for(prefix, fn, arg, bad):
+    """一个参数的一串坏值 → 用例：bad = [(值, 期望的异常类型), ...]，fn(值) 应该抛出它，消息里写出 arg。"""
+    return [Case(f"{prefix}-{arg}={short_repr(v, i)}", (lambda v=v: fn(v)), exc, arg) for i, (v, exc) in enumerate(bad)]
+
+
+def generator(seed):
+    """固定种子的 torch 随机数发生器。"""
+    import torch
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, dtype=None, seed=0):
+    """固定种子的标准正态张量（坏输入测试只要一组确定的合法输入，不关心分布）。"""
+    import torch
+    return torch.randn(*shape, generator=generator(seed), dtype=dtype or torch.float64)
+
+
 def check_case(case):
     with pytest.raises(case.exc) as info:
         case.call()

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from bad_input_cases import Case, check_case, params
+from bad_input_cases import Case, cases_for, check_case, params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from labload import load_lab
@@ -37,10 +37,6 @@ POS_REAL_BAD = REAL_BAD + [(0.0, ValueError)]
 FLAG_BAD = [("False", TypeError), (1, TypeError), (None, TypeError), (0.0, TypeError)]
 
 
-def _cases_for(prefix, fn, arg, bad):
-    return [Case(f"{prefix}-{arg}={v!r}", (lambda v=v: fn(v)), exc, arg) for v, exc in bad]
-
-
 # =============================================================================
 # llm_math
 # =============================================================================
@@ -64,30 +60,30 @@ LM_CASES += [
     Case("ModelConfig-name=7", lambda: LM.ModelConfig(7, **SMALL), TypeError, "name"),
     Case("ModelConfig-name=''", lambda: LM.ModelConfig("", **SMALL), TypeError, "name"),
 ]
-LM_CASES += _cases_for("weight_bytes", M8.weight_bytes, "bytes_per_elem", POS_REAL_BAD)
-LM_CASES += _cases_for("kv_bytes_per_token", M8.kv_bytes_per_token, "bytes_per_elem", POS_REAL_BAD)
-LM_CASES += _cases_for("attn_flops_per_token", M8.attn_flops_per_token, "ctx", REAL_BAD)
-LM_CASES += _cases_for("flops_per_token", M8.flops_per_token, "ctx", REAL_BAD)
-LM_CASES += _cases_for("kv_cache_bytes", lambda v: M8.kv_cache_bytes(v, 10), "batch", _int_bad(True))
-LM_CASES += _cases_for("kv_cache_bytes", lambda v: M8.kv_cache_bytes(2, v), "ctx", _int_bad(True))
-LM_CASES += _cases_for("step_flops", lambda v: M8.step_flops(v, 1), "batch", _int_bad(True) + [(0, ValueError)])
-LM_CASES += _cases_for("step_flops", lambda v: M8.step_flops(1, v), "n_new", _int_bad(True) + [(0, ValueError)])
-LM_CASES += _cases_for("step_flops", lambda v: M8.step_flops(1, 1, v), "ctx", _int_bad(True))
-LM_CASES += _cases_for("step_bytes", lambda v: M8.step_bytes(1, 1, w_bytes=v), "w_bytes", POS_REAL_BAD)
-LM_CASES += _cases_for("step_bytes", lambda v: M8.step_bytes(1, 1, kv_bytes=v), "kv_bytes", POS_REAL_BAD)
-LM_CASES += _cases_for("arithmetic_intensity", lambda v: M8.arithmetic_intensity(v, 1), "batch",
+LM_CASES += cases_for("weight_bytes", M8.weight_bytes, "bytes_per_elem", POS_REAL_BAD)
+LM_CASES += cases_for("kv_bytes_per_token", M8.kv_bytes_per_token, "bytes_per_elem", POS_REAL_BAD)
+LM_CASES += cases_for("attn_flops_per_token", M8.attn_flops_per_token, "ctx", REAL_BAD)
+LM_CASES += cases_for("flops_per_token", M8.flops_per_token, "ctx", REAL_BAD)
+LM_CASES += cases_for("kv_cache_bytes", lambda v: M8.kv_cache_bytes(v, 10), "batch", _int_bad(True))
+LM_CASES += cases_for("kv_cache_bytes", lambda v: M8.kv_cache_bytes(2, v), "ctx", _int_bad(True))
+LM_CASES += cases_for("step_flops", lambda v: M8.step_flops(v, 1), "batch", _int_bad(True) + [(0, ValueError)])
+LM_CASES += cases_for("step_flops", lambda v: M8.step_flops(1, v), "n_new", _int_bad(True) + [(0, ValueError)])
+LM_CASES += cases_for("step_flops", lambda v: M8.step_flops(1, 1, v), "ctx", _int_bad(True))
+LM_CASES += cases_for("step_bytes", lambda v: M8.step_bytes(1, 1, w_bytes=v), "w_bytes", POS_REAL_BAD)
+LM_CASES += cases_for("step_bytes", lambda v: M8.step_bytes(1, 1, kv_bytes=v), "kv_bytes", POS_REAL_BAD)
+LM_CASES += cases_for("arithmetic_intensity", lambda v: M8.arithmetic_intensity(v, 1), "batch",
                        [(0, ValueError), ("1", TypeError)])
-LM_CASES += _cases_for("train_flops", lambda v: M8.train_flops(v, 10), "n_tokens", _int_bad(True))
-LM_CASES += _cases_for("train_flops", lambda v: M8.train_flops(10, v), "seq_len", [(0, ValueError), ("8", TypeError)])
-LM_CASES += _cases_for("train_flops", lambda v: M8.train_flops(10, 10, causal=v), "causal", FLAG_BAD)
-LM_CASES += _cases_for("activation_bytes", lambda v: M8.activation_bytes(1, 10, recompute=v), "recompute", FLAG_BAD)
-LM_CASES += _cases_for("activation_bytes", lambda v: M8.activation_bytes(v, 10), "batch", [(0, ValueError)])
-LM_CASES += _cases_for("activation_bytes", lambda v: M8.activation_bytes(1, 10, v), "bytes_per_elem",
+LM_CASES += cases_for("train_flops", lambda v: M8.train_flops(v, 10), "n_tokens", _int_bad(True))
+LM_CASES += cases_for("train_flops", lambda v: M8.train_flops(10, v), "seq_len", [(0, ValueError), ("8", TypeError)])
+LM_CASES += cases_for("train_flops", lambda v: M8.train_flops(10, 10, causal=v), "causal", FLAG_BAD)
+LM_CASES += cases_for("activation_bytes", lambda v: M8.activation_bytes(1, 10, recompute=v), "recompute", FLAG_BAD)
+LM_CASES += cases_for("activation_bytes", lambda v: M8.activation_bytes(v, 10), "batch", [(0, ValueError)])
+LM_CASES += cases_for("activation_bytes", lambda v: M8.activation_bytes(1, 10, v), "bytes_per_elem",
                        [(0, ValueError)])
 for _k in ("w_bytes", "grad_bytes", "master_bytes", "adam_bytes", "act_bytes", "logits_bytes"):
-    LM_CASES += _cases_for("train_memory", lambda v, k=_k: M8.train_memory(1, 10, **{k: v}), _k,
+    LM_CASES += cases_for("train_memory", lambda v, k=_k: M8.train_memory(1, 10, **{k: v}), _k,
                            [(0, ValueError), (NAN, ValueError), ("4", TypeError)])
-LM_CASES += _cases_for("train_memory", lambda v: M8.train_memory(1, 10, recompute=v), "recompute", [("no", TypeError)])
+LM_CASES += cases_for("train_memory", lambda v: M8.train_memory(1, 10, recompute=v), "recompute", [("no", TypeError)])
 LM_CASES += [
     Case("scaled-cfg=None", lambda: LM.scaled(None, n_layers=2), TypeError, "cfg"),
     Case("scaled-typo-field", lambda: LM.scaled(M8, n_kv_head=4), TypeError, "n_kv_head"),
@@ -97,48 +93,48 @@ LM_CASES += [
     Case("allocatable_bytes-chip=None", lambda: LM.allocatable_bytes(None), TypeError, "chip"),
     Case("allocatable_bytes-chip=str", lambda: LM.allocatable_bytes("H100"), TypeError, "chip"),
 ]
-LM_CASES += _cases_for("tp_layout_problem", lambda v: LM.tp_layout_problem(M8, v), "n",
+LM_CASES += cases_for("tp_layout_problem", lambda v: LM.tp_layout_problem(M8, v), "n",
                        [(0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError), ("4", TypeError),
                         (None, TypeError), (NAN, ValueError)])
 LM_CASES += [
     Case("tp_layout_problem-name-in-message", lambda: LM.tp_layout_problem(M8, 0, name="tp"), ValueError, "tp"),
     Case("tp_layout_problem-model=None", lambda: LM.tp_layout_problem(None, 2), TypeError, "model"),
 ]
-LM_CASES += _cases_for("fit", lambda v: LM.fit(M8, CHIP, v), "n_chips", _int_bad(True) + [(0, ValueError)])
-LM_CASES += _cases_for("fit", lambda v: LM.fit(M8, CHIP, batch=v), "batch", [(-1, ValueError), ("1", TypeError)])
-LM_CASES += _cases_for("fit", lambda v: LM.fit(M8, CHIP, ctx=v), "ctx", [(-1, ValueError), (1.5, TypeError)])
-LM_CASES += _cases_for("fit", lambda v: LM.fit(M8, CHIP, mem_util=v), "mem_util",
+LM_CASES += cases_for("fit", lambda v: LM.fit(M8, CHIP, v), "n_chips", _int_bad(True) + [(0, ValueError)])
+LM_CASES += cases_for("fit", lambda v: LM.fit(M8, CHIP, batch=v), "batch", [(-1, ValueError), ("1", TypeError)])
+LM_CASES += cases_for("fit", lambda v: LM.fit(M8, CHIP, ctx=v), "ctx", [(-1, ValueError), (1.5, TypeError)])
+LM_CASES += cases_for("fit", lambda v: LM.fit(M8, CHIP, mem_util=v), "mem_util",
                        [(0.0, ValueError), (1.5, ValueError), (NAN, ValueError), ("0.9", TypeError)])
-LM_CASES += _cases_for("fit", lambda v: LM.fit(M8, CHIP, rule=v), "rule",
+LM_CASES += cases_for("fit", lambda v: LM.fit(M8, CHIP, rule=v), "rule",
                        [("TP", ValueError), ("heads", ValueError), (None, ValueError)])
-LM_CASES += _cases_for("chips_needed", lambda v: LM.chips_needed(M8, CHIP, max_chips=v), "max_chips",
+LM_CASES += cases_for("chips_needed", lambda v: LM.chips_needed(M8, CHIP, max_chips=v), "max_chips",
                        [(0, ValueError), (2.0, TypeError), (10 ** 12, ValueError), ("8", TypeError)])
 LM_CASES += [
     Case("fit_rows-not-pairs", lambda: LM.fit_rows([1, 2]), TypeError, "fits"),
     Case("fit_rows-not-Fit", lambda: LM.fit_rows([("a", 3)]), TypeError, "fits"),
 ]
-LM_CASES += _cases_for("step_time", lambda v: LM.step_time(M8, CHIP, 1, 1, prec=v), "prec",
+LM_CASES += cases_for("step_time", lambda v: LM.step_time(M8, CHIP, 1, 1, prec=v), "prec",
                        [("bf17", ValueError), (None, TypeError), (16, TypeError)])
-LM_CASES += _cases_for("step_time", lambda v: LM.step_time(M8, CHIP, 1, 1, mfu=v), "mfu",
+LM_CASES += cases_for("step_time", lambda v: LM.step_time(M8, CHIP, 1, 1, mfu=v), "mfu",
                        [(0.0, ValueError), (1.5, ValueError), (NAN, ValueError)])
-LM_CASES += _cases_for("step_time", lambda v: LM.step_time(M8, CHIP, 1, 1, mbu=v), "mbu", [(2.0, ValueError)])
-LM_CASES += _cases_for("step_time", lambda v: LM.step_time(M8, v, 1, 1), "chip",
+LM_CASES += cases_for("step_time", lambda v: LM.step_time(M8, CHIP, 1, 1, mbu=v), "mbu", [(2.0, ValueError)])
+LM_CASES += cases_for("step_time", lambda v: LM.step_time(M8, v, 1, 1), "chip",
                        [("H100", TypeError), (None, TypeError)])
-LM_CASES += _cases_for("decode_time_per_token", lambda v: LM.decode_time_per_token(M8, CHIP, batch=v), "batch",
+LM_CASES += cases_for("decode_time_per_token", lambda v: LM.decode_time_per_token(M8, CHIP, batch=v), "batch",
                        [(0, ValueError), (1.5, TypeError)])
 LM_CASES += [
     Case("decode_time_per_token-typo-kw", lambda: LM.decode_time_per_token(M8, CHIP, mfuu=0.5), TypeError, "mfuu"),
     Case("decode_tokens_per_s-does-not-fit", lambda: LM.decode_tokens_per_s(LM.LLAMA31_405B, CHIP),
          LM.CapacityError, "405B"),
 ]
-LM_CASES += _cases_for("max_batch", lambda v: LM.max_batch(M8, CHIP, v), "ctx", [(0, ValueError), ("1", TypeError)])
-LM_CASES += _cases_for("train_time", lambda v: LM.train_time(M8, 1e12, CHIP, v), "n_chips",
+LM_CASES += cases_for("max_batch", lambda v: LM.max_batch(M8, CHIP, v), "ctx", [(0, ValueError), ("1", TypeError)])
+LM_CASES += cases_for("train_time", lambda v: LM.train_time(M8, 1e12, CHIP, v), "n_chips",
                        [(0, ValueError), (2.5, TypeError)])
-LM_CASES += _cases_for("train_time", lambda v: LM.train_time(M8, 1e12, CHIP, 8, mfu=v), "mfu", [(0.0, ValueError)])
-LM_CASES += _cases_for("train_time", lambda v: LM.train_time(M8, v, CHIP, 8), "n_tokens", [(-1, ValueError)])
-LM_CASES += _cases_for("param_tolerance", LM.param_tolerance, "name",
+LM_CASES += cases_for("train_time", lambda v: LM.train_time(M8, 1e12, CHIP, 8, mfu=v), "mfu", [(0.0, ValueError)])
+LM_CASES += cases_for("train_time", lambda v: LM.train_time(M8, v, CHIP, 8), "n_tokens", [(-1, ValueError)])
+LM_CASES += cases_for("param_tolerance", LM.param_tolerance, "name",
                        [("llama", ValueError), (None, ValueError), (["Llama-3.1-8B"], ValueError)])
-LM_CASES += _cases_for("published_count", LM.published_count, "name", [("Llama-3.1-8b", ValueError)])
+LM_CASES += cases_for("published_count", LM.published_count, "name", [("Llama-3.1-8b", ValueError)])
 
 
 @params(LM_CASES)
@@ -191,25 +187,25 @@ HW_CASES += [Case(f"Chip-peak={v!r}", (lambda v=v: _chip(peak=v)), ValueError, "
 HW_CASES += [Case(f"Chip-{f}={v!r}", (lambda v=v, f=f: _chip(**{f: v})), ValueError, f)
              for f in ("kind", "mem_kind", "notes", "mem_alloc_how") for v in (5, None)]
 HW_CASES += [Case(f"Chip-name={v!r}", (lambda v=v: _chip(name=v)), ValueError, "name") for v in ("", 5, None)]
-HW_CASES += _cases_for("peak_flops", CHIP.peak_flops, "prec",
+HW_CASES += cases_for("peak_flops", CHIP.peak_flops, "prec",
                        [("bf17", ValueError), ("fp64", ValueError), (None, TypeError), (16, TypeError),
                         (["bf16"], TypeError)])
-HW_CASES += _cases_for("ridge_point", CHIP.ridge_point, "prec", [("int4", ValueError), (None, TypeError)])
-HW_CASES += _cases_for("roofline_time", lambda v: CHIP.roofline_time(v, 1.0), "flops", REAL_BAD)
-HW_CASES += _cases_for("roofline_time", lambda v: CHIP.roofline_time(1.0, v), "nbytes", REAL_BAD)
-HW_CASES += _cases_for("roofline_time", lambda v: CHIP.roofline_time(1.0, 1.0, v), "prec", [("fp4", ValueError)])
-HW_CASES += _cases_for("bound", lambda v: CHIP.bound(v, 1.0), "flops", REAL_BAD)
-HW_CASES += _cases_for("bound", lambda v: CHIP.bound(1.0, v), "nbytes", REAL_BAD)
-HW_CASES += _cases_for("attainable_flops", CHIP.attainable_flops, "intensity", REAL_BAD)
-HW_CASES += _cases_for("link_time", CHIP.link_time, "nbytes", REAL_BAD)
-HW_CASES += _cases_for("derived_alloc", HW.derived_alloc, "mem_cap", POS_REAL_BAD)
-HW_CASES += _cases_for("with_alloc", HW.with_alloc, "chip", [(None, TypeError), ("H100", TypeError)])
-HW_CASES += _cases_for("with_alloc", lambda v: HW.with_alloc(CHIP, v), "measured",
+HW_CASES += cases_for("ridge_point", CHIP.ridge_point, "prec", [("int4", ValueError), (None, TypeError)])
+HW_CASES += cases_for("roofline_time", lambda v: CHIP.roofline_time(v, 1.0), "flops", REAL_BAD)
+HW_CASES += cases_for("roofline_time", lambda v: CHIP.roofline_time(1.0, v), "nbytes", REAL_BAD)
+HW_CASES += cases_for("roofline_time", lambda v: CHIP.roofline_time(1.0, 1.0, v), "prec", [("fp4", ValueError)])
+HW_CASES += cases_for("bound", lambda v: CHIP.bound(v, 1.0), "flops", REAL_BAD)
+HW_CASES += cases_for("bound", lambda v: CHIP.bound(1.0, v), "nbytes", REAL_BAD)
+HW_CASES += cases_for("attainable_flops", CHIP.attainable_flops, "intensity", REAL_BAD)
+HW_CASES += cases_for("link_time", CHIP.link_time, "nbytes", REAL_BAD)
+HW_CASES += cases_for("derived_alloc", HW.derived_alloc, "mem_cap", POS_REAL_BAD)
+HW_CASES += cases_for("with_alloc", HW.with_alloc, "chip", [(None, TypeError), ("H100", TypeError)])
+HW_CASES += cases_for("with_alloc", lambda v: HW.with_alloc(CHIP, v), "measured",
                        [(True, TypeError), ("80e9", TypeError), (-1.0, ValueError), (NAN, ValueError),
                         (0, ValueError)])
-HW_CASES += _cases_for("chip_rows", HW.chip_rows, "chips",
+HW_CASES += cases_for("chip_rows", HW.chip_rows, "chips",
                        [([], ValueError), ([1], TypeError), ("H100", TypeError), (5, TypeError)])
-HW_CASES += _cases_for("chip_rows", lambda v: HW.chip_rows(None, v), "prec",
+HW_CASES += cases_for("chip_rows", lambda v: HW.chip_rows(None, v), "prec",
                        [("bf17", ValueError), (None, TypeError), (16, TypeError)])
 
 
@@ -263,7 +259,7 @@ CU_CASES = [
     Case("ratio_errors-nan", lambda: CU.ratio_errors([NAN]), ValueError, "ratios"),
 ]
 for _fn, _arg in ((CU.fmt_si, "x"), (CU.fmt_count, "n"), (CU.fmt_bytes, "n"), (CU.fmt_time, "s")):
-    CU_CASES += _cases_for(_fn.__name__, _fn, _arg, [("1", TypeError), (None, TypeError), (True, TypeError),
+    CU_CASES += cases_for(_fn.__name__, _fn, _arg, [("1", TypeError), (None, TypeError), (True, TypeError),
                                                      (NAN, ValueError)])
 CU_CASES += [
     Case("fmt_time-negative", lambda: CU.fmt_time(-1e-3), ValueError, "s"),
@@ -271,10 +267,10 @@ CU_CASES += [
     Case("fmt_si-digits=True", lambda: CU.fmt_si(1.0, digits=True), TypeError, "digits"),
     Case("fmt_si-unit=5", lambda: CU.fmt_si(1.0, unit=5), TypeError, "unit"),
 ]
-CU_CASES += _cases_for("check_seed", lambda v: CU.check_seed("seed", v), "seed",
+CU_CASES += cases_for("check_seed", lambda v: CU.check_seed("seed", v), "seed",
                        [("x", TypeError), (-1, ValueError), (1.5, TypeError), (True, TypeError), (None, TypeError),
                         (__import__("random").Random(0), TypeError), (np.random.RandomState(0), TypeError)])
-CU_CASES += _cases_for("check_dtype", lambda v: CU.check_dtype("dtype", v), "dtype",
+CU_CASES += cases_for("check_dtype", lambda v: CU.check_dtype("dtype", v), "dtype",
                        [("float17", TypeError), (None, TypeError), (np.int32, TypeError), (complex, TypeError),
                         ("U4", TypeError), (object, TypeError)])
 CU_CASES += [

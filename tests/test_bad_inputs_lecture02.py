@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from bad_input_cases import Case, check_case, params
+from bad_input_cases import Case, cases_for, check_case, params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from labload import load_lab
@@ -43,15 +43,6 @@ def _int_bad():
             (NAN, TypeError), (-1, ValueError), (0, ValueError)]
 
 
-def _short(v, i):
-    text = repr(v).replace("\n", " ")
-    return text if len(text) <= 40 else f"{type(v).__name__}#{i}"
-
-
-def _cases_for(prefix, fn, arg, bad):
-    return [Case(f"{prefix}-{arg}={_short(v, i)}", (lambda v=v: fn(v)), exc, arg) for i, (v, exc) in enumerate(bad)]
-
-
 def _bad_params(**changes):
     p = {**P, "layers": [dict(lp) for lp in P["layers"]]}
     for k, v in changes.items():
@@ -66,13 +57,13 @@ FLAG_BAD = [("False", TypeError), (1, TypeError), (None, TypeError)]
 CASES = []
 # ---- Config / config_like -------------------------------------------------------------------------------
 for _f in TL._INT_FIELDS:
-    CASES += _cases_for(f"Config-{_f}", lambda v, f=_f: TL.Config(**{f: v}), _f, _int_bad())
-CASES += _cases_for("Config", lambda v: TL.Config(rope_theta=v), "rope_theta",
+    CASES += cases_for(f"Config-{_f}", lambda v, f=_f: TL.Config(**{f: v}), _f, _int_bad())
+CASES += cases_for("Config", lambda v: TL.Config(rope_theta=v), "rope_theta",
                     [(1.0, ValueError), (0, ValueError), (NAN, ValueError), ("1e4", TypeError), (True, TypeError)])
-CASES += _cases_for("Config", lambda v: TL.Config(norm_eps=v), "norm_eps",
+CASES += cases_for("Config", lambda v: TL.Config(norm_eps=v), "norm_eps",
                     [(0.0, ValueError), (-1e-5, ValueError), (NAN, ValueError), ("1e-5", TypeError)])
-CASES += _cases_for("Config", lambda v: TL.Config(tied=v), "tied", FLAG_BAD)
-CASES += _cases_for("Config", lambda v: TL.Config(name=v), "name", [(None, TypeError), (5, TypeError)])
+CASES += cases_for("Config", lambda v: TL.Config(tied=v), "tied", FLAG_BAD)
+CASES += cases_for("Config", lambda v: TL.Config(name=v), "name", [(None, TypeError), (5, TypeError)])
 CASES += [
     Case("Config-heads-not-divisible", lambda: TL.Config(n_heads=8, n_kv_heads=3), ValueError, "n_kv_heads"),
     Case("Config-d_head-odd", lambda: TL.Config(d_head=15), ValueError, "d_head"),
@@ -81,43 +72,43 @@ CASES += [
     Case("config_like-bad-value", lambda: TL.config_like(CFG, d_model=0), ValueError, "d_model"),
 ]
 # ---- init_params 与参数字典 ----------------------------------------------------------------------------
-CASES += _cases_for("init_params", lambda v: TL.init_params(CFG, seed=v), "seed",
+CASES += cases_for("init_params", lambda v: TL.init_params(CFG, seed=v), "seed",
                     [("x", TypeError), (-1, ValueError), (1.5, TypeError), (True, TypeError), (None, TypeError),
                      (random.Random(0), TypeError), (np.random.RandomState(0), TypeError)])
-CASES += _cases_for("init_params", lambda v: TL.init_params(CFG, dtype=v), "dtype",
+CASES += cases_for("init_params", lambda v: TL.init_params(CFG, dtype=v), "dtype",
                     [("float17", TypeError), (np.int32, TypeError), (None, TypeError), (complex, TypeError),
                      ("U4", TypeError), (bool, TypeError)])
-CASES += _cases_for("init_params", lambda v: TL.init_params(CFG, logit_std=v), "logit_std",
+CASES += cases_for("init_params", lambda v: TL.init_params(CFG, logit_std=v), "logit_std",
                     [(0.0, ValueError), (NAN, ValueError), ("2", TypeError)])
-CASES += _cases_for("init_params", TL.init_params, "cfg",
+CASES += cases_for("init_params", TL.init_params, "cfg",
                     [(None, TypeError), (LM.LLAMA32_1B, TypeError),
                      (TL.Config(vocab=10 ** 7, d_model=10 ** 5, n_heads=1, n_kv_heads=1, d_head=2), ValueError),
                      (TL.Config(n_layers=10 ** 6, d_model=4096, d_ff=10 ** 5), ValueError)])
 for _fn in (TL.lm_head_matrix, TL.count_params, TL.param_groups):
-    CASES += _cases_for(_fn.__name__, _fn, "params", [(None, TypeError), ([], TypeError), ({"embed": 1}, TypeError)])
+    CASES += cases_for(_fn.__name__, _fn, "params", [(None, TypeError), ([], TypeError), ({"embed": 1}, TypeError)])
 # ---- 账本 ----------------------------------------------------------------------------------------------
-CASES += _cases_for("Counter", TL.Counter, "bytes_per_elem", [(0, ValueError), (NAN, ValueError), ("2", TypeError)])
-CASES += _cases_for("Counter.add", lambda v: TL.Counter().add("q_proj", flops=v), "flops",
+CASES += cases_for("Counter", TL.Counter, "bytes_per_elem", [(0, ValueError), (NAN, ValueError), ("2", TypeError)])
+CASES += cases_for("Counter.add", lambda v: TL.Counter().add("q_proj", flops=v), "flops",
                     [(-1, ValueError), (2.5, TypeError), (NAN, TypeError), ("3", TypeError), (True, TypeError)])
-CASES += _cases_for("Counter.add", lambda v: TL.Counter().add("q_proj", flops=10, useful=v), "useful",
+CASES += cases_for("Counter.add", lambda v: TL.Counter().add("q_proj", flops=10, useful=v), "useful",
                     [(11, ValueError), (-1, ValueError), (1.5, TypeError)])
-CASES += _cases_for("Counter.add", lambda v: TL.Counter().add("x", w_elems=v), "w_elems", [(-3, ValueError)])
-CASES += _cases_for("Counter.add", lambda v: TL.Counter().add("x", kv_elems=v), "kv_elems", [(0.5, TypeError)])
-CASES += _cases_for("Counter.add", lambda v: TL.Counter().add("x", act_elems=v), "act_elems", [("1", TypeError)])
-CASES += _cases_for("Counter.add", lambda v: TL.Counter().add(v), "op", [(None, TypeError), (3, TypeError)])
-CASES += _cases_for("Counter.total", lambda v: TL.Counter().total(v), "key", [("flop", ValueError), (None, ValueError)])
-CASES += _cases_for("Counter.total", lambda v: TL.Counter().total("flops", v), "ops",
+CASES += cases_for("Counter.add", lambda v: TL.Counter().add("x", w_elems=v), "w_elems", [(-3, ValueError)])
+CASES += cases_for("Counter.add", lambda v: TL.Counter().add("x", kv_elems=v), "kv_elems", [(0.5, TypeError)])
+CASES += cases_for("Counter.add", lambda v: TL.Counter().add("x", act_elems=v), "act_elems", [("1", TypeError)])
+CASES += cases_for("Counter.add", lambda v: TL.Counter().add(v), "op", [(None, TypeError), (3, TypeError)])
+CASES += cases_for("Counter.total", lambda v: TL.Counter().total(v), "key", [("flop", ValueError), (None, ValueError)])
+CASES += cases_for("Counter.total", lambda v: TL.Counter().total("flops", v), "ops",
                     [("q_proj", TypeError), (["q_prj"], ValueError), (5, TypeError)])
-CASES += _cases_for("Counter.merged", lambda v: TL.Counter().merged(v), "groups",
+CASES += cases_for("Counter.merged", lambda v: TL.Counter().merged(v), "groups",
                     [("ops", TypeError), ([["q_proj"]], TypeError)])
-CASES += _cases_for("Counter.merged", lambda v: TL.Counter().merged({"a": v}), "groups['a']",
+CASES += cases_for("Counter.merged", lambda v: TL.Counter().merged({"a": v}), "groups['a']",
                     [("q_proj", TypeError), (["qproj"], ValueError)])
-CASES += _cases_for("ops_table", lambda v: TL.ops_table(ROWS, groups=v), "groups",
+CASES += cases_for("ops_table", lambda v: TL.ops_table(ROWS, groups=v), "groups",
                     [("op", ValueError), (5, TypeError)])
-CASES += _cases_for("ops_table", lambda v: TL.ops_table(ROWS, title=v), "title", [(5, TypeError)])
-CASES += _cases_for("ops_table", TL.ops_table, "rows", [(None, TypeError)])
-CASES += _cases_for("sum_rows", lambda v: TL.sum_rows(ROWS, v), "key", [("flop", ValueError)])
-CASES += _cases_for("sum_rows", lambda v: TL.sum_rows(ROWS, "flops", v), "ops",
+CASES += cases_for("ops_table", lambda v: TL.ops_table(ROWS, title=v), "title", [(5, TypeError)])
+CASES += cases_for("ops_table", TL.ops_table, "rows", [(None, TypeError)])
+CASES += cases_for("sum_rows", lambda v: TL.sum_rows(ROWS, v), "key", [("flop", ValueError)])
+CASES += cases_for("sum_rows", lambda v: TL.sum_rows(ROWS, "flops", v), "ops",
                     [("lm_head", TypeError), ({"lm_haed"}, ValueError)])
 # ---- 积木 ----------------------------------------------------------------------------------------------
 CASES += [
@@ -129,19 +120,19 @@ CASES += [
     Case("linear-op=5", lambda: TL.linear(X, W, 5), TypeError, "op"),
     Case("linear-counter=5", lambda: TL.linear(X, W, "q", counter=5), TypeError, "counter"),
 ]
-CASES += _cases_for("rms_norm", lambda v: TL.rms_norm(X, np.ones(16), v), "eps",
+CASES += cases_for("rms_norm", lambda v: TL.rms_norm(X, np.ones(16), v), "eps",
                     [(0.0, ValueError), (-1.0, ValueError), (NAN, ValueError), ("1e-5", TypeError)])
 CASES += [
     Case("rms_norm-x=str", lambda: TL.rms_norm(np.array(["a"]), np.ones(1), 1e-5), TypeError, "x"),
     Case("rms_norm-w-shape", lambda: TL.rms_norm(X, np.ones(15), 1e-5), ValueError, "w"),
     Case("rms_norm-counter", lambda: TL.rms_norm(X, np.ones(16), 1e-5, counter="c"), TypeError, "counter"),
 ]
-CASES += _cases_for("rope_angles", lambda v: TL.rope_angles(np.arange(3), v), "d_head",
+CASES += cases_for("rope_angles", lambda v: TL.rope_angles(np.arange(3), v), "d_head",
                     [(3, ValueError), (0, ValueError), (2.5, ValueError), (True, ValueError), ("8", ValueError),
                      (2 * 10 ** 12, ValueError)])
-CASES += _cases_for("rope_angles", lambda v: TL.rope_angles(np.arange(3), 4, v), "theta",
+CASES += cases_for("rope_angles", lambda v: TL.rope_angles(np.arange(3), 4, v), "theta",
                     [(1.0, ValueError), (0.0, ValueError), (NAN, ValueError), ("1e4", TypeError)])
-CASES += _cases_for("rope_angles", lambda v: TL.rope_angles(v, 4), "positions",
+CASES += cases_for("rope_angles", lambda v: TL.rope_angles(v, 4), "positions",
                     [(np.zeros((2, 2)), ValueError), (np.array([True, False]), TypeError),
                      ([0.0, NAN], ValueError), ([INF], ValueError), (["1"], TypeError)])
 CASES += [
@@ -151,13 +142,13 @@ CASES += [
     Case("apply_rope-sin=str", lambda: TL.apply_rope(Q, COS, np.full(COS.shape, "s")), TypeError, "sin"),
     Case("apply_rope-counter", lambda: TL.apply_rope(Q, COS, SIN, counter=1), TypeError, "counter"),
 ]
-CASES += _cases_for("softmax", TL.softmax, "x",
+CASES += cases_for("softmax", TL.softmax, "x",
                     [(np.array(["a", "b"]), TypeError), (np.array([True, False]), TypeError), (np.zeros(0), ValueError),
                      (np.float64(1.0), ValueError), (np.array([-INF, -INF]), ValueError),
                      (np.array([1.0, NAN]), ValueError), (np.array([1.0, INF]), ValueError)])
-CASES += _cases_for("softmax", lambda v: TL.softmax(np.zeros((2, 3)), v), "axis",
+CASES += cases_for("softmax", lambda v: TL.softmax(np.zeros((2, 3)), v), "axis",
                     [(2, ValueError), (-3, ValueError), (1.5, TypeError), (True, TypeError), ("0", TypeError)])
-CASES += _cases_for("silu", TL.silu, "x",
+CASES += cases_for("silu", TL.silu, "x",
                     [(np.array(["a"]), TypeError), (np.array([True]), TypeError), (["1"], TypeError)])
 CASES += [
     Case("attention_core-q-3d", lambda: TL.attention_core(Q[0], KV, KV, 0), ValueError, "q"),
@@ -176,13 +167,13 @@ CASES += [
          ValueError, "S"),
 ]
 # ---- KV cache ------------------------------------------------------------------------------------------
-CASES += _cases_for("KVCache", lambda v: TL.KVCache(CFG, v), "batch",
+CASES += cases_for("KVCache", lambda v: TL.KVCache(CFG, v), "batch",
                     [(0, ValueError), (1.5, ValueError), (True, ValueError), (10 ** 9, ValueError)])
-CASES += _cases_for("KVCache", lambda v: TL.KVCache(CFG, 1, v), "max_len",
+CASES += cases_for("KVCache", lambda v: TL.KVCache(CFG, 1, v), "max_len",
                     [(0, ValueError), ("16", ValueError), (10 ** 12, ValueError)])
-CASES += _cases_for("KVCache", lambda v: TL.KVCache(CFG, 1, dtype=v), "dtype",
+CASES += cases_for("KVCache", lambda v: TL.KVCache(CFG, 1, dtype=v), "dtype",
                     [(np.int32, TypeError), ("float17", TypeError), (None, TypeError)])
-CASES += _cases_for("KVCache", lambda v: TL.KVCache(v, 1), "cfg", [(None, TypeError), ("tiny", TypeError)])
+CASES += cases_for("KVCache", lambda v: TL.KVCache(v, 1), "cfg", [(None, TypeError), ("tiny", TypeError)])
 CASES += [
     Case("KVCache.write-layer=1.5", lambda: TL.KVCache(CFG, 1).write(1.5, KV, KV), ValueError, "layer"),
     Case("KVCache.write-layer=5", lambda: TL.KVCache(CFG, 1).write(5, KV, KV), ValueError, "layer"),
@@ -197,47 +188,47 @@ CASES += [
     Case("KVCache.nbytes", lambda: TL.KVCache(CFG, 1).nbytes(0), ValueError, "bytes_per_elem"),
 ]
 # ---- forward / generate --------------------------------------------------------------------------------
-CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, v), "tokens",
+CASES += cases_for("forward", lambda v: TL.forward(P, CFG, v), "tokens",
                     [([[1.7, 2.2]], TypeError), (np.array([[1.0, 2.0]]), TypeError), ([[-1, 2]], ValueError),
                      ([[1, 50]], ValueError), ([1, 2], ValueError), (np.array([[True]]), TypeError),
                      ([["a"]], TypeError), (np.zeros((1, 0), dtype=int), ValueError),
                      (np.zeros((1, 17), dtype=int), ValueError), ([[1, None]], TypeError)])
 for _flag in ("last_only", "use_rope", "causal", "return_hidden"):
-    CASES += _cases_for("forward", lambda v, f=_flag: TL.forward(P, CFG, TOK, **{f: v}), _flag, FLAG_BAD[:2])
-CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, rope_pos0=v), "rope_pos0",
+    CASES += cases_for("forward", lambda v, f=_flag: TL.forward(P, CFG, TOK, **{f: v}), _flag, FLAG_BAD[:2])
+CASES += cases_for("forward", lambda v: TL.forward(P, CFG, TOK, rope_pos0=v), "rope_pos0",
                     [(-1, ValueError), (1.5, TypeError)])
-CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, counter=v), "counter",
+CASES += cases_for("forward", lambda v: TL.forward(P, CFG, TOK, counter=v), "counter",
                     [(5, TypeError), ("c", TypeError)])
-CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, linear_fn=v), "linear_fn", [(5, TypeError)])
-CASES += _cases_for("forward", lambda v: TL.forward(P, CFG, TOK, cache=v), "cache",
+CASES += cases_for("forward", lambda v: TL.forward(P, CFG, TOK, linear_fn=v), "linear_fn", [(5, TypeError)])
+CASES += cases_for("forward", lambda v: TL.forward(P, CFG, TOK, cache=v), "cache",
                     [(5, TypeError), (TL.KVCache(CFG, 2), ValueError)])
-CASES += _cases_for("forward", lambda v: TL.forward(v, CFG, TOK), "params",
+CASES += cases_for("forward", lambda v: TL.forward(v, CFG, TOK), "params",
                     [(None, TypeError), (_bad_params(embed=P["embed"].astype(np.int64)), TypeError),
                      (_bad_params(layer0_wq=P["layers"][0]["wq"].tolist()), TypeError),
                      (_bad_params(layer0_wq=P["layers"][0]["wq"][:, :3]), ValueError),
                      (_bad_params(lm_head=None), ValueError)])
-CASES += _cases_for("forward", lambda v: TL.forward(P, v, TOK), "cfg", [(None, TypeError), (LM.LLAMA31_8B, TypeError)])
-CASES += _cases_for("generate", lambda v: TL.generate(P, CFG, TOK, v), "n_new",
+CASES += cases_for("forward", lambda v: TL.forward(P, v, TOK), "cfg", [(None, TypeError), (LM.LLAMA31_8B, TypeError)])
+CASES += cases_for("generate", lambda v: TL.generate(P, CFG, TOK, v), "n_new",
                     [(-1, ValueError), (1.5, TypeError), (14, ValueError), ("2", TypeError)])
-CASES += _cases_for("generate", lambda v: TL.generate(P, CFG, TOK, 2, use_cache=v), "use_cache", FLAG_BAD[:2])
-CASES += _cases_for("generate", lambda v: TL.generate(P, CFG, v, 2), "tokens", [([[0.5]], TypeError)])
-CASES += _cases_for("generate", lambda v: TL.generate(P, CFG, TOK, 2, counter_prefill=v), "counter_prefill",
+CASES += cases_for("generate", lambda v: TL.generate(P, CFG, TOK, 2, use_cache=v), "use_cache", FLAG_BAD[:2])
+CASES += cases_for("generate", lambda v: TL.generate(P, CFG, v, 2), "tokens", [([[0.5]], TypeError)])
+CASES += cases_for("generate", lambda v: TL.generate(P, CFG, TOK, 2, counter_prefill=v), "counter_prefill",
                     [(1, TypeError)])
-CASES += _cases_for("generate", lambda v: TL.generate(P, CFG, TOK, 2, counter_decode=v), "counter_decode",
+CASES += cases_for("generate", lambda v: TL.generate(P, CFG, TOK, 2, counter_decode=v), "counter_decode",
                     [({}, TypeError)])
 # ---- 解析公式、einsum ---------------------------------------------------------------------------------
-CASES += _cases_for("analytic_ops", lambda v: TL.analytic_ops(v, 1, 1), "cfg", [(None, TypeError), ({}, TypeError)])
-CASES += _cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, v, 1), "batch", [(0, ValueError), (1.5, TypeError)])
-CASES += _cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, 1, v), "n_new", [(0, ValueError)])
-CASES += _cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, 1, 1, v), "pos0", [(-1, ValueError)])
-CASES += _cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, 1, 1, bytes_per_elem=v), "bytes_per_elem",
+CASES += cases_for("analytic_ops", lambda v: TL.analytic_ops(v, 1, 1), "cfg", [(None, TypeError), ({}, TypeError)])
+CASES += cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, v, 1), "batch", [(0, ValueError), (1.5, TypeError)])
+CASES += cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, 1, v), "n_new", [(0, ValueError)])
+CASES += cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, 1, 1, v), "pos0", [(-1, ValueError)])
+CASES += cases_for("analytic_ops", lambda v: TL.analytic_ops(CFG, 1, 1, bytes_per_elem=v), "bytes_per_elem",
                     [(0, ValueError)])
 for _flag in ("last_only", "with_cache", "causal", "use_rope"):
-    CASES += _cases_for("analytic_ops", lambda v, f=_flag: TL.analytic_ops(CFG, 1, 1, **{f: v}), _flag,
+    CASES += cases_for("analytic_ops", lambda v, f=_flag: TL.analytic_ops(CFG, 1, 1, **{f: v}), _flag,
                         [("False", TypeError)])
-CASES += _cases_for("phase_costs", lambda v: TL.phase_costs(CFG, v, 1), "batch", [(0, ValueError), ("1", TypeError)])
-CASES += _cases_for("phase_costs", lambda v: TL.phase_costs(CFG, 1, 1, last_only=v), "last_only", [(1, TypeError)])
-CASES += _cases_for("einsum_flops", lambda v: TL.einsum_flops(v, (2, 3), (3, 4)), "spec",
+CASES += cases_for("phase_costs", lambda v: TL.phase_costs(CFG, v, 1), "batch", [(0, ValueError), ("1", TypeError)])
+CASES += cases_for("phase_costs", lambda v: TL.phase_costs(CFG, 1, 1, last_only=v), "last_only", [(1, TypeError)])
+CASES += cases_for("einsum_flops", lambda v: TL.einsum_flops(v, (2, 3), (3, 4)), "spec",
                     [("ij,jk", ValueError), (None, ValueError), ("ij,jk->ik->i", ValueError)])
 CASES += [
     Case("einsum_flops-shape=int", lambda: TL.einsum_flops("i,i->", 5, 5), TypeError, "shapes"),

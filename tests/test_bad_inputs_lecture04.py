@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from bad_input_cases import Case, check_case, params
+from bad_input_cases import Case, generator, randn, check_case, params
 from labload import load_lab
 
 ml = load_lab("lecture04", "modern_lm")
@@ -26,12 +26,8 @@ F64 = torch.float64
 BIG = 10 ** 12
 
 
-def _g(seed=SEED):
-    return torch.Generator().manual_seed(seed)
-
-
 def _r(*shape, dtype=F64, seed=SEED):
-    return torch.randn(*shape, generator=_g(seed), dtype=dtype)
+    return randn(*shape, dtype=dtype, seed=seed)
 
 
 TINY = ml.LMConfig(vocab=19, d_model=24, n_layers=1, n_heads=4, n_kv_heads=2, d_head=6, d_ff=20, max_seq=32)
@@ -42,7 +38,7 @@ ALIBI = ml.ModernLM(ml.config_like(TINY, pos="alibi"))
 LEARNED = ml.ModernLM(ml.config_like(TINY, pos="learned", max_seq=8))
 ATTN = ml.Attention(TINY)
 BLOCK = ml.Block(TINY)
-IDS = torch.randint(0, 19, (2, 5), generator=_g())
+IDS = torch.randint(0, 19, (2, 5), generator=generator(SEED))
 XA = _r(2, 5, 24, dtype=torch.float32)
 LANG = ml.language()
 TC = ml.TrainConfig(steps=4, batch=2, seq=8, warmup=1, eval_every=4, eval_batches=1)
@@ -356,7 +352,7 @@ def test_cached_generation_equals_uncached(pos, window, kv, P, n_new, seed):
                       pos=pos, window=window)
     torch.manual_seed(seed)
     model = ml.ModernLM(cfg).double()
-    prompt = torch.randint(0, 13, (2, P), generator=_g(seed))
+    prompt = torch.randint(0, 13, (2, P), generator=generator(seed))
     a, la = ml.generate(model, prompt, n_new, use_cache=True)
     b, lb = ml.generate(model, prompt, n_new, use_cache=False)
     assert torch.equal(a, b)

@@ -12,7 +12,7 @@ import random
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from bad_input_cases import Case, check_case, params
+from bad_input_cases import Case, randn, check_case, params
 from labload import load_lab
 
 fl = load_lab("lecture18", "flash_lab")
@@ -23,7 +23,7 @@ NAN, INF = math.nan, math.inf
 
 
 def _r(*shape, dtype=F64, seed=SEED):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return randn(*shape, dtype=dtype, seed=seed)
 
 
 def _at(t, value, where=0):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from bad_input_cases import Case, check_case, params
+from bad_input_cases import Case, generator, randn, check_case, params
 from labload import load_lab
 
 L = load_lab("lecture19", "long_lab")
@@ -23,12 +23,8 @@ F64 = torch.float64
 BIG = 10 ** 12
 
 
-def _g(seed=SEED):
-    return torch.Generator().manual_seed(seed)
-
-
 def _r(*shape, dtype=F64, seed=SEED):
-    return torch.randn(*shape, generator=_g(seed), dtype=dtype)
+    return randn(*shape, dtype=dtype, seed=seed)
 
 
 TASK = L.NeedleTask()
@@ -39,7 +35,7 @@ LMW = L.LongLM(V, d_model=16, n_layers=1, n_heads=2, d_ff=24, mask_kind="window"
 ATT = L.LongAttention(8, 2)
 ATTW = L.LongAttention(8, 2, mask_kind="window")
 BLK = L.LongBlock(8, 2, 12)
-IDS = torch.randint(0, V, (2, 12), generator=_g())
+IDS = torch.randint(0, V, (2, 12), generator=generator(SEED))
 X8 = _r(2, 5, 8, dtype=torch.float32)
 FAR = torch.zeros(1, 200_000, 8)                     # 6.4 MB 的输入；[T, T] 的掩码要几 TB
 Q, K, V_ = (_r(12, 4, seed=SEED + i) for i in range(3))
@@ -304,7 +300,7 @@ def test_mask_row_counts(T, window, stride):
 def test_last_only_equals_full_forward_last(mask, T, B, seed):
     torch.manual_seed(seed)
     model = L.LongLM(V, d_model=16, n_layers=1, n_heads=2, d_ff=24, mask_kind=mask).double()
-    ids = torch.randint(0, V, (B, T), generator=_g(seed))
+    ids = torch.randint(0, V, (B, T), generator=generator(seed))
     with torch.no_grad():
         assert (model(ids, last_only=True) - model(ids)[:, -1]).abs().max() < 1e-12
 

@@ -6,7 +6,7 @@ nccl-tests 口径与拟合。
 """
 import numpy as np
 import pytest
-from bad_input_cases import Case, check_case, params
+from bad_input_cases import Case, cases_for, check_case, params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from labload import load_lab
@@ -17,15 +17,6 @@ NAN, INF = float("nan"), float("inf")
 REDUCERS = [cs.ring_all_reduce, cs.tree_all_reduce, cs.rec_doubling_all_reduce, cs.rabenseifner_all_reduce,
             cs.ring_reduce_scatter]
 GOOD = [np.arange(4.0), np.arange(4.0)]
-
-
-def _short(v, i):
-    text = repr(v).replace("\n", " ")
-    return text if len(text) <= 40 else f"{type(v).__name__}#{i}"
-
-
-def _cases_for(prefix, fn, arg, bad):
-    return [Case(f"{prefix}-{arg}={_short(v, i)}", (lambda v=v: fn(v)), exc, arg) for i, (v, exc) in enumerate(bad)]
 
 
 def _ledger():
@@ -62,111 +53,111 @@ BUF_BAD = [
     ([_big(10 ** 15)] * 2, ValueError),                       # 副本放不下
 ]
 for _fn in REDUCERS:
-    CASES += _cases_for(_fn.__name__, _fn, "xs", BUF_BAD)
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(GOOD, op=v), "op",
+    CASES += cases_for(_fn.__name__, _fn, "xs", BUF_BAD)
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(GOOD, op=v), "op",
                         [("prod", ValueError), ("SUM", ValueError), (np.add, ValueError)])
-CASES += _cases_for("ring_all_reduce", lambda v: cs.ring_all_reduce(GOOD, trace=v), "trace",
+CASES += cases_for("ring_all_reduce", lambda v: cs.ring_all_reduce(GOOD, trace=v), "trace",
                     [(True, TypeError), ({}, TypeError), ((), TypeError)])
 CASES += [Case("ring_all_reduce-trace-memory", lambda: cs.ring_all_reduce([_big(10 ** 13)] * 4, trace=[]),
                ValueError, "xs")]
 for _fn in (cs.ring_all_gather, cs.rec_doubling_all_gather):
-    CASES += _cases_for(_fn.__name__, _fn, "chunks",
+    CASES += cases_for(_fn.__name__, _fn, "chunks",
                         [([np.array([True])] * 2, TypeError), ([np.array(["a"])] * 2, TypeError),
                          ([np.array([NAN])] * 2, ValueError), ([np.ones(2), np.ones(2, np.int32)], ValueError),
                          ([], ValueError), ("ab", TypeError)])
-CASES += _cases_for("ring_all_gather", lambda v: cs.ring_all_gather(GOOD, trace=v), "trace", [("yes", TypeError)])
-CASES += _cases_for("pairwise_all_to_all", cs.pairwise_all_to_all, "xs",
+CASES += cases_for("ring_all_gather", lambda v: cs.ring_all_gather(GOOD, trace=v), "trace", [("yes", TypeError)])
+CASES += cases_for("pairwise_all_to_all", cs.pairwise_all_to_all, "xs",
                     [([np.array([True])] * 2, TypeError), ([np.array([INF])] * 2, ValueError), ([], ValueError)])
 CASES += [Case("rec_halving-not-pow2", lambda: cs.rec_halving_reduce_scatter([np.ones(6)] * 3), ValueError, "P"),
           Case("rec_doubling_all_gather-not-pow2", lambda: cs.rec_doubling_all_gather([np.ones(2)] * 3), ValueError,
                "P")]
 for _fn in (cs.tree_broadcast, cs.scatter_allgather_broadcast):
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(np.ones(4), v), "p",
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(np.ones(4), v), "p",
                         [(0, ValueError), (2.0, TypeError), (True, TypeError), ("4", TypeError),
                          (10 ** 7, ValueError), (cs.MAX_SIM_DEVICES + 1, ValueError)])
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(np.ones(4), 4, v), "root",
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(np.ones(4), 4, v), "root",
                         [(4, ValueError), (-1, ValueError), (1.0, TypeError), (True, TypeError)])
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(v, 4), "x",
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(v, 4), "x",
                         [([1.0, 2.0], TypeError), (np.array([True]), TypeError), (np.array([NAN]), ValueError),
                          (np.ones((2, 2)), ValueError), (_big(10 ** 13), ValueError)])
-CASES += _cases_for("hierarchical_all_reduce", lambda v: cs.hierarchical_all_reduce([np.ones(4)] * 6, v),
+CASES += cases_for("hierarchical_all_reduce", lambda v: cs.hierarchical_all_reduce([np.ones(4)] * 6, v),
                     "gpus_per_node", [(4, ValueError), (0, ValueError), (2.0, TypeError), ("2", TypeError)])
-CASES += _cases_for("hierarchical_all_reduce", lambda v: cs.hierarchical_all_reduce(v, 2), "xs",
+CASES += cases_for("hierarchical_all_reduce", lambda v: cs.hierarchical_all_reduce(v, 2), "xs",
                     [([np.array([100], np.int8)] * 4, ValueError), ([np.array([True])] * 4, TypeError)])
 # ---- 账本 ----------------------------------------------------------------------------------------------
-CASES += _cases_for("Ledger", cs.Ledger, "p", [(0, ValueError), (2.5, TypeError), ("4", TypeError), (True, TypeError)])
-CASES += _cases_for("Ledger.send", lambda v: _ledger().send(v, 2, 8), "src",
+CASES += cases_for("Ledger", cs.Ledger, "p", [(0, ValueError), (2.5, TypeError), ("4", TypeError), (True, TypeError)])
+CASES += cases_for("Ledger.send", lambda v: _ledger().send(v, 2, 8), "src",
                     [(1.5, TypeError), (-1, ValueError), (3, ValueError), (True, TypeError)])
-CASES += _cases_for("Ledger.send", lambda v: _ledger().send(1, v, 8), "dst", [(2.0, TypeError), (5, ValueError)])
-CASES += _cases_for("Ledger.send", lambda v: _ledger().send(1, 2, v), "nbytes",
+CASES += cases_for("Ledger.send", lambda v: _ledger().send(1, v, 8), "dst", [(2.0, TypeError), (5, ValueError)])
+CASES += cases_for("Ledger.send", lambda v: _ledger().send(1, 2, v), "nbytes",
                     [(-8, ValueError), (2.7, TypeError), (NAN, TypeError), ("8", TypeError)])
-CASES += _cases_for("Ledger.send", lambda v: _ledger().send(1, 2, 8, kind=v), "kind",
+CASES += cases_for("Ledger.send", lambda v: _ledger().send(1, 2, 8, kind=v), "kind",
                     [("nvlink", ValueError), (None, ValueError)])
 CASES += [Case("Ledger.send-before-step", lambda: cs.Ledger(2).send(0, 1, 8), RuntimeError, "new_step"),
           Case("Ledger.send-port-twice", lambda: _ledger().send(0, 2, 8), RuntimeError, "0")]
-CASES += _cases_for("Ledger.cost", lambda v: _ledger().cost(v), "kind", [("Intra", ValueError), (3, ValueError)])
-CASES += _cases_for("Ledger.total_bytes", lambda v: _ledger().total_bytes(v), "kind", [("links", ValueError)])
-CASES += _cases_for("Ledger.step_messages", lambda v: _ledger().step_messages(v), "step",
+CASES += cases_for("Ledger.cost", lambda v: _ledger().cost(v), "kind", [("Intra", ValueError), (3, ValueError)])
+CASES += cases_for("Ledger.total_bytes", lambda v: _ledger().total_bytes(v), "kind", [("links", ValueError)])
+CASES += cases_for("Ledger.step_messages", lambda v: _ledger().step_messages(v), "step",
                     [("0", TypeError), (5, ValueError), (-1, ValueError), (0.0, TypeError)])
-CASES += _cases_for("Ledger.time", lambda v: _ledger().time(v, 1e-9), "alpha",
+CASES += cases_for("Ledger.time", lambda v: _ledger().time(v, 1e-9), "alpha",
                     [(-1.0, ValueError), (NAN, ValueError), ("1", TypeError), (None, TypeError)])
-CASES += _cases_for("Ledger.time", lambda v: _ledger().time(1e-6, v), "beta", [(INF, ValueError), (True, TypeError)])
+CASES += cases_for("Ledger.time", lambda v: _ledger().time(1e-6, v), "beta", [(INF, ValueError), (True, TypeError)])
 CASES += [Case("Ledger.time-dict-missing", lambda: _ledger().time({"intra": 1e-6}, 1e-9), ValueError, "alpha"),
           Case("Ledger.time-dict-bad", lambda: _ledger().time({"link": -1.0}, 1e-9), ValueError, "alpha['link']")]
-CASES += _cases_for("Cost.time", lambda v: cs.Cost(2, 10.0).time(v, 1e-9), "alpha",
+CASES += cases_for("Cost.time", lambda v: cs.Cost(2, 10.0).time(v, 1e-9), "alpha",
                     [("x", TypeError), (-1.0, ValueError), (NAN, ValueError)])
-CASES += _cases_for("Cost.time", lambda v: cs.Cost(2, 10.0).time(1e-6, v), "beta", [(np.array(["1"]), TypeError)])
+CASES += cases_for("Cost.time", lambda v: cs.Cost(2, 10.0).time(1e-6, v), "beta", [(np.array(["1"]), TypeError)])
 # ---- 代价模型 ------------------------------------------------------------------------------------------
 for _fn in (cs.allreduce_terms, cs.allgather_terms, cs.reduce_scatter_terms, cs.broadcast_terms, cs.alltoall_terms):
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(v, 4), "n_bytes",
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(v, 4), "n_bytes",
                         [(-1, ValueError), (NAN, ValueError), (INF, ValueError), ("1e6", TypeError), (True, TypeError),
                          (np.array(["1e6"]), TypeError), (np.array([True, False]), TypeError),
                          (np.array([1.0, -1.0]), ValueError)])
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(1e6, v), "p", [(0, ValueError), (2.5, TypeError)])
-    CASES += _cases_for(_fn.__name__, lambda v, f=_fn: f(1e6, 4, v), "algo", [("butterfly", ValueError)])
-CASES += _cases_for("cost_terms", lambda v: cs.cost_terms(v, 1e6, 4), "collective",
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(1e6, v), "p", [(0, ValueError), (2.5, TypeError)])
+    CASES += cases_for(_fn.__name__, lambda v, f=_fn: f(1e6, 4, v), "algo", [("butterfly", ValueError)])
+CASES += cases_for("cost_terms", lambda v: cs.cost_terms(v, 1e6, 4), "collective",
                     [("all_reduce", ValueError), (None, ValueError)])
 for _name in ("allreduce_time", "allgather_time", "reduce_scatter_time", "broadcast_time", "alltoall_time"):
     _fn = getattr(cs, _name)
-    CASES += _cases_for(_name, lambda v, f=_fn: f(1e6, 4, v, 1e-9), "alpha", [(-1e-6, ValueError), ("1", TypeError)])
-    CASES += _cases_for(_name, lambda v, f=_fn: f(1e6, 4, 1e-6, v), "beta", [(NAN, ValueError)])
-CASES += _cases_for("hierarchical_allreduce_terms", lambda v: cs.hierarchical_allreduce_terms(1e6, v, 8), "n_nodes",
+    CASES += cases_for(_name, lambda v, f=_fn: f(1e6, 4, v, 1e-9), "alpha", [(-1e-6, ValueError), ("1", TypeError)])
+    CASES += cases_for(_name, lambda v, f=_fn: f(1e6, 4, 1e-6, v), "beta", [(NAN, ValueError)])
+CASES += cases_for("hierarchical_allreduce_terms", lambda v: cs.hierarchical_allreduce_terms(1e6, v, 8), "n_nodes",
                     [(0, ValueError), (1.5, TypeError)])
-CASES += _cases_for("hierarchical_allreduce_terms", lambda v: cs.hierarchical_allreduce_terms(1e6, 2, v),
+CASES += cases_for("hierarchical_allreduce_terms", lambda v: cs.hierarchical_allreduce_terms(1e6, 2, v),
                     "gpus_per_node", [(0, ValueError)])
-CASES += _cases_for("hierarchical_allreduce_terms", lambda v: cs.hierarchical_allreduce_terms(1e6, 2, 8, v),
+CASES += cases_for("hierarchical_allreduce_terms", lambda v: cs.hierarchical_allreduce_terms(1e6, 2, 8, v),
                     "allreduce 的 algo", [("mesh", ValueError)])
-CASES += _cases_for("hierarchical_allreduce_time",
+CASES += cases_for("hierarchical_allreduce_time",
                     lambda v: cs.hierarchical_allreduce_time(1e6, 2, 8, 1e-6, 1e-9, v, 1e-9), "alpha_inter",
                     [(-1.0, ValueError), ("x", TypeError)])
-CASES += _cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(1e6, v, 450e9), "tp",
+CASES += cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(1e6, v, 450e9), "tp",
                     [(0, ValueError), (8.0, TypeError), (True, TypeError)])
-CASES += _cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(1e6, 8, v), "link_bw",
+CASES += cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(1e6, 8, v), "link_bw",
                     [(0.0, ValueError), (INF, ValueError), ("450e9", TypeError)])
-CASES += _cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(v, 1, 450e9), "n_bytes", [(-1, ValueError)])
-CASES += _cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(1e6, 1, 450e9, algo=v), "algo",
+CASES += cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(v, 1, 450e9), "n_bytes", [(-1, ValueError)])
+CASES += cases_for("tp_allreduce_time", lambda v: cs.tp_allreduce_time(1e6, 1, 450e9, algo=v), "algo",
                     [("Ring", ValueError)])
-CASES += _cases_for("crossover_bytes", lambda v: cs.crossover_bytes("allreduce", v, 1e-6, 1e-9), "p",
+CASES += cases_for("crossover_bytes", lambda v: cs.crossover_bytes("allreduce", v, 1e-6, 1e-9), "p",
                     [(1, ValueError), (0, ValueError)])
-CASES += _cases_for("crossover_bytes", lambda v: cs.crossover_bytes("allreduce", 8, 1e-6, v), "beta",
+CASES += cases_for("crossover_bytes", lambda v: cs.crossover_bytes("allreduce", 8, 1e-6, v), "beta",
                     [(0.0, ValueError)])
 # ---- nccl-tests 口径、NCCL 延迟、拟合 -------------------------------------------------------------------
-CASES += _cases_for("bus_factor", lambda v: cs.bus_factor(v, 8), "collective", [("all-reduce", ValueError)])
-CASES += _cases_for("bus_factor", lambda v: cs.bus_factor("allreduce", v), "p", [(0, ValueError), (8.0, TypeError)])
-CASES += _cases_for("algbw", lambda v: cs.algbw(1e6, v), "seconds", [(0.0, ValueError), (NAN, ValueError)])
-CASES += _cases_for("busbw", lambda v: cs.busbw("allreduce", v, 1e-3, 8), "n_bytes", [(-5, ValueError)])
-CASES += _cases_for("nccl_ring_latency", lambda v: cs.nccl_ring_latency(8, v), "protocol",
+CASES += cases_for("bus_factor", lambda v: cs.bus_factor(v, 8), "collective", [("all-reduce", ValueError)])
+CASES += cases_for("bus_factor", lambda v: cs.bus_factor("allreduce", v), "p", [(0, ValueError), (8.0, TypeError)])
+CASES += cases_for("algbw", lambda v: cs.algbw(1e6, v), "seconds", [(0.0, ValueError), (NAN, ValueError)])
+CASES += cases_for("busbw", lambda v: cs.busbw("allreduce", v, 1e-3, 8), "n_bytes", [(-5, ValueError)])
+CASES += cases_for("nccl_ring_latency", lambda v: cs.nccl_ring_latency(8, v), "protocol",
                     [("ll", ValueError), ("LL256", ValueError)])
-CASES += _cases_for("nccl_ring_latency", lambda v: cs.nccl_ring_latency(8, collective=v), "collective",
+CASES += cases_for("nccl_ring_latency", lambda v: cs.nccl_ring_latency(8, collective=v), "collective",
                     [("alltoall", ValueError)])
-CASES += _cases_for("nccl_ring_latency", cs.nccl_ring_latency, "p", [(0, ValueError), ("8", TypeError)])
+CASES += cases_for("nccl_ring_latency", cs.nccl_ring_latency, "p", [(0, ValueError), ("8", TypeError)])
 SIZES = np.geomspace(1e3, 1e8, 6)
-CASES += _cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(v, cs.allreduce_time(SIZES, 4, 1e-5, 1e-9), 4),
+CASES += cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(v, cs.allreduce_time(SIZES, 4, 1e-5, 1e-9), 4),
                     "n_bytes", [(SIZES.astype(str), TypeError), (np.ones(6, bool), TypeError),
                                 (np.full(6, 1e6), ValueError), (-SIZES, ValueError)])
-CASES += _cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(SIZES, v, 4), "seconds",
+CASES += cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(SIZES, v, 4), "seconds",
                     [(np.zeros(6), ValueError), (np.full(6, NAN), ValueError), (np.ones(5), ValueError)])
-CASES += _cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(SIZES, np.ones(6), v), "p", [(1, ValueError)])
+CASES += cases_for("fit_alpha_beta", lambda v: cs.fit_alpha_beta(SIZES, np.ones(6), v), "p", [(1, ValueError)])
 
 
 @params(CASES)
