@@ -440,6 +440,25 @@ def plot(before, after, meta, quick, replot=False):
     print(f"\n图：{path}")
 
 
+def _point_key(p):
+    return tuple((k, p[k]) for k in sorted(p) if k not in ("status", "seconds", "reps", "trials"))
+
+
+def compare_runs(base, other):
+    """同一网格的两次测量逐点相比（other / base 的秒数），按 (模型, 步, 执行方式) 分组报告最小–中位–最大。"""
+    ok = lambda pts: {_point_key(p): p["seconds"] for p in pts if p["status"] == "ok"}   # noqa: E731
+    b, o = ok(base["points"]), ok(other["points"])
+    groups = {}
+    for key in sorted(b.keys() & o.keys()):
+        d = dict(key)
+        groups.setdefault((d["model"], d["kind"], d["mode"]), []).append(o[key] / b[key])
+    print(f"=== 两次测量相比：{other['meta'].get('date')} / {base['meta'].get('date')}，"
+          f"共同的点 {sum(map(len, groups.values()))} 个 ===")
+    rows = [[*g, len(r), f"{min(r):.2f}", f"{statistics.median(r):.2f}", f"{max(r):.2f}"] for g, r in groups.items()]
+    print(format_table(["模型", "步", "执行方式", "点数", "最小", "中位", "最大"], rows, align="<<<>>>>"))
+    return groups
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--measure", action="store_true", help="测量并写 JSON（默认 CUDA）")
@@ -452,9 +471,15 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="--measure：小模型、小网格；读结果时同完整版，图进 figures/quick/")
     ap.add_argument("--replot", action="store_true", help="图写进 results/step_calibration.png（重测之后用）")
+    ap.add_argument("--compare", default=None, metavar="JSON",
+                    help="把另一次测量（如 results/step_measure_recheck.json）逐点和 --results 相比")
     args = ap.parse_args()
     if args.measure:
         return measure_main(args)
+    if args.compare:
+        with open(args.results) as fa, open(args.compare) as fb:
+            compare_runs(json.load(fa), json.load(fb))
+        return None
     loaded = sb.load_results(args.results)
     if loaded is None:
         print(f"SKIP: 没有实测结果 {os.path.relpath(args.results)}；"
