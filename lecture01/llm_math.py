@@ -118,21 +118,25 @@ class ModelConfig:
         一层的参数，按组拆开：{"attention", "mlp", "norms", "other"}。
 
         【公式】注意力：Wq d×H·dh + Wk、Wv 各 d×G·dh + Wo H·dh×d（有 qkv 偏置再加 (H+2G)·dh）；
-            MLP：W_gate、W_up d×f，W_down f×d，共 3·d·f；归一化：两个 RMSNorm 的缩放向量 2·d。
+            MLP：W_gate、W_up d×f，W_down f×d，共 3·d·f；归一化：两个 RMSNorm 的缩放向量 2·d；
+            other：extra_per_layer。值都是 Python 整数。
         """
+        # >>> 练习 1.1
         d = self.d_model
         attn = d * (self.q_dim + 2 * self.kv_dim) + self.q_dim * d
         if self.qkv_bias:
             attn += self.q_dim + 2 * self.kv_dim
         return {"attention": attn, "mlp": 3 * d * self.d_ff, "norms": 2 * d, "other": self.extra_per_layer}
+        # <<< 练习 1.1
 
     def param_groups(self):
         """
         整个模型的参数，按组拆开：{"embeddings", "attention", "mlp", "norms", "lm_head", "other"}。
 
         【边界】tied 时 lm_head 这一组是 0（矩阵算在 embeddings 里，不重复计数）；
-            embeddings 包括可学习位置编码（n_pos·d）；norms 包括最后一个归一化层。
+            embeddings 包括可学习位置编码（n_pos·d）；norms 包括最后一个归一化层（d）；other 包括 extra_final。
         """
+        # >>> 练习 1.1
         L, d, V = self.n_layers, self.d_model, self.vocab
         lp = self.layer_params()
         return {
@@ -143,6 +147,7 @@ class ModelConfig:
             "lm_head": 0 if self.tied else V * d,
             "other": L * lp["other"] + self.extra_final,
         }
+        # <<< 练习 1.1
 
     def n_params(self):
         """参数总数（所有组之和）。和第 2 讲 transformer_lab.count_params(init_params(...)) 逐个元素数出来的相等。"""
@@ -194,15 +199,20 @@ class ModelConfig:
 
     # ---- KV cache -------------------------------------------------------------
     def kv_bytes_per_token(self, bytes_per_elem=2.0):
-        """每个 token 在 KV cache 里占的字节：K 和 V 两份 × L 层 × G 个头 × dh 维 × 每个数的字节 = 2·L·G·dh·bytes。"""
+        """每个 token 在 KV cache 里占的字节：每层缓存这个 token 的 K 和 V（各 G 个头 × dh 维），每个数 bytes_per_elem 字节。
+        GQA 的 H 个 query 头共享这 G 个 KV 头：缓存只存 G 个。"""
         check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
+        # >>> 练习 1.2
         return 2 * self.n_layers * self.n_kv_heads * self.d_head * bytes_per_elem
+        # <<< 练习 1.2
 
     def kv_cache_bytes(self, batch, ctx, bytes_per_elem=2.0):
         """batch 个序列、每个 ctx 个 token 的 KV cache 总字节（随 batch、ctx 线性增长）。batch、ctx 是 ≥ 0 的整数。"""
         check_int("batch", batch, lo=0, whole_float=True)
         check_int("ctx", ctx, lo=0, whole_float=True)
+        # >>> 练习 1.2
         return batch * ctx * self.kv_bytes_per_token(bytes_per_elem)
+        # <<< 练习 1.2
 
     # ---- 一次前向（prefill / decode 通用）---------------------------------------
     def step_flops(self, batch, n_new, ctx=0):
@@ -513,6 +523,7 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     check_real("mbu", mbu, lo=0.0, lo_open=True, hi=1.0)
     check_model_chip(model, chip)
     flops = model.step_flops(batch, n_new, ctx)                      # 先查 batch、n_new、ctx（消息写它们的名字）
+    # >>> 练习 1.3
     f = fit(model, chip, n_chips, batch, ctx + n_new, w_bytes, kv_bytes, mem_util, rule)
     # 每卡的字节（step_bytes 的两项，按卡分）：矩阵乘权重平分；KV 按 fit 的每卡每 token 字节（"tp" 在 n > G 时
     # 每卡留 1 个复制的 KV 头，不再随 n 变小；"bytes" 就是总量 / n）—— 和第 5 讲 StepModel.weight_read_bytes 的账一致
@@ -522,18 +533,21 @@ def step_time(model, chip, batch, n_new, ctx=0, prec="bf16", w_bytes=2.0, kv_byt
     t_m = nbytes / (chip.mem_bw * mbu)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_compute": t_c, "t_memory": t_m,
             "time": max(t_c, t_m), "bound": "compute" if t_c >= t_m else "memory", "fits": f.fits, "fit": f}
-
-
-def _fitting_step(model, chip, batch, ctx, kw):
-    r = step_time(model, chip, batch, 1, ctx, **kw)
-    if not r["fits"]:
-        raise CapacityError(r["fit"].why + "；用 chips_needed 找要几张卡，再传 n_chips")
-    return r
+    # <<< 练习 1.3
 
 
 def decode_time_per_token(model, chip, batch=1, ctx=0, **kw):
-    """decode 一步（批里每个序列各出 1 个 token）的 roofline 时间（秒）。kw 传给 step_time。放不下 → CapacityError。"""
-    return _fitting_step(model, chip, batch, ctx, kw)["time"]
+    """
+    decode 一步（批里每个序列各出 1 个 token，每个序列已有 ctx 个 token 在 KV cache 里）的 roofline 时间（秒）。
+    kw（prec、w_bytes、kv_bytes、mfu、mbu、n_chips、mem_util、rule）原样传给 step_time。
+    放不下 → CapacityError（消息里有 fit 的 why），而不是一个看起来正常的时间。
+    """
+    # >>> 练习 1.4
+    r = step_time(model, chip, batch, 1, ctx, **kw)
+    if not r["fits"]:
+        raise CapacityError(r["fit"].why + "；用 chips_needed 找要几张卡，再传 n_chips")
+    return r["time"]
+    # <<< 练习 1.4
 
 
 def decode_tokens_per_s(model, chip, batch=1, ctx=0, **kw):
@@ -541,7 +555,9 @@ def decode_tokens_per_s(model, chip, batch=1, ctx=0, **kw):
     decode 的总吞吐（token/s，批里所有序列加起来）= batch / 每步时间。单个序列的速度是它除以 batch。
     放不下（例如 405B 在一张 H100 上）→ CapacityError，而不是一个看起来正常的数。
     """
-    return batch / _fitting_step(model, chip, batch, ctx, kw)["time"]
+    # >>> 练习 1.4
+    return batch / decode_time_per_token(model, chip, batch, ctx, **kw)
+    # <<< 练习 1.4
 
 
 def max_batch(model, chip, ctx, w_bytes=2.0, kv_bytes=2.0, mem_util=MEM_UTIL, n_chips=1, rule="tp"):

@@ -213,10 +213,14 @@ def _trace(trace, phase, step, bufs):
 # =====================================================================
 # 2. 环形算法（ring）：reduce-scatter、all-gather、all-reduce
 # =====================================================================
-# 设备 r 把自己的向量切成 g 块；第 s 步，组里位置 i 的设备把块 (i − s − 1) mod g 发给下一个设备 i + 1，
-# 对方把它加到自己的同一块上。块 c 从设备 c + 1 出发，绕环走 g − 1 步后停在设备 c：设备 c 拿到块 c 的总和。
-# 写成"多个组同时跑"的形式（groups），两级算法里每个节点一个组，各组在同一步里并行。
+# 写成"多个组同时跑"的形式（groups：每组一串设备号，组里位置 i 的下一个是位置 i + 1，最后一个接回第一个）：
+# 两级算法里每个节点一个组，各组在同一步里并行。bufs[r] 是设备 r 的 g 块（g = 组的大小），原地更新。
 def _ring_rs_steps(bufs, groups, ledger, op, kind="link", trace=None):
+    """环形 reduce-scatter 的 g − 1 步：结束时组里位置 c 的设备的块 c = 组内所有设备块 c 的 op-归约。
+    每一步先 ledger.new_step()，每个设备给下一个设备发一块（ledger._send），trace 给定时每步末尾 _trace 一次。"""
+    # >>> 练习 P5.1
+    # 第 s 步，位置 i 的设备把块 (i − s − 1) mod g 发给位置 i + 1，对方把它归约进自己的同一块。
+    # 块 c 从位置 c + 1 出发，绕环走 g − 1 步后停在位置 c：那里拿到块 c 的全部和。
     g = len(groups[0])
     for s in range(g - 1):
         step = ledger.new_step()
@@ -229,10 +233,15 @@ def _ring_rs_steps(bufs, groups, ledger, op, kind="link", trace=None):
             ledger._send(src, dst, data.nbytes, kind)
             bufs[dst][c] = op(bufs[dst][c], data)
         _trace(trace, "reduce-scatter", step, bufs)
+    # <<< 练习 P5.1
 
 
-# all-gather：位置 i 的设备开始时拥有块 i；第 s 步把块 (i − s) mod g 转发给下一个设备（对方直接覆盖）。
 def _ring_ag_steps(bufs, groups, ledger, kind="link", trace=None):
+    """环形 all-gather 的 g − 1 步：开始时组里位置 i 的设备拥有块 i（别的块可以是 None），结束时每个设备拥有全部 g 块。
+    账本、trace 的用法同 _ring_rs_steps（trace 的阶段名 "all-gather"）。"""
+    # >>> 练习 P5.1
+    # 第 s 步，位置 i 的设备把块 (i − s) mod g 转发给位置 i + 1（对方直接覆盖）：第 0 步发自己的块，
+    # 之后发上一步刚收到的那块。
     g = len(groups[0])
     for s in range(g - 1):
         step = ledger.new_step()
@@ -245,6 +254,7 @@ def _ring_ag_steps(bufs, groups, ledger, kind="link", trace=None):
             ledger._send(src, dst, data.nbytes, kind)
             bufs[dst][c] = data
         _trace(trace, "all-gather", step, bufs)
+    # <<< 练习 P5.1
 
 
 def ring_reduce_scatter(xs, op="sum", trace=None):
@@ -587,19 +597,29 @@ def _fold_extra(p, n):
 
 
 def allreduce_terms(n_bytes, p, algo="ring"):
+    """
+    all-reduce 的 Cost(steps, bytes)：n_bytes = 每个设备完整输入的字节数（可以是数组），p 个设备，
+    algo 是 ALGORITHMS["allreduce"] 之一。steps = 走几步（一步里每个设备最多发一条、收一条消息），
+    bytes = 关键路径上的字节数（每一步最大的那条消息之和）——和模拟器账本 Ledger.cost() 的口径相同。
+    ring：ring_all_reduce 的做法（reduce-scatter + all-gather，块长 n/P）；
+    tree：tree_all_reduce 的做法（二项树 reduce 到设备 0，再二项树 broadcast，每步发整条 n 字节，不分段）。
+    P = 1 时没有通信：0 步、0 字节。
+    """
     n = _check_nonneg(n_bytes, "n_bytes")
     p = check_int("p", p, lo=1)
     algo = _check_algo("allreduce", algo)
+    if algo in ("rec_doubling", "rabenseifner"):
+        q = _floor_pow2(p)
+        lg = q.bit_length() - 1
+        es, eb = _fold_extra(p, n)
+        if algo == "rec_doubling":
+            return Cost(lg + es, lg * n + eb)
+        return Cost(2 * lg + es, 2 * (q - 1) / q * n + eb)        # rabenseifner
+    # >>> 练习 P5.2
     if algo == "ring":
         return Cost(2 * (p - 1), 2 * (p - 1) / p * n)
-    if algo == "tree":
-        return Cost(2 * _ceil_lg(p), 2 * _ceil_lg(p) * n)
-    q = _floor_pow2(p)
-    lg = q.bit_length() - 1
-    es, eb = _fold_extra(p, n)
-    if algo == "rec_doubling":
-        return Cost(lg + es, lg * n + eb)
-    return Cost(2 * lg + es, 2 * (q - 1) / q * n + eb)            # rabenseifner
+    return Cost(2 * _ceil_lg(p), 2 * _ceil_lg(p) * n)             # tree：二项树 reduce + broadcast
+    # <<< 练习 P5.2
 
 
 def allgather_terms(n_bytes, p, algo="ring"):
