@@ -37,19 +37,19 @@ def _state_ref(x, v=None):
     return m, w.sum(axis=-1), None if v is None else w @ v
 
 
-def _visible_ref(N, Nk, causal):
-    """[N, Nk]：query i（位置 Nk − N + i）看得见 key j ⇔ j ≤ Nk − N + i（右下角对齐）。"""
+def _visible_ref(N, Nk, causal, shift=0):
+    """[N, Nk]：query i（位置 Nk − N + i）看得见 key j ⇔ j ≤ Nk − N + i（右下角对齐）；shift 只给诊断用。"""
     if not causal:
         return np.ones((N, Nk), dtype=bool)
-    return np.arange(Nk)[None, :] <= (Nk - N) + np.arange(N)[:, None]
+    return np.arange(Nk)[None, :] <= (Nk - N) + np.arange(N)[:, None] + shift
 
 
-def _attention_ref(Q, K, V, causal=False, scale=None):
+def _attention_ref(Q, K, V, causal=False, scale=None, shift=0):
     """整张矩阵的注意力：返回 (O, L, P)。没有可见 key 的行 O = 0、L = −∞、P = 0。"""
     N, d = Q.shape
     Nk = K.shape[0]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    vis = _visible_ref(N, Nk, causal)
+    vis = _visible_ref(N, Nk, causal, shift)
     S = np.where(vis, scale * (Q @ K.T), -np.inf)             # [N, Nk]
     has = vis.any(axis=1)
     top = np.where(has, S.max(axis=1), 0.0)
@@ -263,8 +263,13 @@ def _check_fwd(Q, K, V, Br, Bc, causal, scale, where):
     if causal and bad.size:
         row = int(bad[0])
         pos = K.shape[0] - Q.shape[0] + row
-        expect(False, f"{where}：第 {row} 行 query（位置 {pos}）的输出不对——causal 掩码在对角线附近错位了？"
-                      f"它应看得见位置 0…{pos} 的 key（含它自己），其余看不见")
+        for shift, how in ((-1, "少看了对角线上的 key（k < q）"), (1, "多看了一个 key（k ≤ q + 1）")):
+            O_sh = _attention_ref(Q, K, V, True, scale, shift=shift)[0]
+            expect(not np.allclose(O[row], O_sh[row], atol=1e-12, rtol=1e-10),
+                   f"{where}：causal 掩码错了一位：第 {row} 行 query（位置 {pos}）{how}；"
+                   f"它应看得见位置 0…{pos} 的 key（含它自己）")
+        expect(False, f"{where}：第 {row} 行 query（位置 {pos}）的输出不对；它应看得见位置 0…{pos} 的 key"
+                      f"（含它自己）——查一查跳过整块的条件、对角块里的掩码和在线 softmax 的更新")
     close(O, O_ref, atol=1e-12, rtol=1e-10, message=f"{where}：输出与逐行 softmax 注意力不一致")
     close(np.where(empty, 0.0, L), np.where(empty, 0.0, L_ref), atol=1e-12, rtol=1e-12,
           message=f"{where}：L（每行的 log-sum-exp = m + log l）不对")
