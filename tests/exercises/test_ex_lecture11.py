@@ -263,7 +263,7 @@ def _check_fwd(Q, K, V, Br, Bc, causal, scale, where):
     if causal and bad.size:
         row = int(bad[0])
         pos = K.shape[0] - Q.shape[0] + row
-        for shift, how in ((-1, "少看了对角线上的 key（k < q）"), (1, "多看了一个 key（k ≤ q + 1）")):
+        for shift, how in ((-1, "少看了对角线上的 key（它自己的位置）——对角块的掩码写成了 k < q，或跳过整块的条件差了一"), (1, "多看了一个 key（k ≤ q + 1）")):
             O_sh = _attention_ref(Q, K, V, True, scale, shift=shift)[0]
             expect(not np.allclose(O[row], O_sh[row], atol=1e-12, rtol=1e-10),
                    f"{where}：causal 掩码错了一位：第 {row} 行 query（位置 {pos}）{how}；"
