@@ -394,14 +394,13 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
         l = np.zeros(br)                                      #           Σ exp(S − m)
         acc = np.zeros((br, dv))                              #           Σ exp(S − m)·V，未归一化
         keys = 0                                              # 这个 Q 块读了几行 K、V（IO 账在循环后记一笔）
-        for j0, j1 in k_tiles:
-            if not _live(causal, off, i1, j0):
-                break                                         # 右边的块更靠后，也全都看不见
+        live = [(j0, j1) for j0, j1 in k_tiles if _live(causal, off, i1, j0)]   # 整块看不见的 K 块不读
+        for j0, j1 in live:
             S = _masked_scores(Qi, K[j0:j1], scale, causal, i0, j0, off)   # [br, bc]
             m_new = np.maximum(m, S.max(axis=1))
-            shift = _safe(m_new)
-            alpha = np.exp(m - shift)                         # 换算因子：旧的 l、acc 对齐到新最大值
-            P = np.exp(S - shift[:, None])                    # [br, bc]
+            base = _safe(m_new)                               # 新的基准（−∞ 换成 0）
+            alpha = np.exp(m - base)                          # 换算因子：旧的 l、acc 对齐到新最大值
+            P = np.exp(S - base[:, None])                     # [br, bc]
             l = alpha * l + P.sum(axis=1)
             acc = alpha[:, None] * acc + P @ V[j0:j1]         # [br, dv]
             m = m_new
@@ -495,21 +494,21 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     top = np.full(N, -np.inf)                                 # 每行可见分数的最大值：只为最后查一次溢出
     # >>> 练习 11.4
     D = (dO * O).sum(axis=1)                                  # [N]：预处理内核
-    io.add("D=rowsum(dO∘O)", read=2 * N * dv, write=N)
+    io.add("D=rowsum(dO∘O)", read=N * dv * 2, write=N)        # 读 dO、O，写 D
     L_sub = np.where(np.isneginf(L), np.inf, L)               # 空行：exp(S − (+∞)) = 0，避免 −∞ − (−∞)
     dQ = np.zeros((N, d))
     io.add("dQ", write=N * d)                                 # dQ 在显存里清零，之后反复累加
     dK = np.zeros((Nk, d))
     dV = np.zeros((Nk, dv))
-    for j0, j1 in _tiles(Nk, Bc):
+    q_tiles, kv_tiles = _tiles(N, Br), _tiles(Nk, Bc)
+    for j0, j1 in kv_tiles:                                   # 外层：K、V 的块，dK_j、dV_j 留在片上
         bc = j1 - j0
-        Kj, Vj = K[j0:j1], V[j0:j1]
-        io.add("K,V", read=bc * (d + dv))
+        Kj = K[j0:j1]
+        Vj = V[j0:j1]
+        io.add("K,V", read=(d + dv) * bc)
         dKj = np.zeros((bc, d))
         dVj = np.zeros((bc, dv))
-        for i0, i1 in _tiles(N, Br):
-            if not _live(causal, off, i1, j0):
-                continue
+        for i0, i1 in [t for t in q_tiles if _live(causal, off, t[1], j0)]:   # 跳过整块看不见的 Q 块
             br = i1 - i0
             Qi, dOi = Q[i0:i1], dO[i0:i1]
             io.add("Q,dO,L,D", read=br * (d + dv + 2))

@@ -30,7 +30,7 @@ def _state_ref(x, v=None):
     """一段分数的 (m, l, o)：m = 最大值，l = Σ e^{x−m}，o = Σ e^{x−m}·v。空段 (−∞, 0, 0)。"""
     x = np.asarray(x, dtype=np.float64)
     if x.shape[-1] == 0:
-        m = np.full(x.shape[:-1], -np.inf)
+        m = -np.inf * np.ones(x.shape[:-1])
         return m, np.zeros_like(m), None if v is None else np.zeros(x.shape[:-1] + (v.shape[1],))
     m = x.max(axis=-1)
     w = np.exp(x - np.where(np.isneginf(m), 0.0, m)[..., None])
