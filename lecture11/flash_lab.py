@@ -486,9 +486,9 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     Br = check_int("Br", Br, lo=1)
     Bc = check_int("Bc", Bc, lo=1)
     causal = check_bool("causal", causal)
+    _check_bwd_scores(Q, K, scale, causal, Br, Bc)
     off = Nk - N
     io = IO()
-    top = np.full(N, -np.inf)                                 # 每行可见分数的最大值：只为最后查一次溢出
     # >>> 练习 11.4
     D = (dO * O).sum(axis=1)                                  # [N]：预处理内核
     io.add("D=rowsum(dO∘O)", read=N * dv * 2, write=N)        # 读 dO、O，写 D
@@ -510,7 +510,6 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
             Qi, dOi = Q[i0:i1], dO[i0:i1]
             io.add("Q,dO,L,D", read=br * (d + dv + 2))
             S = _masked_scores(Qi, Kj, scale, causal, i0, j0, off)          # [br, bc]
-            top[i0:i1] = np.maximum(top[i0:i1], S.max(axis=1))
             P = np.exp(S - L_sub[i0:i1, None])                               # [br, bc]
             dVj += P.T @ dOi                                                 # [bc, dv]
             dP = dOi @ Vj.T                                                  # [br, bc]
@@ -522,7 +521,6 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
         dK[j0:j1], dV[j0:j1] = dKj, dVj
         io.add("dK,dV", write=bc * (d + dv))
     # <<< 练习 11.4
-    _check_row_max(top, _has_key(N, Nk, causal))
     return dQ, dK, dV, io
 
 
@@ -1124,6 +1122,23 @@ def _check_scores(S, causal=False, q0=0, k0=0, offset=0):
     if bad.any():
         raise ValueError(f"注意力分数溢出 float64：Q·Kᵀ·scale 有 {int(bad.sum())} 个可见的分数成了 +∞ 或 NaN"
                          f"（超出 {np.finfo(np.float64).max:.3g}），请缩小 Q 或 K（或 scale）的量级")
+
+
+def _check_bwd_scores(Q, K, scale, causal, Br, Bc):
+    """flash_bwd 入口查一次：可见的分数不能是 +∞ / NaN，看得见 key 的行也不能全溢出成 −∞（那样 P 悄悄成了 0）。
+    |S_ij| ≤ |scale|·‖Q_i‖·‖K_j‖：这个上界离 float64 的上限还远（常见情形）就不必算 S；否则逐块算一遍行最大值。"""
+    N, Nk = Q.shape[0], K.shape[0]
+    with np.errstate(over="ignore"):
+        bound = abs(scale) * np.linalg.norm(Q, axis=1).max() * np.linalg.norm(K, axis=1).max()
+    if bound < np.finfo(np.float64).max / 4:
+        return
+    row_top = np.full(N, -np.inf)
+    for i0, i1 in _tiles(N, Br):
+        for j0, j1 in _tiles(Nk, Bc):
+            if _live(causal, Nk - N, i1, j0):
+                blk = _masked_scores(Q[i0:i1], K[j0:j1], scale, causal, i0, j0, Nk - N)   # [br, bc]
+                row_top[i0:i1] = np.maximum(row_top[i0:i1], blk.max(axis=1))
+    _check_row_max(row_top, _has_key(N, Nk, causal))
 
 
 def _has_key(N, Nk, causal):
