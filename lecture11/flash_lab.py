@@ -1133,11 +1133,10 @@ def _check_bwd_scores(Q, K, scale, causal, Br, Bc):
     if bound < np.finfo(np.float64).max / 4:
         return
     row_top = np.full(N, -np.inf)
-    for i0, i1 in _tiles(N, Br):
-        for j0, j1 in _tiles(Nk, Bc):
-            if _live(causal, Nk - N, i1, j0):
-                blk = _masked_scores(Q[i0:i1], K[j0:j1], scale, causal, i0, j0, Nk - N)   # [br, bc]
-                row_top[i0:i1] = np.maximum(row_top[i0:i1], blk.max(axis=1))
+    pairs = [(i, j) for i in _tiles(N, Br) for j in _tiles(Nk, Bc) if _live(causal, Nk - N, i[1], j[0])]
+    for (i0, i1), (j0, j1) in pairs:                          # 只看活块
+        blk = _masked_scores(Q[i0:i1], K[j0:j1], scale, causal, i0, j0, Nk - N)   # [br, bc]
+        row_top[i0:i1] = np.maximum(row_top[i0:i1], blk.max(axis=1))
     _check_row_max(row_top, _has_key(N, Nk, causal))
 
 
