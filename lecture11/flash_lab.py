@@ -91,6 +91,7 @@ def softmax_online(x, block=128):
     """
     x = _check_rows(check_array("x", x, allow_neginf=True))
     block = check_int("block", block, lo=1)
+    # >>> 练习 11.1
     m = np.full(x.shape[:-1], -np.inf)
     l = np.zeros(x.shape[:-1])
     for s in range(0, x.shape[-1], block):                    # 第 1 遍：一块一块地更新 (m, l)
@@ -98,9 +99,10 @@ def softmax_online(x, block=128):
         m_new = np.maximum(m, xb.max(axis=-1))
         l = l * np.exp(m - _safe(m_new)) + np.exp(xb - _safe(m_new)[..., None]).sum(axis=-1)
         m = m_new
-    p = np.exp(x - _safe(m)[..., None])                      # 第 2 遍：用最终的 (m, l) 归一化
-    y = np.divide(p, l[..., None], out=np.zeros_like(p), where=l[..., None] > 0)
+    y = np.exp(x - _safe(m)[..., None])                      # 第 2 遍：用最终的 (m, l) 归一化
+    y = np.divide(y, l[..., None], out=np.zeros_like(y), where=l[..., None] > 0)
     return y, 2
+    # <<< 练习 11.1
 
 
 def partial_state(x, v=None):
@@ -136,12 +138,14 @@ def merge_states(a, b):
     【参数】o_a、o_b 同为 None（只合并 softmax 的分母）或同为数组 [..., dv]
     """
     (ma, la, oa), (mb, lb, ob) = _check_merge(a, b)
+    # >>> 练习 11.2
     m = np.maximum(ma, mb)
     alpha = np.exp(ma - _safe(m))                             # 把 a 换算到新基准 m；m_a = −∞ 时为 0
     beta = np.exp(mb - _safe(m))
     l = alpha * la + beta * lb
     o = None if oa is None else alpha[..., None] * oa + beta[..., None] * ob
     return m, l, o
+    # <<< 练习 11.2
 
 
 # =============================================================================
@@ -365,15 +369,21 @@ def flash_fwd(Q, K, V, Br, Bc, causal=False, scale=None, order="fa2"):
 
 
 def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
-    """FlashAttention-2 的顺序：外层 Q 块（一个 CTA），内层 K、V 块；累加器留在片上。"""
+    """FlashAttention-2 的顺序：外层 Q 块（一个 CTA），内层 K、V 块；累加器留在片上。
+
+    每个 Q 块 [i0, i1)（br 行）：片上状态 m、l、acc 从 (−∞, 0, 0) 开始，对每个活的 K 块（_live；第一个不活的块
+    之后全都不活）用 _masked_scores 算分数块，按在线 softmax 更新，循环后用 _normalize 除一次 l，写进 O、L。
+    【IO 账】每个 Q 块：io.add("Q", read=br·d) 一次；读过的 K、V 行共 keys 行时 io.add("K,V", read=keys·(d + dv))、
+        io.add("QKᵀ,PV", flops=2·br·keys·(d + dv))；io.add("O", write=br·dv)、io.add("L", write=br) 各一次。
+    """
     N, d = Q.shape
     Nk, dv = V.shape
     off = Nk - N                                              # 第 i 个 query 的位置是 off + i
     io = IO()
     O = np.zeros((N, dv))
     L = np.zeros(N)
-    top = np.full(N, -np.inf)                                 # 每行最终的 m：只为最后查一次溢出
     k_tiles = _tiles(Nk, Bc)                                  # K、V 的块：每个 Q 块都按这个顺序走一遍
+    # >>> 练习 11.3
     for i0, i1 in _tiles(N, Br):
         br = i1 - i0
         Qi = Q[i0:i1]
@@ -382,14 +392,13 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
         l = np.zeros(br)                                      #           Σ exp(S − m)
         acc = np.zeros((br, dv))                              #           Σ exp(S − m)·V，未归一化
         keys = 0                                              # 这个 Q 块读了几行 K、V（IO 账在循环后记一笔）
-        for j0, j1 in k_tiles:
-            if not _live(causal, off, i1, j0):
-                break                                         # 右边的块更靠后，也全都看不见
+        live = [(j0, j1) for j0, j1 in k_tiles if _live(causal, off, i1, j0)]   # 整块看不见的 K 块不读
+        for j0, j1 in live:
             S = _masked_scores(Qi, K[j0:j1], scale, causal, i0, j0, off)   # [br, bc]
             m_new = np.maximum(m, S.max(axis=1))
-            shift = _safe(m_new)
-            alpha = np.exp(m - shift)                         # 换算因子：旧的 l、acc 对齐到新最大值
-            P = np.exp(S - shift[:, None])                    # [br, bc]
+            base = _safe(m_new)                               # 新的基准（−∞ 换成 0）
+            alpha = np.exp(m - base)                          # 换算因子：旧的 l、acc 对齐到新最大值
+            P = np.exp(S - base[:, None])                     # [br, bc]
             l = alpha * l + P.sum(axis=1)
             acc = alpha[:, None] * acc + P @ V[j0:j1]         # [br, dv]
             m = m_new
@@ -398,10 +407,10 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
             io.add("K,V", read=keys * (d + dv))
             io.add("QKᵀ,PV", flops=2 * br * keys * (d + dv))
         O[i0:i1], L[i0:i1] = _normalize(acc, m, l)            # 最后才除 l：每行一次除法
-        top[i0:i1] = m
         io.add("O", write=br * dv)
         io.add("L", write=br)
-    _check_row_max(top, _has_key(N, Nk, causal))
+    # <<< 练习 11.3
+    _check_row_max(L, _has_key(N, Nk, causal))                # 看得见 key 的行 L = −∞ ⇔ 它的分数全溢出成了 −∞
     return O, L, io
 
 
@@ -459,6 +468,10 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     【运算量】每个 (i, j) 5 次矩阵乘法：QKᵀ、PᵀdO、dOVᵀ、dSK、dSᵀQ；前向只有 2 次 → 反向 ≈ 2.5 × 前向，
         比标准反向（4 次）多的那一次就是重算 S 的代价，换来不读写 N×Nk 的 P、dP、dS。
     【约定】L_i = −∞（没有可见 key 的行）：这一行的 P 全为 0，dQ_i = 0，对 dK、dV 没有贡献。
+    【IO 账】D：io.add("D=rowsum(dO∘O)", read=2·N·dv, write=N)；dQ 在显存里清零：io.add("dQ", write=N·d)；
+        每个 K 块（bc 行）：io.add("K,V", read=bc·(d + dv))，循环完 io.add("dK,dV", write=bc·(d + dv))；
+        每个活的 (i, j)：io.add("Q,dO,L,D", read=br·(d + dv + 2))、io.add("dQ", read=br·d, write=br·d)、
+        io.add("5 matmuls", flops=2·br·bc·(3d + 2dv))。
     【返回】(dQ, dK, dV, io)
     """
     Q, K, V, scale = _attention_inputs(Q, K, V, scale)
@@ -473,30 +486,30 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
     Br = check_int("Br", Br, lo=1)
     Bc = check_int("Bc", Bc, lo=1)
     causal = check_bool("causal", causal)
+    _check_bwd_scores(Q, K, scale, causal, Br, Bc)
     off = Nk - N
     io = IO()
-    D = np.sum(dO * O, axis=1)                                # [N]：预处理内核
-    io.add("D=rowsum(dO∘O)", read=2 * N * dv, write=N)
+    # >>> 练习 11.4
+    D = (dO * O).sum(axis=1)                                  # [N]：预处理内核
+    io.add("D=rowsum(dO∘O)", read=N * dv * 2, write=N)        # 读 dO、O，写 D
     L_sub = np.where(np.isneginf(L), np.inf, L)               # 空行：exp(S − (+∞)) = 0，避免 −∞ − (−∞)
     dQ = np.zeros((N, d))
     io.add("dQ", write=N * d)                                 # dQ 在显存里清零，之后反复累加
     dK = np.zeros((Nk, d))
     dV = np.zeros((Nk, dv))
-    top = np.full(N, -np.inf)                                 # 每行可见分数的最大值：只为最后查一次溢出
-    for j0, j1 in _tiles(Nk, Bc):
+    q_tiles, kv_tiles = _tiles(N, Br), _tiles(Nk, Bc)
+    for j0, j1 in kv_tiles:                                   # 外层：K、V 的块，dK_j、dV_j 留在片上
         bc = j1 - j0
-        Kj, Vj = K[j0:j1], V[j0:j1]
-        io.add("K,V", read=bc * (d + dv))
+        Kj = K[j0:j1]
+        Vj = V[j0:j1]
+        io.add("K,V", read=(d + dv) * bc)
         dKj = np.zeros((bc, d))
         dVj = np.zeros((bc, dv))
-        for i0, i1 in _tiles(N, Br):
-            if not _live(causal, off, i1, j0):
-                continue
+        for i0, i1 in [t for t in q_tiles if _live(causal, off, t[1], j0)]:   # 跳过整块看不见的 Q 块
             br = i1 - i0
             Qi, dOi = Q[i0:i1], dO[i0:i1]
             io.add("Q,dO,L,D", read=br * (d + dv + 2))
             S = _masked_scores(Qi, Kj, scale, causal, i0, j0, off)          # [br, bc]
-            top[i0:i1] = np.maximum(top[i0:i1], S.max(axis=1))
             P = np.exp(S - L_sub[i0:i1, None])                               # [br, bc]
             dVj += P.T @ dOi                                                 # [bc, dv]
             dP = dOi @ Vj.T                                                  # [br, bc]
@@ -507,7 +520,7 @@ def flash_bwd(Q, K, V, O, dO, L, Br, Bc, causal=False, scale=None):
             io.add("5 matmuls", flops=2 * br * bc * (2 * d + 2 * dv + d))
         dK[j0:j1], dV[j0:j1] = dKj, dVj
         io.add("dK,dV", write=bc * (d + dv))
-    _check_row_max(top, _has_key(N, Nk, causal))
+    # <<< 练习 11.4
     return dQ, dK, dV, io
 
 
@@ -611,7 +624,8 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
     """
     q, K, V, scale = _attention_inputs(q, K, V, scale, names=("q", "K", "V"))
     n_splits = min(check_int("n_splits", n_splits, lo=1), K.shape[0])   # 多于 key 数的段都是空的
-    bounds = _even_bounds(K.shape[0], n_splits)
+    bounds = _even_bounds(K.shape[0], n_splits)              # 第 s 段是 key [bounds[s], bounds[s + 1])
+    # >>> 练习 11.5
     parts = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
@@ -630,6 +644,7 @@ def split_kv_decode(q, K, V, n_splits, scale=None):
     weight = np.exp(lse_s - lse)                              # [段数, R]：每段占的 softmax 质量
     o = np.einsum("sr,srv->rv", weight, np.stack([o_s for o_s, _ in parts]))   # [R, dv]
     return o, lse, parts
+    # <<< 练习 11.5
 
 
 @dataclass(frozen=True)
@@ -1107,6 +1122,22 @@ def _check_scores(S, causal=False, q0=0, k0=0, offset=0):
     if bad.any():
         raise ValueError(f"注意力分数溢出 float64：Q·Kᵀ·scale 有 {int(bad.sum())} 个可见的分数成了 +∞ 或 NaN"
                          f"（超出 {np.finfo(np.float64).max:.3g}），请缩小 Q 或 K（或 scale）的量级")
+
+
+def _check_bwd_scores(Q, K, scale, causal, Br, Bc):
+    """flash_bwd 入口查一次：可见的分数不能是 +∞ / NaN，看得见 key 的行也不能全溢出成 −∞（那样 P 悄悄成了 0）。
+    |S_ij| ≤ |scale|·‖Q_i‖·‖K_j‖：这个上界离 float64 的上限还远（常见情形）就不必算 S；否则逐块算一遍行最大值。"""
+    N, Nk = Q.shape[0], K.shape[0]
+    with np.errstate(over="ignore"):
+        bound = abs(scale) * np.linalg.norm(Q, axis=1).max() * np.linalg.norm(K, axis=1).max()
+    if bound < np.finfo(np.float64).max / 4:
+        return
+    row_top = np.full(N, -np.inf)
+    pairs = [(i, j) for i in _tiles(N, Br) for j in _tiles(Nk, Bc) if _live(causal, Nk - N, i[1], j[0])]
+    for (i0, i1), (j0, j1) in pairs:                          # 只看活块
+        blk = _masked_scores(Q[i0:i1], K[j0:j1], scale, causal, i0, j0, Nk - N)   # [br, bc]
+        row_top[i0:i1] = np.maximum(row_top[i0:i1], blk.max(axis=1))
+    _check_row_max(row_top, _has_key(N, Nk, causal))
 
 
 def _has_key(N, Nk, causal):
