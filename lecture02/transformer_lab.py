@@ -477,7 +477,7 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         scores = np.where(visible, scores, -np.inf)
     probs = softmax(scores, axis=-1)
     out = (probs @ v.transpose(0, 2, 1, 3)[:, :, None]).transpose(0, 3, 1, 2, 4)   # [B, T, G, R, dh]
-    return out.reshape(B, T, H * dh)                                           # [B, T, H·dh]
+    return out.reshape(B, T, -1)                                               # [B, T, H·dh]
     # <<< 练习 2.2
 
 

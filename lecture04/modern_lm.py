@@ -314,19 +314,16 @@ class Attention(nn.Module):
         q, k, v, q_pos = self._project(x, pos0)
         # >>> 练习 4.4
         cfg = self.cfg
-        B, H, T, dh = q.shape
-        G = cfg.n_kv_heads
-        k_pos = q_pos
-        if cache is not None:
-            k, v, k_pos = cache._append(layer, k, v, q_pos)            # [B, G, S, dh]：旧键在前
-        k = k.repeat_interleave(H // G, dim=1)                        # [B, H, S, dh]：头 h 用第 h // (H/G) 组
-        v = v.repeat_interleave(H // G, dim=1)
+        B, n_heads, T, dh = q.shape
+        R = n_heads // cfg.n_kv_heads                                 # 一组 K/V 服务 R 个相邻的查询头
+        k, v, k_pos = (k, v, q_pos) if cache is None else cache._append(layer, k, v, q_pos)   # [B, G, S, dh]：旧键在前
+        k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)   # [B, H, S, dh]：头 h 用第 h // R 组
         if cfg.window or cfg.pos == "alibi" or cache is not None:
             bias = attn_bias(q_pos, k_pos, cfg.window, self.slopes, x.dtype)   # [T, S] 或 [H, T, S]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         else:                                                          # 普通因果：SDPA 的快路径
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(B, T, H * dh))     # [B, T, H·dh] → [B, T, d]
+        return self.wo(out.transpose(1, 2).reshape(B, T, n_heads * dh))   # [B, T, H·dh] → [B, T, d]
         # <<< 练习 4.4
 
 
