@@ -329,9 +329,12 @@ def linear(x, W, op, counter=None):
 
 
 def _count_matmul(counter, op, x, W):
+    """给 y = x·W（x [..., K]、W [K, N]）记一笔账：counter.add(op, flops=…, w_elems=…, act_elems=…)。"""
+    # >>> 练习 2.3
     K, N = W.shape
-    n_rows = x.size // K
+    n_rows = x.size // K                        # M：x 前面所有维度合起来的行数
     counter.add(op, flops=2 * n_rows * K * N, w_elems=K * N, act_elems=n_rows * (K + N))
+    # <<< 练习 2.3
 
 
 def rms_norm(x, w, eps, counter=None):
@@ -371,9 +374,11 @@ def rope_angles(positions, d_head, theta=10000.0):
     if pos.dtype.kind not in "iu":                                 # 整数位置（forward 里总是）天然有限
         pos = check_array("positions", pos, where="rope_angles")    # 其余：实数、有限（NaN / ±∞ 报错）
     check_memory("positions × d_head", 3 * 8 * pos.size * (d_head // 2), where="rope_angles")   # 角度、cos、sin
+    # >>> 练习 2.1
     freqs = theta ** (np.arange(d_head // 2) * (-2.0 / d_head))      # [dh/2]
     angles = pos[:, None] * freqs                                      # [T, dh/2]
     return np.cos(angles), np.sin(angles)
+    # <<< 练习 2.1
 
 
 def apply_rope(x, cos, sin, counter=None):
@@ -394,12 +399,14 @@ def apply_rope(x, cos, sin, counter=None):
                          f"收到 x {x.shape}、cos {cos.shape}、sin {sin.shape}")
     if counter is not None:
         counter.add("rope", act_elems=2 * x.size, flops=ROPE_FLOPS * x.size)
+    # >>> 练习 2.1
     c, s = cos[:, None, :], sin[:, None, :]           # [T, 1, dh/2]，与 [B, T, 头数, dh/2] 广播
     even, odd = x[..., ::2], x[..., 1::2]             # [B, T, 头数, dh/2]
     out = np.empty_like(x) if x.dtype.kind == "f" else np.empty(x.shape)   # 整数 x：结果是 float64，不截断
     out[..., ::2] = even * c - odd * s
     out[..., 1::2] = even * s + odd * c
     return out
+    # <<< 练习 2.1
 
 
 def softmax(x, axis=-1):
@@ -454,6 +461,12 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
     q, k, v, causal = _check_attention_shapes(q, k, v, q_pos0, causal, counter)
     B, T, H, dh = q.shape
     _, S, G, _ = k.shape
+    if counter is not None:
+        pairs = _causal_pairs(T, S, q_pos0) if causal else T * S
+        counter.add("attn_core", flops=4 * B * T * S * H * dh, useful=4 * B * pairs * H * dh,
+                    act_elems=2 * B * T * H * dh, kv_elems=2 * B * S * G * dh)
+        counter.add("softmax", flops=SOFTMAX_FLOPS * B * H * T * S, useful=SOFTMAX_FLOPS * B * H * pairs)
+    # >>> 练习 2.2
     # 两次乘法就是 einsum("btgrd,bsgd->bgrts", ·) 和 einsum("bgrts,bsgd->btgrd", ·)；写成批量矩阵乘（@）是因为
     # numpy 的 @ 走 BLAS，比 einsum 的通用循环快 2–15 倍（prefill、上千个样本的批里差得最多）。
     qg = q.reshape(B, T, G, H // G, dh).transpose(0, 2, 3, 1, 4)              # [B, G, R, T, dh]
@@ -464,12 +477,8 @@ def attention_core(q, k, v, q_pos0, counter=None, causal=True):
         scores = np.where(visible, scores, -np.inf)
     probs = softmax(scores, axis=-1)
     out = (probs @ v.transpose(0, 2, 1, 3)[:, :, None]).transpose(0, 3, 1, 2, 4)   # [B, T, G, R, dh]
-    if counter is not None:
-        pairs = _causal_pairs(T, S, q_pos0) if causal else T * S
-        counter.add("attn_core", flops=4 * B * T * S * H * dh, useful=4 * B * pairs * H * dh,
-                    act_elems=2 * B * T * H * dh, kv_elems=2 * B * S * G * dh)
-        counter.add("softmax", flops=SOFTMAX_FLOPS * B * H * T * S, useful=SOFTMAX_FLOPS * B * H * pairs)
-    return out.reshape(B, T, H * dh)                                           # [B, T, H·dh]
+    return out.reshape(B, T, -1)                                               # [B, T, H·dh]
+    # <<< 练习 2.2
 
 
 # =============================================================================

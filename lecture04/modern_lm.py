@@ -75,9 +75,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         _check_features(x, self.d, "RMSNorm")
+        # >>> 练习 4.1
         xf = x.to(torch.promote_types(x.dtype, torch.float32))   # fp16 里 300² 就溢出成 inf：规约在 float32 里做
         inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)   # [..., 1]
         return (xf * inv_rms).to(x.dtype) * self.weight
+        # <<< 练习 4.1
 
 
 def make_norm(kind, d, eps=1e-5):
@@ -100,7 +102,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         _check_features(x, self.d_model, "SwiGLU")
+        # >>> 练习 4.2
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        # <<< 练习 4.2
 
 
 class GeluMLP(nn.Module):
@@ -153,18 +157,22 @@ def apply_rope_half(x, cos, sin):
     第 2 讲的 apply_rope 是"相邻两个数一对"：两者差一个固定的维度排列（见 half_to_interleaved）。
     """
     _check_rope_shapes(x, cos, sin, "apply_rope_half")
+    # >>> 练习 4.3
     half = x.shape[-1] // 2
     c, s = cos.to(x.dtype), sin.to(x.dtype)           # [T, dim/2]，与 [..., T, dim/2] 广播
     a, b = x[..., :half], x[..., half:]               # [..., T, dim/2]
     return torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+    # <<< 练习 4.3
 
 
 def apply_rope_interleaved(x, cos, sin):
     """"相邻两个数一对"的 RoPE（RoFormer 论文、第 2 讲、Meta 的原始 Llama 代码）：分量 (2i, 2i+1) 转第 i 个角度。"""
     _check_rope_shapes(x, cos, sin, "apply_rope_interleaved")
+    # >>> 练习 4.3
     c, s = cos.to(x.dtype), sin.to(x.dtype)
     a, b = x[..., 0::2], x[..., 1::2]                 # [..., T, dim/2]
     return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)   # [..., T, dim/2, 2] → [..., T, dim]
+    # <<< 练习 4.3
 
 
 def half_to_interleaved(dim):
@@ -286,7 +294,8 @@ class Attention(nn.Module):
         pos0 = _check_block_args("Attention", x, pos0, cache, layer, self.cfg)
         return self._attend(x, pos0, cache, layer)
 
-    def _attend(self, x, pos0, cache, layer):
+    def _project(self, x, pos0):
+        """q、k、v 投影（pos="rope" 时已转过 RoPE）：q [B, H, T, dh]，k、v [B, G, T, dh]；另返回位置 q_pos [T]。"""
         cfg = self.cfg
         B, T, _ = x.shape
         H, G, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
@@ -298,17 +307,24 @@ class Attention(nn.Module):
             # 位置、角度至少用 float32（bf16 里 256 和 257 是同一个数）；cos / sin 在 apply_rope_half 里才转成 x.dtype
             cos, sin = rope_angles(q_pos.to(torch.promote_types(x.dtype, torch.float32)), dh, cfg.rope_base)
             q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
-        k_pos = q_pos
-        if cache is not None:
-            k, v, k_pos = cache._append(layer, k, v, q_pos)            # [B, G, S, dh]：旧键在前
-        k = k.repeat_interleave(H // G, dim=1)                        # [B, H, S, dh]：头 h 用第 h // (H/G) 组
-        v = v.repeat_interleave(H // G, dim=1)
+        return q, k, v, q_pos
+
+    def _attend(self, x, pos0, cache, layer):
+        """注意力本身：接上 KV cache，GQA 把每组 K/V 分给组里的 H/G 个查询头，掩码（因果、窗口、ALiBi），再过 wo。"""
+        q, k, v, q_pos = self._project(x, pos0)
+        # >>> 练习 4.4
+        cfg = self.cfg
+        B, n_heads, T, dh = q.shape
+        R = n_heads // cfg.n_kv_heads                                 # 一组 K/V 服务 R 个相邻的查询头
+        k, v, k_pos = (k, v, q_pos) if cache is None else cache._append(layer, k, v, q_pos)   # [B, G, S, dh]：旧键在前
+        k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)   # [B, H, S, dh]：头 h 用第 h // R 组
         if cfg.window or cfg.pos == "alibi" or cache is not None:
             bias = attn_bias(q_pos, k_pos, cfg.window, self.slopes, x.dtype)   # [T, S] 或 [H, T, S]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         else:                                                          # 普通因果：SDPA 的快路径
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(B, T, H * dh))     # [B, T, H·dh] → [B, T, d]
+        return self.wo(out.transpose(1, 2).reshape(B, T, n_heads * dh))   # [B, T, H·dh] → [B, T, d]
+        # <<< 练习 4.4
 
 
 class Block(nn.Module):
@@ -408,6 +424,7 @@ class KVCache:
 
     def _append(self, layer, k_new, v_new, pos_new):
         """接上第 layer 层的新 K、V，返回这次注意力要用的全部 (k, v, 键位置)。只由 Attention 调用（已查过形状）。"""
+        # >>> 练习 4.4
         if self.k[layer] is not None:
             k_new = torch.cat((self.k[layer], k_new), dim=2)         # [B, G, S_old + T, dh]
             v_new = torch.cat((self.v[layer], v_new), dim=2)
@@ -417,6 +434,7 @@ class KVCache:
             keep = slice(k_new.shape[2], None)                         # 窗口 1：只看自己，旧键一个也不用留
         self.k[layer], self.v[layer], self.pos[layer] = k_new[:, :, keep], v_new[:, :, keep], pos_new[keep]
         return k_new, v_new, pos_new
+        # <<< 练习 4.4
 
     def nbytes(self):
         """cache 里实际存着的 K、V 字节数（按张量自己的 dtype）。"""
