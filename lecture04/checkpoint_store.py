@@ -43,7 +43,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from course_utils import check_int, read_json_dict, sha256_file, update_json  # noqa: E402
+from course_utils import check_int, expect_errors, read_json_dict, sha256_file, update_json  # noqa: E402
 
 FORMAT = "cs349e-checkpoints-1"
 MANIFEST = "manifest.json"
@@ -482,12 +482,9 @@ def _selftest():
         open(st.path("m"), "ab").write(b"x")
         assert "SHA-256" in st.verify("m", cfg, build)[1]
         # steps = 0、NaN：拒收
-        for bad in ({"steps": 0}, {"steps": 2, "loss": float("nan")}):
-            try:
-                st.save("z", net.state_dict(), cfg, bad)
-                raise AssertionError(bad)
-            except ValueError:
-                pass
+        expect_errors([(lambda: st.save("z", net.state_dict(), cfg, {"steps": 0}), ValueError, "steps"),
+                       (lambda: st.save("z", net.state_dict(), cfg, {"steps": 2, "loss": float("nan")}), ValueError,
+                        "loss")])
         # 续训：配置相同才接着
         opt = torch.optim.AdamW(net.parameters())
         st.save_resume("m", net, opt, 2, cfg, {"seconds": 1.5})

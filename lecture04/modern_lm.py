@@ -1205,23 +1205,18 @@ def _run_config(name, tc):
     return {"model": CHECKPOINTS[name].to_dict(), "train": tc.to_dict(), "lang": LANG}
 
 
-def read_manifest(ckpt_dir=CKPT_DIR):
-    """checkpoints/manifest.json：{"format", "models": {名字: {config, files, record, seal}}}；不存在或坏了就当空的。"""
-    man = read_json_dict(os.path.join(ckpt_dir, "manifest.json"))
-    return man if isinstance(man.get("models"), dict) else {"models": {}}
-
-
 def verify_checkpoint(name, ckpt_dir=CKPT_DIR, tc=None):
     """
     检查一个入库的检查点能不能用，返回 (model 或 None, 原因)；原因以 "ok" 开头就能用。
     要求：配置、训练设置、语言与代码里的逐项相同（不同时原因里写出哪几项，旧 → 新）、每个文件的 SHA-256
     对得上、state_dict 装得进模型。manifest 缺失或坏了：只核对文件本身（原因写明，没有训练记录）。
     """
-    model, why, _record = _verify(name, ckpt_dir, tc)
+    model, why, _record = checkpoint_record(name, ckpt_dir, tc)
     return model, why
 
 
-def _verify(name, ckpt_dir, tc):
+def checkpoint_record(name, ckpt_dir=CKPT_DIR, tc=None):
+    """同 verify_checkpoint，另外返回训练记录：(model 或 None, 原因, 记录或 None)；记录只在 seal 对得上时给出。"""
     cfg = CHECKPOINTS[check_choice("name", name, tuple(CHECKPOINTS), where="verify_checkpoint")]
     tc = train_config(name) if tc is None else tc
     return _store(ckpt_dir).verify(name, _run_config(name, tc), lambda: ModernLM(cfg))
@@ -1276,7 +1271,7 @@ def load_or_train(name, quick=False, ckpt_dir=CKPT_DIR, log=print, tc=None, prog
     """
     quick = check_bool("quick", quick, where="load_or_train")
     progress = check_bool("progress", progress, where="load_or_train")
-    model, why, record = _verify(name, ckpt_dir, tc)
+    model, why, record = checkpoint_record(name, ckpt_dir, tc)
     if model is not None:
         if record is not None:
             log(f"  装载检查点 {name}.pt（{record['steps']} 步，eval 损失 {record['final_eval_loss']:.3f}，"

@@ -79,7 +79,7 @@ def main():
         tc = ml.train_config(name)
         if args.quick:                     # 几十步的小设置，种子照旧
             tc = dataclasses.replace(ml.QUICK_TRAIN, seed=tc.seed)
-        model, why, entry = ml._verify(name, ckpt_dir, tc)
+        model, why, entry = ml.checkpoint_record(name, ckpt_dir, tc)
         if entry is not None and not args.force:        # 只有核对通过、带着完整训练记录的才跳过
             print(f"{name}: 检查点已核对通过，跳过（--force 重训）")
         else:
