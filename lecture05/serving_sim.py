@@ -735,6 +735,7 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
     """
     arrival, prompt, output, max_batch, reserve, chunk, t_limit, ids = _check_schedule(
         arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids)
+    # >>> 练习 5.1
     n = len(arrival)
     cap = int(step.kv_capacity_tokens())
     attn_1 = step.model.attn_flops_per_token(1)         # 每个 token 每看一个 key 的注意力 FLOPs
@@ -805,6 +806,7 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
     out.update(admit_t=admit_t, token_times=times, mean_batch=occ / it,
                mean_reserved=res_sum / it, mean_used=used_sum / it)
     return out
+    # <<< 练习 5.1
 
 
 def _prefill_pieces(batch, prompt, prog, budget, attn_1):

@@ -1,0 +1,171 @@
+"""第 5 讲练习的评分检查：迭代级调度 iteration_schedule（5.1）、服务指标 summarize（5.2）。
+
+5.1 的检查用这里写的一个简单的一步时间模型（_ToyStep：固定开销 + 每 token + 每读一个 KV），不用 StepModel：
+检查快、和课程的时间模型无关。请求轨迹在这里按固定种子生成（课程的自检、演示、测试都不用这些种子）。
+5.2 的检查在这里手工造出请求的时间戳（不跑模拟器），参考值用 numpy 独立算出。
+"""
+import math
+
+import numpy as np
+
+from grading import close, exercise, expect, expect_no_calls, module
+
+ss = module("lecture05", "serving_sim")
+
+
+# ---- 练习 5.1：迭代级调度 ----
+class _ToyModel:
+    name = "toy"
+
+    @staticmethod
+    def attn_flops_per_token(n_keys):
+        return 4.0e4 * n_keys                                 # 每个 query 每看一个 key 的注意力 FLOPs（玩具数）
+
+
+class _ToyStep:
+    """一步 = 6 ms + 每个 token 40 µs + 每读一个 KV 0.1 µs + 注意力 FLOPs ÷ 2e14。KV 容量 cap 个 token。"""
+
+    def __init__(self, cap):
+        self.cap, self.model = cap, _ToyModel()
+
+    def kv_capacity_tokens(self):
+        return self.cap
+
+    def mixed_time(self, n_decode, ctx_tokens, prefill_tokens, prefill_attn_flops, prefill_ctx_tokens=0):
+        attn = prefill_attn_flops + self.model.attn_flops_per_token(ctx_tokens)
+        return 6e-3 + 4e-5 * (n_decode + prefill_tokens) + 1e-7 * (ctx_tokens + prefill_ctx_tokens) + attn / 2e14
+
+    def prefill_time(self, prompt_lens):
+        T = np.asarray(prompt_lens)
+        return self.mixed_time(0, 0, int(T.sum()), self.model.attn_flops_per_token(float((T * (T + 1) / 2).sum())))
+
+    def decode_time(self, batch, ctx_tokens):
+        return self.mixed_time(batch, ctx_tokens, 0, 0.0)
+
+
+def _trace(kind, seed):
+    """(请求列表, KV 容量, max_batch, chunk, TTFT SLO 秒, TPOT SLO 秒)。"""
+    rng = np.random.default_rng(seed)
+    if kind == "bursty":                         # 每 1.2 s 一阵：一阵 20–60 个，在 0.3 s 里陆续到达
+        sizes = rng.integers(20, 61, size=8)
+        arr = np.sort(np.concatenate([1.2 * b + rng.uniform(0, 0.3, size=k) for b, k in enumerate(sizes)]))
+        P, O = rng.integers(32, 600, size=arr.size), rng.integers(8, 160, size=arr.size)
+        cap, mb, chunk, slo = 16_000, 32, None, (0.8, 0.022)
+    elif kind == "long_prompt":                  # 长输入、短输出，分块 prefill
+        n = 90
+        arr = np.cumsum(rng.exponential(1 / 6.0, size=n))
+        P, O = rng.integers(1500, 4000, size=n), rng.integers(4, 48, size=n)
+        cap, mb, chunk, slo = 40_000, 16, 768, (2.0, 0.040)
+    elif kind == "long_output":                  # 短输入、长输出：KV 预留是瓶颈
+        n = 110
+        arr = np.cumsum(rng.exponential(1 / 8.0, size=n))
+        P, O = rng.integers(16, 200, size=n), rng.integers(200, 700, size=n)
+        cap, mb, chunk, slo = 20_000, 48, None, (0.25, 0.0085)
+    else:                                        # mixed：长尾的长度，负载接近饱和
+        n = 160
+        arr = np.cumsum(rng.exponential(1 / 16.0, size=n))
+        P = np.clip(np.rint(300 * np.exp(0.9 * rng.standard_normal(n))), 1, 3000).astype(int)
+        O = np.clip(np.rint(80 * np.exp(0.9 * rng.standard_normal(n))), 1, 1000).astype(int)
+        cap, mb, chunk, slo = 24_000, 40, None, (0.15, 0.018)
+    reqs = [ss.Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arr, P, O))]
+    return reqs, cap, mb, chunk, slo
+
+
+TRACES = [("bursty", 51901), ("long_prompt", 51902), ("long_output", 51903), ("mixed", 51904)]
+# 本课程的解答在这些轨迹上满足两个 SLO 的请求比例（由 iteration_schedule 的解答算出、向下取到 3 位）。
+# 轨迹或 _ToyStep 改了要重算：检查失败时会打印每条轨迹上得到的比例。
+OURS = {"bursty": 0.94, "long_prompt": 0.855, "long_output": 0.927, "mixed": 0.912}
+SLACK = 0.02
+
+
+def _run(kind, seed):
+    reqs, cap, mb, chunk, slo = _trace(kind, seed)
+    step = _ToyStep(cap)
+    out, _ = ss.simulate_continuous(reqs, step, mb, chunk=chunk)
+    return reqs, out, cap, mb, slo
+
+
+def _slo_frac(rs, slo_ttft, slo_tpot):
+    """同时满足 TTFT 与 TPOT 两个 SLO 的请求比例（只出 1 个 token 的请求没有 TPOT，只看 TTFT）。"""
+    ok = 0
+    for r in rs:
+        ttft = r.token_times[0] - r.arrival
+        tpot = (r.token_times[-1] - r.token_times[0]) / (r.output - 1) if r.output > 1 else 0.0
+        ok += ttft <= slo_ttft and tpot <= slo_tpot
+    return float(ok) / len(rs)
+
+
+@exercise("5.1")
+def test_scheduler_goodput_on_unseen_traces():
+    got = {}
+    for kind, seed in TRACES:
+        _, rs, _, _, slo = _run(kind, seed)
+        got[kind] = _slo_frac(rs, *slo)
+    for kind, _ in TRACES:
+        expect(got[kind] >= OURS[kind] * (1 - SLACK),
+               f"轨迹 {kind}：满足 TTFT/TPOT SLO 的请求比例 {got[kind]:.3f}，低于参考调度的 {OURS[kind]:.3f}"
+               f"（全部：{ {k: round(v, 3) for k, v in got.items()} }）——新请求要在每次迭代时加入，而不是等一批做完")
+
+
+@exercise("5.1")
+def test_scheduler_request_invariants():
+    for kind, seed in TRACES:
+        reqs, rs, _, _, _ = _run(kind, seed)
+        expect(len(rs) == len(reqs), f"轨迹 {kind}：返回的请求数 {len(rs)} ≠ 输入的 {len(reqs)}")
+        for q, r in zip(reqs, rs):
+            tt = np.asarray(r.token_times, dtype=np.float64)
+            expect(tt.size == q.output, f"轨迹 {kind} 请求 {q.rid}：应恰好生成 output = {q.output} 个 token，"
+                   f"得到 {tt.size} 个")
+            expect(bool(r.t_start >= q.arrival), f"轨迹 {kind} 请求 {q.rid}：在到达（{q.arrival:.4f} s）之前就被接纳了"
+                   f"（{r.t_start:.4f} s）")
+            expect(bool(tt[0] > r.t_start), f"轨迹 {kind} 请求 {q.rid}：第 1 个 token 不能早于（或等于）接纳的时刻")
+            expect(bool(np.all(np.diff(tt) > 0)), f"轨迹 {kind} 请求 {q.rid}：一次迭代只能给一个请求 1 个 token"
+                   "（token 时刻应严格递增）")
+        starts = np.array([r.t_start for r in rs])
+        bad = np.flatnonzero(np.diff(starts) < 0)
+        expect(bad.size == 0, f"轨迹 {kind}：请求 {int(bad[0]) + 1 if bad.size else 0} 比先到的请求 "
+               f"{int(bad[0]) if bad.size else 0} 先被接纳：先到先服务（队头放不下时后面的也不能插队）")
+
+
+@exercise("5.1")
+def test_scheduler_respects_batch_and_kv_limits():
+    for kind, seed in TRACES:
+        reqs, rs, cap, mb, _ = _run(kind, seed)
+        if kind == "long_prompt":                    # 分块 prefill 时并非每次迭代每个请求都出 token
+            continue
+        # 不分块时，每次迭代里的每个请求都恰好出 1 个 token：同一时刻出 token 的请求 = 这一步的批
+        ends = {}
+        for k, r in enumerate(rs):
+            for t in r.token_times:
+                ends.setdefault(float(t), []).append(k)
+        biggest = max(len(v) for v in ends.values())
+        expect(biggest <= mb, f"轨迹 {kind}：有一步同时算了 {biggest} 个请求，超过 max_batch = {mb}")
+        need = [q.prompt + q.output for q in reqs]
+        worst = max(sum(need[k] for k in v) for v in ends.values())
+        expect(worst <= cap, f"轨迹 {kind}：有一步里的请求一共预留了 {worst} 个 token 的 KV，超过容量 {cap}"
+               "（接纳前要检查 已预留 + prompt + output ≤ 容量）")
+        expect(biggest == mb or worst > 0.8 * cap,
+               f"轨迹 {kind}：批从来没有满过（最大 {biggest}，KV 最多用到 {worst}/{cap}）：请求排队时要接纳到批满或 KV 不够")
+
+
+@exercise("5.1")
+def test_scheduler_admits_while_decoding():
+    """一个长请求正在 decode 时来了一个短请求：迭代级调度让它在下一次迭代就加入，而不是等长请求做完。"""
+    step = _ToyStep(10_000)
+    reqs = [ss.Request(0, 0.0, 100, 400), ss.Request(1, 0.05, 60, 5), ss.Request(2, 0.051, 30, 3)]
+    rs, _ = ss.simulate_continuous(reqs, step, 4)
+    long_tt = np.asarray(rs[0].token_times)
+    nxt = long_tt[long_tt >= 0.05][0]                 # 到达之后的第一个迭代边界
+    for r in rs[1:]:
+        expect(math.isclose(r.t_start, nxt, rel_tol=0, abs_tol=1e-12),
+               f"请求 {r.rid} 在 {r.arrival} s 到达，应在下一次迭代开始（{nxt:.4f} s）时加入批，实际 {r.t_start:.4f} s"
+               "（迭代级调度：正在 decode 时也要接纳新请求）")
+        expect(r.token_times[-1] < long_tt[-1], f"请求 {r.rid} 应该先于长请求做完并立刻离开")
+    gaps = np.diff(long_tt)
+    expect(bool(np.all(gaps < 0.05)), "长请求在短请求加入时不应停下来等（每次迭代都应继续 decode）")
+
+
+@exercise("5.1")
+def test_scheduler_writes_its_own_loop():
+    expect_no_calls(ss.iteration_schedule, ["simulate_continuous", "simulate_static", "run_iteration_level",
+                                            "run_request_level"])
