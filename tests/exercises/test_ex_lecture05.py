@@ -169,3 +169,84 @@ def test_scheduler_admits_while_decoding():
 def test_scheduler_writes_its_own_loop():
     expect_no_calls(ss.iteration_schedule, ["simulate_continuous", "simulate_static", "run_iteration_level",
                                             "run_request_level"])
+
+
+# ---- 练习 5.2：summarize ----
+def _fake_run(seed, n):
+    """n 个做完的请求，时间戳手工造出（不跑模拟器）：排队、prefill、逐 token 的间隔各自随机；
+    约四分之一的请求结果随整批返回（t_finish > t_last，像静态批处理）；有些只出 1 个 token；顺序打乱。"""
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.exponential(0.3, size=n)) + 2.0
+    out = []
+    for i, a in enumerate(arr):
+        o = int(rng.integers(1, 3)) if rng.random() < 0.2 else int(rng.integers(2, 60))
+        start = a + rng.exponential(0.5)
+        tt = start + rng.uniform(0.02, 0.4) + np.concatenate([[0.0], np.cumsum(rng.gamma(2.0, 0.01, size=o - 1))])
+        fin = tt[-1] + (rng.uniform(0, 1.0) if rng.random() < 0.25 else 0.0)
+        out.append(ss.Request(i, float(a), int(rng.integers(1, 900)), o, t_start=float(start), t_first=float(tt[0]),
+                              t_last=float(tt[-1]), t_finish=float(fin), token_times=tt))
+    perm = rng.permutation(n)
+    return [out[k] for k in perm], sorted(out, key=lambda r: r.arrival)
+
+
+def _ref_latency(rs):
+    ttft = np.array([r.token_times[0] - r.arrival for r in rs])
+    tpot = np.array([(r.token_times[-1] - r.token_times[0]) / (r.output - 1) for r in rs if r.output > 1])
+    e2e = np.array([r.t_finish - r.arrival for r in rs])
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+
+
+@exercise("5.2")
+def test_summarize_latency_stats():
+    shuffled, rs = _fake_run(52001, 157)
+    s = ss.summarize(shuffled)
+    ref = _ref_latency(rs)
+    for name, x in ref.items():
+        close(s[f"{name}_mean"], x.mean(), 0, 1e-12, f"{name}_mean 不对（只出 1 个 token 的请求没有 TPOT，要跳过）")
+        close(s[f"{name}_p50"], np.percentile(x, 50), 0, 1e-12, f"{name}_p50（中位数）不对")
+        close(s[f"{name}_p99"], np.percentile(x, 99), 0, 1e-12,
+              f"{name}_p99 不对（第 99 百分位，np.percentile 的线性插值；不是最大值）")
+    itl = np.concatenate([np.diff(r.token_times) for r in rs if r.output > 1])
+    close(s["itl_p99"], np.percentile(itl, 99), 0, 1e-12, "itl_p99 不对：所有请求相邻 token 的间隔放在一起取第 99 百分位")
+    close(s["queue_mean"], np.mean([r.t_start - r.arrival for r in rs]), 0, 1e-12, "queue_mean（平均排队时间）不对")
+
+
+@exercise("5.2")
+def test_summarize_throughput_window():
+    shuffled, rs = _fake_run(52002, 211)
+    for warmup in (0.0, 0.25):
+        s = ss.summarize(shuffled, warmup=warmup)
+        kept = rs[int(len(rs) * warmup):]
+        span = max(r.t_finish for r in kept) - kept[0].arrival
+        expect(s["n"] == len(kept), f"warmup={warmup}：应统计 {len(kept)} 个请求，得到 {s['n']}")
+        close(s["span"], span, 0, 1e-12, f"warmup={warmup}：统计窗口 span 应从第一个被统计的请求到达算到最后一个离开"
+              "（t_finish，不是 t_last，也不是从 0 开始）")
+        close(s["req_per_s"], len(kept) / span, 0, 1e-12, f"warmup={warmup}：req_per_s = 请求数 ÷ span")
+        close(s["tok_per_s"], sum(r.output for r in kept) / span, 0, 1e-12,
+              f"warmup={warmup}：tok_per_s = 输出 token 数之和 ÷ span")
+
+
+@exercise("5.2")
+def test_summarize_goodput_counts_on_time_requests():
+    shuffled, rs = _fake_run(52003, 173)
+    ref = _ref_latency(rs)
+    span = max(r.t_finish for r in rs) - rs[0].arrival
+    for slo_ttft, slo_tpot in ((np.percentile(ref["ttft"], 70), np.percentile(ref["tpot"], 80)),
+                               (None, np.percentile(ref["tpot"], 50)), (np.percentile(ref["ttft"], 40), None),
+                               (None, None)):
+        s = ss.summarize(shuffled, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        ok = 0
+        for r in rs:
+            good = slo_ttft is None or r.token_times[0] - r.arrival <= slo_ttft
+            if slo_tpot is not None and r.output > 1:
+                good = good and (r.token_times[-1] - r.token_times[0]) / (r.output - 1) <= slo_tpot
+            ok += bool(good)
+        what = "slo_ttft={}, slo_tpot={}".format(*(None if v is None else f"{v:.4g}" for v in (slo_ttft, slo_tpot)))
+        close(s["slo_frac"], ok / len(rs), 0, 1e-12, f"{what}：slo_frac 应为同时满足两个 SLO 的请求比例"
+              "（只出 1 个 token 的请求没有 TPOT，只看 TTFT）")
+        close(s["goodput"], ok / span, 0, 1e-12, f"{what}：goodput 应只数按时完成的请求（÷ span），不是全部完成的")
+
+
+@exercise("5.2")
+def test_summarize_writes_its_own_maths():
+    expect_no_calls(ss.summarize, ["littles_law", "offline_sweep", "latency_throughput", "time_average"])

@@ -82,7 +82,55 @@ def _variant(mistake):
     return fn
 
 
+def _summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0, mistake=None):
+    rs = sorted(reqs, key=lambda r: (r.arrival, r.rid))
+    rs = rs[int(len(rs) * warmup):]
+    end = max((r.t_last if mistake == "span_to_last_token" else r.t_finish) for r in rs)
+    span = end - (0.0 if mistake == "span_from_zero" else rs[0].arrival)
+    ttft = np.array([r.ttft for r in rs])
+    tpot = np.array([r.tpot for r in rs])
+    e2e = np.array([r.e2e for r in rs])
+    itl = np.concatenate([np.diff(r.token_times) for r in rs if len(r.token_times) > 1])
+    ok_ttft = np.ones(len(rs), bool) if slo_ttft is None else ttft <= slo_ttft
+    if slo_tpot is None:
+        ok_tpot = np.ones(len(rs), bool)
+    elif mistake == "nan_tpot_fails":
+        ok_tpot = tpot <= slo_tpot                       # nan <= x 是 False：只出 1 个 token 的请求被算作违约
+    else:
+        ok_tpot = np.isnan(tpot) | (tpot <= slo_tpot)
+    ok = (ok_ttft | ok_tpot) if mistake == "slo_or" else (ok_ttft & ok_tpot)
+    if mistake == "goodput_is_throughput":
+        ok = np.ones(len(rs), bool)
+
+    def pct(x, q):
+        x = x[~np.isnan(x)]
+        return float(x.max()) if (mistake == "p99_is_max" and q == 99) else float(np.percentile(x, q))
+
+    def mean(x):
+        return float(np.mean(x)) if mistake == "mean_keeps_nan" else float(np.nanmean(x))
+    out = {"n": len(rs), "span": span, "req_per_s": len(rs) / span, "tok_per_s": sum(r.output for r in rs) / span,
+           "queue_mean": float(np.mean([r.queue_delay for r in rs])), "itl_p99": pct(itl, 99),
+           "slo_frac": float(ok.mean()), "goodput": float(ok.sum()) / span}
+    for name, x in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
+        out[f"{name}_mean"], out[f"{name}_p50"], out[f"{name}_p99"] = mean(x), pct(x, 50), pct(x, 99)
+    return out
+
+
+def _summary_variant(mistake):
+    def fn(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
+        return _summarize(reqs, slo_ttft, slo_tpot, warmup, mistake)
+    fn.__name__ = f"summarize_{mistake}"
+    return fn
+
+
 VARIANTS = [
+    Wrong("5.2", L, M, "summarize", "goodput 把全部完成的请求都算上（= 吞吐）", _summary_variant("goodput_is_throughput")),
+    Wrong("5.2", L, M, "summarize", "两个 SLO 满足一个就算（或，不是且）", _summary_variant("slo_or")),
+    Wrong("5.2", L, M, "summarize", "只出 1 个 token 的请求被算作违反 TPOT SLO", _summary_variant("nan_tpot_fails")),
+    Wrong("5.2", L, M, "summarize", "p99 取了最大值", _summary_variant("p99_is_max")),
+    Wrong("5.2", L, M, "summarize", "均值没跳过 nan 的 TPOT", _summary_variant("mean_keeps_nan")),
+    Wrong("5.2", L, M, "summarize", "统计窗口从 t = 0 算起", _summary_variant("span_from_zero")),
+    Wrong("5.2", L, M, "summarize", "统计窗口到最后一个 token（不是离开）", _summary_variant("span_to_last_token")),
     Wrong("5.1", L, M, "iteration_schedule", "只在批空了时才接纳（正在 decode 时不接纳新请求）",
           _variant("admit_only_when_empty")),
     Wrong("5.1", L, M, "iteration_schedule", "批大小超过 max_batch", _variant("exceeds_max_batch")),
