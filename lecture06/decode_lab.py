@@ -217,7 +217,7 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
         slot += B * (L_pad + O_max - 1)
         useful += sum(r.prompt + r.output for r in batch) - B
         n_batches += 1
-        if history is not None:
+        if isinstance(history, list):                   # _check_step_history：列表或 None
             history.append({"t0": t0, "t1": t, "rids": [r.rid for r in batch]})
     return {"slot_tokens": slot, "useful_tokens": useful, "batches": n_batches, "max_bs_used": bs}
 

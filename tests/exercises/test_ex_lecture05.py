@@ -230,7 +230,7 @@ def test_summarize_throughput_window():
 def test_summarize_goodput_counts_on_time_requests():
     shuffled, rs = _fake_run(52003, 173)
     ref = _ref_latency(rs)
-    span = max(r.t_finish for r in rs) - rs[0].arrival
+    window = max(r.t_finish for r in rs) - rs[0].arrival
     for slo_ttft, slo_tpot in ((np.percentile(ref["ttft"], 70), np.percentile(ref["tpot"], 80)),
                                (None, np.percentile(ref["tpot"], 50)), (np.percentile(ref["ttft"], 40), None),
                                (None, None)):
@@ -244,7 +244,7 @@ def test_summarize_goodput_counts_on_time_requests():
         what = "slo_ttft={}, slo_tpot={}".format(*(None if v is None else f"{v:.4g}" for v in (slo_ttft, slo_tpot)))
         close(s["slo_frac"], ok / len(rs), 0, 1e-12, f"{what}：slo_frac 应为同时满足两个 SLO 的请求比例"
               "（只出 1 个 token 的请求没有 TPOT，只看 TTFT）")
-        close(s["goodput"], ok / span, 0, 1e-12, f"{what}：goodput 应只数按时完成的请求（÷ span），不是全部完成的")
+        close(s["goodput"], ok / window, 0, 1e-12, f"{what}：goodput 应只数按时完成的请求（÷ span），不是全部完成的")
 
 
 @exercise("5.2")
