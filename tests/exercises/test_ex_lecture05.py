@@ -167,6 +167,8 @@ def test_scheduler_admits_while_decoding():
 
 @exercise("5.1")
 def test_scheduler_writes_its_own_loop():
+    run = ss.iteration_schedule([0.0, 0.0], [3, 4], [2, 1], _ToyStep(100), 2, reserve=[5, 5])   # 先确认它能跑
+    expect(len(run["token_times"][0]) == 2, "两个请求的最小例子：请求 0 应得到 2 个 token")
     expect_no_calls(ss.iteration_schedule, ["simulate_continuous", "simulate_static", "run_iteration_level",
                                             "run_request_level"])
 
@@ -249,4 +251,6 @@ def test_summarize_goodput_counts_on_time_requests():
 
 @exercise("5.2")
 def test_summarize_writes_its_own_maths():
+    _, rs = _fake_run(52004, 5)
+    expect(ss.summarize(rs)["n"] == 5, "5 个请求的最小例子：n 应为 5")                  # 先确认它能跑
     expect_no_calls(ss.summarize, ["littles_law", "offline_sweep", "latency_throughput", "time_average"])

@@ -69,6 +69,7 @@ def test_adjust_greedy_and_extreme_logits():
 
 @exercise("6.1")
 def test_adjust_writes_its_own_maths():
+    close(dl.adjust(np.zeros(3)), np.full(3, 1 / 3), 1e-15, 0, "logits 全为 0 时应是均匀分布")
     expect_no_calls(dl.adjust, ["exact_continuation_dist", "spec_output_dist", "variant_output_dist", "sample"])
 
 
@@ -147,6 +148,8 @@ def test_speculative_sampling_monte_carlo():
 
 @exercise("6.2")
 def test_residual_writes_its_own_maths():
+    close(dl.residual(np.array([0.5, 0.5]), np.array([1.0, 0.0])), np.array([0.0, 1.0]), 1e-15, 0,
+          "p = (½, ½)、q = (1, 0) 时残差应是 (0, 1)")
     expect_no_calls(dl.residual, ["spec_output_dist", "variant_output_dist", "_verify", "spec_sample_batch"])
 
 
@@ -195,4 +198,5 @@ def test_expected_tokens_monte_carlo():
 
 @exercise("6.3")
 def test_expected_tokens_writes_its_own_maths():
+    close(dl.expected_tokens(0.5, 2), 1.75, 1e-15, 0, "α = ½、γ = 2 时应为 1 + ½ + ¼")
     expect_no_calls(dl.expected_tokens, ["walltime_speedup", "ops_factor", "best_gamma", "spec_round"])
