@@ -17,40 +17,39 @@ def _greedy(z):
     return hot
 
 
+def _keep_top(x, k):
+    """k 为 None 时原样返回；否则第 k 大以外的换成 −inf。"""
+    if k is None:
+        return x
+    cut = -np.sort(-x, axis=-1)[..., k - 1:k]
+    return np.where(x < cut, -np.inf, x)
+
+
 def adjust_topk_after_softmax(logits, temperature=1.0, top_k=None):
     """先 softmax、再把 top-k 之外的概率置 0，忘了重新归一化。"""
-    z = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        return _greedy(z)
-    p = _softmax(z / temperature)
-    if top_k is not None:
-        kth = np.sort(p, axis=-1)[..., -top_k][..., None]
-        p = np.where(p >= kth, p, 0.0)
-    return p
+    x = np.array(logits, dtype=float)
+    if not temperature:
+        return _greedy(x)
+    probs = _softmax(x / temperature)
+    return np.where(np.isfinite(_keep_top(x, top_k)), probs, 0.0)
 
 
 def adjust_divide_probs(logits, temperature=1.0, top_k=None):
     """温度除的是概率（再归一化），不是 logits：温度完全不起作用。"""
-    z = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        return _greedy(z)
-    if top_k is not None:
-        kth = np.sort(z, axis=-1)[..., -top_k][..., None]
-        z = np.where(z >= kth, z, -np.inf)
-    p = _softmax(z) / temperature
-    return p / p.sum(axis=-1, keepdims=True)
+    x = np.array(logits, dtype=float)
+    if not temperature:
+        return _greedy(x)
+    scaled = _softmax(_keep_top(x, top_k)) / temperature
+    return scaled / scaled.sum(axis=-1, keepdims=True)
 
 
 def adjust_no_max_shift(logits, temperature=1.0, top_k=None):
     """直接 exp(z / T)，不先减最大值：温度小或 logits 大时溢出成 inf/inf = NaN。"""
-    z = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        return _greedy(z)
-    if top_k is not None:
-        kth = np.sort(z, axis=-1)[..., -top_k][..., None]
-        z = np.where(z >= kth, z, -np.inf)
+    x = np.array(logits, dtype=float)
+    if not temperature:
+        return _greedy(x)
     with np.errstate(over="ignore", invalid="ignore"):
-        e = np.exp(z / temperature)
+        e = np.exp(_keep_top(x, top_k) / temperature)
         return e / e.sum(axis=-1, keepdims=True)
 
 
