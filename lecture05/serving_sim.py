@@ -992,17 +992,17 @@ def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_
         raise ValueError(f"{w}：arrival 必须按时间排好序（先到先服务）")
     prompt, output = _int_list("prompt", prompt, n, 1, w), _int_list("output", output, n, 1, w)
     max_batch = check_int("max_batch", max_batch, lo=1, where=w)
-    room = int(step.kv_capacity_tokens())
+    top = int(step.kv_capacity_tokens())
     writes = [p + o - 1 for p, o in zip(prompt, output)]         # 一个请求最终写下的 KV（最后一个 token 不写）
     if reserve is not None:
         reserve = _int_list("reserve", reserve, n, 1, w)
         for k, (r, need) in enumerate(zip(reserve, writes)):
-            if r < need or r > room:
-                raise ValueError(f"{w}：reserve[{k}] = {r} 必须在 [{need}（prompt + output − 1）, {room}（KV 容量）] 里")
+            if r < need or r > top:
+                raise ValueError(f"{w}：reserve[{k}] = {r} 必须在 [{need}（prompt + output − 1）, {top}（KV 容量）] 里")
     else:
         for k, need in enumerate(writes):
-            if need > room:
-                raise ValueError(f"{w}：请求 {k} 要写 {need} 个 token 的 KV（prompt + output − 1），超过 KV 容量 {room}")
+            if need > top:
+                raise ValueError(f"{w}：请求 {k} 要写 {need} 个 token 的 KV（prompt + output − 1），超过 KV 容量 {top}")
     if chunk is not None:
         if reserve is None:
             raise ValueError(f"{w}：分块 prefill（chunk）只能和 KV 预留（reserve）一起用")
@@ -1014,7 +1014,7 @@ def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_
     ids = list(range(n)) if ids is None else _iterable("ids", ids, w)
     if len(ids) != n:
         raise ValueError(f"{w}：ids 必须和 arrival 一样长（{n}），收到 {len(ids)}")
-    return [float(a) for a in arr], prompt, output, max_batch, reserve, chunk, t_limit, ids, room
+    return [float(a) for a in arr], prompt, output, max_batch, reserve, chunk, t_limit, ids, top
 
 
 def _count_array(name, v, lo=0):

@@ -145,7 +145,8 @@ def test_scheduler_respects_batch_and_kv_limits():
         expect(worst <= cap, f"轨迹 {kind}：有一步里的请求一共预留了 {worst} 个 token 的 KV，超过容量 {cap}"
                "（接纳前要检查 已预留 + prompt + output ≤ 容量）")
         expect(biggest == mb or worst > 0.8 * cap,
-               f"轨迹 {kind}：批从来没有满过（最大 {biggest}，KV 最多用到 {worst}/{cap}）：请求排队时要接纳到批满或 KV 不够")
+               f"轨迹 {kind}：批从来没有满过（最大 {biggest}，KV 最多用到 {worst}/{cap}）："
+               "请求排队时要接纳到批满或 KV 不够")
 
 
 @exercise("5.1")
@@ -154,9 +155,9 @@ def test_scheduler_admits_while_decoding():
     step = _ToyStep(10_000)
     reqs = [ss.Request(0, 0.0, 100, 400), ss.Request(1, 0.05, 60, 5), ss.Request(2, 0.051, 30, 3)]
     rs, _ = ss.simulate_continuous(reqs, step, 4)
-    long_tt = np.asarray(rs[0].token_times)
-    nxt = long_tt[long_tt >= 0.05][0]                 # 到达之后的第一个迭代边界
+    long_tt = np.asarray(rs[0].token_times)          # 长请求每次迭代得 1 个 token：它的 token 时刻就是迭代边界
     for r in rs[1:]:
+        nxt = long_tt[long_tt >= r.arrival][0]        # 到达之后的第一个迭代边界
         expect(math.isclose(r.t_start, nxt, rel_tol=0, abs_tol=1e-12),
                f"请求 {r.rid} 在 {r.arrival} s 到达，应在下一次迭代开始（{nxt:.4f} s）时加入批，实际 {r.t_start:.4f} s"
                "（迭代级调度：正在 decode 时也要接纳新请求）")
@@ -209,7 +210,8 @@ def test_summarize_latency_stats():
         close(s[f"{name}_p99"], np.percentile(x, 99), 0, 1e-12,
               f"{name}_p99 不对（第 99 百分位，np.percentile 的线性插值；不是最大值）")
     itl = np.concatenate([np.diff(r.token_times) for r in rs if r.output > 1])
-    close(s["itl_p99"], np.percentile(itl, 99), 0, 1e-12, "itl_p99 不对：所有请求相邻 token 的间隔放在一起取第 99 百分位")
+    close(s["itl_p99"], np.percentile(itl, 99), 0, 1e-12,
+          "itl_p99 不对：所有请求相邻 token 的间隔放在一起取第 99 百分位")
     close(s["queue_mean"], np.mean([r.t_start - r.arrival for r in rs]), 0, 1e-12, "queue_mean（平均排队时间）不对")
 
 

@@ -124,7 +124,8 @@ def _summary_variant(mistake):
 
 
 VARIANTS = [
-    Wrong("5.2", L, M, "summarize", "goodput 把全部完成的请求都算上（= 吞吐）", _summary_variant("goodput_is_throughput")),
+    Wrong("5.2", L, M, "summarize", "goodput 把全部完成的请求都算上（= 吞吐）",
+          _summary_variant("goodput_is_throughput")),
     Wrong("5.2", L, M, "summarize", "两个 SLO 满足一个就算（或，不是且）", _summary_variant("slo_or")),
     Wrong("5.2", L, M, "summarize", "只出 1 个 token 的请求被算作违反 TPOT SLO", _summary_variant("nan_tpot_fails")),
     Wrong("5.2", L, M, "summarize", "p99 取了最大值", _summary_variant("p99_is_max")),
