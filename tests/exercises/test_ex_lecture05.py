@@ -104,7 +104,8 @@ def test_scheduler_goodput_on_unseen_traces():
     for kind, _ in TRACES:
         expect(got[kind] >= OURS[kind] * (1 - SLACK),
                f"轨迹 {kind}：满足 TTFT/TPOT SLO 的请求比例 {got[kind]:.3f}，低于参考调度的 {OURS[kind]:.3f}"
-               f"（全部：{ {k: round(v, 3) for k, v in got.items()} }）——新请求要在每次迭代时加入，而不是等一批做完")
+               f"（全部：{ {k: round(v, 3) for k, v in got.items()} }）。常见原因：正在 decode 时不接纳新请求、"
+               "prefill 那一步没有顺便产生第 1 个 token、分块 prefill 的预算没扣掉 decode 的 token")
 
 
 @exercise("5.1")
@@ -161,6 +162,10 @@ def test_scheduler_admits_while_decoding():
         expect(math.isclose(r.t_start, nxt, rel_tol=0, abs_tol=1e-12),
                f"请求 {r.rid} 在 {r.arrival} s 到达，应在下一次迭代开始（{nxt:.4f} s）时加入批，实际 {r.t_start:.4f} s"
                "（迭代级调度：正在 decode 时也要接纳新请求）")
+        after = long_tt[long_tt > r.t_start][0]
+        expect(math.isclose(r.token_times[0], after, rel_tol=0, abs_tol=1e-12),
+               f"请求 {r.rid} 的第 1 个 token 应在它加入的那次迭代结束时（{after:.4f} s）出来：那一步做完整段 prefill，"
+               f"顺便产生第 1 个 token；实际 {r.token_times[0]:.4f} s")
         expect(r.token_times[-1] < long_tt[-1], f"请求 {r.rid} 应该先于长请求做完并立刻离开")
     gaps = np.diff(long_tt)
     expect(bool(np.all(gaps < 0.05)), "长请求在短请求加入时不应停下来等（每次迭代都应继续 decode）")

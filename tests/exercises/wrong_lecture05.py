@@ -62,7 +62,7 @@ def _schedule(arrival, prompt, output, step, max_batch, reserve=None, chunk=None
             times[k].append(t)
         for k, c in pieces:
             prog[k] += c
-            if prog[k] == prompt[k]:
+            if prog[k] == prompt[k] and mistake != "no_token_at_prefill":
                 gen[k] = 1
                 times[k].append(t)
         for k in list(active):
@@ -137,4 +137,6 @@ VARIANTS = [
     Wrong("5.1", L, M, "iteration_schedule", "批大小超过 max_batch", _variant("exceeds_max_batch")),
     Wrong("5.1", L, M, "iteration_schedule", "接纳时不看 KV 预留", _variant("ignore_reserve")),
     Wrong("5.1", L, M, "iteration_schedule", "队头放不下时让后面的插队（违反 FCFS）", _variant("skip_head")),
+    Wrong("5.1", L, M, "iteration_schedule", "prefill 那一步不产出第 1 个 token（要多等一次 decode）",
+          _variant("no_token_at_prefill")),
 ]
