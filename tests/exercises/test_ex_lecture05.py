@@ -43,6 +43,18 @@ class _ToyStep:
         return self.mixed_time(batch, ctx_tokens, 0, 0.0)
 
 
+class _RecordingStep(_ToyStep):
+    """同一个时间模型，另外记下每一步的 (decode 个数, prefill token 数)。"""
+
+    def __init__(self, cap):
+        super().__init__(cap)
+        self.calls = []
+
+    def mixed_time(self, n_decode, ctx_tokens, prefill_tokens, prefill_attn_flops, prefill_ctx_tokens=0):
+        self.calls.append((n_decode, prefill_tokens))
+        return super().mixed_time(n_decode, ctx_tokens, prefill_tokens, prefill_attn_flops, prefill_ctx_tokens)
+
+
 def _trace(kind, seed):
     """(请求列表, KV 容量, max_batch, chunk, TTFT SLO 秒, TPOT SLO 秒)。"""
     rng = np.random.default_rng(seed)
@@ -131,9 +143,16 @@ def test_scheduler_request_invariants():
 @exercise("5.1")
 def test_scheduler_respects_batch_and_kv_limits():
     for kind, seed in TRACES:
-        reqs, rs, cap, mb, _ = _run(kind, seed)
-        if kind == "long_prompt":                    # 分块 prefill 时并非每次迭代每个请求都出 token
+        if kind == "long_prompt":                    # 分块 prefill：每一步的 token 总数不超过 chunk
+            reqs, cap, mb, chunk, _ = _trace(kind, seed)
+            step = _RecordingStep(cap)
+            ss.simulate_continuous(reqs, step, mb, chunk=chunk)
+            per_step = [d + p for d, p in step.calls]
+            expect(max(per_step) <= chunk, f"轨迹 {kind}：有一步算了 {max(per_step)} 个 token（decode + prefill），"
+                   f"超过 chunk = {chunk}：prefill 的预算要先扣掉这一步 decode 的 token")
+            expect(per_step.count(chunk) > 0, f"轨迹 {kind}：没有一步用满 chunk = {chunk} 的预算（长输入应该切成整块）")
             continue
+        reqs, rs, cap, mb, _ = _run(kind, seed)
         # 不分块时，每次迭代里的每个请求都恰好出 1 个 token：同一时刻出 token 的请求 = 这一步的批
         ends = {}
         for k, r in enumerate(rs):

@@ -44,7 +44,7 @@ def _schedule(arrival, prompt, output, step, max_batch, reserve=None, chunk=None
             waiting.remove(k)
         dec = [k for k in active if prog[k] == prompt[k]]
         ctx = sum(prompt[k] + gen[k] for k in dec)
-        budget = math.inf if chunk is None else max(chunk - len(dec), 0)
+        budget = math.inf if chunk is None else max(chunk - (mistake != "chunk_ignores_decode") * len(dec), 0)
         pieces, p_tok, p_attn, p_ctx = [], 0, 0.0, 0
         for k in active:
             left = prompt[k] - prog[k]
@@ -139,4 +139,6 @@ VARIANTS = [
     Wrong("5.1", L, M, "iteration_schedule", "队头放不下时让后面的插队（违反 FCFS）", _variant("skip_head")),
     Wrong("5.1", L, M, "iteration_schedule", "prefill 那一步不产出第 1 个 token（要多等一次 decode）",
           _variant("no_token_at_prefill")),
+    Wrong("5.1", L, M, "iteration_schedule", "分块 prefill 的预算没扣掉这一步 decode 的 token",
+          _variant("chunk_ignores_decode")),
 ]
