@@ -497,15 +497,21 @@ def summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
     【返回】字典：n、span（统计窗口：第一个被统计的请求到达 → 最后一个离开）、
         req_per_s、tok_per_s（输出 token / 秒）、ttft_* / tpot_* / e2e_* 的 mean、p50、p99、itl_p99（相邻 token 间隔）、
         queue_mean、slo_frac（同时满足两个 SLO 的比例）、goodput（满足 SLO 的请求数 / 秒）。
+    【定义】TTFT / TPOT / e2e / 排队时间用 Request 的同名属性；百分位是 np.percentile 的默认（线性插值），
+        均值和百分位都跳过 nan（只出 1 个 token 的请求没有 TPOT）；itl 是每个请求相邻两个 token 的时间差，全部放在一起；
+        满足 SLO = TTFT ≤ slo_ttft 且 TPOT ≤ slo_tpot（没有 TPOT 的只看 TTFT）；tok_per_s 数的是 output 之和。
     【要点】吞吐看的是"完成了多少"，goodput 只数"按时完成的"——过载时吞吐不降，goodput 会塌。
     """
     warmup = check_real("warmup", warmup, 0.0, 0.99)
+    slo_ttft, slo_tpot = (None if v is None else check_real(name, v, 0.0, allow_inf=True)
+                          for name, v in (("slo_ttft", slo_ttft), ("slo_tpot", slo_tpot)))
     rs = sorted(_request_list(reqs, "summarize"), key=lambda r: (r.arrival, r.rid))
     rs = rs[int(len(rs) * warmup):]
     if not rs:
         raise ValueError("reqs 为空（或 warmup 把请求都去掉了）")
     if any(math.isnan(r.t_finish) for r in rs):
         raise ValueError("有请求还没完成（t_finish 是 nan）：先跑模拟器")
+    # >>> 练习 5.2
     span = max(r.t_finish for r in rs) - rs[0].arrival
     ttft = np.array([r.ttft for r in rs])
     tpot = np.array([r.tpot for r in rs])
@@ -514,10 +520,9 @@ def summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
     itl = np.concatenate(gaps) if gaps else np.array([])
     ok = np.ones(len(rs), dtype=bool)
     if slo_ttft is not None:
-        ok &= ttft <= check_real("slo_ttft", slo_ttft, 0.0, allow_inf=True)
+        ok &= ttft <= slo_ttft
     if slo_tpot is not None:
-        # 只出 1 个 token 的没有 TPOT
-        ok &= np.isnan(tpot) | (tpot <= check_real("slo_tpot", slo_tpot, 0.0, allow_inf=True))
+        ok &= np.isnan(tpot) | (tpot <= slo_tpot)          # 只出 1 个 token 的没有 TPOT
     out = {"n": len(rs), "span": span, "req_per_s": len(rs) / span,
            "tok_per_s": sum(r.output for r in rs) / span,
            "queue_mean": _mean([r.queue_delay for r in rs]), "itl_p99": _pct(itl, 99),
@@ -525,6 +530,7 @@ def summarize(reqs, slo_ttft=None, slo_tpot=None, warmup=0.0):
     for name, x in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
         out[f"{name}_mean"], out[f"{name}_p50"], out[f"{name}_p99"] = _mean(x), _pct(x, 50), _pct(x, 99)
     return out
+    # <<< 练习 5.2
 
 
 def occupancy(reqs):
@@ -733,10 +739,11 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
     【报错】到达时刻不是有限、非负、不减的；长度不是正整数；各列表长度不同；预留比请求要写的 KV 少或超过容量、
         不预留时一个请求单独占满显存也放不下：ValueError / TypeError（调度之前查一遍，循环里不再查）。
     """
-    arrival, prompt, output, max_batch, reserve, chunk, t_limit, ids = _check_schedule(
-        arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids)
+    arrival, prompt, output, max_batch, reserve, chunk, t_limit, ids, cap = _check_schedule(
+        arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids)   # cap：KV 容量（token）
+    # >>> 练习 5.1
     n = len(arrival)
-    cap = int(step.kv_capacity_tokens())
+    pre = reserve is not None                           # 预留模式（否则写多少占多少）
     attn_1 = step.model.attn_flops_per_token(1)         # 每个 token 每看一个 key 的注意力 FLOPs
     prog, gen = [0] * n, [0] * n                        # 已 prefill 的输入 token 数；已生成的输出 token 数
     admit_t, times = [math.nan] * n, [[] for _ in range(n)]
@@ -752,10 +759,10 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
             t = arrival[arrived]
             continue
         # 1. 谁参加这一步：已接纳的（不预留时只有还能再写 1 个 KV 的前几个），再按到达顺序接纳新请求
-        batch = list(active) if reserve is not None else active[:max(0, cap - used)]
-        held = reserved if reserve is not None else used + len(batch)
+        batch = list(active) if pre else active[:max(0, cap - used)]
+        held = reserved if pre else used + len(batch)
         while head < arrived and len(batch) < max_batch:
-            need = reserve[head] if reserve is not None else prompt[head]
+            need = reserve[head] if pre else prompt[head]
             if held + need > cap:
                 break                                   # 队头放不下：停止接纳，后面的不插队（FCFS）
             held += need
@@ -764,7 +771,7 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
             batch.append(head)
             active.append(head)
             head += 1
-        if reserve is not None:
+        if pre:
             reserved = held
         if not batch:                                   # 只可能在不预留时：谁都写不了 KV，也没人会释放
             out["deadlock"], out["deadlock_t"] = True, t
@@ -778,7 +785,7 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
         extra = (p_ctx,) if p_ctx else ()               # 分块时才有"之前的块"：只接受 4 个参数的 step 也能用
         t += step.mixed_time(len(dec), ctx, p_tok, p_attn, *extra)
         used += p_tok + len(dec)
-        held = reserved if reserve is not None else used
+        held = reserved if pre else used
         res_sum, used_sum, occ = res_sum + held, used_sum + used, occ + len(dec) + len(pieces)
         out["peak_reserved"], out["peak_used"] = max(out["peak_reserved"], held), max(out["peak_used"], used)
         out["iters"] += 1
@@ -798,13 +805,14 @@ def iteration_schedule(arrival, prompt, output, step, max_batch, reserve=None, c
             if gen[k] == output[k]:
                 out["done"] += 1
                 used -= prompt[k] + output[k] - 1       # 它写过的 KV（最后一个 token 不用写）
-                if reserve is not None:
+                if pre:
                     reserved -= reserve[k]
         active = [k for k in active if gen[k] < output[k]]
     it = max(out["iters"], 1)
     out.update(admit_t=admit_t, token_times=times, mean_batch=occ / it,
                mean_reserved=res_sum / it, mean_used=used_sum / it)
     return out
+    # <<< 练习 5.1
 
 
 def _prefill_pieces(batch, prompt, prog, budget, attn_1):
@@ -973,7 +981,7 @@ def _int_list(name, v, n, lo, where):
 
 
 def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids):
-    """iteration_schedule 的全部输入检查（调度循环之前一次）。返回转换后的值。"""
+    """iteration_schedule 的全部输入检查（调度循环之前一次）。返回转换后的值和 KV 容量。"""
     w = "iteration_schedule"
     _check_step_like(step, w)
     arr = check_array("arrival", _iterable("arrival", arrival, w), ndim=1, where=w)
@@ -984,17 +992,17 @@ def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_
         raise ValueError(f"{w}：arrival 必须按时间排好序（先到先服务）")
     prompt, output = _int_list("prompt", prompt, n, 1, w), _int_list("output", output, n, 1, w)
     max_batch = check_int("max_batch", max_batch, lo=1, where=w)
-    cap = int(step.kv_capacity_tokens())
+    top = int(step.kv_capacity_tokens())
     writes = [p + o - 1 for p, o in zip(prompt, output)]         # 一个请求最终写下的 KV（最后一个 token 不写）
     if reserve is not None:
         reserve = _int_list("reserve", reserve, n, 1, w)
         for k, (r, need) in enumerate(zip(reserve, writes)):
-            if r < need or r > cap:
-                raise ValueError(f"{w}：reserve[{k}] = {r} 必须在 [{need}（prompt + output − 1）, {cap}（KV 容量）] 里")
+            if r < need or r > top:
+                raise ValueError(f"{w}：reserve[{k}] = {r} 必须在 [{need}（prompt + output − 1）, {top}（KV 容量）] 里")
     else:
         for k, need in enumerate(writes):
-            if need > cap:
-                raise ValueError(f"{w}：请求 {k} 要写 {need} 个 token 的 KV（prompt + output − 1），超过 KV 容量 {cap}")
+            if need > top:
+                raise ValueError(f"{w}：请求 {k} 要写 {need} 个 token 的 KV（prompt + output − 1），超过 KV 容量 {top}")
     if chunk is not None:
         if reserve is None:
             raise ValueError(f"{w}：分块 prefill（chunk）只能和 KV 预留（reserve）一起用")
@@ -1006,7 +1014,7 @@ def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_
     ids = list(range(n)) if ids is None else _iterable("ids", ids, w)
     if len(ids) != n:
         raise ValueError(f"{w}：ids 必须和 arrival 一样长（{n}），收到 {len(ids)}")
-    return [float(a) for a in arr], prompt, output, max_batch, reserve, chunk, t_limit, ids
+    return [float(a) for a in arr], prompt, output, max_batch, reserve, chunk, t_limit, ids, top
 
 
 def _count_array(name, v, lo=0):

@@ -217,7 +217,7 @@ def run_request_level(reqs, step, max_bs, max_seq=FT_MAX_SEQ, history=None):
         slot += B * (L_pad + O_max - 1)
         useful += sum(r.prompt + r.output for r in batch) - B
         n_batches += 1
-        if history is not None:
+        if isinstance(history, list):                   # _check_step_history：列表或 None
             history.append({"t0": t0, "t1": t, "rids": [r.rid for r in batch]})
     return {"slot_tokens": slot, "useful_tokens": useful, "batches": n_batches, "max_bs_used": bs}
 
@@ -428,6 +428,7 @@ def adjust(logits, temperature=1.0, top_k=None):
         top_k = check_int("top_k", top_k, lo=1)
         if top_k > V:
             raise ValueError(f"top_k 必须在 1 … {V} 里，收到 {top_k}")
+    # >>> 练习 6.1
     if temperature == 0.0:
         hot = np.zeros_like(z)
         np.put_along_axis(hot, np.argmax(z, axis=-1)[..., None], 1.0, axis=-1)
@@ -437,6 +438,7 @@ def adjust(logits, temperature=1.0, top_k=None):
         z = np.where(z >= kth, z, -np.inf)                                       # 并列时会多留几个
     z = (z - z.max(axis=-1, keepdims=True)) / temperature
     return softmax(z)
+    # <<< 练习 6.1
 
 
 PROB_TOL = 1e-9     # float64 概率行的和离 1 多远算"没归一化"（更低的精度见 prob_tol）
@@ -516,14 +518,11 @@ def residual(p, q):
         q 的一行也可以全为 0。否则 ValueError。
     """
     p, q = _prob_pair(p, q, q_may_be_empty=True)
-    return _residual(p, q)
-
-
-def _residual(p, q):
-    """residual 的计算部分（p、q 已经检查过、是 float64；调用者已按原始 dtype 查过归一化）。"""
+    # >>> 练习 6.2
     over = np.maximum(p - q, 0.0)
     mass = over.sum(axis=-1, keepdims=True)
     return np.where(mass > 0, over / np.where(mass > 0, mass, 1.0), p)
+    # <<< 练习 6.2
 
 
 def spec_output_dist(p, q):
@@ -537,12 +536,13 @@ def spec_output_dist(p, q):
         所以 P_out = min(p, q) + max(0, p − q) = p，β = Σ min(p, q) = 1 − TV(p, q)。这里按**算法**算，
         上面的恒等式是被检验的结论，不是实现方式（自检和 03 演示检验到浮点误差）。
     """
+    p0, q0 = p, q                                        # residual 按原始精度再查一遍（float32 的表也收）
     p, q = _prob_pair(p, q)
     with np.errstate(invalid="ignore", divide="ignore"):
         accept = np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 0.0)
     via_draft = q * accept
     beta = via_draft.sum(axis=-1)
-    return via_draft + (1.0 - beta)[..., None] * _residual(p, q), beta
+    return via_draft + (1.0 - beta)[..., None] * residual(p0, q0), beta
 
 
 def variant_output_dist(p, q, variant="correct"):
@@ -555,15 +555,16 @@ def variant_output_dist(p, q, variant="correct"):
     【用途】spec_sample_batch 的第一个输出 token 的分布正好是它（第一个草稿位置的 p_1、q_1），03 演示拿它和
         蒙特卡洛的频率对照；测试拿它检验 _verify 的三个分支。
     """
+    p0, q0 = p, q
     p, q = _prob_pair(p, q)
     check_choice("variant", variant, SPEC_VARIANTS)
     if variant == "correct":
-        return spec_output_dist(p, q)[0]
+        return spec_output_dist(p0, q0)[0]
     if variant == "resample_p":
         beta = np.minimum(p, q).sum(axis=-1, keepdims=True)
         return np.minimum(p, q) + (1.0 - beta) * p
     kept = np.where(p >= q, q, 0.0)                       # 确定性接受：p(x) ≥ q(x) 的草稿全收
-    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * _residual(p, q)
+    return kept + (1.0 - kept.sum(axis=-1, keepdims=True)) * residual(p0, q0)
 
 
 def sample_rows(probs, rng):
@@ -1036,7 +1037,9 @@ def expected_tokens(alpha, gamma):
     a = _alpha(alpha)
     gamma = check_int("gamma", gamma, lo=0, hi=GAMMA_MAX)
     _check_count("alpha 的元素数 × (gamma + 1)", a.size * (gamma + 1), 8, where="expected_tokens")
+    # >>> 练习 6.3
     return _scalar(np.sum(a[..., None] ** np.arange(gamma + 1), axis=-1))
+    # <<< 练习 6.3
 
 
 # 论文发表的数（不是我们的公式算出来的）：Leviathan, Kalman, Matias, ICML 2023, 表 1，(α, γ, c) → 墙钟加速比。
