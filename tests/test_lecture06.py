@@ -775,3 +775,11 @@ def test_fits_in_memory_and_capacity_errors():
 def test_sample_rows_rng_must_be_a_generator():
     with pytest.raises(TypeError, match="np.random.Generator"):
         dl.sample_rows(np.ones((2, 3)) / 3, rng=0)
+
+
+def test_variant_output_dist_accepts_float32_tables():
+    """float32 的概率表按 float32 的容差核对（以前在内部按 float64 的容差重查而报错）。"""
+    r = np.random.default_rng(0)
+    p, q = (r.dirichlet(np.ones(5000)).astype(np.float32) for _ in range(2))
+    out = dl.variant_output_dist(p, q, "correct")
+    assert abs(float(out.sum()) - 1) < 1e-6 and float(np.abs(out - p).max()) < 1e-6
