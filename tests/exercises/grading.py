@@ -127,11 +127,11 @@ def run_checks(ex_id):
 
 @functools.lru_cache(maxsize=None)
 def load_exercise_tests():
-    """导入 tests/exercises/test_ex_*.py，让 CHECKS 完整（错误答案语料测试要用全部检查）。"""
+    """导入 tests/exercises/test_ex_*.py 和 test_predictions.py，让 CHECKS 完整（错误答案语料测试要用全部检查）。"""
     import importlib
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     for fn in sorted(os.listdir(HERE)):
-        if fn.startswith("test_ex_") and fn.endswith(".py"):
+        if (fn.startswith("test_ex_") or fn == "test_predictions.py") and fn.endswith(".py"):
             importlib.import_module(fn[:-3])
     return dict(CHECKS)
