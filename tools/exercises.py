@@ -40,7 +40,7 @@ HEADING_RE = re.compile(rf"^## 练习 (?P<id>{EX_ID})[：:]\s*(?P<title>.+?)\s*$
 FIELD_RE = re.compile(r"^- (?P<key>[^：:]+)[：:]\s*(?P<value>.*?)\s*$")
 FIELDS = ("分值", "依赖", "位置", "评分", "预计用时")
 HINT_RE = re.compile(r"^(?P<n>\d+)\.\s+(?P<text>.*)$")
-ANSWER_RE = re.compile(r"^(?P<indent>\s*)answer:.*$")
+ANSWER_RE = re.compile(r"^(?P<indent>\s*(?:-\s+)?)answer:.*$")
 # 解答行泄漏检查：只看这么长、不是纯注释的行（短行如 `return out` 到处都有）
 LEAK_MIN_CHARS = 20
 LEAK_SCAN_EXT = (".py", ".md", ".yaml", ".yml", ".txt", ".toml", ".cfg", ".sh", ".ipynb")

@@ -12,6 +12,8 @@
 全部检查在这一个进程里跑（pytest.main + 一个收集结果的小插件），2 核 CPU 上两分钟以内。
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -131,9 +133,13 @@ def run_checks(ids, info, preds):
     col = Collector(ids)
     t0 = time.perf_counter()
     if files:
-        args = ["-q", "-p", "no:cacheprovider", "-p", "no:terminal", "-o", "addopts=", "-W", "ignore", *files]
+        args = ["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore", *files]
         os.environ.setdefault("MPLBACKEND", "Agg")
-        pytest.main(args, plugins=[col])
+        log = io.StringIO()                 # pytest 自己的输出不给学生看（收集出错时附在报告后面）
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            rc = pytest.main(args, plugins=[col])
+        if rc not in (0, 1, 5) and not col.collect_errors:
+            col.collect_errors.append(f"pytest 退出码 {rc}：\n{log.getvalue()[-3000:]}")
     wall = time.perf_counter() - t0
     per = {i: [] for i in ids}
     for nodeid, r in col.results.items():
