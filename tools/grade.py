@@ -27,6 +27,7 @@ import exercises  # noqa: E402
 from course_utils import format_table  # noqa: E402
 
 GPU_PREFIX = "需要 GPU"
+UNFILLED = "还没填这个预测"          # tests/exercises/test_predictions.py 的 evaluate() 的消息开头
 STATUS_TEXT = {"passed": "通过", "failed": "未通过", "not_done": "还没做", "blocked": "被练习 {} 挡住",
                "gpu": "需要 GPU", "no_checks": "没有检查"}
 
@@ -62,6 +63,8 @@ class Collector:
             r["outcome"] = "failed"
             r["message"] = _one_line(props.get("error") or _longrepr_line(report))
             r["hole"] = props.get("hole")
+            if r["message"].startswith(UNFILLED):        # 预测还是 null：和代码练习的留空处一样算"还没做"
+                r["hole"] = r["ex"]
         elif report.skipped and r["outcome"] == "passed":
             r["outcome"] = "skipped"
             r["message"] = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
