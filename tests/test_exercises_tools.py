@@ -468,3 +468,17 @@ def test_student_parser_unit():
             ex.parse_regions(bad)
     assert ex.student_predictions("items:\n  - answer: 3.1   # 由模型算出\n    band: 2\n") == \
         "items:\n  - answer: null      # 你的预测（单位见 unit）\n    band: 2\n"
+
+
+def test_make_targets():
+    if shutil.which("make") is None:
+        pytest.skip("没有 make")
+
+    def dry(*args):
+        r = subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    assert "tools/grade.py --lecture lecture11 --ex 11.2 --hint 1" in dry("grade", "L=lecture11", "EX=11.2", "HINT=1")
+    assert "tools/grade.py \n" in dry("grade") or dry("grade").rstrip().endswith("tools/grade.py")
+    assert "tools/exercises.py student --out dist/student" in dry("student")
+    assert "tools/grade_gpu.py --ex 11.7" in dry("grade-gpu", "EX=11.7")
