@@ -129,8 +129,9 @@ def run_checks(ids, info, preds):
     """在本进程里跑选中练习的检查；返回 ({编号: [检查结果]}, 收集错误, 秒数)。"""
     import pytest
     folders = sorted({info[i]["folder"] for i in ids})
-    files = [os.path.join(EX_DIR, f"test_ex_{f}.py") for f in folders
-             if os.path.isfile(os.path.join(EX_DIR, f"test_ex_{f}.py"))]
+    files = [os.path.join(EX_DIR, fn) for fn in sorted(os.listdir(EX_DIR))
+             if any(fn == f"test_ex_{f}.py" or (fn.startswith(f"test_ex_{f}_") and fn.endswith(".py"))
+                    for f in folders)]
     if any(i in preds for i in ids):
         files.append(os.path.join(EX_DIR, "test_predictions.py"))
     col = Collector(ids)
@@ -161,10 +162,13 @@ def prediction_rows(ex_id, preds):
     rows = []
     for it in items:
         r = tp.evaluate(it)
-        ans = "未填" if it["answer"] is None else f"{it['answer']:.4g}"
-        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        rows.append((it["id"], f"{ans} {it['unit']}", f"{it['measured']:.4g} {it['unit']}", ratio,
-                     f"×{float(it['band']):g}", "✓" if r["ok"] else "✗", str(it["reason"]).strip()))
+        if r["ratio"] is None:          # 还没填（或填的不是数）：实测值和原因不给看，先自己估
+            rows.append((it["id"], "未填" if it["answer"] is None else repr(it["answer"]), "填了才显示", "",
+                         f"×{float(it['band']):g}", "✗", None))
+            continue
+        rows.append((it["id"], f"{it['answer']:.4g} {it['unit']}", f"{it['measured']:.4g} {it['unit']}",
+                     f"{r['ratio']:.2f}", f"×{float(it['band']):g}", "✓" if r["ok"] else "✗",
+                     str(it["reason"]).strip()))
     return rows
 
 
@@ -194,7 +198,10 @@ def grade(ids, info, preds, hint=0, out=sys.stdout):
             print(f"\n练习 {ex_id}（预测）逐项：", file=out)
             print(format_table(["项", "你的预测", "实测", "比值", "允许", "结果"], [r[:6] for r in prow]), file=out)
             for r in prow:
-                print(f"  {r[0]}：{r[6]}", file=out)
+                if r[6] is not None:
+                    print(f"  {r[0]}：{r[6]}", file=out)
+            if any(r[6] is None for r in prow):
+                print(f"  没填的项：在 {preds[ex_id]}/predictions.yaml 里把 answer: null 换成你的数（先估，再看实测）", file=out)
     if hint:
         for t, ex_id in zip(tests, ids):
             if t["_status"] != "passed" and info[ex_id]["hints"]:
