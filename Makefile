@@ -15,7 +15,7 @@ PYTEST_ARGS ?= -n 2
 PIP_QUIET := { grep --line-buffered -v 'is ignored: it is neither a file nor a directory' || true; }
 FOLDERS := $(sort $(wildcard prereq[0-9]* lecture[0-9]*))
 
-.PHONY: help setup check-all test lint figures checkpoints clean distclean
+.PHONY: help setup check-all test lint figures checkpoints student grade grade-gpu clean distclean
 
 help:  ## 列出所有目标
 	@echo "CS349E —— 用法：make <目标>"
@@ -44,6 +44,18 @@ check-%: setup  ## （模式）只检查一个讲次，如 make check-lecture02
 test: setup  ## pytest：每个自检与演示（子进程）+ 各讲次的单元 / 性质测试
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
+# 练习：学生树和评分（README 的"做练习"）。学生树与本树共用 .venv（符号链接），不用再装一遍
+student: setup  ## 写学生树 dist/student/：练习的解答换成 raise NotImplementedError（先查标记、格式、解答行泄漏）
+	@$(PY) tools/exercises.py student --out dist/student
+	@if [ -d $(VENV) ] && [ ! -e dist/student/.venv ]; then ln -s $(abspath $(VENV)) dist/student/.venv; fi
+	@echo "下一步：cd dist/student，改代码，然后 make grade（或 make grade EX=11.2 HINT=1）"
+
+grade: setup  ## 给练习打分：make grade [L=lecture11] [EX=11.2] [HINT=1..3]；结果也写进 grade.json（Gradescope 格式）
+	@$(PY) tools/grade.py $(if $(L),--lecture $(L)) $(if $(EX),--ex $(EX)) $(if $(HINT),--hint $(HINT))
+
+grade-gpu: setup  ## 只在 GPU 机器上：需要 GPU 的练习检查，make grade-gpu [EX=11.7]
+	@$(PY) tools/grade_gpu.py $(if $(EX),--ex $(EX))
+
 lint: setup  ## ruff 检查
 	@$(PY) -m ruff check .
 
@@ -56,7 +68,7 @@ checkpoints: setup  ## 训练各讲次缓存的模型（运行每个 <讲次>/tr
 	  if [ $$found = 0 ]; then echo "目前还没有讲次需要训练检查点（lecture04/18/19 加入后会有）。"; fi
 
 clean:  ## 删除生成的图、缓存（保留 .venv 和检查点）
-	rm -rf $(addsuffix /figures,$(FOLDERS)) $(addsuffix /bench/figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(addsuffix /figures,$(FOLDERS)) $(addsuffix /bench/figures,$(FOLDERS)) .pytest_cache .ruff_cache .hypothesis grade.json
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 # 入库的检查点（lecture04、lecture19）保留：只删 git 不跟踪的文件（续训文件、锁、没入库的讲次的检查点）

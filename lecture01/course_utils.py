@@ -33,9 +33,44 @@ import math
 import numbers
 import os
 import statistics
+import re
+import sys
 import unicodedata
 
 ALIGNS = ("<", ">")
+
+
+# =============================================================================
+# 学生树：脚本跑到还没做的练习时，只打印一行"被练习 X 挡住"（不是一屏 traceback）
+# =============================================================================
+BLOCKED_CODE = 78          # 退出码：被练习挡住（77 = skip）；tools/check_all.py 把它显示为 blocked
+EXERCISE_HOLE_RE = re.compile(r"练习 (P?\d+\.\d+) 未完成[：:]\s*([^（\n]*)")
+
+
+def exercise_hole(exc):
+    """exc（或它的 __cause__ / __context__ 链上）是练习留空处的 NotImplementedError 时返回 (编号, 标题)，否则 None。"""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotImplementedError):
+            m = EXERCISE_HOLE_RE.search(str(exc))
+            if m:
+                return m.group(1), m.group(2).strip()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _blocked_excepthook(kind, exc, tb, _previous=sys.excepthook):
+    hole = exercise_hole(exc)
+    if hole is None:
+        return _previous(kind, exc, tb)
+    ex_id, title = hole
+    sys.stdout.flush()
+    print(f"✗ 被练习 {ex_id} 挡住：{title}。先完成它：make grade EX={ex_id}", file=sys.stderr, flush=True)
+    os._exit(BLOCKED_CODE)
+
+
+sys.excepthook = _blocked_excepthook
 
 
 # =============================================================================

@@ -53,6 +53,8 @@ def test_item(item):
     status, dt, info = check_all.run_item(item)
     if status == "skip":
         pytest.skip(f"{item.label}: {info}")
+    if status == "blocked":                          # 学生树：跑到了还没做的练习（info = "blocked by 练习 X"）
+        pytest.skip(info)
     assert status == "ok", f"{item.label} 失败（{dt:.1f} s）：\n{info}"
     if item.kind == "demo":
         # --quick 的小图进 figures/quick/，不覆盖 make figures 生成的完整图
@@ -168,3 +170,46 @@ def test_lessons_never_import_bench():
             if name.endswith(".py"):
                 text = open(os.path.join(check_all.ROOT, folder, name), encoding="utf-8").read()
                 assert not reach.search(text), f"{folder}/{name} 导入了 bench/：{reach.search(text).group(0)}"
+
+
+def _imported_names(path):
+    import ast
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_script_reaches_course_utils():
+    # 学生树里脚本跑到还没做的练习时，course_utils 装的 excepthook 只打印一行"被练习 X 挡住"（退出码 78）。
+    # 所以每个可能碰到留空处的自检 / 演示 / 工作台脚本都要直接或经由别的课程模块导入 course_utils
+    modules = {}
+    for folder in check_all.course_folders():
+        for sub in ("", "bench"):
+            d = os.path.join(check_all.ROOT, folder, sub)
+            if os.path.isdir(d):
+                for name in os.listdir(d):
+                    if name.endswith(".py") and not name[0].isdigit():
+                        modules.setdefault(name[:-3], []).append(os.path.join(d, name))
+
+    def reaches(path, seen):
+        names = _imported_names(path)
+        if "course_utils" in names:
+            return True
+        for n in names - seen:
+            seen.add(n)
+            if any(reaches(p, seen) for p in modules.get(n, [])):
+                return True
+        return False
+
+    def can_meet_a_hole(path):       # 自己有练习标记，或导入了别的课程模块（那里可能有留空处）
+        return "# >>> 练习" in open(path, encoding="utf-8").read() or bool(_imported_names(path) & set(modules))
+
+    paths = {it.label: os.path.join(check_all.ROOT, it.folder, it.filename) for it in ITEMS}
+    missing = [label for label, p in paths.items() if label != "lecture01/course_utils.py"
+               and can_meet_a_hole(p) and not reaches(p, set())]
+    assert not missing, f"这些脚本没有（直接或间接）导入 course_utils，学生树里碰到留空处会打印整屏 traceback：{missing}"

@@ -15,8 +15,9 @@
     工作台脚本   ：`<讲次>/bench/*.py`（GPU 的测量工具）；运行 `python <file> --replot`：不用 GPU，
                    由已提交的 JSON 重画 bench/results/ 里的图
 每一项在自己的子进程里运行（lecture11 与 lecture18 各有一个 flash_lab，不能同处一个进程）。
-退出码 0 = ✓，77 = skip（原因取输出里最后一行 `SKIP: ...`），其他 = ✗（打印输出的最后几行）。
-整体有任何 ✗ 时退出码为 1。
+退出码 0 = ✓，77 = skip（原因取输出里最后一行 `SKIP: ...`），78 = blocked（学生树里跑到了还没做的练习：
+course_utils 的 excepthook 打印"被练习 X 挡住"；没经过它的 NotImplementedError("练习 X 未完成：…") 的
+traceback 也算），其他 = ✗（打印输出的最后几行）。整体有任何 ✗ 时退出码为 1；blocked 不算失败。
 """
 import argparse
 import os
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SKIP_CODE = 77
+BLOCKED_CODE = 78          # 与 lecture01/course_utils.py 的 BLOCKED_CODE 相同
+BLOCKED_RE = re.compile(r"被练习 (P?\d+\.\d+) 挡住|NotImplementedError: 练习 (P?\d+\.\d+) 未完成")
 # 每项的超时（秒）：check-all 和 pytest 共用这一个默认值，环境变量 CHECK_TIMEOUT 可以改
 DEFAULT_TIMEOUT = int(os.environ.get("CHECK_TIMEOUT", "600"))
 FOLDER_RE = re.compile(r"^(prereq|lecture)(\d+)$")
@@ -128,7 +131,7 @@ _REPLOT_DIR = None
 
 
 def run_item(item, python=sys.executable, full=False, timeout=DEFAULT_TIMEOUT):
-    """运行一项，返回 (status, seconds, 输出尾部或 skip 原因)。status ∈ {"ok", "fail", "skip"}。"""
+    """运行一项，返回 (status, seconds, 输出尾部或 skip / blocked 的原因)。status ∈ {"ok", "fail", "skip", "blocked"}。"""
     t0 = time.perf_counter()
     try:
         r = subprocess.run(item.argv(python, full), cwd=ROOT, env=child_env(), capture_output=True,
@@ -145,10 +148,13 @@ def run_item(item, python=sys.executable, full=False, timeout=DEFAULT_TIMEOUT):
     if r.returncode == SKIP_CODE:
         reasons = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("SKIP:")]
         return "skip", dt, reasons[-1][5:].strip() if reasons else "(没有给出原因)"
+    blocked = BLOCKED_RE.search(out)
+    if blocked and r.returncode in (BLOCKED_CODE, 1):
+        return "blocked", dt, f"blocked by 练习 {blocked.group(1) or blocked.group(2)}"
     return "fail", dt, out[-3000:] + f"\n[退出码 {r.returncode}]"
 
 
-SYMBOL = {"ok": "✓", "fail": "✗", "skip": "skip"}
+SYMBOL = {"ok": "✓", "fail": "✗", "skip": "skip", "blocked": "blocked"}
 
 
 def main(argv=None):
@@ -181,16 +187,16 @@ def main(argv=None):
     def work(it):
         results[it.label] = run_item(it, full=a.full, timeout=a.timeout)
         status, dt, info = results[it.label]
-        extra = f"  {info}" if status == "skip" else ""
+        extra = f"  {info}" if status in ("skip", "blocked") else ""
         # 每项只打印一次（完成时；并行时是完成顺序，方括号里是发现顺序的编号）
-        print(f"  [{order[it.label]:{len(str(len(items)))}d}/{len(items)}] {SYMBOL[status]:4s} {it.label:{width}s} "
+        print(f"  [{order[it.label]:{len(str(len(items)))}d}/{len(items)}] {SYMBOL[status]:7s} {it.label:{width}s} "
               f"{dt:7.1f} s{extra}", flush=True)
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(work, items))
     wall = time.perf_counter() - t_all
 
-    counts = {"ok": 0, "fail": 0, "skip": 0}
+    counts = {"ok": 0, "fail": 0, "skip": 0, "blocked": 0}
     for it in items:
         counts[results[it.label][0]] += 1
     for it in items:
@@ -198,7 +204,8 @@ def main(argv=None):
         if status == "fail":
             print(f"\n----- ✗ {it.label} 的输出（末尾）-----\n{info.rstrip()}")
     slow = sorted(items, key=lambda it: -results[it.label][1])[:3]
-    print(f"\n{counts['ok']} passed, {counts['fail']} failed, {counts['skip']} skipped  "
+    blocked = f", {counts['blocked']} blocked（被还没做的练习挡住）" if counts["blocked"] else ""
+    print(f"\n{counts['ok']} passed, {counts['fail']} failed, {counts['skip']} skipped{blocked}  "
           f"（墙钟 {wall:.0f} s；最慢：{', '.join(f'{it.label} {results[it.label][1]:.1f} s' for it in slow)}）")
     return 1 if counts["fail"] else 0
 

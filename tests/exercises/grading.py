@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import sys
 import textwrap
 from typing import Callable, NamedTuple
@@ -83,7 +84,15 @@ def called_names(fn):
     return names
 
 
+_HOLE_RAISE = re.compile(r"NotImplementedError\((['\"])(练习 (?:P?\d+)\.\d+ 未完成[：:].*?)\1\)")
+
+
 def expect_no_calls(fn, forbidden, why="练习函数要自己写出计算"):
+    """fn 的源码里没有调用 forbidden 里的名字。fn 还是学生树里的留空处（只有一行 raise）时，这条检查也不能算通过：
+    照样抛出那个 NotImplementedError（学生树里每个检查都要以它自己练习的 NotImplementedError 失败）。"""
+    hole = _HOLE_RAISE.search(inspect.getsource(inspect.unwrap(fn)))
+    if hole:
+        raise NotImplementedError(hole.group(2))
     used = called_names(fn) & set(forbidden)
     expect(not used, f"{fn.__qualname__} 调用了 {sorted(used)}：{why}，不能调用课程的参考实现")
 
@@ -127,11 +136,11 @@ def run_checks(ex_id):
 
 @functools.lru_cache(maxsize=None)
 def load_exercise_tests():
-    """导入 tests/exercises/test_ex_*.py，让 CHECKS 完整（错误答案语料测试要用全部检查）。"""
+    """导入 tests/exercises/test_ex_*.py 和 test_predictions.py，让 CHECKS 完整（错误答案语料测试要用全部检查）。"""
     import importlib
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     for fn in sorted(os.listdir(HERE)):
-        if fn.startswith("test_ex_") and fn.endswith(".py"):
+        if (fn.startswith("test_ex_") or fn == "test_predictions.py") and fn.endswith(".py"):
             importlib.import_module(fn[:-3])
     return dict(CHECKS)
