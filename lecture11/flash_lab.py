@@ -373,8 +373,8 @@ def _fwd_fa2(Q, K, V, Br, Bc, causal, scale):
 
     每个 Q 块 [i0, i1)（br 行）：片上状态 m、l、acc 从 (−∞, 0, 0) 开始，对每个活的 K 块（_live；第一个不活的块
     之后全都不活）用 _masked_scores 算分数块，按在线 softmax 更新，循环后用 _normalize 除一次 l，写进 O、L。
-    【IO 账】每个 Q 块：io.add("Q", read=br·d) 一次；读过的 K、V 行共 keys 行时 io.add("K,V", read=keys·(d + dv))、
-        io.add("QKᵀ,PV", flops=2·br·keys·(d + dv))；io.add("O", write=br·dv)、io.add("L", write=br) 各一次。
+    【IO 账】每个 Q 块记一次：读 "Q" br·d 个数；读过的 K、V 行共 keys 行时读 "K,V" keys·(d + dv) 个数、
+        "QKᵀ,PV" 记 2·br·keys·(d + dv) 次浮点运算；写 "O" br·dv 个数、写 "L" br 个数（都用 io.add）。
     """
     N, d = Q.shape
     Nk, dv = V.shape
