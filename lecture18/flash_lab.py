@@ -111,11 +111,15 @@ def _block_state(S, V):
 
 
 def _merge(a, b):
+    """merge_states 检查完参数之后的数学（热路径：分块前向、合并树、环形注意力都直接调它）。"""
     (ma, la, oa), (mb, lb, ob) = a, b
+    # >>> 练习 18.1
     m = torch.maximum(ma, mb)
-    alpha = torch.exp(ma - _safe(m))                          # 把 a 换算到新基准 m；m_a = −∞ 时为 0
-    beta = torch.exp(mb - _safe(m))
+    ref = m.masked_fill(torch.isneginf(m), 0.0)               # 两边都是空状态时基准取 0：exp(−∞ − 0) = 0，不是 NaN
+    alpha = torch.exp(ma - ref)                               # 把 a 换算到新基准 m；m_a = −∞ 时为 0
+    beta = torch.exp(mb - ref)
     return m, alpha * la + beta * lb, alpha.unsqueeze(-1) * oa + beta.unsqueeze(-1) * ob
+    # <<< 练习 18.1
 
 
 def _finalize(state):
@@ -330,6 +334,7 @@ def blockwise_attention_fwd(q, k, v, block_q=64, block_k=64, causal=False, scale
 
 
 def _fwd(q, k, v, block_q, block_k, causal, scale):
+    # >>> 练习 18.2
     N, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     off = Nk - N                                              # 第 i 个 query 的位置是 off + i
     O = q.new_empty((*q.shape[:-1], dv))                      # [..., N, dv]
@@ -347,6 +352,7 @@ def _fwd(q, k, v, block_q, block_k, causal, scale):
         top[..., i0:i1] = state[0]
     _check_row_max(top, causal, N, Nk)
     return O, lse
+    # <<< 练习 18.2
 
 
 def blockwise_attention_bwd(q, k, v, O, lse, dO, block_q=64, block_k=64, causal=False, scale=None, dlse=None):
@@ -368,6 +374,7 @@ def blockwise_attention_bwd(q, k, v, O, lse, dO, block_q=64, block_k=64, causal=
 
 
 def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
+    # >>> 练习 18.2
     N, Nk = q.shape[-2], k.shape[-2]
     off = Nk - N
     D = (dO * O).sum(dim=-1)                                  # [..., N]
@@ -394,6 +401,7 @@ def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
     if cpu:
         _check_row_max(top, causal, N, Nk)
     return dq, dk, dv
+    # <<< 练习 18.2
 
 
 class BlockwiseAttention(torch.autograd.Function):
@@ -404,27 +412,34 @@ class BlockwiseAttention(torch.autograd.Function):
     平时用 blockwise_attention）。O 和 lse 都回传梯度。
     二阶导（backward(create_graph=True) 之后再求导）：重算版的反向本身不可再求导（lse 当常数用），
     这时改走 vanilla_attention 的显式公式再求一次导——结果对，但显存回到 ∝ N²（只在要二阶导时）。
+    约定（二阶导那段给定的代码要用）：save_for_backward 的前三个是 q、k、v；ctx.cfg = (block_q, block_k, causal, scale)。
     """
 
     @staticmethod
     def forward(ctx, q, k, v, block_q, block_k, causal, scale):
+        # >>> 练习 18.2
         O, lse = _fwd(q, k, v, block_q, block_k, causal, scale)
-        ctx.save_for_backward(q, k, v, O, lse)
+        ctx.save_for_backward(q, k, v, O, lse)                # 只有 O(N) 的张量：q、k、v 本来就在，新增 O 和 lse
         ctx.cfg = (block_q, block_k, causal, scale)
         return O, lse
+        # <<< 练习 18.2
 
     @staticmethod
     def backward(ctx, dO, dlse):
+        if torch.is_grad_enabled():                           # create_graph=True：要一个能再求导的反向
+            return (*_differentiable_bwd(ctx, dO, dlse), None, None, None, None)
+        # >>> 练习 18.2
         q, k, v, O, lse = ctx.saved_tensors
         block_q, block_k, causal, scale = ctx.cfg
-        if torch.is_grad_enabled():                           # create_graph=True：要一个能再求导的反向
-            return (*_differentiable_bwd(ctx, q, k, v, dO, dlse, causal, scale), None, None, None, None)
         dq, dk, dv = _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse)
         return dq, dk, dv, None, None, None, None
+        # <<< 练习 18.2
 
 
-def _differentiable_bwd(ctx, q, k, v, dO, dlse, causal, scale):
+def _differentiable_bwd(ctx, dO, dlse):
     """二阶导用的反向：按定义（vanilla_attention）重算 (O, lse)，对 q、k、v 求导并记录计算图。"""
+    q, k, v = ctx.saved_tensors[:3]
+    causal, scale = ctx.cfg[2:]
     inputs = [t for t, need in zip((q, k, v), ctx.needs_input_grad[:3]) if need]
     O, lse = _vanilla(q, k, v, causal, scale)
     finite = torch.isfinite(lse)                              # lse = −∞ 的行对任何东西都没有梯度
