@@ -970,12 +970,13 @@ def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
         raise ValueError(f"ring_attention：ledger 是 RingLedger({ledger.P})，和 P = {P} 不符")
     if ledger is None:
         ledger = RingLedger(P)
+    O = torch.empty_like(Q)
     # >>> 练习 19.1
     idx = shard_index(N, P, layout)
     scale = d ** -0.5
     acc = [None] * P
     held = list(range(P))                       # held[r]：设备 r 手上现在是谁的 K、V
-    for rnd in range(P):
+    for step in range(P):
         work = []
         for r in range(P):
             qi = idx[r]                 # 我的查询
@@ -985,16 +986,15 @@ def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
             if st is not None:
                 acc[r] = merge_states(acc[r], st) if acc[r] is not None else st
         ledger.work.append(work)
-        if rnd == P - 1:                        # 最后一轮算完就结束，不再传
+        if step == P - 1:                       # 最后一轮算完就结束，不再传
             break
         for r in range(P):
             ledger.sent[r] += 2 * K[..., idx[held[r]], :].numel()    # K 块和 V 块
         held = [held[(r - 1) % P] for r in range(P)]                  # 从上一块设备收
-    O = torch.empty_like(Q)
     for r in range(P):
         O[..., idx[r], :] = finalize(acc[r])[0]
-    return O, ledger
     # <<< 练习 19.1
+    return O, ledger
 
 
 def _check_ring(Q, K, V, P, causal, layout):
