@@ -111,11 +111,15 @@ def _block_state(S, V):
 
 
 def _merge(a, b):
+    """merge_states 检查完参数之后的数学（热路径：分块前向、合并树、环形注意力都直接调它）。"""
     (ma, la, oa), (mb, lb, ob) = a, b
-    m = torch.maximum(ma, mb)
-    alpha = torch.exp(ma - _safe(m))                          # 把 a 换算到新基准 m；m_a = −∞ 时为 0
-    beta = torch.exp(mb - _safe(m))
+    # >>> 练习 18.1
+    m = torch.max(ma, mb)                                     # 新的基准：逐元素取较大者
+    ref = m.masked_fill(torch.isneginf(m), 0.0)               # 两边都是空状态时基准取 0：exp(−∞ − 0) = 0，不是 NaN
+    alpha = torch.exp(ma - ref)                               # 把 a 换算到新基准 m；m_a = −∞ 时为 0
+    beta = torch.exp(mb - ref)
     return m, alpha * la + beta * lb, alpha.unsqueeze(-1) * oa + beta.unsqueeze(-1) * ob
+    # <<< 练习 18.1
 
 
 def _finalize(state):
@@ -302,11 +306,6 @@ def _tiles(n, b):
     return [(s, min(s + b, n)) for s in range(0, n, b)]
 
 
-def _live(causal, offset, i1, j0):
-    """causal 时 Q 块 [·, i1) 和从 j0 开始的 K 块有没有可见的 (q, k) 对：块里最靠后的 query 在 offset + i1 − 1。"""
-    return not causal or offset + i1 - 1 >= j0
-
-
 def _block_scores(qi, kj, scale, causal, i0, j0, offset):
     """一块分数 [..., br, bc]；只有跨过对角线的块才需要在块内填 −∞。"""
     S = (qi @ kj.transpose(-2, -1)) * scale                   # [..., br, bc]
@@ -335,16 +334,17 @@ def _fwd(q, k, v, block_q, block_k, causal, scale):
     O = q.new_empty((*q.shape[:-1], dv))                      # [..., N, dv]
     lse = q.new_empty(q.shape[:-1])                           # [..., N]
     top = q.new_empty(q.shape[:-1])                           # 每行最终的 m：只为最后查一次溢出
+    # >>> 练习 18.2
     for i0, i1 in _tiles(N, block_q):
         qi = q[..., i0:i1, :]                                 # [..., br, d]
         state = _empty_state(qi.shape[:-1], dv, q)
-        for j0, j1 in _tiles(Nk, block_k):
-            if not _live(causal, off, i1, j0):
-                break                                         # 右边的块更靠后，也全都看不见
+        kend = min(Nk, off + i1) if causal else Nk            # 块里最靠后的 query 也看不见 kend 及以后的 key
+        for j0, j1 in _tiles(kend, block_k):
             S = _block_scores(qi, k[..., j0:j1, :], scale, causal, i0, j0, off)
             state = _merge(state, _block_state(S, v[..., j0:j1, :]))
         O[..., i0:i1, :], lse[..., i0:i1] = _finalize(state)
         top[..., i0:i1] = state[0]
+    # <<< 练习 18.2
     _check_row_max(top, causal, N, Nk)
     return O, lse
 
@@ -370,18 +370,17 @@ def blockwise_attention_bwd(q, k, v, O, lse, dO, block_q=64, block_k=64, causal=
 def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
     N, Nk = q.shape[-2], k.shape[-2]
     off = Nk - N
-    D = (dO * O).sum(dim=-1)                                  # [..., N]
-    if dlse is not None:
-        D = D - dlse                                          # dS = P ∘ (dP − D + dlse)
-    lse_sub = lse.masked_fill(torch.isneginf(lse), float("inf"))   # 空行：exp(S − ∞) = 0，避免 −∞ − (−∞)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     cpu = q.device.type == "cpu"                              # 溢出只在 CPU 上查（同 _check_scores）
     top = q.new_full(q.shape[:-1], NEG_INF) if cpu else None  # 每行可见分数的最大值
+    # >>> 练习 18.2
+    D = (dO * O).sum(dim=-1)                                  # [..., N]
+    D = D if dlse is None else D - dlse                       # dS = P ∘ (dP − D + dlse)
+    lse_sub = lse.masked_fill(torch.isneginf(lse), float("inf"))   # 空行：exp(S − ∞) = 0，避免 −∞ − (−∞)
     for j0, j1 in _tiles(Nk, block_k):
         kj, vj = k[..., j0:j1, :], v[..., j0:j1, :]           # [..., bc, d]、[..., bc, dv]
-        for i0, i1 in _tiles(N, block_q):
-            if not _live(causal, off, i1, j0):
-                continue
+        skip = max(0, j0 - off) // block_q if causal else 0   # causal：前 skip 个 Q 块整块看不见这块 key
+        for i0, i1 in _tiles(N, block_q)[skip:]:
             qi, dOi = q[..., i0:i1, :], dO[..., i0:i1, :]
             S = _block_scores(qi, kj, scale, causal, i0, j0, off)            # [..., br, bc]
             if cpu:
@@ -391,6 +390,7 @@ def _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse=None):
             dS = P * (dOi @ vj.transpose(-2, -1) - D[..., i0:i1, None])      # [..., br, bc]
             dq[..., i0:i1, :] += (dS @ kj) * scale                           # [..., br, d]
             dk[..., j0:j1, :] += (dS.transpose(-2, -1) @ qi) * scale         # [..., bc, d]
+    # <<< 练习 18.2
     if cpu:
         _check_row_max(top, causal, N, Nk)
     return dq, dk, dv
@@ -404,27 +404,33 @@ class BlockwiseAttention(torch.autograd.Function):
     平时用 blockwise_attention）。O 和 lse 都回传梯度。
     二阶导（backward(create_graph=True) 之后再求导）：重算版的反向本身不可再求导（lse 当常数用），
     这时改走 vanilla_attention 的显式公式再求一次导——结果对，但显存回到 ∝ N²（只在要二阶导时）。
+    约定（二阶导那段给定的代码要用）：save_for_backward 的前三个是 q、k、v；ctx.cfg 已在 forward 开头给定。
     """
 
     @staticmethod
     def forward(ctx, q, k, v, block_q, block_k, causal, scale):
+        ctx.cfg = (block_q, block_k, causal, scale)           # 给定：二阶导那段代码也读它
+        # >>> 练习 18.2
         O, lse = _fwd(q, k, v, block_q, block_k, causal, scale)
-        ctx.save_for_backward(q, k, v, O, lse)
-        ctx.cfg = (block_q, block_k, causal, scale)
+        ctx.save_for_backward(q, k, v, O, lse)                # 只有 O(N) 的张量：q、k、v 本来就在，新增 O 和 lse
         return O, lse
+        # <<< 练习 18.2
 
     @staticmethod
     def backward(ctx, dO, dlse):
-        q, k, v, O, lse = ctx.saved_tensors
-        block_q, block_k, causal, scale = ctx.cfg
         if torch.is_grad_enabled():                           # create_graph=True：要一个能再求导的反向
-            return (*_differentiable_bwd(ctx, q, k, v, dO, dlse, causal, scale), None, None, None, None)
-        dq, dk, dv = _bwd(q, k, v, O, lse, dO, block_q, block_k, causal, scale, dlse)
-        return dq, dk, dv, None, None, None, None
+            return (*_differentiable_bwd(ctx, dO, dlse), None, None, None, None)
+        # >>> 练习 18.2
+        q, k, v, O, lse = ctx.saved_tensors
+        grads = _bwd(q, k, v, O, lse, dO, *ctx.cfg, dlse)        # (dq, dk, dv)
+        return (*grads, None, None, None, None)                   # block_q、block_k、causal、scale 没有梯度
+        # <<< 练习 18.2
 
 
-def _differentiable_bwd(ctx, q, k, v, dO, dlse, causal, scale):
+def _differentiable_bwd(ctx, dO, dlse):
     """二阶导用的反向：按定义（vanilla_attention）重算 (O, lse)，对 q、k、v 求导并记录计算图。"""
+    q, k, v = ctx.saved_tensors[:3]
+    causal, scale = ctx.cfg[2:]
     inputs = [t for t, need in zip((q, k, v), ctx.needs_input_grad[:3]) if need]
     O, lse = _vanilla(q, k, v, causal, scale)
     finite = torch.isfinite(lse)                              # lse = −∞ 的行对任何东西都没有梯度

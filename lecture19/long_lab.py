@@ -341,9 +341,24 @@ class LongAttention(nn.Module):
         device = _check_device("LongAttention.rope", device)
         key = ("rope", T, self.scale, self.base, str(device))
         if key not in self._cache:
-            pos = torch.arange(T, dtype=torch.float32) / self.scale     # 位置插值：m → m / scale
-            self._cache[key] = tuple(t.to(device) for t in rope_angles(pos, self.dk, self.base))
+            self._cache[key] = tuple(t.to(device) for t in rope_angles(self.positions(T), self.dk, self.base))
         return self._cache[key]
+
+    def positions(self, T):
+        """
+        RoPE 看到的 T 个位置（float32 [T]）。位置插值 scale 倍（scale = L_目标 / L_训练 ≥ 1）：第 m 个 token 的
+        位置记作 m · L_训练 / L_目标 = m / scale——长 scale·L 的序列被压回训练时见过的位置范围 [0, L)。scale = 1 时就是 0 … T−1。
+        """
+        # >>> 练习 19.2
+        return torch.arange(T, dtype=torch.float32).div_(self.scale)
+        # <<< 练习 19.2
+
+    def rotate(self, q, k):
+        """给 q、k [B, H, T, dk] 加上 RoPE（按 positions 的位置，cos、sin 由 rope 缓存）：返回 (q, k)。"""
+        # >>> 练习 19.2
+        cos, sin = self.rope(q.shape[-2], q.device)
+        return apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
+        # <<< 练习 19.2
 
     def forward(self, x):
         """x [B, T, d_model]（浮点）→ [B, T, d_model]。"""
@@ -354,9 +369,7 @@ class LongAttention(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, self.dk).permute(2, 0, 3, 1, 4)   # 各 [B, H, T, dk]
         if self.pos == "rope":
-            cos, sin = self.rope(T, x.device)
-            q = apply_rope_half(q, cos, sin)
-            k = apply_rope_half(k, cos, sin)
+            q, k = self.rotate(q, k)
         if self.keep_attn:                                                        # 参考路径：显式的分数矩阵
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.dk)              # [B, H, T, T]
             probs = torch.softmax(scores.masked_fill(~self.allowed(T, x.device), float("-inf")), dim=-1)
@@ -957,11 +970,13 @@ def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
         raise ValueError(f"ring_attention：ledger 是 RingLedger({ledger.P})，和 P = {P} 不符")
     if ledger is None:
         ledger = RingLedger(P)
+    O = torch.empty_like(Q)
+    # >>> 练习 19.1
     idx = shard_index(N, P, layout)
     scale = d ** -0.5
     acc = [None] * P
     held = list(range(P))                       # held[r]：设备 r 手上现在是谁的 K、V
-    for rnd in range(P):
+    for step in range(P):
         work = []
         for r in range(P):
             qi = idx[r]                 # 我的查询
@@ -971,14 +986,14 @@ def ring_attention(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
             if st is not None:
                 acc[r] = merge_states(acc[r], st) if acc[r] is not None else st
         ledger.work.append(work)
-        if rnd == P - 1:                        # 最后一轮算完就结束，不再传
+        if step == P - 1:                       # 最后一轮算完就结束，不再传
             break
         for r in range(P):
             ledger.sent[r] += 2 * K[..., idx[held[r]], :].numel()    # K 块和 V 块
         held = [held[(r - 1) % P] for r in range(P)]                  # 从上一块设备收
-    O = torch.empty_like(Q)
     for r in range(P):
         O[..., idx[r], :] = finalize(acc[r])[0]
+    # <<< 练习 19.1
     return O, ledger
 
 
