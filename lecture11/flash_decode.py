@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_bool, check_choice, check_int, check_memory  # noqa: E402
+from course_utils import check_bool, check_choice, check_device, check_int, check_memory  # noqa: E402
 
 try:
     import torch
@@ -43,11 +43,10 @@ except ImportError:
     raise
 
 from fast_launch import _PLANS, _Plan, _current_stream, _launch_hooks_active, _should_record, _sm_count  # noqa: E402
-from triton_flash import (_DTYPES, CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch, _check_device,  # noqa: E402
-                          _check_float_dtype, _check_gen, _check_runnable, _check_scale, _check_tensors, _fwd, _rows_layout,
-                          _load_rows, _lse_scratch, _pick_seed, _pow2,
-                          _prec, _rel_err, _scalar, allowed_mask, reference_attention,
-                          torch_bound)
+from triton_flash import (_DTYPES, CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch,  # noqa: E402
+                          _check_float_dtype, _check_gen, _check_runnable, _check_scale, _check_tensors, _fwd,
+                          _load_rows, _lse_scratch, _pick_seed, _pow2, _prec, _rel_err, _rows_layout, _scalar,
+                          allowed_mask, reference_attention, torch_bound)
 
 
 # ============================================================================
@@ -845,7 +844,7 @@ def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
     d 不是 2 的幂、(Hq/Hk)·n > MAX_DECODE_ROWS（转前向内核）。big（GPU）时缓存放大 16 倍，再加四个真实尺寸：
     d = 256 × 128 行（以前超过 H200 的共享内存）、d = 80 × n = 64、n = 128 × GQA 4（转前向内核）、d = 111。"""
     where = "decode_cases"                        # gen 由 make_decode_case 检查
-    _check_device(device, where)
+    check_device("device", device, where=where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
     return _decode_cases(gen, device, dtype, check_bool("big", big, where))
 
@@ -1037,7 +1036,7 @@ def _check_make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new, dtype,
     for i, n in enumerate(lengths):
         check_int(f"lengths[{i}]", n, lo=n_new, hi=s_max, where=where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
-    _check_device(device, where)
+    check_device("device", device, where=where)
     check_memory("batch × s_max × hk × d", 8 * 2 * batch * s_max * hk * d + 8 * batch * n_new * hq * d, where)
 
 

@@ -40,7 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:            # fast_launch、flash_decode 在同一文件夹（别的讲次按路径加载本文件时也找得到）
     sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_bool, check_choice, check_int, check_memory, check_real, check_seed  # noqa: E402
+from course_utils import (check_bool, check_choice, check_device, check_int, check_memory, check_real,  # noqa: E402
+                          check_seed)
 
 try:
     import torch
@@ -548,7 +549,8 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
 @triton.jit
 def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_qn, stride_qh, stride_lh, total_q,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """D_i = Σ dO_i∘O_i（O、dO 是 Q 的布局，一组步长）；LSE 换成 log2 单位，空行（−inf）换成 +inf，这样反向 exp2(s − LSE2) 在空行上是 0 而不是 NaN。"""
+    """D_i = Σ dO_i∘O_i（O、dO 是 Q 的布局：一组步长）。LSE 换成 log2 单位，空行（−inf）换成 +inf，
+    这样反向 exp2(s − LSE2) 在空行上是 0 而不是 NaN。"""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -664,7 +666,8 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
         lse_base = LSE2 + h * stride_lh + q0
         delta_base = DELTA + h * stride_lh + q0
         for stage in tl.static_range(3):
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, lse_base, delta_base, lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, lse_base, delta_base,
+                                 lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
                                  softcap, slope2, bias_base, stride_bm, stride_bn, seed, rng_base, max_k, dropout_p,
                                  stage, HEAD_DIM, BLOCK_D, BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                  PREC, ATOMIC_DQ, HAS_SOFTCAP)
@@ -1060,7 +1063,7 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     total_q, hq, d = q.shape
     hk = k.shape[1]
     batch = cu_q.numel() - 1
-    do = _rows_layout(do)           # q、k、v 在入口已是连续的（_rows_layout）：dO、dQ 和 q 同步长，dK、dV 和 k、v 同步长
+    do = _rows_layout(do)        # q、k、v 在入口已是连续的（_rows_layout）：dO、dQ 和 q 同步长，dK、dV 和 k、v 同步长
     dq, dk, dv = (_new(t.shape, t, launch.poison) for t in (q, k, v))
     if total_q == 0 or k.shape[0] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -2199,17 +2202,6 @@ def _check_cu(name, cu, total, max_name, max_len, device):
     return cu.contiguous(), n
 
 
-def _check_device(device, where):
-    """device：字符串或 torch.device，能跑 Triton 内核（CUDA，或解释器里的 CPU）→ torch.device。"""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{where}：device 必须是 'cpu'、'cuda'、'cuda:0' 这样的设备，收到 {device!r}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA 设备，收到 {device!r}")
-    return dev
-
-
 def _check_gen(gen, where):
     if not isinstance(gen, torch.Generator):
         raise TypeError(f"{where}：gen 必须是 torch.Generator（如 torch.Generator().manual_seed(0)），"
@@ -2246,7 +2238,7 @@ def _check_dropout_mask(seed, dropout_p, batch, n_heads_q, max_q, max_k, device)
     sizes = [check_int(n, v, lo=0, where=where) for n, v in
              (("batch", batch), ("n_heads_q", n_heads_q), ("max_q", max_q), ("max_k", max_k))]
     check_memory("batch × n_heads_q × max_q × max_k", 2 * math.prod(sizes), where)     # int8 + bool
-    dev = _check_device(device, where)
+    dev = check_device("device", device, where=where)
     if dev.type == "cpu" and math.prod(sizes):
         _check_runnable(torch.empty(0, device=dev), "device")
     return seed, p, dev
@@ -2256,7 +2248,8 @@ def _check_allowed(nq, nk, causal, window_size, device):
     where = "allowed_mask"
     nq, nk = check_int("nq", nq, lo=0, where=where), check_int("nk", nk, lo=0, where=where)
     check_memory("nq × nk", 3 * nq * nk + 16 * (nq + nk), where)
-    return check_bool("causal", causal, where), _check_window(window_size, where), _check_device(device, where)
+    return (check_bool("causal", causal, where), _check_window(window_size, where),
+            check_device("device", device, where=where))
 
 
 def _check_reference(q, k, v, causal, softmax_scale, window_size, alibi_slopes, bias, dropout_p, keep, dtype,
@@ -2329,7 +2322,7 @@ def _check_make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal,
         raise ValueError(f"{where}：hq 必须是 hk 的整数倍（GQA/MQA），收到 hq={hq}、hk={hk}")
     d = check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
-    _check_device(device, where)
+    check_device("device", device, where=where)
     _check_gen(gen, where)
     for flag, value in (("causal", causal), ("alibi", alibi), ("bias", bias)):
         check_bool(flag, value, where)
