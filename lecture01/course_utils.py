@@ -759,5 +759,32 @@ def _selftest():
           "check_int / check_real 的边界")
 
 
+
+def check_device(name, device, where="", kinds=("cpu", "cuda"), type_error=TypeError, error=ValueError, hint=""):
+    """
+    检查一个设备参数：'cpu'、'cuda'、'cuda:N'、整数 N（= cuda:N）或 torch.device，返回 torch.device。
+    【报错】不是这几种类型（bool、浮点数、None、list……）→ type_error（默认 TypeError；对一切坏值都报 ValueError
+            的老接口传 type_error=ValueError，同 check_int）；认不出的名字、种类不在 kinds 里、这台机器上没有的
+            CUDA GPU → error（默认 ValueError；"张量不在要求的设备上"这类运行环境的问题传 RuntimeError）。
+            hint 接在消息末尾（如"本内核要 Hopper GPU"）。torch 在第一次调用时才导入（学生的工具箱不依赖 torch）。
+    """
+    import torch
+    allowed = " / ".join(f"'{k}'" for k in kinds)
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise type_error(f"{_who(name, where)} 必须是 {allowed}（可带 ':N'）、整数或 torch.device，"
+                         f"收到 {type(device).__name__} 类型的 {device!r}{hint}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise error(f"{_who(name, where)} 认不出来：必须是 {allowed}（可带 ':N'），收到 {device!r}{hint}") from None
+    if dev.type not in kinds:
+        raise error(f"{_who(name, where)} 只能是 {allowed} 设备，收到 {device!r}{hint}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise error(f"{_who(name, where)} = {device!r}，但这台机器上只有 {count} 块 CUDA GPU{hint}")
+    return dev
+
+
 if __name__ == "__main__":
     _selftest()

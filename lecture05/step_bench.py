@@ -45,8 +45,8 @@ for _sub in ("lecture01", "lecture04"):
 import hw_specs  # noqa: E402
 import llm_math  # noqa: E402
 import serving_sim as ss  # noqa: E402
-from course_utils import (check_array, check_bool, check_choice, check_int, check_real,  # noqa: E402
-                          fmt_bytes, load_json, machine_memory_bytes, ratio_errors)
+from course_utils import (check_array, check_bool, check_choice, check_device, check_int, check_real,  # noqa: E402
+                          check_seed, fmt_bytes, load_json, machine_memory_bytes, ratio_errors)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 
 ROPE_BASE = 500_000.0       # Llama 3 的 RoPE 底数（只影响数值，不影响时间）
@@ -416,9 +416,9 @@ def nudged_losses(points, configs, params, rel=0.01, n_dirs=32, seed=0, chip=CHI
     _check_params(params, "nudged_losses")
     rel = check_real("rel", rel, 0.0, 1.0, lo_open=True, where="nudged_losses")
     n_dirs = check_int("n_dirs", n_dirs, 1, 10_000, where="nudged_losses")
-    seed = check_int("seed", seed, lo=0, where="nudged_losses")
+    rng = check_seed("seed", seed, where="nudged_losses")
     keys = [k for k in FIT_KEYS if params.get(k) is not None]
-    dirs = np.random.default_rng(seed).standard_normal((n_dirs, len(keys)))
+    dirs = rng.standard_normal((n_dirs, len(keys)))
     out = []
     for u in dirs / np.linalg.norm(dirs, axis=1, keepdims=True):
         q = dict(params)
@@ -542,7 +542,7 @@ def synthetic_points(models, grid, params, chip=CHIP, noise=0.0, seed=0):
     秒数 = 模型（predict；开销 step_overhead(params, mode, 模型)）× exp(noise·N(0,1))。"""
     _check_params(params, "synthetic_points")
     noise = check_real("noise", noise, 0.0, 10.0, where="synthetic_points")
-    rng = np.random.default_rng(check_int("seed", seed, lo=0, where="synthetic_points"))
+    rng = check_seed("seed", seed, where="synthetic_points")
     configs = {m.name: m for m in _check_models(models, "synthetic_points")}
     pts = [p for p in plan_points(models, grid) if fits_chip(configs[p["model"]], p, chip)]
     tc, tm = ideal_times(pts, configs, chip)
@@ -569,21 +569,6 @@ def _check_cfg(cfg, where):
     if not isinstance(cfg, llm_math.ModelConfig):
         raise TypeError(f"{where}：cfg 必须是 llm_math.ModelConfig，收到 {type(cfg).__name__}")
     return cfg
-
-
-def _check_device(device, where):
-    """device → torch.device；写错的名字、没有 CUDA 时要 cuda → ValueError（不是 torch 深处的 RuntimeError）。"""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{where}：device 必须是 'cpu'、'cuda' 或 'cuda:N'，收到 {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{where}：device={device!r}，但这台机器没有 CUDA GPU")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"{where}：device={device!r}，但这台机器只有 {torch.cuda.device_count()} 块 CUDA GPU")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA，收到 {device!r}")
-    return dev
 
 
 def _device_bytes(dev):
@@ -614,9 +599,9 @@ def _check_build(cfg, device, dtype, seed, max_pos):
     if cfg.d_head % 2:
         raise ValueError(f"build_model：d_head 必须是偶数（RoPE 两两配对），收到 {cfg.d_head}")
     elem = _check_dtype(dtype, w)
-    check_int("seed", seed, lo=0, hi=2 ** 63 - 1, where=w)
+    check_int("seed", seed, lo=0, hi=2 ** 63 - 1, where=w)     # torch.Generator 的种子：整数（check_seed 给 numpy）
     max_pos = check_int("max_pos", max_pos, lo=1, where=w)
-    dev = _check_device(device, w)
+    dev = check_device("device", device, where=w, type_error=ValueError)
     _check_room(f"{cfg.name} 的权重 {cfg.n_params():,} 个参数 × {elem} 字节", cfg.n_params() * elem, dev, w, "cfg")
     _check_room(f"RoPE 表 2 × {max_pos:,} × {cfg.d_head // 2} × {elem} 字节", max_pos * cfg.d_head * elem, dev, w,
                 "max_pos")
@@ -629,7 +614,7 @@ def _check_alloc_cache(cfg, batch, max_seq, dtype, device):
     batch = check_int("batch", batch, lo=1, where=w)
     max_seq = check_int("max_seq", max_seq, lo=1, where=w)
     elem = _check_dtype(dtype, w)
-    dev = _check_device(device, w)
+    dev = check_device("device", device, where=w, type_error=ValueError)
     need = batch * max_seq * cfg.kv_bytes_per_token(elem)
     _check_room(f"KV cache {cfg.n_layers} 层 × 2 × {batch:,} × {cfg.n_kv_heads} × {max_seq:,} × {cfg.d_head} × "
                 f"{elem} 字节", need, dev, w, "batch × max_seq")

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_bool, check_choice, check_int, check_memory  # noqa: E402
+from course_utils import check_bool, check_choice, check_device, check_int, check_memory  # noqa: E402
 
 try:
     import torch
@@ -43,11 +43,10 @@ except ImportError:
     raise
 
 from fast_launch import _PLANS, _Plan, _current_stream, _launch_hooks_active, _should_record, _sm_count  # noqa: E402
-from triton_flash import (_DTYPES, CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch, _check_device,  # noqa: E402
+from triton_flash import (_DTYPES, CPU_TOL, INTERPRET, MAX_HEAD_DIM, Launch,  # noqa: E402
                           _check_float_dtype, _check_gen, _check_runnable, _check_scale, _check_tensors, _fwd,
-                          _load_rows, _lse_scratch, _pick_seed, _pow2,
-                          _prec, _rel_err, _scalar, allowed_mask, reference_attention,
-                          torch_bound)
+                          _load_rows, _lse_scratch, _pick_seed, _pow2, _prec, _rel_err, _rows_layout, _scalar,
+                          allowed_mask, reference_attention, torch_bound)
 
 
 # ============================================================================
@@ -88,10 +87,10 @@ def _store_mask(row_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_ob, stride_on, stride_oh,
+def _decode_store(OUT, o, b, h, rows, row_ok, offs_d, stride_qb, stride_qn, stride_qh,
                   N_NEW: tl.constexpr, R: tl.constexpr):
-    """第 r = g·n + i 行 → 输出 [b, i, h·R + g, :]（rows 可以是一个块的行，也可以是单独一行）。"""
-    ptrs = OUT + b * stride_ob + (rows % N_NEW) * stride_on + (h * R + rows // N_NEW) * stride_oh
+    """第 r = g·n + i 行 → 输出 [b, i, h·R + g, :]（rows 可以是一个块的行，也可以是单独一行；OUT 和 Q 同步长）。"""
+    ptrs = OUT + b * stride_qb + (rows % N_NEW) * stride_qn + (h * R + rows // N_NEW) * stride_qh
     tl.store(ptrs + offs_d, o.to(OUT.dtype.element_ty), mask=row_ok)
 
 
@@ -110,8 +109,8 @@ def _probe(STAMPS, program, field: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_MAX, N_KV_HEADS, N_SPLITS,
-                   stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-                   stride_ob, stride_on, stride_oh,
+                   stride_qb, stride_qn, stride_qh,      # Q、OUT：[B, n, Hq, d]（_decode 保证步长相同）
+                   stride_kb, stride_kn, stride_kh,      # K、V 缓存：[B, S_max, Hk, d]（同上）
                    N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
                    PDL: tl.constexpr, STAMP: tl.constexpr = False):
@@ -144,12 +143,12 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    v_base = V + b * stride_kb + h * stride_kh
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         k = _load_rows(k_base + cols[:, None] * stride_kn + offs_d[None, :], cols, hi, offs_d, HEAD_DIM, BLOCK_D, True)
-        v = _load_rows(v_base + cols[:, None] * stride_vn + offs_d[None, :], cols, hi, offs_d, HEAD_DIM, BLOCK_D, True)
+        v = _load_rows(v_base + cols[:, None] * stride_kn + offs_d[None, :], cols, hi, offs_d, HEAD_DIM, BLOCK_D, True)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale                # [BLOCK_M, BLOCK_N]，log2 单位
         if N_NEW == 1:
             visible = col_ok[None, :]
@@ -175,12 +174,12 @@ def _decode_kernel(Q, K, V, SEQLENS, OUT, O_PART, LSE_PART, STAMPS, qk_scale, S_
         tl.store(LSE_PART + part, lse, mask=row_ok)
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=out_ok)   # 草稿区只存 d 个真的列
     else:
-        _decode_store(OUT, o, b, h, rows[:, None], out_ok, offs_d[None, :], stride_ob, stride_on, stride_oh,
+        _decode_store(OUT, o, b, h, rows[:, None], out_ok, offs_d[None, :], stride_qb, stride_qn, stride_qh,
                       N_NEW, R)
 
 
 @triton.jit
-def _decode_merge_kernel(O_PART, LSE_PART, OUT, STAMPS, N_KV_HEADS, N_SPLITS, stride_ob, stride_on, stride_oh,
+def _decode_merge_kernel(O_PART, LSE_PART, OUT, STAMPS, N_KV_HEADS, N_SPLITS, stride_qb, stride_qn, stride_qh,
                          N_NEW: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                          D_CHUNK: tl.constexpr, PDL: tl.constexpr, STAMP: tl.constexpr = False):
     """第二步：程序 (r, b·Hk + h, c) 把第 r 行（组内头 g、新 token i）的 N_SPLITS 段的第 c 段列一次读进来合并。"""
@@ -210,7 +209,7 @@ def _decode_merge_kernel(O_PART, LSE_PART, OUT, STAMPS, N_KV_HEADS, N_SPLITS, st
     total = tl.sum(w, 0)
     merged = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)            # [D_CHUNK]
     _decode_store(OUT, merged, bh // N_KV_HEADS, bh % N_KV_HEADS, r, offs_d < HEAD_DIM, offs_d,
-                  stride_ob, stride_on, stride_oh, N_NEW, R)
+                  stride_qb, stride_qn, stride_qh, N_NEW, R)
     if STAMP:
         tl.debug_barrier()                        # 所有线程都发出了写，才算"活干完"
         _probe(STAMPS, program, 2)
@@ -604,24 +603,28 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
     block_m = max(16, triton.next_power_of_2(group * n_new))        # tl.dot 要求每维 ≥ 16
     o_part, lse_part = _Scratch.get(q.device, batch * hk * splits * group * n_new, d)
     out = torch.empty_like(q) if out is None else out
+    q, k_cache, v_cache, o, copied = _shared_strides(q, k_cache, v_cache, out)
+    if copied:                            # 记下的 _Plan 会拿调用者张量的地址配拷贝的步长：这组形状不记
+        if plan_key is not None:
+            _PLANS[plan_key] = False
+        plan_key = None
     # q、out 是 [B, Hq, d] 时没有 n 这一维：它的步长记 0（唯一的 i = 0）
     sq = (q.stride(0), 0, q.stride(1)) if squeeze else (q.stride(0), q.stride(1), q.stride(2))
-    so = (out.stride(0), 0, out.stride(1)) if squeeze else (out.stride(0), out.stride(1), out.stride(2))
     pdl = _pdl_modes(q.device, DECODE_PDL if pdl is None else pdl)
     st1 = st2 = None
     if stamps is not None:
         st1, st2 = _check_stamps(stamps, decode_probe_shape(batch, hk, group * n_new, d, splits, _sm_count(q.device)),
                                  q.device)
     launches = [(_decode_kernel, (splits, batch * hk),
-                 (q, k_cache, v_cache, cache_seqlens, out, o_part, lse_part, st1, scale * math.log2(math.e),
-                  s_max, hk, splits, *sq, *k_cache.stride()[:3], *v_cache.stride()[:3], *so),
+                 (q, k_cache, v_cache, cache_seqlens, o, o_part, lse_part, st1, scale * math.log2(math.e),
+                  s_max, hk, splits, *sq, *k_cache.stride()[:3]),
                  dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_D=_pad_d(d), BLOCK_M=block_m, BLOCK_N=block_n,
                       PREC=_prec(q.dtype), SPLIT=splits > 1, STAMP=st1 is not None, num_warps=warps,
                       num_stages=stages, **pdl[0]))]
     if splits > 1:
         block_s, d_chunk, merge_warps = decode_merge_config(batch * hk * group * n_new, d, splits, _sm_count(q.device))
         launches.append((_decode_merge_kernel, (group * n_new, batch * hk, triton.cdiv(d, d_chunk)),
-                         (o_part, lse_part, out, st2, hk, splits, *so),
+                         (o_part, lse_part, o, st2, hk, splits, *sq),
                          dict(N_NEW=n_new, R=group, HEAD_DIM=d, BLOCK_S=block_s, D_CHUNK=d_chunk,
                               STAMP=st2 is not None, num_warps=merge_warps, **pdl[1])))
     for kernel, grid, args, kwargs in launches:
@@ -631,6 +634,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, confi
         tensors = (q, k_cache, v_cache, cache_seqlens, out)
         plans = tuple(_Plan.build(kernel, args, kwargs, grid, tensors) for kernel, grid, args, kwargs in launches)
         _PLANS[plan_key] = all(plans) and _DecodeFast(plans, q, k_cache, v_cache, cache_seqlens, out)
+    if o is not out:
+        out.copy_(o)
     return out
 
 
@@ -680,6 +685,27 @@ def _cache_rows(cache, s_max):
     return cache.as_strided(((batch - 1) * per + s_max, hk, d), (sn, sh, 1), cache.storage_offset()), per
 
 
+def _shared_strides(q, k, v, out):
+    """
+    split-KV 的内核对 Q、OUT 只收一组步长，对 K、V 缓存也只收一组（Triton 教程 06-fused-attention 的做法）。通常本来
+    就相同：out 由 empty_like(q) 分配，两个缓存也一样分配。不同时拷成连续的（q 很小；缓存要整块拷，慢但对）。
+    返回 (q, k, v, o, copied)：内核写 o（和 q 同步长）；o 不是 out 时调用者最后把 o 拷进 out。
+    """
+    o, copied = out, False
+    if not _same_layout(q, out):
+        q, copied = q.contiguous(), True
+        if not _same_layout(out, q):
+            o = torch.empty_like(q)
+    if not _same_layout(k, v):
+        k, v, copied = k.contiguous(), v.contiguous(), True
+    return q, k, v, o, copied
+
+
+def _same_layout(a, b):
+    """同形状的 a、b 能共用一组步长：长度 > 1 的维步长相同（长度 1 的维下标总是 0，步长是多少都一样）。"""
+    return a.stride() == b.stride() or all(n == 1 or sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()))
+
+
 def _decode_fwd(q, k_cache, v_cache, cache_seqlens, scale, out, squeeze):
     """
     (Hq/Hk)·n 行放不进一个 split-KV 程序时（decode_route 给 "fwd"）：用 v2 的前向内核 _fwd 算同一个结果。
@@ -695,13 +721,16 @@ def _decode_fwd(q, k_cache, v_cache, cache_seqlens, scale, out, squeeze):
     n_new, s_max = 1 if squeeze else q.shape[1], k_cache.shape[1]
     out = torch.empty_like(q) if out is None else out
     q4, o4 = (q.unsqueeze(1), out.unsqueeze(1)) if squeeze else (q, out)           # [B, n, Hq, d]
-    qp = q4.reshape(batch * n_new, hq, d)                                           # [B·n, Hq, d]：通常只是换视图
+    qp = _rows_layout(q4).view(batch * n_new, hq, d)                               # [B·n, Hq, d]：通常只是换视图
     try:
         op = o4.view(batch * n_new, hq, d)
-    except RuntimeError:                          # out 的步长拼不成 [B·n, Hq, d]：另写一块，最后拷进去
+    except RuntimeError:
         op = None
+    if op is not None and not _same_layout(op, qp):       # _fwd 的 Q、O 共用一组步长：out 拼不成 q 的布局时
+        op = None                                         # 另写一块（连续的，和 qp 同步长），最后拷进去
     views = [_cache_rows(t, s_max) for t in (k_cache, v_cache)]
-    if None in views or views[0][1] != views[1][1]:       # K、V 的 S' 不同（或拼不成）：拷成连续的，S' = S_max
+    if None in views or views[0][1] != views[1][1] or not _same_layout(views[0][0], views[1][0]):
+        # K、V 的 S' 或步长不同（或拼不成）：拷成连续的，S' = S_max（_fwd 的 K、V 共用一组步长）
         views = [_cache_rows(t.contiguous(), s_max) for t in (k_cache, v_cache)]
     (kp, per), (vp, _) = views                    # [(B − 1)·S' + S_max, Hk, d]
     if (batch - 1) * per + s_max >= 2**31:
@@ -815,7 +844,7 @@ def decode_cases(gen, device="cpu", dtype=torch.float32, big=False):
     d 不是 2 的幂、(Hq/Hk)·n > MAX_DECODE_ROWS（转前向内核）。big（GPU）时缓存放大 16 倍，再加四个真实尺寸：
     d = 256 × 128 行（以前超过 H200 的共享内存）、d = 80 × n = 64、n = 128 × GQA 4（转前向内核）、d = 111。"""
     where = "decode_cases"                        # gen 由 make_decode_case 检查
-    _check_device(device, where)
+    check_device("device", device, where=where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
     return _decode_cases(gen, device, dtype, check_bool("big", big, where))
 
@@ -1007,7 +1036,7 @@ def _check_make_decode_case(gen, batch, lengths, s_max, hq, hk, d, n_new, dtype,
     for i, n in enumerate(lengths):
         check_int(f"lengths[{i}]", n, lo=n_new, hi=s_max, where=where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
-    _check_device(device, where)
+    check_device("device", device, where=where)
     check_memory("batch × s_max × hk × d", 8 * 2 * batch * s_max * hk * d + 8 * batch * n_new * hq * d, where)
 
 

@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 sys.path.insert(0, HERE)
-from course_utils import check_bool, check_choice, check_int, check_memory, check_real  # noqa: E402
+from course_utils import check_bool, check_choice, check_device, check_int, check_memory, check_real  # noqa: E402
 
 try:
     import torch
@@ -155,14 +155,13 @@ def best_variant(d, n):
     return BEST
 
 
-def _check_device(where, **tensors):
+def _check_on_hopper(where, **tensors):
     """参数查过以后查设备：Gluon 可用、张量都在同一块 Hopper GPU 上（CPU 张量 → RuntimeError，写出是哪个张量）。"""
     q = tensors["q"]
+    why = "" if torch.cuda.is_available() else "；这台机器没有 CUDA"
     for name, t in tensors.items():
-        if not t.is_cuda:
-            why = "" if torch.cuda.is_available() else "；这台机器没有 CUDA"
-            raise RuntimeError(f"{where}：{name} 在 {t.device} 上，本内核要 Hopper GPU（sm_90，如 H100 / H200）"
-                               f"上的 CUDA 张量{why}")
+        check_device(f"{name} 的设备", t.device, where, kinds=("cuda",), error=RuntimeError,
+                     hint=f"（本内核要 Hopper GPU（sm_90，如 H100 / H200）上的 CUDA 张量{why}）")
         if t.device != q.device:
             raise RuntimeError(f"{where}：{name} 必须在和 q 同一块 CUDA GPU 上（{q.device}），收到 {t.device}")
     if GLUON_ERROR is not None:
@@ -198,7 +197,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, variant="best", return_
     主机端不同步：只做形状检查、建描述符、启动一次内核。
     """
     variant, scale = _check_args(q, k, v, causal, softmax_scale, variant, return_lse)
-    _check_device("attention", q=q, k=k, v=v)
+    _check_on_hopper("attention", q=q, k=k, v=v)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         out, lse = _AttentionFn.apply(q, k, v, causal, scale, variant)      # 可求导：反向 = attention_backward
         return (out, lse) if return_lse else out
@@ -390,7 +389,7 @@ def attention_backward(q, k, v, out, lse, do, causal=False, softmax_scale=None):
     triton_flash.flash_attn_func（默认的 split 反向，没有原子操作）。
     """
     scale = _check_bwd_args(q, k, v, out, lse, do, causal, softmax_scale)
-    _check_device("attention_backward", q=q, k=k, v=v, out=out, lse=lse, do=do)
+    _check_on_hopper("attention_backward", q=q, k=k, v=v, out=out, lse=lse, do=do)
     return _launch_bwd(q, k, v, out, lse, do, causal, scale)
 
 

@@ -40,7 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:            # fast_launch、flash_decode 在同一文件夹（别的讲次按路径加载本文件时也找得到）
     sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
-from course_utils import check_bool, check_choice, check_int, check_memory, check_real, check_seed  # noqa: E402
+from course_utils import (check_bool, check_choice, check_device, check_int, check_memory, check_real,  # noqa: E402
+                          check_seed)
 
 try:
     import torch
@@ -422,7 +423,7 @@ def _keep_mask(seed, rng_base, rows, cols, max_k, dropout_p):
 
 # ---------------------------------------------------------------------------- 前向
 @triton.jit
-def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
+def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, lo, fs, fe, hi,
                rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
                seed, rng_base, max_k, dropout_p, k_desc, v_desc, kv_row0, kv_col0,
                STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -463,7 +464,7 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
         if USE_DESC:
             v = v_desc.load([kv_row0 + start_n, kv_col0])
         else:
-            v = _load_rows(v_base + cols[:, None] * stride_vn + offs_d[None, :], cols, len_k, offs_d,
+            v = _load_rows(v_base + cols[:, None] * stride_kn + offs_d[None, :], cols, len_k, offs_d,
                            HEAD_DIM, BLOCK_D, MASKED)                                # V_j [BLOCK_N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
@@ -473,8 +474,10 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, f
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
                 sm_scale, seed, dropout_p, softcap,
-                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
-                stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
+                stride_qn, stride_qh,                  # Q、O：[total_q, Hq, d]（_fwd 保证两者步长相同）
+                stride_kn, stride_kh,                  # K、V：[total_k, Hk, d]（同上）
+                stride_lh,                             # LSE：[Hq, total_q]
+                stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,   # bias [B, H, Nq, Nk]、ALiBi [B, H]
                 n_heads_q, group, max_q, max_k, tune_n, total_k,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -496,11 +499,11 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
     q_ptrs = Q + q0.to(tl.int64) * stride_qn + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :]
     q = _load_rows(q_ptrs, rows, len_q, offs_d, HEAD_DIM, BLOCK_D, True)        # Q_i [BLOCK_M, D]，读一次
     k_base = K + k0.to(tl.int64) * stride_kn + hk * stride_kh
-    v_base = V + k0.to(tl.int64) * stride_vn + hk * stride_vh
+    v_base = V + k0.to(tl.int64) * stride_kn + hk * stride_kh
     if TMA:   # K、V 看成二维 [total_k, Hk·d]：第 hk 个头是列 [hk·d, (hk+1)·d)（要求 d = BLOCK_D、头在行内连续）
         k_desc = tl.make_tensor_descriptor(K, shape=[total_k, (n_heads_q // group) * HEAD_DIM], strides=[stride_kn, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(V, shape=[total_k, (n_heads_q // group) * HEAD_DIM], strides=[stride_vn, 1],
+        v_desc = tl.make_tensor_descriptor(V, shape=[total_k, (n_heads_q // group) * HEAD_DIM], strides=[stride_kn, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
     else:
         k_desc = K
@@ -514,7 +517,7 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
     last_row = tl.minimum(m_start + BLOCK_M, len_q) - 1
     lo, fs, fe, hi = _tile_range(m_start, last_row, len_q, len_k, BLOCK_N, WIN_L, WIN_R)
     for stage in tl.static_range(3):                       # 带掩码 / 不带掩码 / 带掩码（stage 是编译期常量）
-        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
+        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, lo, fs, fe, hi,
                                    rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base,
                                    stride_bm, stride_bn, seed, rng_base, max_k, dropout_p, k_desc, v_desc, k0,
                                    hk * HEAD_DIM, stage, HEAD_DIM, BLOCK_D, BLOCK_N, WIN_L, WIN_R, HAS_ALIBI,
@@ -537,22 +540,24 @@ def _fwd_kernel(Q, K, V, O, LSE, BIAS, SLOPES, CU_Q, CU_K,
         overflow = empty & (first <= last) & (rows < len_q)
         out = tl.where(overflow[:, None], float("nan"), out)
         lse = tl.where(overflow, float("nan"), lse)
-    o_ptrs = O + q0.to(tl.int64) * stride_on + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :]
+    o_ptrs = O + q0.to(tl.int64) * stride_qn + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
     tl.store(LSE + h * stride_lh + q0 + rows, lse, mask=rows < len_q)
 
 
 # ---------------------------------------------------------------------------- 反向
 @triton.jit
-def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_on, stride_oh, stride_dn, stride_dh, stride_lh, total_q,
+def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_qn, stride_qh, stride_lh, total_q,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """D_i = Σ dO_i∘O_i；LSE 换成 log2 单位，空行（−inf）换成 +inf，这样反向 exp2(s − LSE2) 在空行上是 0 而不是 NaN。"""
+    """D_i = Σ dO_i∘O_i（O、dO 是 Q 的布局：一组步长）。LSE 换成 log2 单位，空行（−inf）换成 +inf，
+    这样反向 exp2(s − LSE2) 在空行上是 0 而不是 NaN。"""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (rows < total_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(O + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + h * stride_dh + rows[:, None] * stride_dn + offs_d[None, :], mask=mask, other=0.0)
+    offs = h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :]
+    o = tl.load(O + offs, mask=mask, other=0.0)
+    do = tl.load(DO + offs, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     lse = tl.load(LSE + h * stride_lh + rows, mask=rows < total_q, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
@@ -561,7 +566,7 @@ def _delta_kernel(O, DO, LSE, DELTA, LSE2, stride_on, stride_oh, stride_dn, stri
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn, lse_base, delta_base,
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, lse_base, delta_base,
                 lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm,
                 stride_bn, seed, rng_base, max_k, dropout_p,
                 STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -578,7 +583,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
         rows = start_m + offs_m
         q = _load_rows(q_base + rows[:, None] * stride_qn + offs_d[None, :], rows, len_q, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)                                     # Q_i [BLOCK_M, D]
-        do = _load_rows(do_base + rows[:, None] * stride_dn + offs_d[None, :], rows, len_q, offs_d,
+        do = _load_rows(do_base + rows[:, None] * stride_qn + offs_d[None, :], rows, len_q, offs_d,
                         HEAD_DIM, BLOCK_D, MASKED)                                    # dO_i [BLOCK_M, D]
         if MASKED:
             lse2 = tl.load(lse_base + rows, mask=rows < len_q, other=float("inf"))
@@ -603,7 +608,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
         if ATOMIC_DQ:                      # dQ_i += dS K_j（scale 在最后换 dtype 时乘）
             dq = tl.dot(ds.to(k.dtype), k, input_precision=PREC)                      # [BLOCK_M, D]，fp32
-            dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :]
+            dq_ptrs = dq_base + rows[:, None] * stride_qn + offs_d[None, :]
             if MASKED:
                 tl.atomic_add(dq_ptrs, dq, mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :], sem="relaxed")
             elif BLOCK_D != HEAD_DIM:
@@ -616,9 +621,10 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, st
 @triton.jit
 def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                  sm_scale, seed, dropout_p, softcap,
-                 stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
-                 stride_gn, stride_gh, stride_dqn, stride_dqh,
-                 stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
+                 stride_qn, stride_qh,                 # Q、dO、DQ：[total_q, Hq, d]（_bwd 保证步长相同）
+                 stride_kn, stride_kh,                 # K、V、dK、dV：[total_k, Hk, d]（同上）
+                 stride_lh,                            # LSE2、DELTA：[Hq, total_q]
+                 stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                  n_heads_k, group, max_q, max_k, tune_n,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -627,7 +633,6 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
     """
     K/V 不动（stationary）：program_id(0) = key 块 j，program_id(1) = batch × K/V 头。
     ATOMIC_DQ：DQ 是 fp32 的累加器（调用前清零），dQ 也在这里算（原子加）；否则 DQ 不用，dQ 由 _dq_kernel 算。
-    DK、DV 是 _bwd 分配的同形状连续张量：共用一组步长 stride_gn、stride_gh。
     """
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -640,10 +645,9 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
     cols = n_start + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(K + k0.to(tl.int64) * stride_kn + hk * stride_kh + cols[:, None] * stride_kn + offs_d[None, :],
-                   cols, len_k, offs_d, HEAD_DIM, BLOCK_D, True)                      # K_j [BLOCK_N, D]
-    v = _load_rows(V + k0.to(tl.int64) * stride_vn + hk * stride_vh + cols[:, None] * stride_vn + offs_d[None, :],
-                   cols, len_k, offs_d, HEAD_DIM, BLOCK_D, True)                      # V_j [BLOCK_N, D]
+    kv_offs = k0.to(tl.int64) * stride_kn + hk * stride_kh + cols[:, None] * stride_kn + offs_d[None, :]
+    k = _load_rows(K + kv_offs, cols, len_k, offs_d, HEAD_DIM, BLOCK_D, True)        # K_j [BLOCK_N, D]
+    v = _load_rows(V + kv_offs, cols, len_k, offs_d, HEAD_DIM, BLOCK_D, True)        # V_j [BLOCK_N, D]
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     qk_scale = sm_scale * _LOG2E
@@ -657,27 +661,24 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
         h = hk * group + g
         slope2, bias_base, rng_base = _head_setup(SLOPES, BIAS, b, h, n_heads_k * group, max_q, max_k,
                                                   stride_sb, stride_sh, stride_bb, stride_bh, HAS_ALIBI)
-        q_base = Q + q0.to(tl.int64) * stride_qn + h * stride_qh
-        do_base = DO + q0.to(tl.int64) * stride_dn + h * stride_dh
-        dq_base = DQ + q0.to(tl.int64) * stride_dqn + h * stride_dqh
+        q_offs = q0.to(tl.int64) * stride_qn + h * stride_qh
+        q_base, do_base, dq_base = Q + q_offs, DO + q_offs, DQ + q_offs
         lse_base = LSE2 + h * stride_lh + q0
         delta_base = DELTA + h * stride_lh + q0
         for stage in tl.static_range(3):
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, stride_dn, stride_dqn,
-                                 lse_base, delta_base, lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, stride_qn, lse_base, delta_base,
+                                 lo, fs, fe, hi, cols, offs_m, offs_d, len_q, len_k, qk_scale,
                                  softcap, slope2, bias_base, stride_bm, stride_bn, seed, rng_base, max_k, dropout_p,
                                  stage, HEAD_DIM, BLOCK_D, BLOCK_M, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                  PREC, ATOMIC_DQ, HAS_SOFTCAP)
     dk = dk * sm_scale                # S = scale·QKᵀ ⇒ dK = scale·dSᵀQ
     mask = (cols < len_k)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tl.store(DK + k0.to(tl.int64) * stride_gn + hk * stride_gh + cols[:, None] * stride_gn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + k0.to(tl.int64) * stride_gn + hk * stride_gh + cols[:, None] * stride_gn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=mask)
+    tl.store(DK + kv_offs, dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + kv_offs, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
+def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, lo, fs, fe, hi,
               rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
               seed, rng_base, max_k, dropout_p,
               STAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -690,7 +691,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, 
         cols = start_n + offs_n
         k = _load_rows(k_base + cols[:, None] * stride_kn + offs_d[None, :], cols, len_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_rows(v_base + cols[:, None] * stride_vn + offs_d[None, :], cols, len_k, offs_d,
+        v = _load_rows(v_base + cols[:, None] * stride_kn + offs_d[None, :], cols, len_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
         s, t = _logits(q, k, rows, cols, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm, stride_bn,
                        MASKED, WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_SOFTCAP, PREC)
@@ -709,9 +710,10 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, 
 @triton.jit
 def _dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
                sm_scale, seed, dropout_p, softcap,
-               stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dn, stride_dh,
-               stride_dqn, stride_dqh,
-               stride_lh, stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
+               stride_qn, stride_qh,                   # Q、dO、dQ：[total_q, Hq, d]（_bwd 保证步长相同）
+               stride_kn, stride_kh,                   # K、V：[total_k, Hk, d]（同上）
+               stride_lh,                              # LSE2、DELTA：[Hq, total_q]
+               stride_bb, stride_bh, stride_bm, stride_bn, stride_sb, stride_sh,
                n_heads_q, group, max_q, max_k, tune_n,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                WIN_L: tl.constexpr, WIN_R: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -729,14 +731,13 @@ def _dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
     rows = m_start + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + q0.to(tl.int64) * stride_qn + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :],
-                   rows, len_q, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DO + q0.to(tl.int64) * stride_dn + h * stride_dh + rows[:, None] * stride_dn + offs_d[None, :],
-                    rows, len_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    q_offs = q0.to(tl.int64) * stride_qn + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :]
+    q = _load_rows(Q + q_offs, rows, len_q, offs_d, HEAD_DIM, BLOCK_D, True)         # Q_i [BLOCK_M, D]
+    do = _load_rows(DO + q_offs, rows, len_q, offs_d, HEAD_DIM, BLOCK_D, True)       # dO_i [BLOCK_M, D]
     lse2 = tl.load(LSE2 + h * stride_lh + q0 + rows, mask=rows < len_q, other=float("inf"))
     delta = tl.load(DELTA + h * stride_lh + q0 + rows, mask=rows < len_q, other=0.0)
     k_base = K + k0.to(tl.int64) * stride_kn + hk * stride_kh
-    v_base = V + k0.to(tl.int64) * stride_vn + hk * stride_vh
+    v_base = V + k0.to(tl.int64) * stride_kn + hk * stride_kh
     qk_scale = sm_scale * _LOG2E
     slope2, bias_base, rng_base = _head_setup(SLOPES, BIAS, b, h, n_heads_q, max_q, max_k,
                                               stride_sb, stride_sh, stride_bb, stride_bh, HAS_ALIBI)
@@ -744,13 +745,12 @@ def _dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, BIAS, SLOPES, CU_Q, CU_K,
     last_row = tl.minimum(m_start + BLOCK_M, len_q) - 1
     lo, fs, fe, hi = _tile_range(m_start, last_row, len_q, len_k, BLOCK_N, WIN_L, WIN_R)
     for stage in tl.static_range(3):
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, lo, fs, fe, hi,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, lo, fs, fe, hi,
                        rows, offs_n, offs_d, len_q, len_k, qk_scale, softcap, slope2, bias_base, stride_bm,
                        stride_bn, seed, rng_base, max_k, dropout_p, stage, HEAD_DIM, BLOCK_D, BLOCK_N,
                        WIN_L, WIN_R, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, PREC, HAS_SOFTCAP)
     dq = dq * sm_scale
-    tl.store(DQ + q0.to(tl.int64) * stride_dqn + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
+    tl.store(DQ + q_offs, dq.to(DQ.dtype.element_ty), mask=(rows < len_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 @triton.jit
@@ -982,8 +982,11 @@ def _new(shape, like, poison, dtype=None):
     return torch.empty(shape, device=like.device, dtype=dtype)
 
 
-def _last_dim_contiguous(t):
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _rows_layout(t):
+    """[total, H, d] 的连续张量（已经连续时原样返回，不拷贝）。内核对 Q、O、dO、dQ 只收一组步长，对 K、V、dK、dV
+    也只收一组（Triton 教程 06-fused-attention 的做法）：输出和梯度是新分配的连续张量，所以输入也得是连续的，
+    步长才真的相同。代价：不连续的输入（如 qkvpacked 切出来的 q）多拷一次，O(N·H·d)，相对 O(N²·H·d) 的内核很小。"""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 _ALLOCATOR_SET = False
@@ -1021,6 +1024,7 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
          out=None, lse=None):
     """
     q [total_q, Hq, d]，k、v [total_k, Hk, d] → o（同 q），lse [Hq, total_q]（自然对数）。
+    q 和 o 的步长必须相同，k 和 v 的也是（内核各只收一组，见 _rows_layout）：调用者保证。
     plan_key 不是 None 时：同一个键的第二次起直接用记下的 _Plan 启动（见 _Plan）。
     out、lse 给了就写进它们（同样的形状、最后一维连续；flash_decode 转过来时写进调用者的 out）。
     """
@@ -1039,8 +1043,7 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias, dropout_p,
     sb = _strides_bias(bias)
     ss = (0, 0) if slopes is None else tuple(slopes.stride())
     args = (q, k, v, o, lse, q if bias is None else bias, q if slopes is None else slopes, cu_q, cu_k,
-            scale, seed, dropout_p, softcap,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
+            scale, seed, dropout_p, softcap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             lse.stride(0), *sb, *ss, hq, hq // hk, max_q, max_k, _tune_bucket(max(max_q, max_k)), k.shape[0])
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, WIN_L=win[0], WIN_R=win[1], HAS_ALIBI=slopes is not None,
                 HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0, PREC=_prec(q.dtype), grid1=batch * hq,
@@ -1060,15 +1063,14 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     total_q, hq, d = q.shape
     hk = k.shape[1]
     batch = cu_q.numel() - 1
-    do = _last_dim_contiguous(do)
-    dq, dk, dv = (_new(t.shape, t, launch.poison) for t in (q, k, v))     # dk、dv 同形状、连续：内核共用一组步长
+    do = _rows_layout(do)        # q、k、v 在入口已是连续的（_rows_layout）：dO、dQ 和 q 同步长，dK、dV 和 k、v 同步长
+    dq, dk, dv = (_new(t.shape, t, launch.poison) for t in (q, k, v))
     if total_q == 0 or k.shape[0] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     block_d = max(16, triton.next_power_of_2(d))
     delta, lse2 = _new(lse.shape, lse, launch.poison), _new(lse.shape, lse, launch.poison)
-    _delta_kernel[(triton.cdiv(total_q, 64), hq)](o, do, lse, delta, lse2, o.stride(0), o.stride(1),
-                                                  do.stride(0), do.stride(1), lse.stride(0), total_q,
-                                                  HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
+    _delta_kernel[(triton.cdiv(total_q, 64), hq)](o, do, lse, delta, lse2, q.stride(0), q.stride(1), lse.stride(0),
+                                                  total_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
     sb = _strides_bias(bias)
     ss = (0, 0) if slopes is None else tuple(slopes.stride())
     bias_arg = q if bias is None else bias
@@ -1081,10 +1083,9 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
     # 原子路径的 dQ 先在 fp32 里累加（每个元素由多个 key 块的 program 加上去），最后乘 scale、换成输入的 dtype
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else None
     dq_arg = dq_acc if atomic else q                               # split 路径不用 DQ：随便给一个指针
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), lse.stride(0), *sb, *ss)
     args = (q, k, v, do, dk, dv, dq_arg, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p, softcap,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dk.stride(0), dk.stride(1), dq_arg.stride(0), dq_arg.stride(1),
-            lse.stride(0), *sb, *ss, hk, hq // hk, max_q, max_k, tune_n)
+            *strides, hk, hq // hk, max_q, max_k, tune_n)
     kind = "dkdv_atomic" if atomic else "dkdv"
     _launch(kind, lambda bn: triton.cdiv(max_k, bn), args, dict(meta, grid1=batch * hk, ATOMIC_DQ=atomic),
             plain, q.dtype, launch)
@@ -1092,9 +1093,7 @@ def _bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, win, slopes, bias
         torch.mul(dq_acc, scale, out=dq)                         # S = scale·QKᵀ ⇒ dQ = scale·dS K（一次读写）
         return dq, dk, dv
     args = (q, k, v, do, dq, lse2, delta, bias_arg, slope_arg, cu_q, cu_k, scale, seed, dropout_p, softcap,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-            dq.stride(0), dq.stride(1),
-            lse.stride(0), *sb, *ss, hq, hq // hk, max_q, max_k, tune_n)
+            *strides, hq, hq // hk, max_q, max_k, tune_n)
     _launch("dq", lambda bm: triton.cdiv(max_q, bm), args, dict(meta, grid1=batch * hq), plain, q.dtype, launch)
     return dq, dk, dv
 
@@ -1164,10 +1163,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, bi
     if gluon is not None:             # Hopper 上更快的 FA3 式内核（gluon_flash.py），结果的形状、约定相同
         return gluon.attention(q, k, v, causal=opts.window == (-1, 0), softmax_scale=opts.scale,
                                return_lse=opts.return_lse)
-    # 等长的 batch 看成 varlen：[B, N, H, d] → [B·N, H, d]（连续张量只是换个视图）
-    qp = _last_dim_contiguous(q).reshape(batch * nq, hq, d)
-    kp = _last_dim_contiguous(k).reshape(batch * nk, k.shape[2], d)
-    vp = _last_dim_contiguous(v).reshape(batch * nk, k.shape[2], d)
+    # 等长的 batch 看成 varlen：[B, N, H, d] → [B·N, H, d]（连续张量只是换个视图；不连续的拷一次，见 _rows_layout）
+    qp = _rows_layout(q).view(batch * nq, hq, d)
+    kp = _rows_layout(k).view(batch * nk, k.shape[2], d)
+    vp = _rows_layout(v).view(batch * nk, k.shape[2], d)
     cu_q, cu_k = _cu_dense(batch, nq, q.device), _cu_dense(batch, nk, q.device)
     args = (qp, kp, vp, cu_q, cu_k, nq, nk, opts.scale, opts.window, opts.slopes, opts.bias, opts.dropout_p,
             opts.seed, opts.launch, opts.softcap)
@@ -1340,7 +1339,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     opts = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                          causal, alibi_slopes, window_size, return_lse, seed, return_encoded_softmax,
                          enable_profiling, launch, deterministic, softcap)
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    q, k, v = (_rows_layout(t) for t in (q, k, v))
     o, lse = _FlashAttn.apply(q, k, v, opts.cu_q, opts.cu_k, opts.max_q, opts.max_k, opts.scale, opts.window,
                               opts.slopes, None, opts.dropout_p, opts.seed, opts.launch, opts.softcap)
     return (o, lse) if opts.return_lse else o
@@ -2203,17 +2202,6 @@ def _check_cu(name, cu, total, max_name, max_len, device):
     return cu.contiguous(), n
 
 
-def _check_device(device, where):
-    """device：字符串或 torch.device，能跑 Triton 内核（CUDA，或解释器里的 CPU）→ torch.device。"""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{where}：device 必须是 'cpu'、'cuda'、'cuda:0' 这样的设备，收到 {device!r}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA 设备，收到 {device!r}")
-    return dev
-
-
 def _check_gen(gen, where):
     if not isinstance(gen, torch.Generator):
         raise TypeError(f"{where}：gen 必须是 torch.Generator（如 torch.Generator().manual_seed(0)），"
@@ -2250,7 +2238,7 @@ def _check_dropout_mask(seed, dropout_p, batch, n_heads_q, max_q, max_k, device)
     sizes = [check_int(n, v, lo=0, where=where) for n, v in
              (("batch", batch), ("n_heads_q", n_heads_q), ("max_q", max_q), ("max_k", max_k))]
     check_memory("batch × n_heads_q × max_q × max_k", 2 * math.prod(sizes), where)     # int8 + bool
-    dev = _check_device(device, where)
+    dev = check_device("device", device, where=where)
     if dev.type == "cpu" and math.prod(sizes):
         _check_runnable(torch.empty(0, device=dev), "device")
     return seed, p, dev
@@ -2260,7 +2248,8 @@ def _check_allowed(nq, nk, causal, window_size, device):
     where = "allowed_mask"
     nq, nk = check_int("nq", nq, lo=0, where=where), check_int("nk", nk, lo=0, where=where)
     check_memory("nq × nk", 3 * nq * nk + 16 * (nq + nk), where)
-    return check_bool("causal", causal, where), _check_window(window_size, where), _check_device(device, where)
+    return (check_bool("causal", causal, where), _check_window(window_size, where),
+            check_device("device", device, where=where))
 
 
 def _check_reference(q, k, v, causal, softmax_scale, window_size, alibi_slopes, bias, dropout_p, keep, dtype,
@@ -2333,7 +2322,7 @@ def _check_make_case(name, batch, nq, nk, hq, hk, d, dtype, device, gen, causal,
         raise ValueError(f"{where}：hq 必须是 hk 的整数倍（GQA/MQA），收到 hq={hq}、hk={hk}")
     d = check_int("d", d, lo=1, hi=MAX_HEAD_DIM, where=where)
     _check_float_dtype("dtype", dtype, where, _DTYPES)
-    _check_device(device, where)
+    check_device("device", device, where=where)
     _check_gen(gen, where)
     for flag, value in (("causal", causal), ("alibi", alibi), ("bias", bias)):
         check_bool(flag, value, where)

@@ -40,7 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from long_lab import LAYOUTS, _block, finalize, merge_states, ring_attention, shard_index  # noqa: E402
-from course_utils import check_bool, check_choice, check_int, check_memory, check_real, expect_errors  # noqa: E402
+from course_utils import (check_bool, check_choice, check_device, check_int, check_memory, check_real,  # noqa: E402
+                          expect_errors)
 from modern_lm import _TORCH_SEED_MAX  # noqa: E402  （long_lab 已把 lecture04 放进 sys.path）
 
 MAX_PROCS = 64                  # run_ring 在本机最多起几个进程
@@ -208,7 +209,7 @@ class RingEvents:
     """
 
     def __init__(self, device):
-        self.device = _check_device(device, "RingEvents")
+        self.device = check_device("device", device, where="RingEvents")
         self.cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
         self.marks = {}
@@ -370,22 +371,6 @@ def _check_timeline(tl, where):
         _check_span(f"{who}['compute']", r["compute"], where)
         if r["comm"] is not None:
             _check_span(f"{who}['comm']", r["comm"], where)
-
-
-def _check_device(device, where):
-    """"cpu"、"cuda"、"cuda:1"、整数或 torch.device → torch.device；CUDA 要这台机器真的有。"""
-    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise TypeError(f"{where}：device 必须是 'cpu'、'cuda[:i]' 或 torch.device，收到 {type(device).__name__}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{where}：device 认不出来：{device!r}（{e}）") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{where}：device 只能是 CPU 或 CUDA，收到 {device!r}")
-    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
-        raise ValueError(f"{where}：device = {device!r}，这台机器上没有这块 GPU"
-                         f"（{torch.cuda.device_count() if torch.cuda.is_available() else 0} 块）")
-    return dev
 
 
 # =====================================================================

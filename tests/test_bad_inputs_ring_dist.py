@@ -7,6 +7,7 @@ timeline_summary、init_distributed、run_ring、make_qkv、full_attention）、
 uncovered + covered = 区间长度，露在外面的几段互不相交、不被任何 spans 盖住。整个文件在 2 核 CPU 上 < 30 s。
 """
 import contextlib
+import importlib.util
 import os
 
 import numpy as np
@@ -296,3 +297,27 @@ def test_uncovered_plus_covered_is_the_length(a, b, spans):
     for s, e in free:                                             # 露在外面的一段，中点不在任何 spans 里
         m = (s + e) / 2
         assert not any(lo < m < hi for lo, hi in spans)
+
+
+def test_device_check_is_the_shared_one():
+    """ring_dist、step_bench、triton_flash、gluon_flash 的设备检查是 course_utils.check_device 这一份；它的约定：
+    整数 N = cuda:N，bool / 浮点数 → TypeError（type_error 可换），没有的 GPU、不允许的种类 → ValueError
+    （error 可换）。"""
+    cu = load_lab("lecture01", "course_utils")
+    users = [RD, load_lab("lecture05", "step_bench")]
+    if importlib.util.find_spec("triton") is not None:
+        users += [load_lab("lecture11", "triton_flash"), load_lab("lecture11", "gluon_flash")]
+    for mod in users:
+        assert mod.check_device.__code__ is cu.check_device.__code__, mod.__name__
+        assert not hasattr(mod, "_check_device"), mod.__name__
+    assert cu.check_device("device", "cpu") == torch.device("cpu")
+    assert cu.check_device("device", torch.device("cpu"), kinds=("cpu",)).type == "cpu"
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for bad, err in [(True, TypeError), (1.5, TypeError), (None, TypeError), ("gpu", ValueError),
+                     ("meta", ValueError), (n_gpu, ValueError), (f"cuda:{n_gpu}", ValueError), (-1, ValueError)]:
+        with pytest.raises(err, match="device"):
+            cu.check_device("device", bad, where="w")
+    with pytest.raises(ValueError, match="w：device"):
+        cu.check_device("device", [0], where="w", type_error=ValueError)
+    with pytest.raises(RuntimeError, match="Hopper"):
+        cu.check_device("q", torch.device("cpu"), kinds=("cuda",), error=RuntimeError, hint="（要 Hopper）")

@@ -974,3 +974,20 @@ def test_gpu_decode_new_inputs_are_sync_free_and_graph_safe():
     out = subprocess.run([sys.executable, "-c", GPU_DECODE_NEW_INPUTS], cwd=ROOT, env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_shared_strides_copy_only_on_mismatch(gen):
+    """split-KV 的内核对 Q、OUT、对 K、V 缓存各只收一组步长：相同时原样用、不拷（copied = False）；不同时拷成连续的
+    （copied = True，这组形状不记 _Plan），内核写的 o 和 q 同步长。长度为 1 的维的步长不算不同。"""
+    q = torch.randn(2, 1, 4, 16, generator=gen)
+    k = torch.randn(2, 9, 2, 16, generator=gen)
+    out = torch.empty_like(q)
+    assert fd._shared_strides(q, k, k.clone(), out)[4] is False
+    odd_n = q.as_strided(q.shape, (q.stride(0), 12345, q.stride(2), 1))      # n = 1：这一维的步长随便
+    assert fd._same_layout(odd_n, q)
+    wide = torch.empty(2, 1, 4, 24)[..., :16]                                 # out 是切片：步长和 q 不同
+    q2, k2, v2, o, copied = fd._shared_strides(q, k, k.clone(), wide)
+    assert copied and o is not wide and o.stride() == q2.stride() and k2 is k
+    v_heads_first = k.transpose(1, 2).contiguous().transpose(1, 2)
+    q3, k3, v3, o3, copied = fd._shared_strides(q, k, v_heads_first, out)
+    assert copied and o3 is out and k3.stride() == v3.stride() and torch.equal(v3, v_heads_first)

@@ -997,3 +997,17 @@ def test_direct_launch_gate_matches_the_installed_triton():
     assert fast._direct_launch_ok(launcher) == triton.__version__.startswith("3.6.")   # 只在验证过的 3.6 上放行
     launcher.global_scratch_size = 64                  # 要草稿区：无论哪个版本都不直接调
     assert not fast._direct_launch_ok(launcher)
+
+
+def test_one_stride_set_per_layout(gen):
+    """内核对 Q、O、dO、dQ 只收一组步长，对 K、V、dK、dV 也只收一组：参数表里没有第二组；入口的 _rows_layout
+    让它成立——连续的输入原样用（同一块内存），不连续的拷成连续的，步长和新分配的输出、梯度相同。"""
+    for kernel in (tf._fwd_kernel, tf._dkdv_kernel, tf._dq_kernel):
+        strides = [n for n in kernel.arg_names if n.startswith("stride_")]
+        assert strides[:5] == ["stride_qn", "stride_qh", "stride_kn", "stride_kh", "stride_lh"], strides
+        assert len(strides) == 11, strides                   # 再加 bias 的 4 个、ALiBi 的 2 个
+    x = torch.randn(2, 7, 3, 16, generator=gen)
+    assert tf._rows_layout(x) is x
+    for view in (x.transpose(1, 2), x[..., ::2], x[:, ::2]):
+        y = tf._rows_layout(view)
+        assert y.is_contiguous() and torch.equal(y, view) and y.stride() == torch.empty_like(y).stride()

@@ -24,7 +24,8 @@
 单位：时间 µs，带宽 TB/s（10^12 字节/秒），K/V 字节 = B·S·Hk·d·2（K 和 V）·2（bf16）。
 
 在 GPU 上重新测（写 lecture11/bench/results/decode_bench.json，H200 上约 1 分钟：提交的那次 48 s），再重画已提交的图：
-    python3 lecture11/bench/decode_bench.py --measure [--sweep]
+    python3 lecture11/bench/decode_bench.py --measure [--sweep] [--compare --out /tmp/db]
+        --compare：测完打印每个点的 GPU 时间、主机开销和已提交的 decode_bench.json 的比
     python3 lecture11/bench/decode_bench.py --replot
 只读结果、打印、画图（没有 GPU 也行；check-all 跑 --quick，make figures 跑不带参数的；都不动 results/ 里的图）：
     python3 lecture11/bench/decode_bench.py [--quick]
@@ -396,7 +397,37 @@ def measure(args):
         json.dump(res, fh, indent=1)
     print(f"写好 {os.path.relpath(path)}（{time.time() - t0:.0f} s）；打印、检查、重画 results/ 里的图："
           "python3 lecture11/bench/decode_bench.py --replot")
+    if args.compare:
+        compare_to_committed(res, load_json(RESULTS))
     return 0
+
+
+def compare_to_committed(res, committed):
+    """
+    --measure --compare：每个 (B, S, 实现) 的 GPU 时间、每个 (S, 实现) 的主机开销，提交的 / 这次的（> 1 = 这次更快）。
+    同一次运行里 SDPA、fa2 的比值是机器本身的起伏：ours 的比值要和它们放在一起看。返回 {名字: [比值, …]}。
+    """
+    ratios, table = {}, []
+    old = {(r["B"], r["S"], r["impl"]): r["gpu_s"] for r in committed["rows"]}
+    for r in res["rows"]:
+        key = (r["B"], r["S"], r["impl"])
+        if old.get(key) and r.get("gpu_s"):
+            x = old[key] / r["gpu_s"]
+            ratios.setdefault(f"GPU 时间 {key[2]}", []).append(x)
+            table.append([*key, f"{old[key] * 1e6:.1f}", f"{r['gpu_s'] * 1e6:.1f}", f"{x:.2f}"])
+    print(format_table(["B", "S", "实现", "提交的 µs", "这次 µs", "提交的 / 这次的"], table))
+    old = {(r["S"], r["impl"]): r["over_s"] for r in committed["overhead"]["rows"]}
+    table = []
+    for r in res["overhead"]["rows"]:
+        key = (r["S"], r["impl"])
+        if old.get(key) is not None and r.get("over_s") is not None:
+            table.append([*key, f"{old[key] * 1e6:.1f}", f"{r['over_s'] * 1e6:.1f}"])
+    print("主机开销（µs，每次调用 − GPU 时间）：")
+    print(format_table(["S", "实现", "提交的", "这次"], table))
+    for name, xs in sorted(ratios.items()):
+        xs = sorted(xs)
+        print(f"  {name}：提交的 / 这次的 = {xs[0]:.2f}–{xs[-1]:.2f}（中位数 {xs[len(xs) // 2]:.2f}，{len(xs)} 个点）")
+    return ratios
 
 
 # =============================================================================
@@ -941,6 +972,8 @@ def main(argv=None):
                     help="--measure 把 decode_bench.json 写进哪个目录（和 triton_bench、ncu_profile 的一样是目录）")
     ap.add_argument("--quick", action="store_true",
                     help="只读已提交的结果；图进 figures/quick/（同样的图、同样大；不带参数时进 figures/）")
+    ap.add_argument("--compare", action="store_true",
+                    help="--measure 测完打印和已提交的 decode_bench.json 的比（GPU 时间、主机开销）")
     ap.add_argument("--replot", action="store_true",
                     help="只读已提交的结果，并重画已提交的 results/decode_bench_bandwidth.png、decode_bench_models.png")
     args = ap.parse_args(argv)

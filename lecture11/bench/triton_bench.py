@@ -27,6 +27,8 @@
   python3 lecture11/bench/triton_bench.py --quick    （或没有 GPU 时）打印已提交的结果表；--quick 还由 JSON 画同一张图
                                                  到 bench/figures/quick/，不动已提交的 results/triton_bench.png
   python3 lecture11/bench/triton_bench.py --replot   不用 GPU：由已提交的 JSON 重画 results/triton_bench.png
+  python3 lecture11/bench/triton_bench.py --compare --providers ours sdpa-flash --seqlens 1024 4096 --out /tmp/tb
+                                                 短跑：只测这几列，打印和已提交的 JSON 的比（--overhead 也收 --compare）
 """
 import argparse
 import json
@@ -327,16 +329,17 @@ def measure(args):
         checks[p] = lambda q, k, v, c, la=poison: tf.flash_attn_func(q, k, v, causal=c, launch=la)
     import gluon_flash as gf
     fns["gluon"] = lambda q, k, v, c: gf.attention(q, k, v, causal=c)      # variant="best"：按形状选
-    meta["gluon_variant"] = {f"d={d} N={n}": gf.best_variant(d, n) for d in HEAD_DIMS for n in args.seqlens}
+    meta["gluon_variant"] = {f"d={d} N={n}": gf.best_variant(d, n) for d in args.head_dims for n in args.seqlens}
     for p in PROVIDERS[3:]:
         fns[p] = tf.sdpa_fn(p)
-    for d in HEAD_DIMS:
+    providers = [p for p in PROVIDERS if p in args.providers]
+    for d in args.head_dims:
         for n in args.seqlens:
             batch, heads = TOKENS // n, HIDDEN // d
             for causal in (False, True):
                 q, k, v, do = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 ref = None
-                for p in PROVIDERS:
+                for p in providers:
                     try:
                         got, ms_fwd, ms_bwd, first = bench_one(fns[p], q, k, v, do, causal, args,
                                                                triton.testing.do_bench, checks.get(p),
@@ -450,6 +453,42 @@ def print_host_overhead(path):
 
 def _us(x):
     return "—" if x is None else f"{x:.1f}"
+
+
+def _ratio_summary(ratios):
+    for name, xs in sorted(ratios.items()):
+        xs = sorted(xs)
+        print(f"  {name}：提交的 / 这次的 = {xs[0]:.2f}–{xs[-1]:.2f}（中位数 {xs[len(xs) // 2]:.2f}，{len(xs)} 个点）")
+
+
+def compare_rows(res, committed):
+    """
+    这次测的每一行和提交的 JSON 里同一 (实现, 方向, causal, d, N) 比毫秒数：提交的 / 这次的（> 1 = 这次更快）。
+    同一次运行里 SDPA 的比值是机器本身的起伏（共用的主机、GPU 时钟）：ours 的比值要和它放在一起看。
+    返回 {(实现, 方向): [比值, …]}。
+    """
+    old = {(r["provider"], r["mode"], r["causal"], r["d"], r["N"]): r["ms"] for r in committed["rows"]}
+    ratios, table = {}, []
+    for r in res["rows"]:
+        key = (r["provider"], r["mode"], r["causal"], r["d"], r["N"])
+        if key not in old:
+            continue
+        x = old[key] / r["ms"]
+        ratios.setdefault(f"{key[0]} {key[1]}", []).append(x)
+        table.append([key[0], key[1], str(key[2]), key[3], key[4], f"{old[key]:.3f}", f"{r['ms']:.3f}", f"{x:.2f}"])
+    print(format_table(["实现", "方向", "causal", "d", "N", "提交的 ms", "这次 ms", "提交的 / 这次的"], table))
+    _ratio_summary(ratios)
+    return ratios
+
+
+def compare_overhead(new, committed):
+    """--overhead --compare：每个 (实现, N) 多出的主机时间 over_us，这次的对 host_overhead.json 里最后一次测量。"""
+    labels = [k for k in committed if k != "meta" and "rows" in committed[k]]
+    last = committed[labels[-1]]
+    old = {(r["impl"], r["N"]): r["over_us"] for r in last["rows"]}
+    table = [[r["impl"], r["N"], _us(old.get((r["impl"], r["N"]))), _us(r["over_us"])] for r in new["rows"]]
+    print(f"主机开销（µs，每次调用 − GPU 时间），对照提交的最后一次测量 {labels[-1]!r}：")
+    print(format_table(["实现", "N", "提交的", "这次"], table))
 
 
 def _load_module(path):
@@ -631,6 +670,10 @@ def main():
     ap.add_argument("--label", default="after", help="--overhead 的结果记在 host_overhead.json 的哪个键下")
     ap.add_argument("--calls", type=int, default=2000, help="--overhead 每个形状连续调用的次数")
     ap.add_argument("--replot", action="store_true", help="不测量：由已提交的 JSON 重画 results/triton_bench.png")
+    ap.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS), help="只测这几列")
+    ap.add_argument("--head-dims", type=int, nargs="+", choices=HEAD_DIMS, default=list(HEAD_DIMS))
+    ap.add_argument("--compare", action="store_true",
+                    help="测完打印和已提交的 JSON（triton_bench.json / host_overhead.json）的比；不画图")
     args = ap.parse_args()
     committed = os.path.join(RESULTS, JSON_NAME)
     if args.replot:
@@ -667,6 +710,8 @@ def main():
         res[args.label] = overhead(args)             # 这次的 GPU、版本记在它自己的 meta 里
         with open(path, "w") as fh:
             json.dump(res, fh, indent=1)
+        if args.compare:
+            compare_overhead(res[args.label], load_json(os.path.join(RESULTS, "host_overhead.json")))
         return
     if args.explore:
         rows = explore(args)
@@ -676,8 +721,11 @@ def main():
     res = measure(args)
     with open(os.path.join(args.out, JSON_NAME), "w") as fh:
         json.dump(res, fh, indent=1)
-    plot(res, os.path.join(args.out, PNG_NAME))
-    print_table(res)
+    if args.compare:                                  # 短跑只有几列：不画图、不打印目标表
+        compare_rows(res, load_json(committed))
+    else:
+        plot(res, os.path.join(args.out, PNG_NAME))
+        print_table(res)
     if report_failures(res):
         sys.exit(1)
 
