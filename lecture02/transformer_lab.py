@@ -1042,24 +1042,28 @@ def _check_cache(cache, cfg, B, T):
 # =============================================================================
 # 自检
 # =============================================================================
+# 自检用的参考实现只给老师（学生树里没有它们：它们就是练习 2.1、2.2 的答案；学生的解答由 make grade 核对）
+# >>> 练习 2.2 instructor
 def _attention_reference(q, k, v, q_pos0, causal):
     """逐头循环、显式掩码矩阵的 float64 参考：softmax(q_h k_gᵀ/√dh + mask) v_g。"""
-    B, T, H, dh = q.shape
-    _, S, G, _ = k.shape
-    out = np.zeros((B, T, H, dh))
-    mask = np.zeros((T, S))
+    nb, nt, nh, hd = q.shape                   # 参考只按定义写：批、query 数、头数、头维
+    ns, ng = k.shape[1], k.shape[2]
+    out = np.zeros((nb, nt, nh, hd))
+    mask = np.zeros((nt, ns))
     if causal:
-        for i in range(T):
+        for i in range(nt):
             mask[i, q_pos0 + i + 1:] = -np.inf
-    for b in range(B):
-        for h in range(H):
-            g = h // (H // G)                    # 第 h 个 query 头属于第 g 组
-            s = q[b, :, h] @ k[b, :, g].T / math.sqrt(dh) + mask
+    for b in range(nb):
+        for h in range(nh):
+            g = h // (nh // ng)                    # 第 h 个 query 头属于第 g 组
+            s = q[b, :, h] @ k[b, :, g].T / math.sqrt(hd) + mask
             p = np.exp(s - s.max(axis=1, keepdims=True))
             out[b, :, h] = (p / p.sum(axis=1, keepdims=True)) @ v[b, :, g]
-    return out.reshape(B, T, H * dh)
+    return out.reshape(nb, nt, nh * hd)
+# <<< 练习 2.2
 
 
+# >>> 练习 2.1 instructor
 def _rope_reference(x, positions, theta):
     """RoPE 的复数写法：相邻两个数拼成一个复数 a + ib，乘以 e^{i·p·ω_j}。"""
     dh = x.shape[-1]
@@ -1069,6 +1073,7 @@ def _rope_reference(x, positions, theta):
     out = np.empty_like(x)
     out[..., 0::2], out[..., 1::2] = z.real, z.imag
     return out
+# <<< 练习 2.1
 
 
 def _selftest():
@@ -1082,15 +1087,19 @@ def _selftest():
         assert sum(param_groups(p).values()) == count_params(p)
 
     # 2. 积木对照独立参考：attention_core（GQA、decode 式的 q_pos0、双向）与 apply_rope（复数乘法）
+    # >>> 练习 2.2 instructor
     for B, T, S, H, G, causal in ((2, 5, 5, 6, 3, True), (1, 3, 11, 4, 1, True), (2, 4, 7, 4, 4, False)):
         q = rng.standard_normal((B, T, H, 6))
         k, v = rng.standard_normal((2, B, S, G, 6))
         fast = attention_core(q, k, v, S - T, causal=causal)
         err = np.max(np.abs(fast - _attention_reference(q, k, v, S - T, causal)))
         assert err < 1e-12, ("attention_core", err)
+    # <<< 练习 2.2
     x, pos = rng.standard_normal((2, 7, 3, 10)), rng.integers(0, 5000, size=7)
+    # >>> 练习 2.1 instructor
     err = np.max(np.abs(apply_rope(x, *rope_angles(pos, 10, 500000.0)) - _rope_reference(x, pos, 500000.0)))
     assert err < 1e-12, ("apply_rope", err)
+    # <<< 练习 2.1
 
     # 3. 贪心生成：带 / 不带 KV cache 逐 token 相同，logits 差 < 1e-9
     p = init_params(TINY, seed=0)

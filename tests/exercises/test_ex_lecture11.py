@@ -146,6 +146,43 @@ def test_online_softmax_rescales_running_sum():
                     why="在线 softmax 的 (m, l) 递推要自己写")
 
 
+class _Reads(np.ndarray):
+    """记下每次对 x（或它的切片）做的运算读了多宽：WIDTHS 里一项 = 那次运算的最后一维长度。"""
+    WIDTHS = []
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        for t in inputs:
+            if isinstance(t, _Reads):
+                _Reads.WIDTHS.append(t.shape[-1])
+        plain = [t.view(np.ndarray) if isinstance(t, _Reads) else t for t in inputs]
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
+@exercise("11.1")
+def test_online_softmax_reads_statistics_block_by_block():
+    # 在线 softmax 的意义：统计量 (m, l) 那一遍一块一块地读（每次最多 block 个元素），整行只在最后归一化时读一遍。
+    # 三遍 softmax（先整行求 max、再整行 exp、再求和）结果一样，但整行读了不止一遍——它不是这个练习要写的算法。
+    rng = np.random.default_rng(1104)
+    x = 3 * rng.standard_normal((4, 50))
+    real = fl.check_array
+
+    def keep_wrapper(name, value, **kw):                 # 入口的检查照做，但把记账的视图原样交给练习的代码
+        real(name, np.asarray(value), **kw)
+        return value
+    from grading import patched
+    for block in (7, 16):
+        _Reads.WIDTHS = []
+        with patched("lecture11", "flash_lab", "check_array", keep_wrapper):
+            y, _ = fl.softmax_online(x.copy().view(_Reads), block)
+        close(np.asarray(y), _softmax_ref(x), atol=1e-14, rtol=1e-12, message=f"在线 softmax 的结果不对（block = {block}）")
+        expect(_Reads.WIDTHS, "练习代码把 x 又转换了一次（如 np.asarray(x)）：入口的 check_array 已经把它变成 float64 数组，"
+                              "直接用它（这个检查要数你读 x 的方式）")
+        whole = sum(w > block for w in _Reads.WIDTHS)
+        expect(whole <= 1 and any(w <= block for w in _Reads.WIDTHS),
+               f"统计量 (m, l) 要一块一块地更新（每次最多 block = {block} 个元素），整行只能在最后归一化时读一遍；"
+               f"你的实现整行读了 x {whole} 遍——这是三遍 softmax，不是在线 softmax")
+
+
 @exercise("11.1")
 @settings(deadline=None, max_examples=25)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(1, 45))

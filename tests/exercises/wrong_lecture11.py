@@ -22,6 +22,13 @@ def _online_no_rescale(x, block=128):
     return np.divide(e, l[..., None], out=np.zeros_like(e), where=l[..., None] > 0), 2
 
 
+def _three_pass(x, block=128):
+    m = _safe(np.max(x, axis=-1, keepdims=True))                   # 整行求 max、整行 exp、求和：结果对，但不是在线的
+    e = np.exp(x - m)
+    l = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, l, out=np.zeros_like(e), where=l > 0), 2
+
+
 def _online_stale_max(x, block=128):
     x = np.asarray(x, dtype=np.float64)
     m, l = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
@@ -214,6 +221,7 @@ L11 = ("lecture11", "flash_lab")
 VARIANTS = [
     Wrong("11.1", *L11, "softmax_online", "旧的 l 没有乘换算因子 exp(m − m')", _online_no_rescale),
     Wrong("11.1", *L11, "softmax_online", "exp 用的是更新前的最大值", _online_stale_max),
+    Wrong("11.1", *L11, "softmax_online", "三遍 softmax（不分块，结果一样）", _three_pass),
     Wrong("11.1", *L11, "softmax_online", "不减最大值直接 exp（大分数溢出）", _online_no_max),
     Wrong("11.2", *L11, "merge_states", "l、o 直接相加，没有换算到新的最大值", _merge_no_rescale),
     Wrong("11.2", *L11, "merge_states", "l 换算了，o 却不加权直接相加", _merge_unweighted_o),
