@@ -2,22 +2,29 @@
 
 每个变体是一个完整的 @triton.jit 内核，换掉 triton_flash 的模块属性（mini_attention 启动时按名字取
 _mini_fwd_kernel 等，所以换属性就生效）；"把 N×N 分数矩阵写回内存"要多一个缓冲区，换的是主机端的 _mini_fwd。
-内核在解释器模式下定义（CPU 检查都在解释器里跑）。没装 triton 时语料为空（检查本身也会 skip）。
+内核默认在解释器模式下定义（CPU 检查都在解释器里跑）；tools/grade_gpu.py 设 GRADE_GPU_VARIANTS=1 再导入，
+得到编译模式的同一批内核和 GPU_VARIANTS（GPU 评分的语料：缓存结果的作弊、跳过掩码的错解、不跳块的慢解）。
+没装 triton 时语料为空（检查本身也会 skip）。
 """
+import contextlib
 import importlib.util
+import os
 
 import torch
 
 from grading import Wrong
 
-VARIANTS = []
+GPU = os.environ.get("GRADE_GPU_VARIANTS") == "1"
+VARIANTS, GPU_VARIANTS = [], {}
 if importlib.util.find_spec("triton") is not None:
+    from labload import load_lab
     from triton_interp import interpreter_env, load_triton_flash
 
-    with interpreter_env():          # 第一次 import triton 要在解释器模式里（见 tests/triton_interp.py）
+    # 第一次 import triton 要在解释器模式里（见 tests/triton_interp.py）；GPU 评分时用编译模式
+    with contextlib.nullcontext() if GPU else interpreter_env():
         import triton
         import triton.language as tl
-        tf = load_triton_flash()
+        tf = load_lab("lecture11", "triton_flash") if GPU else load_triton_flash()
         _mini_visible = tf._mini_visible
 
         # ---------------------------------------------------------------- 11.7 前向
@@ -264,6 +271,48 @@ if importlib.util.find_spec("triton") is not None:
                             q, k, v, o, lse, scores, scale, n, heads, *q.stride()[:3], **tf._mini_meta(q, causal))
             return o, lse
 
+        @triton.jit
+        def _fwd_diagonal_unmasked(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride_h,
+                                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                   CAUSAL: tl.constexpr, PREC: tl.constexpr):
+            pid_m = tl.program_id(0)
+            pid_bh = tl.program_id(1)
+            base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_d = tl.arange(0, D)
+            q = tl.load(Q + base + rows[:, None] * stride_n + offs_d[None, :], mask=(rows < N)[:, None], other=0.0)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+            hi = N
+            if CAUSAL:
+                hi = tl.minimum((pid_m + 1) * BLOCK_M, N)
+            for start_n in range(0, hi, BLOCK_N):
+                cols = start_n + tl.arange(0, BLOCK_N)
+                kv = base + cols[:, None] * stride_n + offs_d[None, :]
+                k = tl.load(K + kv, mask=(cols < N)[:, None], other=0.0)
+                v = tl.load(V + kv, mask=(cols < N)[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
+                s = tl.where((cols < N)[None, :], s, float("-inf"))   # 错：省掉了 causal 掩码（以为跳过整块就够了）
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+                m_i = m_new
+            tl.store(O + base + rows[:, None] * stride_n + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
+                     mask=(rows < N)[:, None])
+            tl.store(LSE + pid_bh * N + rows, m_i + tl.log(l_i), mask=rows < N)
+
+        _CACHE, _REAL_FWD = {}, tf._mini_fwd
+
+        def _fwd_caching(q, k, v, causal, scale):
+            """作弊：同样形状的第二次调用直接交出上一次的结果（计时循环里每次都是新输入，所以是错的）。"""
+            key = (tuple(q.shape), q.dtype, causal)
+            if key not in _CACHE:
+                _CACHE[key] = _REAL_FWD(q, k, v, causal, scale)
+            return _CACHE[key]
+
         # ---------------------------------------------------------------- 11.8 反向
         @triton.jit
         def _dkdv_no_delta(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, N, H, stride_b, stride_n, stride_h,
@@ -435,9 +484,18 @@ if importlib.util.find_spec("triton") is not None:
         _W("11.7", "_mini_fwd_kernel", "前向：每个 K/V 块都重读 Q（结果对、IO 多）", _fwd_reload_q),
         _W("11.7", "_mini_fwd_kernel", "前向：causal 不跳过整块看不见的 K/V 块（结果对、IO 多）", _fwd_no_tile_skip),
         _W("11.7", "_mini_fwd", "前向：N×N 分数矩阵写回内存再读回（结果对、IO 是 N²）", _fwd_with_score_buffer),
+        _W("11.7", "_mini_fwd_kernel", "前向：causal 只跳过整块、对角块里不做掩码", _fwd_diagonal_unmasked),
         _W("11.8", "_mini_dkdv_kernel", "反向：dS = P∘dP，少了 − D", _dkdv_no_delta),
         _W("11.8", "_mini_dkdv_kernel", "反向：causal 的 dK/dV 从 key 块末尾开始，漏了对角块", _dkdv_skip_diagonal),
         _W("11.8", "_mini_dkdv_kernel", "反向：dK 忘了乘 softmax_scale", _dkdv_unscaled),
         _W("11.8", "_mini_dkdv_kernel", "反向：dK、dV 用 fp16 累加", _dkdv_fp16_accumulate),
         _W("11.8", "_mini_dq_kernel", "反向：dQ 内核重算 P 时没做 causal 掩码", _dq_unmasked),
     ]
+    # GPU 评分（tools/grade_gpu.py --variant 名字）的语料：名字 -> (练习, 属性, 替换, 说明, 应得的结果)
+    GPU_VARIANTS = {
+        "cache": ("11.7", "_mini_fwd", _fwd_caching, "同形状的第二次调用交出上一次的结果（缓存作弊）", "refused"),
+        "diag_unmasked": ("11.7", "_mini_fwd_kernel", _fwd_diagonal_unmasked, "对角块里不做 causal 掩码", "refused"),
+        "no_tile_skip": ("11.7", "_mini_fwd_kernel", _fwd_no_tile_skip, "causal 时不跳过整块看不见的 K/V 块（慢、对）",
+                         "partial"),
+        "dq_unmasked": ("11.8", "_mini_dq_kernel", _dq_unmasked, "dQ 内核重算 P 时没做 causal 掩码", "refused"),
+    }
