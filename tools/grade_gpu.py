@@ -286,9 +286,10 @@ def speed_score(ratios):
 def load_calibration():
     try:
         with open(CALIBRATION, encoding="utf-8") as f:
-            return json.load(f)
+            calib = json.load(f)
     except (OSError, ValueError):
         return None
+    return None if calib.get("dry_run") else calib
 
 
 def grade(ex, tf, fl, reps, args, cfg, device, dtype, baseline, calib):
@@ -369,6 +370,51 @@ def _table(results):
                          "of roofline", "score"], rows)
 
 
+# 检查脚本（lecture11/bench/grade_gpu_check.sh）跑出的每个 JSON 应得的结果
+EXPECT = {"solution": "full", "no_tile_skip": "partial", "cache": "refused", "diag_unmasked": "refused",
+          "dq_unmasked": "refused"}
+
+
+def summarize(folder):
+    """读检查脚本写的 JSON：核对每一项的结果是否如 EXPECT 所说，写校准文件 grade_gpu_h200.json。返回退出码。"""
+    from course_utils import format_table
+    rows, bad, calib, meta = [], 0, {}, None
+    for name, want in EXPECT.items():
+        path = os.path.join(folder, name + ".json")
+        if not os.path.isfile(path):
+            rows.append([name, want, "缺 JSON", "FAIL"])
+            bad += 1
+            continue
+        with open(path, encoding="utf-8") as f:
+            rep = json.load(f)
+        meta = meta or rep
+        for r in rep["results"]:
+            score, status = r.get("score", 0.0), r["status"]
+            if want == "full":
+                ok = status == "passed" and score >= MAX_SCORE
+                for t in r["timing"]:
+                    if t.get("mini_over_v2"):
+                        calib[f"{r['ex']}:{','.join(map(str, t['case']))}"] = t["mini_over_v2"]
+            elif want == "partial":       # 对、但慢：分数必须正好是规则给的（几何平均速度比 × 1.2，封顶）
+                rule = speed_score([t["ratio"] for t in r["timing"]])[1] if r["timing"] else -1
+                ok = status == "passed" and 0 < score < MAX_SCORE and abs(score - round(rule, 2)) < 1e-6
+            else:
+                ok = status == "refused" and score == 0
+            bad += not ok
+            rows.append([f"{name} ({r['ex']})", want, f"{status} {score:.2f}/{MAX_SCORE:g}", "ok" if ok else "FAIL"])
+    print(format_table(["run", "expected", "got", "check"], rows))
+    if meta is not None:
+        out = dict(gpu=meta["gpu"], torch=meta["torch"], triton=meta["triton"], dtype=meta["dtype"],
+                   dry_run=meta["dry_run"], course_kernel_sha256=meta["course_kernel_sha256"],
+                   calibration=calib, note="t_course ≈ t_v2 × calibration[ex:B,N,H,d,causal]（学生树里用）")
+        path = os.path.join(folder, "grade_gpu_h200.json" if not meta["dry_run"] else "calibration_dry_run.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(out, f, ensure_ascii=False, indent=1)
+        print(f"校准系数写到 {path}")
+    print("GPU 评分检查：" + ("全部符合预期" if not bad else f"{bad} 项不符合预期"))
+    return 1 if bad else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ex", choices=("11.7", "11.8"), help="只评一个练习（默认两个都评）")
@@ -380,7 +426,10 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "grade_gpu.json"))
     ap.add_argument("--seed", type=int, default=20240611)
     ap.add_argument("--dry-run", action="store_true", help="没有 GPU：解释器里的极小尺寸，只走一遍流程")
+    ap.add_argument("--summarize", metavar="DIR", help="核对 grade_gpu_check.sh 写在 DIR 里的结果、写校准文件")
     args = ap.parse_args(argv)
+    if args.summarize:
+        return summarize(args.summarize)
     if args.variant and args.from_file:
         ap.error("--variant 和 --from 只能给一个")
     try:
