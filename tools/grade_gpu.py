@@ -7,7 +7,7 @@
    每次计时都是新输入、先冲掉 L2；计时后把留下的几次输出再查一遍（缓存结果的作弊过不了）；
    比 roofline 下界还快的结果记为"可疑"、不给分。
 学生树里没有课程的内核：用 v2 内核（flash_attn_func）在同一次运行里的时间 × 已提交的校准系数
-（lecture11/bench/results/grade_gpu_h200.json 里 v1 ÷ v2 的时间比）当作"课程的时间"。
+（lecture11/bench/results/grade_gpu/grade_gpu_h200.json 里 v1 ÷ v2 的时间比）当作"课程的时间"。
 
 用法：
   python3 tools/grade_gpu.py [--ex 11.7|11.8] [--variant 名字 | --from 文件.py] [--out grade_gpu.json]
@@ -34,7 +34,7 @@ for sub in ("tests", os.path.join("tests", "exercises"), "lecture01"):
 
 SPEED_FULL = 1.2                  # t_课程 / t_学生 ≥ 1/1.2 满分
 MAX_SCORE = 10.0                  # 每个练习 GPU 部分的分值
-CALIBRATION = os.path.join(ROOT, "lecture11", "bench", "results", "grade_gpu_h200.json")
+CALIBRATION = os.path.join(ROOT, "lecture11", "bench", "results", "grade_gpu", "grade_gpu_h200.json")
 KERNELS = ("_mini_visible", "_mini_fwd_kernel", "_mini_dkdv_kernel", "_mini_dq_kernel")
 PATCHABLE = ("_mini_fwd_kernel", "_mini_dkdv_kernel", "_mini_dq_kernel", "_mini_fwd")
 # (B, N, H, d, causal)：正确性用不规则尺寸；计时用基准的形状（B·N = 32768、H·d = 2048，见 flash_lab.BENCH_*）
@@ -278,9 +278,10 @@ def roofline_bound(ex, fl, chip, case, esize, prec):
 
 
 def speed_score(ratios):
-    """ratios：每个计时形状上的 t_课程 / t_学生。几何平均 r → MAX_SCORE × min(1, 1.2·r)。"""
-    r = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    return r, MAX_SCORE * min(1.0, SPEED_FULL * r)
+    """ratios：每个计时形状上的 t_课程 / t_学生。每个形状各得 min(1, 1.2·r)（CS149 式：每个形状单独给分），
+    练习得 MAX_SCORE × 各形状的平均；返回 (最慢形状的 r, 分数)。"""
+    per = [min(1.0, SPEED_FULL * r) for r in ratios]
+    return min(ratios), MAX_SCORE * sum(per) / len(per)
 
 
 def load_calibration():
@@ -351,7 +352,7 @@ def grade(ex, tf, fl, reps, args, cfg, device, dtype, baseline, calib):
         res["timing"].append(row)
     r, score = speed_score(ratios)
     res.update(speed_ratio=r, score=round(score, 2), max_score=MAX_SCORE,
-               message=f"对；速度是课程内核的 {r:.2f} 倍（≥ {1 / SPEED_FULL:.2f} 满分）")
+               message=f"对；最慢的形状上速度是课程内核的 {r:.2f} 倍（每个形状 ≥ {1 / SPEED_FULL:.2f} 倍得满分）")
     return res
 
 
@@ -395,7 +396,7 @@ def summarize(folder):
                 for t in r["timing"]:
                     if t.get("mini_over_v2"):
                         calib[f"{r['ex']}:{','.join(map(str, t['case']))}"] = t["mini_over_v2"]
-            elif want == "partial":       # 对、但慢：分数必须正好是规则给的（几何平均速度比 × 1.2，封顶）
+            elif want == "partial":       # 对、但慢：分数必须正好是规则给的（speed_score）
                 rule = speed_score([t["ratio"] for t in r["timing"]])[1] if r["timing"] else -1
                 ok = status == "passed" and 0 < score < MAX_SCORE and abs(score - round(rule, 2)) < 1e-6
             else:
@@ -467,7 +468,7 @@ def main(argv=None):
     report = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter, dry run)",
                   torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
                   dtype=str(dtype).replace("torch.", ""), dry_run=args.dry_run, baseline=baseline,
-                  course_kernel_sha256=sha, speed_rule=f"score = {MAX_SCORE:g} × min(1, {SPEED_FULL} × t_course/t_student)",
+                  course_kernel_sha256=sha, speed_rule=f"score = {MAX_SCORE:g} × mean over timed shapes of min(1, {SPEED_FULL} × t_course/t_student)",
                   cases=cfg, results=results)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(report, f, ensure_ascii=False, indent=1)

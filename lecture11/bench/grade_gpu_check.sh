@@ -3,7 +3,7 @@
 # 缓存结果的作弊、对角块不掩码、dQ 不掩码被拒绝；写出 H200 的校准系数（学生树里"课程的时间"= v2 × 系数）。
 #   bash lecture11/bench/grade_gpu_check.sh [--dry-run]
 # 结果（每次运行的 JSON、日志、版本）写到 $OUT（默认 lecture11/bench/results/grade_gpu/）；
-# 校准文件 grade_gpu_h200.json 也写在那里，复制到 lecture11/bench/results/ 入库。--dry-run：没有 GPU，
+# 校准文件 grade_gpu_h200.json 也写在那里（tools/grade_gpu.py 读默认位置的那一份）。--dry-run：没有 GPU，
 # 解释器里极小尺寸走一遍（分数无意义，只查流程和语料的去向）。H200 上约 2–4 分钟。
 set -u
 cd "$(dirname "$0")/../.."
