@@ -88,14 +88,13 @@ def _mini_fwd_kernel(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride
                      CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """一个 Q 块留在片上，走过它看得见的 K/V 块（在线 softmax）：写 O 块 [BLOCK_M, D] 和 LSE = m + log l。"""
     # >>> 练习 11.7
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h        # 第 b 个序列、第 h 个头
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + base + rows[:, None] * stride_n + offs_d[None, :], mask=(rows < N)[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)       # 每行目前见过的最大 logit
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                     # Σ exp(s − m_i)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")      # 每行目前见过的最大 logit
+    l_i = tl.zeros_like(m_i)                                        # Σ exp(s − m_i)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)                  # Σ exp(s − m_i)·v（还没除以 l_i）
     hi = N
     if CAUSAL:                                                       # 对角线右边的块整块看不见：不进循环
@@ -107,11 +106,11 @@ def _mini_fwd_kernel(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride
         v = tl.load(V + kv_off, mask=(cols < N)[:, None], other=0.0)                 # V_j [BLOCK_N, D]
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale                  # [BLOCK_M, BLOCK_N]
         s = tl.where(_mini_visible(rows, cols, N, CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))      # 有限：每行在第一个块里至少看得见 key 0
+        m_new = tl.maximum(tl.max(s, 1), m_i)      # 有限：每行在第一个块里至少看得见 key 0
         alpha = tl.exp(m_i - m_new)                # 旧的累加量按新的最大值缩小
         p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        l_i = alpha * l_i + tl.sum(p, 1)
+        acc = alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     tl.store(O + base + rows[:, None] * stride_n + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=(rows < N)[:, None])
@@ -125,8 +124,7 @@ def _mini_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, N, H, stride_b,
                       CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """K_j、V_j 留在片上，走过看得见它们的 Q 块：dV_j = Σ_i P_ijᵀ dO_i，dK_j = scale·Σ_i dS_ijᵀ Q_i。"""
     # >>> 练习 11.8
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -148,9 +146,9 @@ def _mini_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, N, H, stride_b,
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
         p = tl.where(_mini_visible(rows, cols, N, CAUSAL), tl.exp(s - lse[:, None]), 0.0)  # 由 LSE 重算 P
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)                           # dP = dO Vᵀ
-        ds = p * (dp - delta[:, None])                                               # dS = P∘(dP − D)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        dov = tl.dot(do, tl.trans(v), input_precision=PREC)                          # dP = dO Vᵀ
+        ds = p * (dov - delta[:, None])                                              # dS = P∘(dP − D)
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=(cols < N)[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=(cols < N)[:, None])
     # <<< 练习 11.8
@@ -162,8 +160,7 @@ def _mini_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, N, H, stride_b, strid
                     CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """Q_i 留在片上，走过它看得见的 key 块：dQ_i = scale·Σ_j dS_ij K_j（和前向同样的循环）。"""
     # >>> 练习 11.8
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
@@ -183,9 +180,9 @@ def _mini_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, N, H, stride_b, strid
         v = tl.load(V + kv_off, mask=(cols < N)[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
         p = tl.where(_mini_visible(rows, cols, N, CAUSAL), tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+        dov = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dov - delta[:, None])
+        dq += tl.dot(ds.to(q.dtype), k, input_precision=PREC)
     tl.store(DQ + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows < N)[:, None])
     # <<< 练习 11.8
 
