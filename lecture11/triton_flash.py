@@ -72,6 +72,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # v1 · 最小内核（前向 + 反向，causal 或不 causal）
 #   q、k、v [B, N, H, d] 连续且形状相同，步长 (stride_b, stride_n, stride_h, 1) 四个张量共用；
 #   program (i, b·H + h) 负责第 b 个序列、第 h 个头的 Q 块 [i·BLOCK_M, (i+1)·BLOCK_M)。
+#   练习 11.7 写前向内核、11.8 写反向的两个内核（lecture11/EXERCISES.md）；启动它们的主机代码是给定的。
 # ============================================================================
 @triton.jit
 def _mini_visible(rows, cols, N, CAUSAL: tl.constexpr):
@@ -86,14 +87,15 @@ def _mini_visible(rows, cols, N, CAUSAL: tl.constexpr):
 def _mini_fwd_kernel(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride_h,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    """一个 Q 块留在片上，走过它看得见的 K/V 块（在线 softmax）：写 O 块 [BLOCK_M, D] 和 LSE = m + log l。"""
+    # >>> 练习 11.7
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h        # 第 b 个序列、第 h 个头
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + base + rows[:, None] * stride_n + offs_d[None, :], mask=(rows < N)[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)       # 每行目前见过的最大 logit
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                     # Σ exp(s − m_i)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")      # 每行目前见过的最大 logit
+    l_i = tl.zeros_like(m_i)                                        # Σ exp(s − m_i)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)                  # Σ exp(s − m_i)·v（还没除以 l_i）
     hi = N
     if CAUSAL:                                                       # 对角线右边的块整块看不见：不进循环
@@ -105,15 +107,16 @@ def _mini_fwd_kernel(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride
         v = tl.load(V + kv_off, mask=(cols < N)[:, None], other=0.0)                 # V_j [BLOCK_N, D]
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale                  # [BLOCK_M, BLOCK_N]
         s = tl.where(_mini_visible(rows, cols, N, CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))      # 有限：每行在第一个块里至少看得见 key 0
+        m_new = tl.maximum(tl.max(s, 1), m_i)      # 有限：每行在第一个块里至少看得见 key 0
         alpha = tl.exp(m_i - m_new)                # 旧的累加量按新的最大值缩小
         p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        l_i = alpha * l_i + tl.sum(p, 1)
+        acc = alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     tl.store(O + base + rows[:, None] * stride_n + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=(rows < N)[:, None])
     tl.store(LSE + pid_bh * N + rows, m_i + tl.log(l_i), mask=rows < N)      # LSE [B, H, N]
+    # <<< 练习 11.7
 
 
 @triton.jit
@@ -121,8 +124,8 @@ def _mini_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, N, H, stride_b,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """K_j、V_j 留在片上，走过看得见它们的 Q 块：dV_j = Σ_i P_ijᵀ dO_i，dK_j = scale·Σ_i dS_ijᵀ Q_i。"""
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # >>> 练习 11.8
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -144,11 +147,12 @@ def _mini_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, N, H, stride_b,
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
         p = tl.where(_mini_visible(rows, cols, N, CAUSAL), tl.exp(s - lse[:, None]), 0.0)  # 由 LSE 重算 P
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)                           # dP = dO Vᵀ
-        ds = p * (dp - delta[:, None])                                               # dS = P∘(dP − D)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        dov = tl.dot(do, tl.trans(v), input_precision=PREC)                          # dP = dO Vᵀ
+        ds = p * (dov - delta[:, None])                                              # dS = P∘(dP − D)
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=(cols < N)[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=(cols < N)[:, None])
+    # <<< 练习 11.8
 
 
 @triton.jit
@@ -156,8 +160,8 @@ def _mini_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, N, H, stride_b, strid
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """Q_i 留在片上，走过它看得见的 key 块：dQ_i = scale·Σ_j dS_ij K_j（和前向同样的循环）。"""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # >>> 练习 11.8
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
@@ -177,13 +181,78 @@ def _mini_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, N, H, stride_b, strid
         v = tl.load(V + kv_off, mask=(cols < N)[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
         p = tl.where(_mini_visible(rows, cols, N, CAUSAL), tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+        dov = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dov - delta[:, None])
+        dq += tl.dot(ds.to(q.dtype), k, input_precision=PREC)
     tl.store(DQ + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows < N)[:, None])
+    # <<< 练习 11.8
 
 
 MINI_BLOCKS = (16, 32) if INTERPRET else (64, 64)    # (BLOCK_M, BLOCK_N)；解释器用小块，几十行也跨好几块
+
+
+def _hole_error(kernel, err):
+    """
+    练习没写完的内核（函数体是 raise NotImplementedError(...)）启动时的错误 → 那个 NotImplementedError。
+    解释器把内核里的异常包成 InterpreterError（原异常在 __cause__ 里）；GPU 上 JIT 根本编译不了 raise，
+    只好从内核源码里把那句提示读出来。都不是时返回 None（别的错误原样抛出）。
+    """
+    seen = err
+    while seen is not None:
+        if isinstance(seen, NotImplementedError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    import ast
+    import inspect
+    import textwrap
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(kernel, "fn", kernel))))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    for node in ast.walk(tree):
+        exc = node.exc if isinstance(node, ast.Raise) else None
+        if (isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name) and exc.func.id == "NotImplementedError"
+                and exc.args and isinstance(exc.args[0], ast.Constant)):
+            return NotImplementedError(exc.args[0].value)
+    return None
+
+
+def _mini_launch(kernel, grid, *args, **meta):
+    """启动一个 v1 内核；练习没写完时报那个练习自己的 NotImplementedError，而不是编译器的回溯。"""
+    try:
+        kernel[grid](*args, **meta)
+    except Exception as err:
+        hole = _hole_error(kernel, err)
+        if hole is None:
+            raise
+        raise hole from None
+
+
+def _mini_meta(q, causal):
+    return dict(D=q.shape[-1], BLOCK_M=MINI_BLOCKS[0], BLOCK_N=MINI_BLOCKS[1], CAUSAL=causal, PREC=_prec(q.dtype))
+
+
+def _mini_fwd(q, k, v, causal, scale):
+    """q、k、v [B, N, H, d] 连续、形状相同 → o [B, N, H, d]，lse [B, H, N]（float32）。"""
+    batch, n, heads, _ = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads, n), device=q.device, dtype=torch.float32)
+    _mini_launch(_mini_fwd_kernel, (triton.cdiv(n, MINI_BLOCKS[0]), batch * heads),
+                 q, k, v, o, lse, scale, n, heads, *q.stride()[:3], **_mini_meta(q, causal))
+    return o, lse
+
+
+def _mini_bwd(q, k, v, o, lse, do, causal, scale):
+    """前向存下的 q、k、v、o、lse 和 dO（都连续）→ dq、dk、dv；D = Σ dO∘O 由 torch 算。"""
+    batch, n, heads, _ = q.shape
+    delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()     # D_i = Σ dO_i∘O_i [B, H, N]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sizes, meta = (scale, n, heads, *q.stride()[:3]), _mini_meta(q, causal)
+    _mini_launch(_mini_dkdv_kernel, (triton.cdiv(n, MINI_BLOCKS[1]), batch * heads),
+                 q, k, v, do, dk, dv, lse, delta, *sizes, **meta)
+    _mini_launch(_mini_dq_kernel, (triton.cdiv(n, MINI_BLOCKS[0]), batch * heads),
+                 q, k, v, do, dq, lse, delta, *sizes, **meta)
+    return dq, dk, dv
 
 
 class _MiniAttention(torch.autograd.Function):
@@ -191,12 +260,8 @@ class _MiniAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        batch, n, heads, d = q.shape                                 # q、k、v 连续，形状相同
-        o = torch.empty_like(q)
-        lse = torch.empty((batch, heads, n), device=q.device, dtype=torch.float32)
-        ctx.meta = dict(D=d, BLOCK_M=MINI_BLOCKS[0], BLOCK_N=MINI_BLOCKS[1], CAUSAL=causal, PREC=_prec(q.dtype))
-        ctx.sizes = (scale, n, heads, *q.stride()[:3])
-        _mini_fwd_kernel[(triton.cdiv(n, MINI_BLOCKS[0]), batch * heads)](q, k, v, o, lse, *ctx.sizes, **ctx.meta)
+        o, lse = _mini_fwd(q, k, v, causal, scale)
+        ctx.causal, ctx.scale = causal, scale
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mark_non_differentiable(lse)
         return o, lse
@@ -204,14 +269,7 @@ class _MiniAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        batch, n, heads, _ = q.shape
-        do = do.contiguous()
-        delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()     # D_i = Σ dO_i∘O_i [B, H, N]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _mini_dkdv_kernel[(triton.cdiv(n, MINI_BLOCKS[1]), batch * heads)](q, k, v, do, dk, dv, lse, delta,
-                                                                           *ctx.sizes, **ctx.meta)
-        _mini_dq_kernel[(triton.cdiv(n, MINI_BLOCKS[0]), batch * heads)](q, k, v, do, dq, lse, delta,
-                                                                         *ctx.sizes, **ctx.meta)
+        dq, dk, dv = _mini_bwd(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
 
 
@@ -219,6 +277,28 @@ def mini_attention(q, k, v, causal=False, softmax_scale=None):
     """v1 的入口：q、k、v [B, N, H, d]（形状相同，d ∈ {16, 32, 64, 128}）→ (out [B, N, H, d], lse [B, H, N])。"""
     causal, scale = _check_mini(q, k, v, causal, softmax_scale)
     return _MiniAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
+
+
+def mini_attention_backward(q, k, v, out, lse, dout, causal=False, softmax_scale=None):
+    """
+    v1 的反向（不经 autograd）：前向的 q、k、v、out [B, N, H, d]、lse [B, H, N]（float32）和 dout → (dq, dk, dv)。
+    out、lse 可以来自任何正确的前向（练习 11.8 的检查用 float64 参考算出的 out、lse，不依赖练习 11.7）。
+    """
+    causal, scale = _check_mini(q, k, v, causal, softmax_scale)
+    _check_mini_saved(q, out, lse, dout)
+    q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
+    return _mini_bwd(q, k, v, out, lse.contiguous(), dout, causal, scale)
+
+
+def _check_mini_saved(q, out, lse, dout):
+    where = "mini_attention_backward"
+    for name, t in (("out", out), ("dout", dout)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{where}：{name} 必须是和 q 同形状 {tuple(q.shape)}、同 dtype {q.dtype}、同设备的张量")
+    want = (q.shape[0], q.shape[2], q.shape[1])
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want or lse.dtype != torch.float32 \
+            or lse.device != q.device:
+        raise ValueError(f"{where}：lse 必须是 float32、形状 [B, H, N] = {want}、和 q 同设备的张量")
 
 
 # ============================================================================
