@@ -199,7 +199,8 @@ class ModelConfig:
 
     # ---- KV cache -------------------------------------------------------------
     def kv_bytes_per_token(self, bytes_per_elem=2.0):
-        """每个 token 在 KV cache 里占的字节：每层缓存这个 token 的 K 和 V（各 G 个头 × dh 维），每个数 bytes_per_elem 字节。
+        """每个 token 在 KV cache 里占的字节：每层缓存这个 token 的 K 和 V（各 G 个头 × dh 维），
+        每个数 bytes_per_elem 字节。
         GQA 的 H 个 query 头共享这 G 个 KV 头：缓存只存 G 个。"""
         check_real("bytes_per_elem", bytes_per_elem, lo=0.0, lo_open=True)
         # >>> 练习 1.2

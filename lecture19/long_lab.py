@@ -347,7 +347,8 @@ class LongAttention(nn.Module):
     def positions(self, T):
         """
         RoPE 看到的 T 个位置（float32 [T]）。位置插值 scale 倍（scale = L_目标 / L_训练 ≥ 1）：第 m 个 token 的
-        位置记作 m · L_训练 / L_目标 = m / scale——长 scale·L 的序列被压回训练时见过的位置范围 [0, L)。scale = 1 时就是 0 … T−1。
+        位置记作 m · L_训练 / L_目标 = m / scale——长 scale·L 的序列被压回训练时见过的位置范围 [0, L)。
+        scale = 1 时就是 0 … T−1。
         """
         # >>> 练习 19.2
         return torch.arange(T, dtype=torch.float32).div_(self.scale)

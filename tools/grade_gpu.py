@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """GPU 上给第 11 讲的 Triton 练习打分（11.7 v1 前向内核、11.8 v1 反向内核）：先对，再快。
 
-1. 正确性（flash-attn 的判据）：不规则尺寸、causal 与否，误差 ≤ 2 × PyTorch 自己低精度注意力的误差（都对 float64 参考）。
+1. 正确性（flash-attn 的判据）：不规则尺寸、causal 与否，误差 ≤ 2 × PyTorch 自己低精度注意力的误差
+   （都对 float64 参考）。
 2. 速度：和课程自己的 v1 内核在同一次运行里比（交替计时），t_课程 / t_学生 ≥ 1/1.2 满分、以下线性给分
    （Stanford CS149 的规则）；也报成 lecture01 roofline 下界（hw_specs 这块 GPU 的峰值、带宽）的几成。
    每次计时都是新输入、先冲掉 L2；计时后把留下的几次输出再查一遍（缓存结果的作弊过不了）；
@@ -236,7 +237,8 @@ class Timer:
 
 
 def time_interleaved(fns, make, cfg, timer, rng):
-    """fns {名字: 调用}：每轮每个名字各一次（轮流先后），每次新输入。返回 {名字: 中位数秒}、留给复查的 [(输入, 输出)]。"""
+    """fns {名字: 调用}：每轮每个名字各一次（轮流先后），每次新输入。
+    返回 {名字: 中位数秒}、留给复查的 [(输入, 输出)]。"""
     total = cfg["warmup"] + cfg["iters"]
     keep_at = set(rng.sample(range(cfg["warmup"], total), min(cfg["recheck"], cfg["iters"]))) | {total - 1}
     times, kept = {n: [] for n in fns}, []
@@ -321,7 +323,9 @@ def grade(ex, tf, fl, reps, args, cfg, device, dtype, baseline, calib):
         if baseline == "mini":
             fns["course"] = runner(ex, tf, {}, case[4])
         fns["v2"] = v2_runner(ex, tf, case[4])
-        meds, kept = time_interleaved(fns, lambda: make_inputs(ex, tf, case, dtype, device, gen), cfg, timer, rng)
+        def fresh(case=case):
+            return make_inputs(ex, tf, case, dtype, device, gen)
+        meds, kept = time_interleaved(fns, fresh, cfg, timer, rng)
         key = f"{ex}:{','.join(map(str, case))}"
         if baseline == "mini":
             t_course, how = meds["course"], "课程 v1 内核（同一次运行）"
@@ -468,14 +472,17 @@ def main(argv=None):
     report = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter, dry run)",
                   torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
                   dtype=str(dtype).replace("torch.", ""), dry_run=args.dry_run, baseline=baseline,
-                  course_kernel_sha256=sha, speed_rule=f"score = {MAX_SCORE:g} × mean over timed shapes of min(1, {SPEED_FULL} × t_course/t_student)",
+                  course_kernel_sha256=sha,
+                  speed_rule=(f"score = {MAX_SCORE:g} × mean over timed shapes of "
+                              f"min(1, {SPEED_FULL} × t_course/t_student)"),
                   cases=cfg, results=results)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(report, f, ensure_ascii=False, indent=1)
     print(f"{report['gpu']}，torch {report['torch']}，triton {report['triton']}，{report['dtype']}，基准：{baseline}")
     print(_table(results))
     for r in results:
-        print(f"练习 {r['ex']}（{r['label']}）：{r['status']}，{r.get('score', 0):.1f}/{MAX_SCORE:g} 分——{r['message']}")
+        score = r.get('score', 0)
+        print(f"练习 {r['ex']}（{r['label']}）：{r['status']}，{score:.1f}/{MAX_SCORE:g} 分——{r['message']}")
     print(f"写到 {args.out}")
     return 0
 

@@ -104,7 +104,8 @@ def _flash_state(q, k, v, is_causal, scale):
 def _triton_state(q, k, v, is_causal, scale):
     """
     triton_flash 用 flash-attn 的布局 [B, N, H, d]：transpose(1, 2) 只换步长；内核每种布局只收一组步长，
-    flash_attn_func 把不连续的输入拷成连续的（每块一次 O(n·H·d) 的拷贝）。causal 按右下角对齐，对角块 n = m，和左上角对齐一样。
+    flash_attn_func 把不连续的输入拷成连续的（每块一次 O(n·H·d) 的拷贝）。causal 按右下角对齐，
+    对角块 n = m，和左上角对齐一样。
     """
     import torch
     out, lse = _triton_flash().flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

@@ -213,7 +213,7 @@ def test_merge_of_pieces_equals_whole():
     x = 8 * rng.standard_normal((3, 211))                   # 各段最大值差得多：不换算一眼就错
     v = rng.standard_normal((211, 5))
     whole = _state_ref(x, v)
-    for trial in range(6):
+    for _trial in range(6):
         cuts = np.sort(rng.integers(0, 212, size=rng.integers(1, 7)))   # 可以重复：有空段
         edges = np.concatenate([[0], cuts, [211]])
         pieces = [(_state_ref(x[:, a:b], v[a:b])) for a, b in zip(edges[:-1], edges[1:])]

@@ -182,7 +182,7 @@ def test_recompute_backward_gradcheck():
     gen = torch.Generator().manual_seed(1822)
     for N, Nk, d, dv, bq, bk, causal in GRAD_CASES:
         inputs = _qkv(gen, (1,), N, Nk, d, dv, requires_grad=True)
-        ok = torch.autograd.gradcheck(lambda q, k, v: fl.blockwise_attention(q, k, v, bq, bk, causal), inputs,
+        ok = torch.autograd.gradcheck(lambda q, k, v, bq=bq, bk=bk, causal=causal: fl.blockwise_attention(q, k, v, bq, bk, causal), inputs,
                                       raise_exception=False)
         expect(ok, f"N={N}、Nk={Nk}、块 {bq}×{bk}、causal={causal}：反向的梯度和有限差分对不上"
                    "（重算 P = exp(S − lse) 时要用前向那一行的 lse，并用和前向相同的掩码）")
@@ -194,7 +194,7 @@ def test_backward_through_lse():
     gen = torch.Generator().manual_seed(1823)
     for N, Nk, d, dv, bq, bk, causal in ((6, 9, 3, 2, 4, 3, True), (5, 7, 3, 3, 2, 4, False)):
         inputs = _qkv(gen, (2,), N, Nk, d, dv, requires_grad=True)
-        ok = torch.autograd.gradcheck(lambda q, k, v: fl.blockwise_attention(q, k, v, bq, bk, causal,
+        ok = torch.autograd.gradcheck(lambda q, k, v, bq=bq, bk=bk, causal=causal: fl.blockwise_attention(q, k, v, bq, bk, causal,
                                                                              return_lse=True), inputs,
                                       raise_exception=False)
         expect(ok, f"N={N}、Nk={Nk}、causal={causal}：对 lse 的梯度不对（lse 的上游梯度 dlse 要并进 D：D − dlse）")

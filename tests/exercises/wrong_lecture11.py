@@ -53,7 +53,8 @@ def _online_no_max(x, block=128):
 # ---------------------------------------------------------------------------------------------- 11.2
 def _states(a, b):
     (ma, la, oa), (mb, lb, ob) = a, b
-    f = (lambda t: None if t is None else np.asarray(t, dtype=np.float64))
+    def f(t):
+        return None if t is None else np.asarray(t, dtype=np.float64)
     return f(ma), f(la), f(oa), f(mb), f(lb), f(ob)
 
 
