@@ -113,7 +113,10 @@ def pytest_runtest_logreport(report):
     path = _REPORT.get("path")
     if not path or (report.when != "call" and not (report.failed or report.skipped)):
         return
-    reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2]
+    else:
+        reason = str(report.longrepr)[-1500:] if report.failed else ""
     row = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "reason": reason,
            "props": dict(report.user_properties), "duration": report.duration}
     with open(path, "a", encoding="utf-8") as f:
