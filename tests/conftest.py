@@ -64,6 +64,8 @@ def blocking_exercise(exc=None, text=""):
 
 
 def _first_line(exc):
+    while getattr(exc, "exceptions", None):     # hypothesis 找到几个不同的失败时抛 ExceptionGroup：报第一个
+        exc = exc.exceptions[0]
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
