@@ -51,6 +51,13 @@ def gen(request):
 # ---- 学生树：被别的练习挡住的测试 ----
 from course_utils import EXERCISE_HOLE_RE, exercise_hole  # noqa: E402
 
+if os.path.exists(os.path.join(TESTS_DIR, "..", ".student-tree")):
+    # 学生树里被留空处挡住的 hypothesis 测试一碰就失败：不缩小反例、不找第二个失败（否则一个测试要缩几分钟）
+    from hypothesis import Phase, settings  # noqa: E402
+    settings.register_profile("student-tree", phases=(Phase.explicit, Phase.reuse, Phase.generate),
+                              report_multiple_bugs=False)
+    settings.load_profile("student-tree")
+
 _BLOCKED_TEXT = re.compile(r"被练习 (P?\d+\.\d+) 挡住|NotImplementedError: " + EXERCISE_HOLE_RE.pattern)
 
 
