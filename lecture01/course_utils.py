@@ -48,15 +48,19 @@ EXERCISE_HOLE_RE = re.compile(r"练习 (P?\d+\.\d+) 未完成[：:]\s*([^（\n]*
 
 
 def exercise_hole(exc):
-    """exc（或它的 __cause__ / __context__ 链上）是练习留空处的 NotImplementedError 时返回 (编号, 标题)，否则 None。"""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
+    """exc（或它的 __cause__ / __context__ 链上、ExceptionGroup 里）是练习留空处的 NotImplementedError 时
+    返回 (编号, 标题)，否则 None。"""
+    todo, seen = [exc], set()
+    while todo:
+        exc = todo.pop(0)
+        if exc is None or id(exc) in seen:
+            continue
         seen.add(id(exc))
         if isinstance(exc, NotImplementedError):
             m = EXERCISE_HOLE_RE.search(str(exc))
             if m:
                 return m.group(1), m.group(2).strip()
-        exc = exc.__cause__ or exc.__context__
+        todo += [*getattr(exc, "exceptions", ()), exc.__cause__, exc.__context__]
     return None
 
 

@@ -51,6 +51,13 @@ def gen(request):
 # ---- 学生树：被别的练习挡住的测试 ----
 from course_utils import EXERCISE_HOLE_RE, exercise_hole  # noqa: E402
 
+if os.path.exists(os.path.join(TESTS_DIR, "..", ".student-tree")):
+    # 学生树里被留空处挡住的 hypothesis 测试一碰就失败：不缩小反例、不找第二个失败（否则一个测试要缩几分钟）
+    from hypothesis import Phase, settings  # noqa: E402
+    settings.register_profile("student-tree", phases=(Phase.explicit, Phase.reuse, Phase.generate),
+                              report_multiple_bugs=False)
+    settings.load_profile("student-tree")
+
 _BLOCKED_TEXT = re.compile(r"被练习 (P?\d+\.\d+) 挡住|NotImplementedError: " + EXERCISE_HOLE_RE.pattern)
 
 
@@ -64,6 +71,8 @@ def blocking_exercise(exc=None, text=""):
 
 
 def _first_line(exc):
+    while getattr(exc, "exceptions", None):     # hypothesis 找到几个不同的失败时抛 ExceptionGroup：报第一个
+        exc = exc.exceptions[0]
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
@@ -113,7 +122,10 @@ def pytest_runtest_logreport(report):
     path = _REPORT.get("path")
     if not path or (report.when != "call" and not (report.failed or report.skipped)):
         return
-    reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2]
+    else:
+        reason = str(report.longrepr)[-1500:] if report.failed else ""
     row = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "reason": reason,
            "props": dict(report.user_properties), "duration": report.duration}
     with open(path, "a", encoding="utf-8") as f:

@@ -95,7 +95,7 @@ def test_student_tree_tests(student, tmp_path):
             broken.append(f"{row['nodeid']}（{row['when']}）：{row['reason'][-500:]}")
         else:
             blocked += row["reason"].startswith("blocked by")
-    assert not broken, (f"学生树里这些测试坏了（不是被练习挡住）：\n" + "\n".join(broken[:30])
+    assert not broken, ("学生树里这些测试坏了（不是被练习挡住）：\n" + "\n".join(broken[:30])
                         + f"\n----- pytest 输出末尾 -----\n{r.stdout[-3000:]}")
     assert not bad_checks, "学生树里这些练习检查没有以自己练习的 NotImplementedError 失败：\n" + "\n".join(bad_checks)
     assert checks, r.stdout[-3000:]

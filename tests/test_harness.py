@@ -212,4 +212,5 @@ def test_every_script_reaches_course_utils():
     paths = {it.label: os.path.join(check_all.ROOT, it.folder, it.filename) for it in ITEMS}
     missing = [label for label, p in paths.items() if label != "lecture01/course_utils.py"
                and can_meet_a_hole(p) and not reaches(p, set())]
-    assert not missing, f"这些脚本没有（直接或间接）导入 course_utils，学生树里碰到留空处会打印整屏 traceback：{missing}"
+    assert not missing, f"这些脚本没有（直接或间接）导入 course_utils，学生树里碰到留空处会打印整屏 traceback：" \
+                        f"{missing}"

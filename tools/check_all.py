@@ -131,7 +131,8 @@ _REPLOT_DIR = None
 
 
 def run_item(item, python=sys.executable, full=False, timeout=DEFAULT_TIMEOUT):
-    """运行一项，返回 (status, seconds, 输出尾部或 skip / blocked 的原因)。status ∈ {"ok", "fail", "skip", "blocked"}。"""
+    """运行一项，返回 (status, seconds, 输出尾部或 skip / blocked 的原因)。
+    status ∈ {"ok", "fail", "skip", "blocked"}。"""
     t0 = time.perf_counter()
     try:
         r = subprocess.run(item.argv(python, full), cwd=ROOT, env=child_env(), capture_output=True,

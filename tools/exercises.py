@@ -310,7 +310,7 @@ def find_leaks(root, files, texts, regions):
     errors = []
     for rel, (text, regs) in sorted(regions.items()):
         ids = {}
-        for ex_id, role, _, b, e in regs:
+        for ex_id, _role, _, b, e in regs:
             for i in range(b + 1, e):
                 ids[i + 1] = ex_id
         for lineno, line in solution_lines(text, regs):
@@ -364,7 +364,8 @@ def check_tree(root=ROOT, probe=True):
         else:
             for ex_id in sorted(info):
                 if not got["checks"].get(ex_id):
-                    errors.append(f"练习 {ex_id} 没有登记任何检查（tests/exercises/test_ex_*.py 里的 @exercise({ex_id!r})）")
+                    errors.append(f"练习 {ex_id} 没有登记任何检查"
+                                  f"（tests/exercises/test_ex_*.py 里的 @exercise({ex_id!r})）")
                 elif ex_id not in preds and got["wrong"].get(ex_id, 0) < 2:
                     errors.append(f"练习 {ex_id} 的错误答案不足两个（tests/exercises/wrong_*.py 里有 "
                                   f"{got['wrong'].get(ex_id, 0)} 个）")

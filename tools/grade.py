@@ -186,7 +186,8 @@ def grade(ids, info, preds, hint=0, out=sys.stdout):
         secs = sum(c["duration"] for c in checks)
         rows.append([ex_id, d["title"], f"{score:g}/{pts}", f"{passed}/{len(checks)}", shown, f"{secs:.1f} s",
                      message])
-        output = f"{shown}：通过 {passed}/{len(checks)} 个检查" + (f"。第一条没满足的性质：{message}" if message else "")
+        output = f"{shown}：通过 {passed}/{len(checks)} 个检查"
+        output += f"。第一条没满足的性质：{message}" if message else ""
         tests.append({"name": f"练习 {ex_id}：{d['title']}", "score": score, "max_score": pts, "output": output,
                       "visibility": "visible", "status": "passed" if status == "passed" else "failed",
                       "_status": status, "_hints": d["hints"]})
@@ -201,7 +202,8 @@ def grade(ids, info, preds, hint=0, out=sys.stdout):
                 if r[6] is not None:
                     print(f"  {r[0]}：{r[6]}", file=out)
             if any(r[6] is None for r in prow):
-                print(f"  没填的项：在 {preds[ex_id]}/predictions.yaml 里把 answer: null 换成你的数（先估，再看实测）", file=out)
+                print(f"  没填的项：在 {preds[ex_id]}/predictions.yaml 里把 answer: null 换成你的数"
+                      "（先估，再看实测）", file=out)
     if hint:
         for t, ex_id in zip(tests, ids):
             if t["_status"] != "passed" and info[ex_id]["hints"]:

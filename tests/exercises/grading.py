@@ -60,7 +60,7 @@ def close(actual, expected, atol, rtol, message):
     bound = atol + rtol * np.abs(e)
     bad = ~(err <= bound)
     if bad.any():
-        idx = np.unravel_index(int(np.argmax(np.where(bad, err, -1))), a.shape) if a.ndim else ()
+        idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.where(bad, err, -1))), a.shape)) if a.ndim else ()
         raise AssertionError(f"{message}（最大绝对误差 {float(err.max()):.3g}，位置 {idx}："
                              f"得到 {float(a[idx]):.6g}，应为 {float(e[idx]):.6g}）")
 
