@@ -453,6 +453,11 @@ def _ring_worker(rank, P, port, jobs, outdir):
             if events is not None:
                 stats["timeline"] = events.timeline()
             torch.save({"o": o.cpu(), "stats_json": json.dumps(stats)}, os.path.join(outdir, f"job{j}_rank{rank}.pt"))
+    except NotImplementedError as e:
+        # 学生树里某个练习还没做：记下它，主进程报这一条（另一个进程此时多半只看到"连接被重置"）
+        with open(os.path.join(outdir, f"not_implemented_rank{rank}.txt"), "w", encoding="utf-8") as f:
+            f.write(str(e))
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -501,7 +506,15 @@ def run_ring(P, jobs, backend="gloo"):
     with tempfile.TemporaryDirectory() as tmp:
         # Linux 上用 fork：子进程不必重新导入 torch（spawn 每个子进程要多花几秒）
         method = "fork" if sys.platform.startswith("linux") else "spawn"
-        mp.start_processes(_ring_worker, args=(P, _free_port(), jobs, tmp), nprocs=P, join=True, start_method=method)
+        try:
+            mp.start_processes(_ring_worker, args=(P, _free_port(), jobs, tmp), nprocs=P, join=True,
+                               start_method=method)
+        except Exception:
+            holes = sorted(f for f in os.listdir(tmp) if f.startswith("not_implemented_rank"))
+            if holes:
+                with open(os.path.join(tmp, holes[0]), encoding="utf-8") as f:
+                    raise NotImplementedError(f.read()) from None
+            raise
         for n, job in enumerate(jobs):
             blobs = [torch.load(os.path.join(tmp, f"job{n}_rank{r}.pt"), weights_only=True) for r in range(P)]
             O = torch.empty_like(make_qkv(job["N"], job["d"], job["seed"], job.get("heads"))[0])
