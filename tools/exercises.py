@@ -18,6 +18,7 @@ EXERCISES.md 的格式（分值、依赖、位置、评分、预计用时、正�
     python3 tools/exercises.py list                           列出全部区域和练习
 """
 import argparse
+import base64
 import json
 import os
 import re
@@ -107,10 +108,32 @@ def student_text(text, where="<text>", titles=None):
     return "".join(out)
 
 
+REASON_RE = re.compile(r"^(?P<indent>\s*)reason:")
+
+
+def seal(text):
+    """学生树里的 reason 封起来（base64）：里面写着实测值，填预测之前不该一眼看到；评分时才解开打印。"""
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
 def student_predictions(text):
-    """predictions.yaml 的学生版：每个 answer 换成 null（整行换掉：行尾注释里常写着答案怎么算出来）。"""
-    return "".join(ANSWER_RE.sub(lambda m: f"{m.group('indent')}answer: null      # 你的预测（单位见 unit）", ln)
-                   for ln in text.splitlines(keepends=True))
+    """predictions.yaml 的学生版：每个 answer 换成 null（整行换掉：行尾注释里常写着答案怎么算出来），
+    每个 reason（可以跨行）换成一行 reason_sealed。"""
+    import yaml
+    reasons = [str(it["reason"]) for it in (yaml.safe_load(text) or {}).get("items", []) if "reason" in it]
+    out, k, skip_deeper = [], 0, None
+    for ln in text.splitlines(keepends=True):
+        if skip_deeper is not None:
+            if ln.strip() and len(ln) - len(ln.lstrip()) > skip_deeper:
+                continue                               # reason 的续行
+            skip_deeper = None
+        m = REASON_RE.match(ln)
+        if m and k < len(reasons):
+            out.append(f"{m.group('indent')}reason_sealed: \"{seal(reasons[k])}\"      # 评分时解开（make grade）\n")
+            k, skip_deeper = k + 1, len(m.group("indent"))
+            continue
+        out.append(ANSWER_RE.sub(lambda m: f"{m.group('indent')}answer: null      # 你的预测（单位见 unit）", ln))
+    return "".join(out)
 
 
 def solution_lines(text, regions):

@@ -17,8 +17,11 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import time
+
+import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 EX_DIR = os.path.join(ROOT, "tests", "exercises")
@@ -27,6 +30,7 @@ import exercises  # noqa: E402
 from course_utils import format_table  # noqa: E402
 
 GPU_PREFIX = "需要 GPU"
+CHECK_TIMEOUT_S = 120                # 一个检查最多跑这么久（最慢的检查在空闲的 2 核上几秒）：死循环不会让评分卡住
 UNFILLED = "还没填这个预测"          # tests/exercises/test_predictions.py 的 evaluate() 的消息开头
 STATUS_TEXT = {"passed": "通过", "failed": "未通过", "not_done": "还没做", "blocked": "被练习 {} 挡住",
                "gpu": "需要 GPU", "no_checks": "没有检查"}
@@ -48,6 +52,22 @@ class Collector:
         if drop:
             config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        """每个检查限时：学生的代码写成死循环时，这个检查失败，别的照样评分（grade.json 照样写出）。"""
+        def alarm(*_):
+            raise TimeoutError(f"这个检查跑了 {CHECK_TIMEOUT_S} 秒还没结束：多半是循环没有推进（死循环）")
+        use = hasattr(signal, "SIGALRM")
+        if use:
+            old = signal.signal(signal.SIGALRM, alarm)
+            signal.alarm(CHECK_TIMEOUT_S)
+        try:
+            yield
+        finally:
+            if use:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, old)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -211,7 +231,8 @@ def grade(ids, info, preds, hint=0, out=sys.stdout):
                 for k, h in enumerate(info[ex_id]["hints"][:hint], 1):
                     print(f"  {k}. {h}", file=out)
     for err in collect_errors:
-        print(f"\n✗ 检查文件导入失败（不是练习的错，是检查本身或它导入的模块坏了）：{err}", file=out)
+        print(f"\n✗ 检查文件导入失败：多半是被检查的模块导入时就出错了（比如你改的代码有语法错误），"
+              f"先单独运行它（python3 <讲次>/<模块>.py）看看：{err}", file=out)
     done = sum(t["_status"] == "passed" for t in tests)
     print(f"\n总分 {total:g} / {max_total}：{done}/{len(ids)} 个练习通过（检查用时 {wall:.0f} s）。"
           + ("" if hint or done == len(ids) else "要提示：make grade EX=<编号> HINT=1（1 到 3 越来越具体）"), file=out)
