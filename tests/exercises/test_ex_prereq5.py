@@ -133,7 +133,8 @@ def test_ring_steps_run_many_groups_in_parallel():
         for kind, steps in want.items():
             got = led.cost(kind).steps
             expect(got == steps, f"两级 all-reduce（{nodes} × {g}）：{kind} 链路应走 {steps} 步，账本记了 {got} 步"
-                                 f"（所有组在同一步里并行，一步只 new_step() 一次）")
+                                 f"（所有组在同一步里并行，一步只 new_step() 一次；每条消息要按调用者给的 kind 记账，"
+                                 f"别丢了 kind 参数）")
     # 广播（scatter + 环形 all-gather）：根不是 0 时，环按"相对根的编号"排
     x = np.arange(37)
     for p, root in ((5, 3), (6, 1), (7, 6)):
