@@ -1141,7 +1141,8 @@ def _selftest():
     assert qk + pv == c.rows["attn_core"]["flops"]
     assert einsum_flops("bti,bti->bti", (2, 3, 5), (2, 3, 5)) == 30
 
-    print(f"transformer_lab 自检通过：参数量 = llm_math 公式（{count_params(p):,}）；attention/RoPE = 独立参考；"
+    refs = "attention/RoPE = 独立参考；" if "_rope_reference" in globals() else ""   # 学生树里没有这两个参考
+    print(f"transformer_lab 自检通过：参数量 = llm_math 公式（{count_params(p):,}）；{refs}"
           f"带 / 不带 KV cache 的 logits 最大差 {diff:.1e}；Counter = analytic_ops（逐项）；einsum 规则成立")
 
 
