@@ -72,7 +72,7 @@ def _import_lecture18_flash_lab():
 
 _fl18 = _import_lecture18_flash_lab()
 block_state, merge_states, finalize = _fl18.block_state, _fl18.merge_states, _fl18.finalize
-from course_utils import check_bool, check_choice, check_int, check_real, format_table  # noqa: E402,F401
+from course_utils import check_bool, check_choice, check_device, check_int, check_real, format_table  # noqa: E402,F401
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 from checkpoint_store import (CheckpointStore, ResultCache, canon, interrupted, state_digest,  # noqa: E402
                               stop_on_ctrl_c)
@@ -329,7 +329,7 @@ class LongAttention(nn.Module):
 
     def allowed(self, T, device):
         """(T, T) 布尔掩码（缓存）。"""
-        device = _check_device("LongAttention.allowed", device)
+        device = check_device("device", device, where="LongAttention.allowed", type_error=ValueError)
         key = ("mask", self.mask_kind, T, repr(sorted(self.mask_kw.items())), str(device))
         if key not in self._cache:
             self._cache[key] = attention_mask(self.mask_kind, T, **self.mask_kw).to(device)
@@ -338,7 +338,7 @@ class LongAttention(nn.Module):
     def rope(self, T, device):
         """RoPE 的 cos、sin（缓存；键里带上 scale、base，改了它们自然换一份）。"""
         T = check_int("T", T, lo=1, where="LongAttention.rope")
-        device = _check_device("LongAttention.rope", device)
+        device = check_device("device", device, where="LongAttention.rope", type_error=ValueError)
         key = ("rope", T, self.scale, self.base, str(device))
         if key not in self._cache:
             self._cache[key] = tuple(t.to(device) for t in rope_angles(self.positions(T), self.dk, self.base))
@@ -1098,13 +1098,6 @@ def _check_x(where, x, d, attns):
     if x.shape[0] < 1 or x.shape[1] < 1:
         raise ValueError(f"{where}：x 不能是空的，收到形状 {tuple(x.shape)}")
     _check_activations(where, "x 的 [B, T]", x.shape[0], x.shape[1], d, 0, attns)
-
-
-def _check_device(where, device):
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{where}：device 必须是 torch.device 或 'cpu' / 'cuda' 这样的名字，收到 {device!r}") from None
 
 
 def _check_grid_axes(where, lengths, depths):
