@@ -571,6 +571,24 @@ def machine_memory_bytes():
         return None
 
 
+def check_rng(name, rng, where=""):
+    """随机性的约定：调用者传 np.random.Generator（种子在调用者那里：np.random.default_rng(seed)）；
+    别的 → TypeError。"""
+    import numpy as np
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"{_who(name, where)} 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
+                        f"收到 {type(rng).__name__} {rng!r}")
+    return rng
+
+
+def check_count(name, value, bytes_each, where="", lo=1):
+    """个数参数：check_int（≥ lo），再用 check_memory 按每个 bytes_each 字节算要多少内存——放不下就在分配之前
+    ValueError（消息写出要多少、有多少），而不是先分配几十 GB 再崩。"""
+    value = check_int(name, value, lo=lo, where=where)
+    check_memory(name, value * bytes_each, where=where)
+    return value
+
+
 def check_memory(name, nbytes, where="", limit=None):
     """
     分配之前先算大小：要 nbytes 字节、超过 limit（默认这台机器的物理内存 machine_memory_bytes()）→ ValueError，

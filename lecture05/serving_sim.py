@@ -47,7 +47,7 @@ import llm_math  # noqa: E402
 import comm_sim  # noqa: E402
 from comm_sim import tp_allreduce_time  # noqa: E402
 from course_utils import figure_path, format_table, merge_identical, save_figure  # noqa: E402,F401  演示共用
-from course_utils import check_array, check_choice, check_int, check_memory, check_real  # noqa: E402  参数检查
+from course_utils import check_array, check_choice, check_count, check_int, check_memory, check_real, check_rng  # noqa: E402,F401  参数检查
 
 # ---- 时间模型的默认假设（见模块开头 A1–A6）----
 MFU = 0.6              # 能用到的峰值算力比例（假设）
@@ -434,8 +434,8 @@ def sample_lengths(spec, n, rng, name="spec"):
           ("lognormal", median, sigma, max_len)（对数正态，截到 [1, max_len]；真实对话的长度分布是长尾的）
     rng：np.random.Generator；name：报错时 spec 叫什么（make_requests 传 "prompt" / "output"）。
     """
-    n = _check_count("n", n, _REQUEST_BYTES, where="sample_lengths", lo=0)
-    _check_rng(rng, "sample_lengths")
+    n = check_count("n", n, _REQUEST_BYTES, where="sample_lengths", lo=0)
+    check_rng("rng", rng, where="sample_lengths")
     if not isinstance(spec, (tuple, list)) or not spec:
         raise TypeError(f"{name}（长度分布）必须是元组，如 ('uniform', 32, 512)，收到 {spec!r}")
     kind, args = spec[0], tuple(spec[1:])
@@ -467,7 +467,7 @@ def make_requests(n, rate, prompt=("uniform", 32, 512), output=("uniform", 1, 12
     【可复现】同一个 seed 下，间隔先按 rate = 1 抽好再除以 rate：换 rate 只是把时间轴整体伸缩，长度完全相同，
         不同负载之间比较更干净。
     """
-    n = _check_count("n", n, _REQUEST_BYTES, where="make_requests")
+    n = check_count("n", n, _REQUEST_BYTES, where="make_requests")
     rate = check_real("rate", rate, 0.0, lo_open=True, allow_inf=True, where="make_requests")
     rng = np.random.default_rng(check_int("seed", seed, lo=0, where="make_requests"))
     unit_gaps = rng.exponential(1.0, n)
@@ -634,7 +634,7 @@ def simulate_static(reqs, step, max_batch, kv_reserve=None, max_wait=0.0):
     【边界】单个请求的 KV 就超过容量：ValueError（永远跑不了，不能静默丢掉）。
     """
     rs = _fresh_copies(reqs)
-    _check_step_like(step, "simulate_static")
+    check_step_like(step, "simulate_static")
     b_max = check_int("max_batch", max_batch, lo=1)
     max_wait = check_real("max_wait", max_wait, 0.0, 1e9)
     cap = step.kv_capacity_tokens()
@@ -700,7 +700,7 @@ def simulate_continuous(reqs, step, max_batch, chunk=None):
     【返回】(请求列表, 统计字典)：iters（迭代次数）、mean_batch（每次迭代的平均请求数）。
     """
     rs = _fresh_copies(reqs)
-    _check_step_like(step, "simulate_continuous")
+    check_step_like(step, "simulate_continuous")
     b_max = check_int("max_batch", max_batch, lo=1)
     if chunk is not None:
         chunk = check_int("chunk", chunk, lo=1)
@@ -843,9 +843,9 @@ def crossover_batch(step, ctx_per_seq=0, b_max=1 << 14):
         所以拐点批大小 ≈ effective_ridge()（= 芯片的 ridge point × mfu / mbu）。KV 的读取让拐点往后推
         （长上下文时 KV 字节随 batch 一起涨，强度上不去，可能永远到不了拐点）。
     """
-    _check_step_like(step, "crossover_batch")
+    check_step_like(step, "crossover_batch")
     ctx = max(check_int("ctx_per_seq", ctx_per_seq, lo=0, where="crossover_batch"), 1)
-    B = np.arange(1, _check_count("b_max", b_max, 10 * 8, where="crossover_batch") + 1)   # 约 10 个 float64 数组
+    B = np.arange(1, check_count("b_max", b_max, 10 * 8, where="crossover_batch") + 1)   # 约 10 个 float64 数组
     _, _, t_c, t_m = step._roofline(B, step._attn1() * B * ctx, B * ctx, B)     # 和 decode_cost(B, B·ctx) 同一套账
     hit = np.nonzero(t_c >= t_m)[0]
     return int(B[hit[0]]) if hit.size else None
@@ -877,9 +877,9 @@ def offline_sweep(step, batch_sizes, n_req, prompt=("fixed", 512), output=("fixe
     【返回】字典列表，每个含 max_batch、eff_batch、largest_batch（实际跑过的最大一批）、tok_per_s、tpot_p50、e2e_mean、
         ttft_mean、useful_frac（useful_tokens ÷ slot_tokens：补齐和陪跑之外真正有用的计算占比）。
     """
-    _check_step_like(step, "offline_sweep")
+    check_step_like(step, "offline_sweep")
     batch_sizes = _iterable("batch_sizes", batch_sizes, "offline_sweep")
-    n_req = _check_count("n_req", n_req, _REQUEST_BYTES, where="offline_sweep")
+    n_req = check_count("n_req", n_req, _REQUEST_BYTES, where="offline_sweep")
     base = make_requests(n_req, math.inf, prompt, output, seed)
     rows = []
     for B in batch_sizes:
@@ -908,21 +908,6 @@ def _check_ft_args(model, chip, max_seq, runtime_bytes, act_bytes, w_bytes, kv_b
 _REQUEST_BYTES = 600       # 每个请求按 600 B 算内存：make_requests 实测约 270 B/个，模拟器再复制一份、加上 token_times
 
 
-def _check_count(name, value, bytes_each, where="", lo=1):
-    """个数参数：check_int（≥ lo），再用 check_memory 按每个 bytes_each 字节算要多少内存——放不下就在分配之前
-    ValueError（消息写出要多少、有多少），而不是先分配几十 GB 再崩。"""
-    value = check_int(name, value, lo=lo, where=where)
-    check_memory(name, value * bytes_each, where=where)
-    return value
-
-
-def _check_rng(rng, where):
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"{where}：rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
-                        f"收到 {type(rng).__name__}")
-    return rng
-
-
 def _iterable(name, v, where):
     """一串值（列表、元组、数组……）；字符串、单个数不算。"""
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
@@ -947,7 +932,7 @@ def _request_list(reqs, where):
     return reqs
 
 
-def _check_step_like(step, where):
+def check_step_like(step, where):
     """step 要像 StepModel：有 kv_capacity_tokens、prefill_time、decode_time、mixed_time。"""
     for attr in ("kv_capacity_tokens", "prefill_time", "decode_time", "mixed_time"):
         if not callable(getattr(step, attr, None)):
@@ -983,7 +968,7 @@ def _int_list(name, v, n, lo, where):
 def _check_schedule(arrival, prompt, output, step, max_batch, reserve, chunk, t_limit, history, ids):
     """iteration_schedule 的全部输入检查（调度循环之前一次）。返回转换后的值和 KV 容量。"""
     w = "iteration_schedule"
-    _check_step_like(step, w)
+    check_step_like(step, w)
     arr = check_array("arrival", _iterable("arrival", arrival, w), ndim=1, where=w)
     n = len(arr)
     if (arr < 0).any():

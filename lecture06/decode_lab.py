@@ -46,7 +46,7 @@ from serving_sim import StepModel  # noqa: E402
 from transformer_lab import (KVCache, attention_core, apply_rope, forward, linear, lm_head_matrix,  # noqa: E402
                              rms_norm, rope_angles, silu, softmax)
 import transformer_lab as _tl  # noqa: E402  （逐元素运算的记账常数，和 forward 记得一样）
-from course_utils import check_choice, check_int, check_real  # noqa: E402  参数检查（第 1 讲起各讲共用）
+from course_utils import check_choice, check_count, check_int, check_real, check_rng  # noqa: E402  参数检查（第 1 讲起各讲共用）
 
 
 # =============================================================================
@@ -576,7 +576,7 @@ def sample_rows(probs, rng):
     【为什么这样截】u 按行总和缩放，结果再截到"最后一个概率 > 0 的位置"：累积和因舍入略小于 1 时，
         只截到 V − 1 可能抽到一个概率为 0 的 token；这样永远不会。
     """
-    _check_rng(rng)
+    check_rng("rng", rng)
     P = _real_array("probs", probs, "sample_rows")
     if P.ndim != 2 or P.shape[1] == 0:
         raise ValueError(f"probs 必须是 [N, V] 的二维数组，收到形状 {P.shape}")
@@ -638,7 +638,7 @@ class TransformerLM:
         cache.length = int(length)
 
     def sample(self, prompt, n_seq, n_new, temperature, rng):
-        _check_rng(rng)
+        check_rng("rng", rng)
         prompts = _prompt_rows(prompt, n_seq, self.vocab)                                  # [n_seq, Lp]
         n_new, temperature = check_int("n_new", n_new, lo=1), _temperature(temperature)
         n_seq = len(prompts)
@@ -707,7 +707,7 @@ class NGramLM:
     @classmethod
     def fit(cls, seqs, vocab, smoothing=0.01, name="bigram"):
         vocab = check_int("vocab", vocab, lo=1, where="NGramLM.fit")
-        _check_count("vocab²", vocab * vocab, 3 * 8, where="NGramLM.fit")      # 表和两份临时数组
+        check_count("vocab²", vocab * vocab, 3 * 8, where="NGramLM.fit")      # 表和两份临时数组
         smoothing = check_real("smoothing", smoothing, lo=0.0, lo_open=True)
         counts = np.full((vocab, vocab), smoothing)
         for i, s in enumerate(_seq("seqs", seqs)):
@@ -734,7 +734,7 @@ class NGramLM:
 
     def full_logits(self, tokens2d):
         toks = _tokens2d("tokens2d", tokens2d, self.vocab)
-        _check_count("tokens2d 的 token 数", toks.size, 8 * self.vocab, where="NGramLM.full_logits")
+        check_count("tokens2d 的 token 数", toks.size, 8 * self.vocab, where="NGramLM.full_logits")
         return self.table[toks]
 
     @staticmethod
@@ -743,10 +743,10 @@ class NGramLM:
         del cache.toks[int(length):]
 
     def sample(self, prompt, n_seq, n_new, temperature, rng):
-        _check_rng(rng)
+        check_rng("rng", rng)
         prev = _prompt_rows(prompt, n_seq, self.vocab)[:, -1]                   # bigram 只看最后一个 token
         n_new, temperature = check_int("n_new", n_new, lo=1), _temperature(temperature)
-        _check_count("n_seq × n_new", len(prev) * n_new, 8 * (self.vocab + 1), where="NGramLM.sample")
+        check_count("n_seq × n_new", len(prev) * n_new, 8 * (self.vocab + 1), where="NGramLM.sample")
         out = np.empty((len(prev), n_new), dtype=np.int64)
         for j in range(n_new):
             prev = out[:, j] = sample_rows(adjust(self.table[prev], temperature), rng)
@@ -811,7 +811,7 @@ def speculative_generate(target, draft, prompt, n_new, gamma, temperature, rng, 
         所以输出和目标模型自己贪心生成的逐 token 相同（自检和 03 演示检验）。
     """
     V = _check_pair(target, draft)
-    _check_rng(rng)
+    check_rng("rng", rng)
     seq = _tokens("prompt", prompt, V).tolist()
     n_new, gamma = check_int("n_new", n_new, lo=0), check_int("gamma", gamma, lo=1, hi=GAMMA_MAX)
     temperature = _temperature(temperature)
@@ -860,7 +860,7 @@ def autoregressive_generate(model, prompt, n_new, temperature, rng, counter=None
     【返回】(n_new 个 token 的列表, 前向次数)。n_new = 0 时不做任何前向。
     """
     _check_lm(model, "model")
-    _check_rng(rng)
+    check_rng("rng", rng)
     seq = _tokens("prompt", prompt, model.vocab).tolist()
     n_new = check_int("n_new", n_new, lo=0)
     temperature = _temperature(temperature)
@@ -892,7 +892,7 @@ def spec_sample_batch(target, draft, prompt, n_out, gamma, temperature, n_sample
     """
     check_choice("variant", variant, SPEC_VARIANTS)
     V = _check_pair(target, draft)
-    _check_rng(rng)
+    check_rng("rng", rng)
     prompt = _tokens("prompt", prompt, V)
     n_out, gamma = check_int("n_out", n_out, lo=1), check_int("gamma", gamma, lo=1, hi=GAMMA_MAX)
     n_samples, temperature = check_int("n_samples", n_samples, lo=1), _temperature(temperature)
@@ -1036,7 +1036,7 @@ def expected_tokens(alpha, gamma):
     """
     a = _alpha(alpha)
     gamma = check_int("gamma", gamma, lo=0, hi=GAMMA_MAX)
-    _check_count("alpha 的元素数 × (gamma + 1)", a.size * (gamma + 1), 8, where="expected_tokens")
+    check_count("alpha 的元素数 × (gamma + 1)", a.size * (gamma + 1), 8, where="expected_tokens")
     # >>> 练习 6.3
     return _scalar(np.sum(a[..., None] ** np.arange(gamma + 1), axis=-1))
     # <<< 练习 6.3
@@ -1297,7 +1297,6 @@ def tree_accept_lengths(ranks, branching):
 # =============================================================================
 GAMMA_MAX = 4096         # 一轮最多几个草稿（gamma、gamma_max 的上限）：实际用法是几个到几十个；再大只会让循环跑很久
 MAX_TREE_NODES = 1 << 20  # 树形验证一次前向最多验证几个节点
-_check_count = serving_sim._check_count   # 个数 → 要多少内存，超过这台机器的内存就 ValueError（第 5 讲的同一个检查）
 
 
 def _seq(name, v):
@@ -1311,14 +1310,6 @@ def _name(name, where):
     if not isinstance(name, str):
         raise TypeError(f"{where}：name 必须是字符串，收到 {type(name).__name__} {name!r}")
     return name
-
-
-def _check_rng(rng):
-    """随机性的约定：调用者传 np.random.Generator（种子在调用者那里：np.random.default_rng(seed)）。"""
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng 必须是 np.random.Generator（例如 np.random.default_rng(0)），"
-                        f"收到 {type(rng).__name__} {rng!r}")
-    return rng
 
 
 def _real_array(name, v, where, finite=False):
@@ -1360,11 +1351,11 @@ def _check_forward_room(model, n, length, name):
     if cfg is not None:
         per += 8 * length * (6 * cfg.d_model + 3 * cfg.d_ff + 2 * cfg.n_heads * length
                              + 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head)
-    _check_count(name, n, per, where=f"{getattr(model, 'name', type(model).__name__)} 的前向")
+    check_count(name, n, per, where=f"{getattr(model, 'name', type(model).__name__)} 的前向")
 
 
 def _check_step_history(step, history, where):
-    serving_sim._check_step_like(step, where)
+    serving_sim.check_step_like(step, where)
     if history is not None and not isinstance(history, list):
         raise TypeError(f"{where}：history 必须是列表或 None，收到 {type(history).__name__}")
 

@@ -300,7 +300,8 @@ def test_uncovered_plus_covered_is_the_length(a, b, spans):
 
 
 def test_device_check_is_the_shared_one():
-    """ring_dist、long_lab、step_bench、triton_flash、gluon_flash 的设备检查是 course_utils.check_device 这一份；它的约定：
+    """ring_dist、long_lab、step_bench、triton_flash、gluon_flash 的设备检查是 course_utils.check_device
+    这一份；它的约定：
     整数 N = cuda:N，bool / 浮点数 → TypeError（type_error 可换），没有的 GPU、不允许的种类 → ValueError
     （error 可换）。"""
     cu = load_lab("lecture01", "course_utils")
