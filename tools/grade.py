@@ -113,9 +113,9 @@ def exercise_status(ex_id, checks):
         first = failed[0]
         own = [c for c in failed if c["hole"] == ex_id]
         other = [c for c in failed if c["hole"] and c["hole"] != ex_id]
-        if own and not passed and len(own) == len(failed):
+        if own and not passed:
             return "not_done", passed, own[0]["message"], None
-        if other and not passed:
+        if other:                  # 有检查卡在别的练习的洞上：先做那个（通过了的检查照样算分）
             return "blocked", passed, other[0]["message"], other[0]["hole"]
         return "failed", passed, first["message"], None
     if skipped:

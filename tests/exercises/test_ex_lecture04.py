@@ -360,12 +360,12 @@ def test_decode_with_cache_equals_full_attention():
 
 @exercise("4.4")
 def test_sliding_window_cache_stays_bounded():
-    for i, W in enumerate((2, 3, 6)):
+    for i, W in enumerate((1, 2, 3, 6)):                 # window = 1：只看自己，一个旧键也不用留
         attn = _attention(dict(n_heads=4, n_kv_heads=2, d_head=4, pos="none", window=W), 4460 + i)
         chunks = (3,) + (1,) * 12
         x = torch.randn(1, sum(chunks), 10, dtype=F64, generator=_gen(4470 + i))
         got, kept = _decode(attn, x, chunks)
         close(got, _attention_ref(attn, x), atol=1e-12, rtol=1e-12,
               message=f"window={W}：滚动缓冲区丢掉了还要用的键（每个查询要看最近 {W} 个键，含自己）")
-        expect(max(kept) <= W, f"window={W}：cache 里留了 {max(kept)} 个键；滑动窗口模型只需最近 window − 1 个旧键，"
-                               "cache 不应随长度增长")
+        expect(max(kept) <= W - 1, f"window={W}：cache 里留了 {max(kept)} 个键；滑动窗口模型只需最近 window − 1 个旧键"
+                                   f"（window = 1 时一个不留：注意 -(W − 1) = -0 的切片是整段），cache 不应随长度增长")

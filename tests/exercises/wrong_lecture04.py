@@ -158,6 +158,18 @@ def append_never_trims(self, layer, k_new, v_new, pos_new):
     return k_new, v_new, pos_new
 
 
+def append_negative_zero_slice(self, layer, k_new, v_new, pos_new):
+    """只用 [-(window − 1):] 裁剪：window = 1 时是 [-0:]，整段都留下（cache 一直长）。"""
+    if self.k[layer] is not None:
+        k_new = torch.cat((self.k[layer], k_new), dim=2)
+        v_new = torch.cat((self.v[layer], v_new), dim=2)
+        pos_new = torch.cat((self.pos[layer], pos_new))
+    w = self.cfg.window
+    keep = slice(-(w - 1), None) if w else slice(None)
+    self.k[layer], self.v[layer], self.pos[layer] = k_new[:, :, keep], v_new[:, :, keep], pos_new[keep]
+    return k_new, v_new, pos_new
+
+
 VARIANTS = [
     Wrong("4.1", *L04, "RMSNorm.forward", "减了均值（LayerNorm）", rmsnorm_subtracts_mean),
     Wrong("4.1", *L04, "RMSNorm.forward", "eps 加在根号外", rmsnorm_eps_outside_sqrt),
@@ -178,4 +190,5 @@ VARIANTS = [
     Wrong("4.4", *L04, "KVCache._append", "新 K/V 接在缓存前面（与位置对不上）", append_new_keys_in_front),
     Wrong("4.4", *L04, "KVCache._append", "用裁剪后的缓存算注意力（少一个键）", append_returns_trimmed),
     Wrong("4.4", *L04, "KVCache._append", "滑动窗口也不裁剪（cache 一直长）", append_never_trims),
+    Wrong("4.4", *L04, "KVCache._append", "window = 1 时切片 [-0:] 留下了整段", append_negative_zero_slice),
 ]
