@@ -107,6 +107,14 @@ def _slo_frac(rs, slo_ttft, slo_tpot):
     return float(ok) / len(rs)
 
 
+def test_reference_fractions_are_the_solutions():
+    """OURS 是写进来的数（这份检查学生看得到，不能附一个参考调度器）：这里用解答树现算一遍核对它。
+    不是练习的检查（没有 exercise 标记）；学生树里它碰到 5.1 的洞，记为 blocked。"""
+    for kind, seed in TRACES:
+        _, rs, _, _, slo = _run(kind, seed)
+        assert math.floor(_slo_frac(rs, *slo) * 1000) / 1000 == OURS[kind], (kind, _slo_frac(rs, *slo))
+
+
 @exercise("5.1")
 def test_scheduler_goodput_on_unseen_traces():
     got = {}
