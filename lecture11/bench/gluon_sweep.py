@@ -7,10 +7,12 @@ gluon_sweep · gluon_flash 的基准和块大小的 sweep（H200）：tile_confi
   --explore      variant × (BLOCK_N, STAGES) → DIR/gluon_explore[_<N>].json（tile_config、best_variant 的出处）
   --explore-bwd  反向的块（EXPLORE_BWD_TILES）× N × causal 对 cuDNN → DIR/gluon_bwd_explore.json（bwd_tile_config）
   --replot       不用 GPU：没有图，重印提交的 gluon_bench.json 的表
+  --compare      和 --bench 一起：再打印这次和提交的 gluon_bench.json 的比（同一格的 TFLOP/s 之比）
+计时之前每个实现的输出先和 SDPA（FLASH）的比一次（相对误差和最大绝对误差，OUT_TOL）：算错的不计时，记进 errors。
 提交的几份和当时的命令：lecture11/bench/README.md。
 
 运行（要 Hopper GPU 和 triton ≥ 3.6 的 Gluon；没有时 SKIP、退出码 77）：
-  python3 lecture11/bench/gluon_sweep.py --bench [--out DIR]
+  python3 lecture11/bench/gluon_sweep.py --bench [--compare] [--out DIR]
   python3 lecture11/bench/gluon_sweep.py --explore --ns 1024 4096 --variants pipelined ws2 persist [--out DIR]
   python3 lecture11/bench/gluon_sweep.py --explore-bwd [--ns N ...] [--out DIR]
 """
@@ -37,6 +39,7 @@ RESULTS = os.path.join(HERE, "results")
 
 
 BENCH_NS = (1024, 4096, 16384)
+BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
 
 
 def _tflops(batch, heads, n, d, causal, ms):
@@ -48,7 +51,22 @@ def _gluon_impl(variant, q, k, v, causal):
     return attention(q, k, v, causal=causal, variant=variant)
 
 
-def bench(out_dir):
+# 基准前的输出检查：bf16 的两份正确的注意力相差几个 bf16 的舍入（相对 ~4e-3）；错一块就远超这两个界
+OUT_TOL = dict(rel=2e-2, max_abs=6e-2)
+
+
+def _wrong(out, ref):
+    """out 和参考 ref（SDPA FLASH 的输出）差得太远 → 一句原因；对得上 → None。两个界都查：几行错了藏不进范数。"""
+    tf = _triton_flash()
+    rel, mx = tf._rel_err(out.float(), ref.float()), tf._max_abs(out.float(), ref.float())
+    if rel <= OUT_TOL["rel"] and mx <= OUT_TOL["max_abs"]:
+        return None
+    return (f"输出不对：相对误差 {rel:.1e}（界 {OUT_TOL['rel']:.0e}），"
+            f"最大绝对误差 {mx:.1e}（界 {OUT_TOL['max_abs']:.0e}）")
+
+
+def bench(out_dir, compare=False):
+    """--bench：写 DIR/gluon_bench.json；compare=True 时再打印和提交的那一份的比（compare_rows）。"""
     from triton.testing import do_bench
     tf = _triton_flash()
     quick_launch = tf.Launch(autotune=False, gluon=False)                                 # 固定配置：不花时间调优
@@ -63,8 +81,13 @@ def bench(out_dir):
             q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             for causal in (False, True):
                 row = {"d": d, "N": n, "B": batch, "H": heads, "causal": causal, "tflops": {}, "errors": {}}
+                ref = impls["sdpa:flash"](q, k, v, causal)
                 for name, fn in impls.items():
                     try:
+                        wrong = _wrong(fn(q, k, v, causal), ref)
+                        if wrong:
+                            row["errors"][name] = wrong
+                            continue
                         ms = do_bench(functools.partial(fn, q, k, v, causal), warmup=5, rep=20)
                         row["tflops"][name] = _tflops(batch, heads, n, d, causal, ms)
                     except Exception as exc:
@@ -79,6 +102,32 @@ def bench(out_dir):
     with open(path, "w") as fh:
         json.dump(info, fh, indent=1, ensure_ascii=False)
     print(f"写好 {path}（{info['seconds']} s）")
+    if compare:
+        committed = load_json(os.path.join(RESULTS, "gluon_bench.json"))
+        if committed is None:
+            print("没有提交的 gluon_bench.json，不比")
+        else:
+            print(f"这次 / 提交的（{committed['date'][:10]}，{committed['gpu']}，triton {committed['triton']}）：")
+            compare_rows(results, committed["rows"])
+
+
+def compare_rows(rows, committed_rows, cols=BENCH_COLS):
+    """同一 (d, N, causal) 的每一列：这次的 TFLOP/s / 提交的；两边都有数才比。返回 {(d, N, causal, 列): 比值}。"""
+    old = {(r["d"], r["N"], r["causal"]): r["tflops"] for r in committed_rows}
+    ratios = {}
+    print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>13s}" for c in cols))
+    for r in rows:
+        key = (r["d"], r["N"], r["causal"])
+        cells = []
+        for c in cols:
+            new, ref = r["tflops"].get(c), old.get(key, {}).get(c)
+            if new is None or not ref:
+                cells.append(f"{'—':>13s}")
+                continue
+            ratios[key + (c,)] = new / ref
+            cells.append(f"{new / ref:13.3f}")
+        print(f"{key[0]:>4d}{key[1]:>7d}{str(key[2]):>7s}" + "".join(cells))
+    return ratios
 
 
 EXPLORE_TILES = {64: ((128, 2), (128, 3), (128, 4), (64, 4)), 128: ((64, 4), (128, 2), (128, 3))}
@@ -106,14 +155,17 @@ def explore(out_dir, ns=EXPLORE_NS, variants=EXPLORE_VARIANTS, name=None):
         for n in ns:
             batch, heads = fl.BENCH_TOKENS // n, fl.BENCH_HIDDEN // d
             q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            refs = {c: _triton_flash().sdpa_fn("sdpa-flash")(q, k, v, c) for c in (False, True)}
             grid = [(v_, t) for v_ in variants for t in (EXPLORE_TILES[d] if v_ in EXPLORE_VARIANTS
                                                           else (tile_config(v_, d)[1:3],))]
             for causal, (variant, tiles) in itertools.product((False, True), grid):
                 row = dict(d=d, N=n, causal=causal, variant=variant, block_n=tiles[0], stages=tiles[1])
                 try:
-                    ms = do_bench(functools.partial(_launch, q, k, v, causal, d ** -0.5, variant, False, tiles),
-                                  warmup=5, rep=20)
-                    row["tflops"] = _tflops(batch, heads, n, d, causal, ms)
+                    run = functools.partial(_launch, q, k, v, causal, d ** -0.5, variant, False, tiles)
+                    row["error"] = _wrong(run(), refs[causal])
+                    if row["error"] is None:
+                        del row["error"]
+                        row["tflops"] = _tflops(batch, heads, n, d, causal, do_bench(run, warmup=5, rep=20))
                 except Exception as exc:
                     row["error"] = _short(exc)
                 rows.append(row)
@@ -183,11 +235,9 @@ def explore_bwd(out_dir, ns=EXPLORE_NS, tiles=EXPLORE_BWD_TILES):
     print(f"写好 {path}（* = bwd_tile_config 现在的选择；× = cuDNN 时间 / 这个块的时间）")
 
 
-BENCH_COLS = tuple(f"gluon:{v}" for v in VARIANTS) + ("triton_flash", "sdpa:cudnn", "sdpa:flash")
-
 
 def _print_row(row, first, cols=BENCH_COLS):
-    """一行：TFLOP/s（括号里是 / cuDNN 的比值）；失败的写 ERR（原因在表后）。"""
+    """一行：TFLOP/s（括号里是 / cuDNN 的比值）；失败的写 ERR（原因在表后），没测的（旧文件里没有的列）写 —。"""
     if first:
         print("TFLOP/s（bf16；括号 = / cuDNN）")
         print(f"{'d':>4s}{'N':>7s}{'causal':>7s}" + "".join(f"{c.split(':')[-1]:>16s}" for c in cols))
@@ -195,7 +245,10 @@ def _print_row(row, first, cols=BENCH_COLS):
     cells = []
     for c in cols:
         t = row["tflops"].get(c)
-        cells.append(f"{'ERR':>16s}" if t is None else f"{t:8.1f} ({t / ref:4.2f})" if ref else f"{t:16.1f}")
+        if t is None:
+            cells.append(f"{'ERR' if c in row['errors'] else '—':>16s}")
+        else:
+            cells.append(f"{t:8.1f} ({t / ref:4.2f})" if ref else f"{t:16.1f}")
     print(f"{row['d']:>4d}{row['N']:>7d}{str(row['causal']):>7s}" + "".join(cells), flush=True)
     for name, err in row["errors"].items():
         print(f"      {name}: {err}")
@@ -211,7 +264,7 @@ def _measure(args):
     elif args.explore:
         explore(args.out, ns=tuple(args.ns), variants=tuple(args.variants))
     else:
-        bench(args.out)
+        bench(args.out, compare=args.compare)
 
 
 def replot(out_dir):
@@ -233,6 +286,7 @@ def _parse_args(argv=None):
     ap.add_argument("--explore-bwd", action="store_true",
                     help="反向的块（EXPLORE_BWD_TILES）× N × causal，对 cuDNN → DIR/gluon_bwd_explore.json")
     ap.add_argument("--replot", action="store_true", help="不用 GPU：重印提交的 gluon_bench.json")
+    ap.add_argument("--compare", action="store_true", help="和 --bench 一起：打印这次和提交的 gluon_bench.json 的比")
     ap.add_argument("--ns", type=int, nargs="+", default=list(EXPLORE_NS),
                     help="--explore 测哪几个 N（默认 4096 16384；文件名跟着变：--ns 1024 → gluon_explore_1k.json）")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(EXPLORE_VARIANTS),
