@@ -309,3 +309,43 @@ def test_zero_reference_gradient_error():
     assert gf._zero_grad_err(tiny, dv) <= gf.ZERO_GRAD_TOL
     assert gf._zero_grad_err(torch.full_like(dv, float("nan")), dv) == float("inf")
     assert gf._zero_grad_err(dv, dv) > gf.ZERO_GRAD_TOL                 # 真的算错（和 dV 一样大）不放过
+
+
+gsass = load_lab("lecture11/bench", "gluon_sass")       # 内核为 sm_90 编译（不要 GPU）的记录
+
+
+def test_committed_sass_record_covers_every_launch():
+    """提交的 gluon_sass.json：每个 variant × d × causal 一个前向内核，每个 d × causal 三个反向内核；共享内存放得下。"""
+    rec = json.load(open(os.path.join(ROOT, "lecture11", "bench", "results", "gluon_sass.json"), encoding="utf-8"))
+    launches = rec["launches"]
+    want = {f"{v} d={d} {c}/_attn_fwd" for v in gf.VARIANTS for d in gf.HEAD_DIMS for c in ("full", "causal")}
+    want |= {f"bwd d={d} {c}/{k}" for d in gf.HEAD_DIMS for c in ("full", "causal")
+             for k in ("_bwd_preprocess", "_attn_bwd", "_dq_convert")}
+    assert set(launches) == want
+    for tag, r in launches.items():
+        assert 0 <= r["shared"] <= SMEM_LIMIT, tag
+        assert r["instructions"] == sum(r["opcodes"].values()) > 100, tag
+
+
+def test_sass_compare_finds_one_changed_instruction(capsys):
+    rec = json.load(open(os.path.join(ROOT, "lecture11", "bench", "results", "gluon_sass.json"), encoding="utf-8"))
+    assert gsass.compare(rec, rec) == 0
+    changed = json.loads(json.dumps(rec))
+    ops = changed["launches"]["persist d=128 causal/_attn_fwd"]["opcodes"]
+    ops["FFMA"] += 1
+    assert gsass.compare(rec, changed) == 1
+    out = capsys.readouterr().out
+    assert "35 / 36" in out and "FFMA" in out
+
+
+def test_sass_measure_runs_or_skips(tmp_path):
+    """--measure：triton 3.6 上编译并写 JSON；别的版本（Gluon 的接口变了）一行 SKIP、退出码 77，不写文件。"""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "lecture11", "bench", "gluon_sass.py"), "--measure",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    if r.returncode == 77:
+        assert r.stdout.startswith("SKIP: ") and not os.listdir(tmp_path), r.stdout + r.stderr
+    else:
+        assert r.returncode == 0, r.stdout + r.stderr
+        new = json.load(open(tmp_path / "gluon_sass.json"))["launches"]
+        old = json.load(open(os.path.join(ROOT, "lecture11", "bench", "results", "gluon_sass.json")))["launches"]
+        assert set(new) == set(old) and all(r["instructions"] > 100 for r in new.values())
