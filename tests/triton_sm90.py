@@ -46,11 +46,11 @@ def sm90_shared(kernel, args, num_warps, num_stages):
         if param.is_constexpr or value is None:
             signature[name], constexprs[(i,)] = "constexpr", value
             continue
-        kind, div16, const = _spec(value)
+        kind, aligned16, const = _spec(value)
         signature[name] = kind
         if const:
             constexprs[(i,)] = value
-        if div16:
+        if aligned16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=num_warps, num_stages=num_stages))
