@@ -597,8 +597,8 @@ def check_memory(name, nbytes, where="", limit=None):
     """
     limit = machine_memory_bytes() if limit is None else limit
     if limit is not None and nbytes > limit:
-        raise ValueError(f"{_who(name, where)} 太大：需要 {fmt_bytes(nbytes)} 内存，"
-                         f"这台机器只有 {fmt_bytes(limit)}")
+        raise ValueError(f"{_who(name, where)} 太大：需要 {fmt_bytes(nbytes)}（{int(nbytes):,} 字节）内存，"
+                         f"超过本机内存 {fmt_bytes(limit)}")
     return nbytes
 
 
@@ -621,6 +621,15 @@ def check_seed(name, seed, where=""):
     if seed < 0:
         raise ValueError(f"{_who(name, where)} 必须是{allowed}，收到 {seed!r}")
     return np.random.default_rng(int(seed))
+
+
+TORCH_SEED_MAX = 2 ** 64 - 1     # torch.manual_seed 收得下的最大种子（numpy 的种子不设上限）
+
+
+def check_torch_seed(name, seed, where=""):
+    """给 torch.manual_seed 的种子：0 … TORCH_SEED_MAX 的整数；返回 int。
+    【报错】bool、浮点、字符串 → TypeError；负数或超出 → ValueError（消息里有 name）。"""
+    return check_int(name, seed, lo=0, hi=TORCH_SEED_MAX, where=where)
 
 
 def check_dtype(name, dtype, kinds="f", where=""):

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from course_utils import (check_bool, check_choice, check_int, check_real, fmt_bytes, format_table,  # noqa: E402,F401
-                          machine_memory_bytes, read_json_dict)
+from course_utils import (check_bool, check_choice, check_int, check_memory, check_real, check_torch_seed,  # noqa: E402,F401
+                          format_table, read_json_dict)
 from llm_math import ModelConfig  # noqa: E402
 
 sys.path.insert(0, HERE)
@@ -141,8 +141,8 @@ def rope_angles(positions, dim, base=10000.0):
     dim = _check_rope_dim(dim, "rope_angles")
     base = check_real("base", base, lo=1.0, lo_open=True, where="rope_angles")
     pos = _check_positions(positions)
-    _check_fits("rope_angles", f"positions 的 {pos.numel()} 个位置 × dim/2 = {dim // 2} 个角度（float64，cos、sin）",
-                4 * 8 * pos.numel() * (dim // 2) + 8 * dim)
+    check_memory(f"positions 的 {pos.numel()} 个位置 × dim/2 = {dim // 2} 个角度（float64，cos、sin）",
+                 4 * 8 * pos.numel() * (dim // 2) + 8 * dim, "rope_angles")
     out_dtype = pos.dtype if pos.is_floating_point() else torch.get_default_dtype()
     inv_freq = base ** (-torch.arange(dim // 2, dtype=torch.float64) * 2.0 / dim)   # [dim/2]
     angles = torch.outer(pos.to(torch.float64), inv_freq)                           # [T, dim/2]
@@ -183,7 +183,7 @@ def half_to_interleaved(dim):
     q·k 对两边做同一个排列不变，所以把 Wq、Wk 的输出列（每个头内部）按 perm 重排，模型就从一种写法换成另一种。
     """
     dim = _check_rope_dim(dim, "half_to_interleaved")
-    _check_fits("half_to_interleaved", f"dim={dim} 的排列（int64，两份）", 16 * dim)
+    check_memory(f"dim={dim} 的排列（int64，两份）", 16 * dim, "half_to_interleaved")
     return torch.cat((torch.arange(0, dim, 2), torch.arange(1, dim, 2)))
 
 
@@ -191,7 +191,8 @@ def sinusoidal_table(n_pos, d):
     """原始 Transformer 的正弦位置表 [n_pos, d]：第 i 对分量是 (sin, cos)(p · 10000^(−2i/d))，不需要训练。"""
     d = _check_rope_dim(d, "sinusoidal_table", "d")
     n_pos = check_int("n_pos", n_pos, lo=0, where="sinusoidal_table")
-    _check_fits("sinusoidal_table", f"n_pos × d = {n_pos} × {d} 的表（float64 角度 + 几份中间结果）", 6 * 8 * n_pos * d)
+    check_memory(f"n_pos × d = {n_pos} × {d} 的表（float64 角度 + 几份中间结果）", 6 * 8 * n_pos * d,
+                 "sinusoidal_table")
     cos, sin = rope_angles(torch.arange(n_pos), d)                    # [n_pos, d/2]
     return torch.stack((sin, cos), dim=-1).flatten(-2)                # [n_pos, d]
 
@@ -199,7 +200,7 @@ def sinusoidal_table(n_pos, d):
 def alibi_slopes(n_heads):
     """ALiBi 每个头的斜率：2^(−8/H), 2^(−16/H), …（头数为 2 的幂时与论文相同；否则按论文的插补规则）。"""
     n_heads = check_int("n_heads", n_heads, lo=1, where="alibi_slopes")
-    _check_fits("alibi_slopes", f"n_heads={n_heads} 个斜率（先是 Python 列表，每个约 32 字节）", 40 * n_heads)
+    check_memory(f"n_heads={n_heads} 个斜率（先是 Python 列表，每个约 32 字节）", 40 * n_heads, "alibi_slopes")
     p = 2 ** math.floor(math.log2(n_heads))
     slopes = [2 ** (-8 * (i + 1) / p) for i in range(p)]
     extra = [2 ** (-4 * (2 * i + 1) / p) for i in range(n_heads - p)]   # 非 2 的幂：从 2p 个头的序列里隔一个取
@@ -547,7 +548,7 @@ class ChunkCopyLanguage:
     def __init__(self, n_letters=32, chunk=8, max_back=4, p_copy=0.5, n_succ=4, seed=1234):
         seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage")
         self.n_letters = check_int("n_letters", n_letters, lo=2, where="ChunkCopyLanguage")
-        _check_fits("ChunkCopyLanguage", f"n_letters² = {n_letters}² 的转移矩阵（float64）", 8 * n_letters ** 2)
+        check_memory(f"n_letters² = {n_letters}² 的转移矩阵（float64）", 8 * n_letters ** 2, "ChunkCopyLanguage")
         self.chunk = check_int("chunk", chunk, lo=2, where="ChunkCopyLanguage")
         self.max_back = check_int("max_back", max_back, lo=1, where="ChunkCopyLanguage")
         self.p_copy = check_real("p_copy", p_copy, lo=0.0, hi=1.0, where="ChunkCopyLanguage")
@@ -571,8 +572,8 @@ class ChunkCopyLanguage:
         n = check_int("n", n, lo=1, where="ChunkCopyLanguage.sample")
         length = check_int("length", length, lo=1, where="ChunkCopyLanguage.sample")
         seed = check_int("seed", seed, lo=0, where="ChunkCopyLanguage.sample")
-        _check_fits("ChunkCopyLanguage.sample", f"n × (length + 1) = {n} × {length + 1} 个 token（连同概率与中间结果）",
-                    64 * n * (length + 1))
+        check_memory(f"n × (length + 1) = {n} × {length + 1} 个 token（连同概率与中间结果）", 64 * n * (length + 1),
+                     "ChunkCopyLanguage.sample")
         rng = np.random.default_rng(seed)
         L, c = length + 1, self.chunk
         tok = np.zeros((n, L), dtype=np.int64)
@@ -882,7 +883,7 @@ def _check_train_config(tc):
     where = "TrainConfig"
     for f, lo in (("steps", 1), ("batch", 1), ("seq", 1), ("warmup", 0), ("eval_every", 1), ("eval_batches", 1)):
         object.__setattr__(tc, f, check_int(f, getattr(tc, f), lo=lo, where=where))
-    object.__setattr__(tc, "seed", check_int("seed", tc.seed, lo=0, hi=_TORCH_SEED_MAX, where=where))
+    object.__setattr__(tc, "seed", check_torch_seed("seed", tc.seed, where=where))
     for f in ("lr", "clip"):       # clip = 0 会把每步的梯度都裁成 0：模型一步也不动
         object.__setattr__(tc, f, check_real(f, getattr(tc, f), lo=0.0, lo_open=True, where=where))
     object.__setattr__(tc, "min_lr_frac", check_real("min_lr_frac", tc.min_lr_frac, lo=0.0, hi=1.0, where=where))
@@ -922,31 +923,18 @@ def _check_eval_args(where, model, lang, seq, batch, seed, n_batches=1):
     _check_forward_fits(where, "[batch, seq]", model.cfg, batch, seq, seq, False, _elem(model))
 
 
-_TORCH_SEED_MAX = 2 ** 64 - 1     # torch.manual_seed 收得下的最大种子；种子一律是 0 … 这个数的整数（numpy 的不设上限）
-
-
-_MEMORY_BYTES = machine_memory_bytes() or 64 * 2 ** 30     # 读不到本机内存时按 64 GiB 算
-
-
-def _check_fits(where, what, nbytes):
-    """what 要 nbytes 字节：超过本机内存就报 ValueError（不让 torch 去试着分配几 TB、把机器拖死）。"""
-    if nbytes > _MEMORY_BYTES:
-        raise ValueError(f"{where}：{what} 需要约 {fmt_bytes(nbytes)}（{int(nbytes):,} 字节），"
-                         f"超过本机内存 {fmt_bytes(_MEMORY_BYTES)}")
-
-
 def _check_width(name, value, lo, where, bytes_per=4):
     """一维的宽度（d、d_model …）：整数 ≥ lo，而且 bytes_per·value 字节放得进内存。"""
     value = check_int(name, value, lo=lo, where=where)
-    _check_fits(where, f"{name}={value}", bytes_per * value)
+    check_memory(f"{name}={value}", bytes_per * value, where)
     return value
 
 
 def _check_mlp_sizes(d_model, d_ff, n_mats, where):
     d_model = check_int("d_model", d_model, lo=1, where=where)
     d_ff = check_int("d_ff", d_ff, lo=1, where=where)
-    _check_fits(where, f"{n_mats} 个 d_model × d_ff = {d_model} × {d_ff} 的矩阵（float32）",
-                4 * n_mats * d_model * d_ff)
+    check_memory(f"{n_mats} 个 d_model × d_ff = {d_model} × {d_ff} 的矩阵（float32）", 4 * n_mats * d_model * d_ff,
+                 where)
     return d_model, d_ff
 
 
@@ -973,9 +961,9 @@ def _n_params(cfg):
 def _check_model_fits(where, cfg, copies=1):
     """copies = 4：训练时参数、梯度和 AdamW 的两份状态。"""
     n = _n_params(cfg)
-    _check_fits(where, f"cfg（vocab={cfg.vocab}、d_model={cfg.d_model}、n_layers={cfg.n_layers}、d_ff={cfg.d_ff}）"
-                f"的 {n:,} 个参数（float32{'，× 4：参数、梯度、AdamW 的两份状态' if copies == 4 else ''}）",
-                4 * n * copies)
+    check_memory(f"cfg（vocab={cfg.vocab}、d_model={cfg.d_model}、n_layers={cfg.n_layers}、d_ff={cfg.d_ff}）"
+                 f"的 {n:,} 个参数（float32{'，× 4：参数、梯度、AdamW 的两份状态' if copies == 4 else ''}）",
+                 4 * n * copies, where)
 
 
 def _elem(model):
@@ -989,7 +977,7 @@ def _check_forward_fits(where, what, cfg, B, T, S, cached, elem, train=False):
     n = B * T * per_token * elem * (cfg.n_layers + 1 if train else 2)
     if cfg.window or cfg.pos == "alibi" or cached:
         n += T * S * (8 + 2 * elem * (H if cfg.pos == "alibi" else 1)) + 2 * B * H * T * S * elem
-    _check_fits(where, f"{what} = [{B}, {T}]（键 {S} 个）的激活与注意力分数", n)
+    check_memory(f"{what} = [{B}, {T}]（键 {S} 个）的激活与注意力分数", n, where)
 
 
 def _check_block_args(where, x, pos0, cache, layer, cfg):
@@ -1022,7 +1010,7 @@ def _check_generate_fits(cfg, prompt, n_new, use_cache):
                          f"max_seq={cfg.max_seq} 行（n_new ≤ {cfg.max_seq - P + 1}）")
     kept = min(total, cfg.window) if cfg.window else total
     n = 4 * n_new * B * cfg.vocab + 8 * B * total + 2 * 4 * cfg.n_layers * B * cfg.n_kv_heads * cfg.d_head * kept
-    _check_fits("generate", f"prompt [B, P] = [{B}, {P}]、n_new={n_new} 的逐步 logits 与 KV cache", n)
+    check_memory(f"prompt [B, P] = [{B}, {P}]、n_new={n_new} 的逐步 logits 与 KV cache", n, "generate")
     if n_new:
         T = 1 if use_cache else total - 1
         _check_forward_fits("generate", "prompt + n_new 的 [B, T]", cfg, B, T, total - 1, use_cache, 4)
@@ -1106,8 +1094,8 @@ def _check_bias_args(q_pos, k_pos, window, slopes, dtype):
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{where}：dtype 必须是浮点 dtype，收到 {dtype!r}")
     T, S, H = q_pos.numel(), k_pos.numel(), 1 if slopes is None else slopes.numel()
-    _check_fits(where, f"q_pos × k_pos = {T} × {S} 对（int64 距离、布尔掩码、{H} 份偏置）",
-                T * S * (8 + 2 + 2 * H * torch.empty(0, dtype=dtype).element_size()))
+    check_memory(f"q_pos × k_pos = {T} × {S} 对（int64 距离、布尔掩码、{H} 份偏置）",
+                 T * S * (8 + 2 + 2 * H * torch.empty(0, dtype=dtype).element_size()), where)
     return window
 
 

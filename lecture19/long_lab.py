@@ -72,11 +72,11 @@ def _import_lecture18_flash_lab():
 
 _fl18 = _import_lecture18_flash_lab()
 block_state, merge_states, finalize = _fl18.block_state, _fl18.merge_states, _fl18.finalize
-from course_utils import check_bool, check_choice, check_device, check_int, check_real, format_table  # noqa: E402,F401
+from course_utils import (check_bool, check_choice, check_device, check_int, check_memory, check_real,  # noqa: E402,F401
+                          check_torch_seed, format_table)
 from modern_lm import RMSNorm, SwiGLU, apply_rope_half, rope_angles  # noqa: E402
 from checkpoint_store import (CheckpointStore, ResultCache, canon, interrupted, state_digest,  # noqa: E402
                               stop_on_ctrl_c)
-from modern_lm import _TORCH_SEED_MAX, _check_fits  # noqa: E402  （内存上限的检查：和第 4 讲同一份）
 
 CKPT = os.path.join(HERE, "checkpoints")
 MANIFEST = "manifest.json"
@@ -286,7 +286,7 @@ def _check_mask_args(kind, T, window, stride, segments):
     w = "attention_mask"
     check_choice("kind", kind, MASK_KINDS, where=w)
     check_int("T", T, lo=1, where=w)
-    _check_fits(w, f"T × T = {T} × {T} 的掩码（int64 的距离 + 几份布尔中间结果）", 26 * T * T)
+    check_memory(f"T × T = {T} × {T} 的掩码（int64 的距离 + 几份布尔中间结果）", 26 * T * T, w)
     check_int("window", window, lo=1, where=w)
     check_int("stride", stride, lo=1, where=w)
     if not isinstance(segments, (tuple, list)) or not segments:
@@ -392,7 +392,7 @@ class LongAttention(nn.Module):
         check_choice("pos", pos, POS_KINDS, where=w)
         check_real("base", base, lo=1, lo_open=True, where=w)
         check_choice("mask_kind", mask_kind, MASK_KINDS, where=w)
-        _check_fits(w, f"4 个 d_model × d_model = {d_model} × {d_model} 的矩阵（float32）", 16 * d_model * d_model)
+        check_memory(f"4 个 d_model × d_model = {d_model} × {d_model} 的矩阵（float32）", 16 * d_model * d_model, w)
 
 
 class LongBlock(nn.Module):
@@ -475,7 +475,7 @@ def build_model(task, cfg):
     if not isinstance(task, NeedleTask):
         raise TypeError(f"build_model：task 必须是 NeedleTask，收到 {type(task).__name__}")
     get = cfg.get
-    torch.manual_seed(check_int("seed", get("seed", MODEL_SEED), lo=0, hi=_TORCH_SEED_MAX, where="build_model"))
+    torch.manual_seed(check_torch_seed("seed", get("seed", MODEL_SEED), where="build_model"))
     attn_kw = dict(pos=get("pos", "rope"), base=get("base", 10000.0), mask_kind=get("mask", "full"),
                    mask_kw=get("mask_kw"))
     model = LongLM(task.vocab_size, d_model=get("d_model", 128), n_layers=get("n_layers", 2),
@@ -912,7 +912,7 @@ class RingLedger:
 
     def __init__(self, P):
         self.P = check_int("P", P, lo=1, where="RingLedger")
-        _check_fits("RingLedger", f"P={self.P} 个设备的账本（Python 列表）", 64 * self.P)
+        check_memory(f"P={self.P} 个设备的账本（Python 列表）", 64 * self.P, "RingLedger")
         self.sent = [0] * self.P
         self.work = []
 
@@ -927,7 +927,7 @@ class RingLedger:
 def shard_index(N, P, layout):
     """每块设备拿哪些 token：contiguous → 第 r 段连续的 N/P 个；striped → token t 给设备 t mod P。"""
     N = check_int("N", N, lo=1, where="shard_index")
-    _check_fits("shard_index", f"N={N} 个 token 的下标（int64）", 16 * N)
+    check_memory(f"N={N} 个 token 的下标（int64）", 16 * N, "shard_index")
     P = check_int("P", P, lo=1, hi=N, where="shard_index")
     check_choice("layout", layout, LAYOUTS, where="shard_index")
     if layout != "striped":
@@ -1072,7 +1072,7 @@ def _check_sizes(where, d_model, n_heads, d_ff, n_layers, vocab=0):
     d_ff = check_int("d_ff", d_ff, lo=1, where=where)
     n = n_layers * (4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model) + 2 * vocab * d_model + d_model
     what = f"d_model={d_model}、d_ff={d_ff}、n_layers={n_layers}" + (f"、vocab_size={vocab}" if vocab else "")
-    _check_fits(where, f"{what} 的 {n:,} 个参数（float32）", 4 * n)
+    check_memory(f"{what} 的 {n:,} 个参数（float32）", 4 * n, where)
 
 
 def _check_activations(where, what, B, T, d, V, attns, d_ff=0, train=0):
@@ -1084,7 +1084,7 @@ def _check_activations(where, what, B, T, d, V, attns, d_ff=0, train=0):
             n += 26 * T * T + 2 * 4 * B * attn.h * T * T
         if attn.keep_attn:
             n += 3 * 4 * B * attn.h * T * T
-    _check_fits(where, f"{what} = [{B}, {T}] 的激活与注意力分数", n)
+    check_memory(f"{what} = [{B}, {T}] 的激活与注意力分数", n, where)
 
 
 def _d_ff(model):

@@ -41,8 +41,7 @@ sys.path.insert(0, HERE)
 
 from long_lab import LAYOUTS, _block, finalize, merge_states, ring_attention, shard_index  # noqa: E402
 from course_utils import (check_bool, check_choice, check_device, check_int, check_memory, check_real,  # noqa: E402
-                          expect_errors)
-from modern_lm import _TORCH_SEED_MAX  # noqa: E402  （long_lab 已把 lecture04 放进 sys.path）
+                          check_torch_seed, expect_errors)
 
 MAX_PROCS = 64                  # run_ring 在本机最多起几个进程
 JOB_KEYS = ("N", "d", "causal", "layout", "seed", "heads", "events")
@@ -470,7 +469,7 @@ def make_qkv(N, d, seed, heads=None, dtype=torch.float64):
     w = "make_qkv"
     N, d = check_int("N", N, lo=1, where=w), check_int("d", d, lo=1, where=w)
     heads = None if heads is None else check_int("heads", heads, lo=1, where=w)
-    seed = check_int("seed", seed, lo=0, hi=_TORCH_SEED_MAX, where=w)
+    seed = check_torch_seed("seed", seed, where=w)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{w}：dtype 必须是 torch 的浮点 dtype（如 torch.float64），收到 {dtype!r}")
     check_memory(_sizes_name(heads), 3 * (heads or 1) * N * d * torch.empty((), dtype=dtype).element_size(), where=w)
@@ -536,7 +535,7 @@ def _check_job(job, P, i):
     job["N"] = N = check_int("N", job.get("N"), lo=1, where=w)
     job["d"] = d = check_int("d", job.get("d"), lo=1, where=w)
     job["heads"] = heads = None if job["heads"] is None else check_int("heads", job["heads"], lo=1, where=w)
-    job["seed"] = check_int("seed", job["seed"], lo=0, hi=_TORCH_SEED_MAX, where=w)
+    job["seed"] = check_torch_seed("seed", job["seed"], where=w)
     check_bool("causal", job["causal"], where=w)
     check_bool("events", job["events"], where=w)
     check_choice("layout", job["layout"], LAYOUTS, where=w)

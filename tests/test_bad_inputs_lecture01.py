@@ -270,6 +270,9 @@ CU_CASES += [
 CU_CASES += cases_for("check_seed", lambda v: CU.check_seed("seed", v), "seed",
                        [("x", TypeError), (-1, ValueError), (1.5, TypeError), (True, TypeError), (None, TypeError),
                         (__import__("random").Random(0), TypeError), (np.random.RandomState(0), TypeError)])
+CU_CASES += cases_for("check_torch_seed", lambda v: CU.check_torch_seed("seed", v), "seed",
+                       [("x", TypeError), (-1, ValueError), (2 ** 64, ValueError), (1.0, TypeError), (True, TypeError),
+                        (None, TypeError)])
 CU_CASES += cases_for("check_dtype", lambda v: CU.check_dtype("dtype", v), "dtype",
                        [("float17", TypeError), (None, TypeError), (np.int32, TypeError), (complex, TypeError),
                         ("U4", TypeError), (object, TypeError)])
@@ -296,6 +299,7 @@ def test_course_utils_legal_edges(tmp_path):
     assert CU.fmt_si(np.float32(2.5e6), "B") == "2.5 MB"
     assert CU.format_table(("a", "b"), iter([(1, 2)])).splitlines()[2].split() == ["1", "2"]
     assert CU.merge_identical([("a", [1, 2], [NAN, 1]), ("b", [1, 2], [NAN, 1])])[1:] != []   # NaN ≠ NaN：不合并
+    assert CU.check_torch_seed("seed", np.int64(7)) == 7 and CU.check_torch_seed("seed", CU.TORCH_SEED_MAX) == 2 ** 64 - 1
     rng = CU.check_seed("seed", np.int64(5))
     assert rng.integers(0, 10 ** 9) == np.random.default_rng(5).integers(0, 10 ** 9)
     g = np.random.default_rng(3)
