@@ -105,6 +105,7 @@ class Wrong(NamedTuple):
     attr: str
     label: str            # 这个错误是什么（中文，一句话）
     fn: Callable
+    says: str = None      # 给了的话：某个失败的检查的消息里要有这句话（评分说对了错在哪，不只是"不对"）
 
 
 @contextlib.contextmanager

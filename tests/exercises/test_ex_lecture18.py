@@ -45,6 +45,48 @@ def merged(a, b):
     return tuple(t.numpy() for t in fl.merge_states(to_state(a), to_state(b)))
 
 
+FP32_HINT = "只差舍入量级（约 1e-7）：中间经过了 float32 吗？合并要在输入的 dtype（这里是 float64）里算"
+
+
+def _only_rounded(x, want):
+    """x 和 want 不逐位相等，但只差 float32 的舍入（有限的位置、−∞ 的位置都一样）。"""
+    x, want = np.asarray(x, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(want)
+    return (x.shape == want.shape and np.array_equal(np.isfinite(x), fin)
+            and np.allclose(x[fin], want[fin], rtol=1e-5, atol=1e-30))
+
+
+def _rounding_note(x, want):
+    return f"（{FP32_HINT}）" if _only_rounded(x, want) else ""
+
+
+def _l_mistake(a, b, l, wl):
+    """合并后的 l 不对时猜是哪一种常见错误：拿两边的状态 a、b 按每种错法重算一遍，和学生的 l 比。l 对时返回 ""。"""
+    default = "较小一边要乘 exp(m_旧 − m_新) 换到新基准"
+    l = np.asarray(l, np.float64)
+    if l.shape != wl.shape:
+        return default
+    if np.allclose(l, wl, rtol=1e-12, atol=1e-12):
+        return ""
+    (ma, la, _), (mb, lb, _) = a, b
+    with np.errstate(invalid="ignore", over="ignore"):
+        base = np.maximum(ma, mb)
+        base = np.where(np.isneginf(base), 0.0, base)
+        fa, fb = np.exp(ma - base), np.exp(mb - base)                    # 正确的换算因子，≤ 1
+        inv_a = np.where(np.isneginf(ma), 0.0, np.exp(base - np.where(np.isneginf(ma), 0.0, ma)))
+        inv_b = np.where(np.isneginf(mb), 0.0, np.exp(base - np.where(np.isneginf(mb), 0.0, mb)))
+        guesses = {
+            "两边的 l 直接相加了：两边都要先乘各自的 exp(m_旧 − m_新) 换到新基准": la + lb,
+            "换算因子的指数写反了：应是 exp(m_旧 − m_新) ≤ 1，不是 exp(m_新 − m_旧)": la * inv_a + lb * inv_b,
+            "只换算了一边：两边都要乘各自的 exp(m_旧 − m_新)": (la * fa + lb, la + lb * fb),
+        }
+    for hint, guess in guesses.items():
+        for g in guess if isinstance(guess, tuple) else (guess,):
+            if np.allclose(l, g, rtol=1e-9, atol=1e-300, equal_nan=True):
+                return hint
+    return FP32_HINT if _only_rounded(l, wl) else default
+
+
 # ---------------------------------------------------------------------------
 # 18.1
 # ---------------------------------------------------------------------------
@@ -61,9 +103,9 @@ def test_merge_equals_concatenated_block():
         wm, wl, wo = ref_state(S, V)
         expect(not (np.isnan(m).any() or np.isnan(l).any() or np.isnan(o).any()),
                "合并结果里出现了 NaN：两边都是 −∞ 的行算了 exp(−∞ − (−∞))")
-        expect(np.array_equal(m, wm), "合并后的 m 应是两边 m 的最大值")
-        close(l, wl, atol=1e-12, rtol=1e-12, message="合并后的 l 与拼在一起那块的 Σexp(S − m) 不一致"
-              "（较小一边要乘 exp(m_旧 − m_新) 换到新基准）")
+        expect(np.array_equal(m, wm), "合并后的 m 应是两边 m 的最大值" + _rounding_note(m, wm))
+        close(l, wl, atol=1e-12, rtol=1e-12, message=f"合并后的 l 与拼在一起那块的 Σexp(S − m) 不一致"
+              f"（{_l_mistake(a, b, l, wl)}）")
         close(o, wo, atol=1e-12, rtol=1e-12, message="合并后的 o 与拼在一起那块的 Σexp(S − m)·V 不一致")
 
 
@@ -77,7 +119,8 @@ def test_fully_masked_states_are_identity():
     for name, (a, b) in (("右边是空状态", (live, empty)), ("左边是空状态", (empty, live))):
         got = merged(a, b)
         expect(all(not np.isnan(t).any() for t in got), f"{name}时合并结果里出现了 NaN")
-        expect(all(np.array_equal(g, w) for g, w in zip(got, live)), f"{name}时合并结果应逐位等于另一边")
+        off = [(g, w) for g, w in zip(got, live) if not np.array_equal(g, w)]
+        expect(not off, f"{name}时合并结果应逐位等于另一边" + (_rounding_note(*off[0]) if off else ""))
     got = merged(empty, empty)
     expect(all(not np.isnan(t).any() for t in got),
            "两边都是空状态 (−∞, 0, 0) 时出现了 NaN：exp(−∞ − (−∞)) 要先把基准 −∞ 换成有限值")

@@ -32,6 +32,10 @@ def test_wrong_variant_is_rejected(w):
         results = run_checks(w.ex)
     failed = [name for name, err in results if err is not None]
     assert failed, f"错误答案「{w.label}」（练习 {w.ex}）通过了全部 {len(results)} 个检查：检查分不出这种错误"
+    if w.says:
+        messages = [str(err) for _, err in results if err is not None]
+        assert any(w.says in m for m in messages), (
+            f"错误答案「{w.label}」被拒了，但没有一条消息说出「{w.says}」：{messages}")
 
 
 def test_every_exercise_has_two_wrong_variants():

@@ -31,6 +31,26 @@ def merge_rescale_one_side(a, b):
     return m, alpha * la + lb, alpha.unsqueeze(-1) * oa + ob
 
 
+def merge_flipped_exponent(a, b):
+    """换算因子的指数写反：exp(m_新 − m_旧) ≥ 1（−∞ 有保护，所以不出 NaN，只是数不对）。"""
+    (ma, la, oa), (mb, lb, ob) = a, b
+    m = torch.maximum(ma, mb)
+    base = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    alpha = torch.where(torch.isneginf(ma), torch.zeros_like(ma), torch.exp(base - torch.nan_to_num(ma, neginf=0.0)))
+    beta = torch.where(torch.isneginf(mb), torch.zeros_like(mb), torch.exp(base - torch.nan_to_num(mb, neginf=0.0)))
+    return m, alpha * la + beta * lb, alpha.unsqueeze(-1) * oa + beta.unsqueeze(-1) * ob
+
+
+def merge_in_float32(a, b):
+    """算法对，但中间转成 float32 再转回来：只剩 ~1e-7 的精度。"""
+    (ma, la, oa), (mb, lb, ob) = (tuple(t.float() for t in s) for s in (a, b))
+    m = torch.maximum(ma, mb)
+    base = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    alpha, beta = torch.exp(ma - base), torch.exp(mb - base)
+    out = (m, alpha * la + beta * lb, alpha.unsqueeze(-1) * oa + beta.unsqueeze(-1) * ob)
+    return tuple(t.to(a[0].dtype) for t in out)
+
+
 # ---- 18.2 分块注意力 ----
 def _fwd_variant(off_shift=0, first_row_skip=False):
     def fwd(q, k, v, block_q, block_k, causal, scale):
@@ -108,8 +128,10 @@ class SavesProbabilities(torch.autograd.Function):
 
 VARIANTS = [
     Wrong("18.1", *F18, "_merge", "没有 −∞ 保护：两个空状态合并得 NaN", merge_unguarded),
-    Wrong("18.1", *F18, "_merge", "不按新的最大值换算：l、o 直接相加", merge_no_rescale),
-    Wrong("18.1", *F18, "_merge", "只换算了累加器，新块没换算", merge_rescale_one_side),
+    Wrong("18.1", *F18, "_merge", "不按新的最大值换算：l、o 直接相加", merge_no_rescale, says="直接相加"),
+    Wrong("18.1", *F18, "_merge", "只换算了累加器，新块没换算", merge_rescale_one_side, says="只换算了一边"),
+    Wrong("18.1", *F18, "_merge", "换算因子的指数写反", merge_flipped_exponent, says="指数写反了"),
+    Wrong("18.1", *F18, "_merge", "中间转成 float32 再转回来", merge_in_float32, says="float32"),
     Wrong("18.2", *F18, "BlockwiseAttention", "为反向存下了 N×Nk 的概率矩阵 P", SavesProbabilities),
     Wrong("18.2", *F18, "_bwd", "重算时在块内重新 softmax（没用整行的 lse）", _bwd_variant(local_softmax=True)),
     Wrong("18.2", *F18, "_bwd", "反向忽略了 lse 的上游梯度 dlse", _bwd_variant(ignore_dlse=True)),
