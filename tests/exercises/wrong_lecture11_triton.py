@@ -130,6 +130,39 @@ if importlib.util.find_spec("triton") is not None:
             tl.store(LSE + pid_bh * N + rows, m_i + tl.log(l_i.to(tl.float32)), mask=rows < N)
 
         @triton.jit
+        def _fwd_p_not_cast(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride_h,
+                                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 CAUSAL: tl.constexpr, PREC: tl.constexpr):
+            pid_m = tl.program_id(0)
+            pid_bh = tl.program_id(1)
+            base = (pid_bh // H) * stride_b + (pid_bh % H) * stride_h
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_d = tl.arange(0, D)
+            q = tl.load(Q + base + rows[:, None] * stride_n + offs_d[None, :], mask=(rows < N)[:, None], other=0.0)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+            hi = N
+            if CAUSAL:
+                hi = tl.minimum((pid_m + 1) * BLOCK_M, N)
+            for start_n in range(0, hi, BLOCK_N):
+                cols = start_n + tl.arange(0, BLOCK_N)
+                kv = base + cols[:, None] * stride_n + offs_d[None, :]
+                k = tl.load(K + kv, mask=(cols < N)[:, None], other=0.0)
+                v = tl.load(V + kv, mask=(cols < N)[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
+                s = tl.where(_mini_visible(rows, cols, N, CAUSAL), s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)   # 错：P 是 fp32，V 是 fp16
+                m_i = m_new
+            tl.store(O + base + rows[:, None] * stride_n + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
+                     mask=(rows < N)[:, None])
+            tl.store(LSE + pid_bh * N + rows, m_i + tl.log(l_i), mask=rows < N)
+
+        @triton.jit
         def _fwd_no_lse(Q, K, V, O, LSE, sm_scale, N, H, stride_b, stride_n, stride_h,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         CAUSAL: tl.constexpr, PREC: tl.constexpr):
@@ -480,6 +513,8 @@ if importlib.util.find_spec("triton") is not None:
         _W("11.7", "_mini_fwd_kernel", "前向：换了新最大值不重新缩放旧的 l 和 acc", _fwd_no_rescale),
         _W("11.7", "_mini_fwd_kernel", "前向：causal 掩码差一（j < i，看不见对角线）", _fwd_causal_strict),
         _W("11.7", "_mini_fwd_kernel", "前向：l、acc 用 fp16 累加", _fwd_fp16_accumulate),
+        Wrong("11.7", "lecture11", "triton_flash", "_mini_fwd_kernel", "前向：P 没转成 V 的 dtype 就做 tl.dot",
+              _fwd_p_not_cast, says="p.to(v.dtype)"),
         _W("11.7", "_mini_fwd_kernel", "前向：LSE 存成行最大值 m（忘了 + log l）", _fwd_no_lse),
         _W("11.7", "_mini_fwd_kernel", "前向：每个 K/V 块都重读 Q（结果对、IO 多）", _fwd_reload_q),
         _W("11.7", "_mini_fwd_kernel", "前向：causal 不跳过整块看不见的 K/V 块（结果对、IO 多）", _fwd_no_tile_skip),
