@@ -48,6 +48,14 @@ def test_ring_equals_full_attention():
                                   "（转过来的 K/V 块要按它自己的全局位置做因果掩码；输出要写回自己那些 token 的位置）")
 
 
+def _pairs(N, P, layout, r, src, causal):
+    """设备 r 的查询对设备 src 的键要算的 (q, k) 对数（按位置数，前面的维度不乘进去）。"""
+    own = (lambda i: np.arange(i * N // P, (i + 1) * N // P)) if layout == "contiguous" else (lambda i: np.arange(i, N, P))
+    q, k = own(r), own(src)
+    per_row = (k[None, :] <= q[:, None]).sum() if causal else q.size * k.size
+    return int(per_row)
+
+
 @exercise("19.1")
 def test_ring_visits_every_block_once():
     """账本：P 轮；每个 (q, k) 对恰好算一次（总对数 = N² 或 N(N+1)/2）；每块设备发 P − 1 次 K、V 块。"""
@@ -62,6 +70,10 @@ def test_ring_visits_every_block_once():
             pairs = N * (N + 1) // 2 if causal else N * N
             expect(led.total_work() == pairs,
                    f"{what}：一共算了 {led.total_work()} 个 (q, k) 对，应为 {pairs}（每个对恰好一次：少了说明漏了一轮）")
+            want_rounds = [[_pairs(N, P, layout, r, (r - t) % P, causal) for r in range(P)] for t in range(P)]
+            expect(led.work == want_rounds,
+                   f"{what}：第 t 轮设备 r 应算自己的查询和设备 (r − t) mod P 的 K/V 块（块交给下一块设备 r + 1、"
+                   f"从上一块 r − 1 收），账本每轮是 {led.work}，应为 {want_rounds}")
             per_block = 2 * 2 * (N // P) * 3         # K、V 两块，每块 [2, N/P, 3]
             expect(led.sent == [(P - 1) * per_block] * P,
                    f"{what}：每块设备应发 P − 1 = {P - 1} 次 K、V 块（{(P - 1) * per_block} 个元素），账本是 {led.sent}"

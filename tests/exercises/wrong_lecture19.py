@@ -8,7 +8,7 @@ F19 = ("lecture19", "long_lab")
 
 
 # ---- 19.1 环形注意力 ----
-def _ring_variant(local_positions=False, own_kpos=False, rounds_less=0, contiguous_writeback=False):
+def _ring_variant(local_positions=False, own_kpos=False, rounds_less=0, contiguous_writeback=False, step=-1):
     def ring(Q, K, V, P, causal=True, layout="contiguous", ledger=None):
         N, d = Q.shape[-2], Q.shape[-1]
         ledger = ledger if ledger is not None else ll.RingLedger(P)
@@ -34,7 +34,7 @@ def _ring_variant(local_positions=False, own_kpos=False, rounds_less=0, contiguo
                 break
             for r in range(P):
                 ledger.sent[r] += 2 * K[..., idx[held[r]], :].numel()
-            held = [held[(r - 1) % P] for r in range(P)]
+            held = [held[(r + step) % P] for r in range(P)]      # step = +1：环反着转
         O = torch.empty_like(Q)
         n = N // P
         for r in range(P):
@@ -76,6 +76,8 @@ VARIANTS = [
     Wrong("19.1", *F19, "ring_attention", "因果掩码用了自己那段的位置，而不是手上这块 K/V 的", _ring_variant(own_kpos=True)),
     Wrong("19.1", *F19, "ring_attention", "少跑了最后一轮（只转 P − 1 轮就结束）", _ring_variant(rounds_less=1)),
     Wrong("19.1", *F19, "ring_attention", "条带切法的输出按连续切法写回", _ring_variant(contiguous_writeback=True)),
+    Wrong("19.1", *F19, "ring_attention", "环反着转（从下一块设备收）：输出一样，但不是题目的环",
+          _ring_variant(step=1), says="从上一块 r − 1 收"),
     Wrong("19.2", *F19, "LongAttention.positions", "插值倍数倒过来：位置乘 scale", positions_inverse),
     Wrong("19.2", *F19, "LongAttention.positions", "忘了插值：位置不除以 scale", positions_not_interpolated),
     Wrong("19.2", *F19, "LongAttention.rotate", "缩的是 base（乘 scale）而不是位置", rotate_base_scaled),
