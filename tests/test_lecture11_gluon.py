@@ -349,3 +349,19 @@ def test_sass_measure_runs_or_skips(tmp_path):
         new = json.load(open(tmp_path / "gluon_sass.json"))["launches"]
         old = json.load(open(os.path.join(ROOT, "lecture11", "bench", "results", "gluon_sass.json")))["launches"]
         assert set(new) == set(old) and all(r["instructions"] > 100 for r in new.values())
+
+
+def test_bench_output_check_catches_a_few_wrong_rows():
+    """基准前的输出检查（gluon_sweep._wrong）：对的输出放行；只错几行（范数里看不出）也因最大绝对误差被拦下。"""
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(2, 300, 4, 64, generator=g).to(BF16)
+    assert gs._wrong(ref.float().add(1e-3).to(BF16), ref) is None
+    bad = ref.clone()
+    bad[0, 17, 1] += 0.5                                     # 一行错了 0.5：相对误差（范数）很小
+    tf = gf._triton_flash()
+    assert tf._rel_err(bad.float(), ref.float()) < gs.OUT_TOL["rel"]              # 只看范数会放过它
+    assert tf._max_abs(bad.float(), ref.float()) > gs.OUT_TOL["max_abs"]
+    assert gs._wrong(bad, ref) is not None
+    nan = ref.clone()
+    nan[1, 0, 0, 0] = float("nan")
+    assert gs._wrong(nan, ref) is not None

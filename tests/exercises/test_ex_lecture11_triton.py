@@ -27,7 +27,6 @@ KERNEL_ERROR_HINTS = (
     ("Both operands must be same dtype", "tl.dot 的两个操作数 dtype 要一样：P 是 float32，乘 V 之前先 p.to(v.dtype)"
                                          "（m、l、acc 仍用 float32）"),
     ("must be a power of 2", "tl.arange / 块的长度要是 2 的幂"),
-    ("out of bound", "load / store 越界：行、列超过 N 的位置要用 mask 挡掉"),
 )
 
 
